@@ -1,0 +1,129 @@
+"""Install or upgrade pgtrickle's objects in a database, idempotently.
+
+Tables change only through numbered migrations (``sql/migrations/NNN_*.sql``),
+each applied once and recorded in ``pgtrickle.pgt_schema_version``. Functions
+and views (``sql/api.sql``) are re-created on every install, so an upgrade
+replaces them. Everything runs in one transaction under an advisory lock, so
+two concurrent installs cannot interleave and a failed one changes nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+import psycopg
+
+from pgtrickle.errors import CatalogError
+
+INSTALL_LOCK_KEY = 0x70677472  # "pgtr"
+_MIGRATION_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    applied: list[str]
+    current_version: int
+    event_triggers: bool
+
+
+def _sql_dir():  # type: ignore[no-untyped-def]
+    return resources.files("pgtrickle.catalog") / "sql"
+
+
+def migrations() -> list[Migration]:
+    """The migrations shipped with this version, in order."""
+    found = []
+    for entry in (_sql_dir() / "migrations").iterdir():
+        match = _MIGRATION_NAME.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text()))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise CatalogError(f"migration files are not numbered 001..{len(found):03d}: {versions}")
+    return found
+
+
+def latest_version() -> int:
+    return len(migrations())
+
+
+def installed_version(conn: psycopg.Connection) -> int | None:
+    """The catalog version in the database, or ``None`` when not installed."""
+    row = conn.execute("SELECT to_regclass('pgtrickle.pgt_schema_version') IS NOT NULL").fetchone()
+    if not row or not row[0]:
+        return None
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM pgtrickle.pgt_schema_version").fetchone()
+    return int(row[0]) if row else 0
+
+
+def install(conn: psycopg.Connection) -> InstallResult:
+    """Bring the database's pgtrickle objects to this version."""
+    applied: list[str] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (INSTALL_LOCK_KEY,))
+        conn.execute("SET LOCAL client_min_messages = warning")
+        conn.execute("CREATE SCHEMA IF NOT EXISTS pgtrickle")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS pgtrickle.pgt_schema_version ("
+            " version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        current = installed_version(conn) or 0
+        if current > latest_version():
+            raise CatalogError(
+                f"the database has pgtrickle catalog version {current}, newer than this "
+                f"pgtrickle ({latest_version()}); upgrade pgtrickle"
+            )
+        for migration in migrations():
+            if migration.version <= current:
+                continue
+            conn.execute(migration.sql)  # type: ignore[arg-type]
+            conn.execute(
+                "INSERT INTO pgtrickle.pgt_schema_version (version, name) VALUES (%s, %s)",
+                (migration.version, migration.name),
+            )
+            applied.append(f"{migration.version:03d}_{migration.name}")
+        conn.execute((_sql_dir() / "api.sql").read_text())  # type: ignore[arg-type]
+        event_triggers = _install_event_triggers(conn)
+    return InstallResult(applied, latest_version(), event_triggers)
+
+
+def _install_event_triggers(conn: psycopg.Connection) -> bool:
+    """Event triggers need a superuser; without one, DDL tracking is off."""
+    row = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+    if not row or not row[0]:
+        return False
+    conn.execute("DROP EVENT TRIGGER IF EXISTS pgtrickle_sql_drop")
+    conn.execute(
+        "CREATE EVENT TRIGGER pgtrickle_sql_drop ON sql_drop "
+        "EXECUTE FUNCTION pgtrickle._on_sql_drop()"
+    )
+    conn.execute("DROP EVENT TRIGGER IF EXISTS pgtrickle_ddl_end")
+    conn.execute(
+        "CREATE EVENT TRIGGER pgtrickle_ddl_end ON ddl_command_end WHEN TAG IN ('ALTER TABLE') "
+        "EXECUTE FUNCTION pgtrickle._on_ddl_end()"
+    )
+    return True
+
+
+def require_installed(conn: psycopg.Connection) -> None:
+    version = installed_version(conn)
+    if version is None:
+        raise CatalogError(
+            "pgtrickle is not installed in this database; run `pgtrickle install`"
+        )
+    if version < latest_version():
+        raise CatalogError(
+            f"the pgtrickle catalog is at version {version}, this pgtrickle needs "
+            f"{latest_version()}; run `pgtrickle install` to upgrade"
+        )

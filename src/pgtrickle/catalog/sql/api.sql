@@ -1,0 +1,878 @@
+-- pgtrickle SQL API: functions and views over the catalog.
+-- Re-applied on every `pgtrickle install`, so every object here is
+-- CREATE OR REPLACE. Internal helpers start with an underscore.
+-- Every identifier built into dynamic SQL goes through format('%I').
+
+-- ---------------------------------------------------------------- helpers
+
+CREATE OR REPLACE FUNCTION pgtrickle._setting(p_name text)
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT value FROM pgtrickle.pgt_settings WHERE name = p_name
+$$;
+
+-- Split a possibly schema-qualified name into schema and relation name.
+-- No SET search_path here: an unqualified name means the caller's current schema.
+CREATE OR REPLACE FUNCTION pgtrickle._parse_name(p_name text, OUT schema_name text, OUT rel_name text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    parts text[];
+BEGIN
+    IF p_name IS NULL OR btrim(p_name) = '' THEN
+        RAISE EXCEPTION 'stream table name must not be NULL or empty'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    BEGIN
+        parts := parse_ident(p_name);
+    EXCEPTION WHEN others THEN
+        RAISE EXCEPTION 'invalid stream table name %: %', quote_literal(left(p_name, 100)), SQLERRM
+            USING ERRCODE = 'invalid_name',
+                  HINT = 'Use name or schema.name; quote parts that contain special characters, e.g. ''"My Table"''.';
+    END;
+    IF array_length(parts, 1) > 2 THEN
+        RAISE EXCEPTION 'invalid stream table name %: expected name or schema.name',
+            quote_literal(left(p_name, 100)) USING ERRCODE = 'invalid_name';
+    END IF;
+    IF array_length(parts, 1) = 2 THEN
+        schema_name := parts[1];
+        rel_name := parts[2];
+    ELSE
+        schema_name := pg_catalog.current_schema();
+        rel_name := parts[1];
+        IF schema_name IS NULL THEN
+            RAISE EXCEPTION 'no schema has been selected to create stream table % in', quote_ident(rel_name)
+                USING ERRCODE = 'invalid_schema_name', HINT = 'Qualify the name with a schema.';
+        END IF;
+    END IF;
+    IF octet_length(rel_name) > 63 OR octet_length(schema_name) > 63 THEN
+        RAISE EXCEPTION 'stream table name % is too long: identifiers are limited to 63 bytes',
+            quote_literal(left(p_name, 100)) USING ERRCODE = 'name_too_long';
+    END IF;
+    IF rel_name = '' THEN
+        RAISE EXCEPTION 'stream table name must not be empty' USING ERRCODE = 'invalid_name';
+    END IF;
+END
+$$;
+
+-- Find a stream table by name (qualified, or resolved through search_path).
+CREATE OR REPLACE FUNCTION pgtrickle._find_st(p_name text)
+RETURNS pgtrickle.pgt_stream_tables LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_schema text;
+    v_name text;
+    st pgtrickle.pgt_stream_tables;
+    v_parts int;
+BEGIN
+    SELECT schema_name, rel_name INTO v_schema, v_name FROM pgtrickle._parse_name(p_name);
+    v_parts := array_length(pg_catalog.parse_ident(p_name), 1);
+    IF v_parts = 2 THEN
+        SELECT * INTO st FROM pgtrickle.pgt_stream_tables s
+         WHERE s.pgt_schema = v_schema AND s.pgt_name = v_name;
+    ELSE
+        SELECT s.* INTO st FROM pgtrickle.pgt_stream_tables s
+         WHERE s.pgt_relid = pg_catalog.to_regclass(pg_catalog.quote_ident(v_name));
+        IF NOT FOUND THEN
+            SELECT s.* INTO st FROM pgtrickle.pgt_stream_tables s
+             WHERE s.pgt_name = v_name
+             ORDER BY array_position(pg_catalog.current_schemas(false), s.pgt_schema::name)
+             LIMIT 1;
+        END IF;
+    END IF;
+    IF st.pgt_id IS NULL THEN
+        RAISE EXCEPTION 'stream table % does not exist', quote_literal(p_name)
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'SELECT name FROM pgtrickle.stream_tables_info lists the stream tables.';
+    END IF;
+    RETURN st;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle._display_name(p_schema text, p_name text)
+RETURNS text LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT quote_ident(p_schema) || '.' || quote_ident(p_name)
+$$;
+
+-- Is a cron field valid? item list of *, n, a-b, with optional /step.
+CREATE OR REPLACE FUNCTION pgtrickle._cron_field_ok(p_field text, p_min int, p_max int, p_names text[])
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    item text;
+    m text[];
+    lo int;
+    hi int;
+    side int;
+BEGIN
+    FOREACH item IN ARRAY string_to_array(upper(p_field), ',') LOOP
+        m := regexp_match(item, '^(\*|[0-9A-Z]+(?:-[0-9A-Z]+)?)(?:/([0-9]+))?$');
+        IF m IS NULL THEN
+            RETURN false;
+        END IF;
+        IF m[2] IS NOT NULL AND (m[2]::numeric < 1 OR m[2]::numeric > p_max) THEN
+            RETURN false;
+        END IF;
+        CONTINUE WHEN m[1] = '*';
+        FOREACH side IN ARRAY ARRAY[1, 2] LOOP
+            DECLARE
+                tok text := split_part(m[1], '-', side);
+                v int;
+            BEGIN
+                CONTINUE WHEN tok = '';
+                IF tok ~ '^[0-9]+$' THEN
+                    IF length(tok) > 4 THEN
+                        RETURN false;
+                    END IF;
+                    v := tok::int;
+                ELSIF p_names IS NOT NULL AND array_position(p_names, tok) IS NOT NULL THEN
+                    v := array_position(p_names, tok) - 1 + p_min;
+                ELSE
+                    RETURN false;
+                END IF;
+                IF v < p_min OR v > p_max THEN
+                    RETURN false;
+                END IF;
+                IF side = 1 THEN lo := v; ELSE hi := v; END IF;
+            END;
+        END LOOP;
+        IF m[1] LIKE '%-%' AND hi < lo THEN
+            RETURN false;
+        END IF;
+    END LOOP;
+    RETURN true;
+END
+$$;
+
+-- Validate a schedule; returns it trimmed. The daemon parses it again with
+-- the same grammar (pgtrickle.scheduler.schedule).
+CREATE OR REPLACE FUNCTION pgtrickle._validate_schedule(p_schedule text)
+RETURNS text LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    s text := btrim(p_schedule);
+    f text[];
+    total numeric := 0;
+    part text[];
+    mult numeric;
+    units text[] := ARRAY['W', 'D', 'H', 'M', 'S', 'MS'];
+    last_rank int := 0;
+    rank int;
+    accepted constant text :=
+        'Use a duration such as ''30s'', ''5m'', ''1h30m'' (units ms, s, m, h, d, w; 1s to 366d), '
+        'a 5-field cron expression such as ''*/5 * * * *'' or @hourly/@daily/@weekly/@monthly/@yearly, '
+        'or ''calculated''.';
+BEGIN
+    IF s IS NULL OR s = '' THEN
+        RAISE EXCEPTION 'schedule must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
+    END IF;
+    IF lower(s) = 'calculated' THEN
+        RETURN 'calculated';
+    END IF;
+    IF lower(s) IN ('@hourly', '@daily', '@weekly', '@monthly', '@yearly', '@annually', '@midnight') THEN
+        RETURN lower(s);
+    END IF;
+    IF s ~* '^([0-9]+(\.[0-9]+)?\s*(ms|s|m|h|d|w)\s*)+$' THEN
+        FOR part IN SELECT regexp_matches(upper(s), '([0-9]+(?:\.[0-9]+)?)\s*(MS|S|M|H|D|W)', 'g') LOOP
+            rank := array_position(units, part[2]);
+            IF rank <= last_rank THEN
+                RAISE EXCEPTION 'invalid schedule %: duration units must appear once each, largest first',
+                    quote_literal(left(p_schedule, 80)) USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
+            END IF;
+            last_rank := rank;
+            mult := CASE part[2] WHEN 'W' THEN 604800 WHEN 'D' THEN 86400 WHEN 'H' THEN 3600
+                                 WHEN 'M' THEN 60 WHEN 'S' THEN 1 ELSE 0.001 END;
+            IF length(split_part(part[1], '.', 1)) > 9 THEN
+                RAISE EXCEPTION 'invalid schedule %: duration out of range (1s to 366d)',
+                    quote_literal(left(p_schedule, 80)) USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
+            END IF;
+            total := total + part[1]::numeric * mult;
+        END LOOP;
+        IF total < 1 OR total > 366 * 86400 THEN
+            RAISE EXCEPTION 'invalid schedule %: duration out of range (1s to 366d)',
+                quote_literal(left(p_schedule, 80)) USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
+        END IF;
+        RETURN s;
+    END IF;
+    f := regexp_split_to_array(s, '\s+');
+    IF array_length(f, 1) = 5
+       AND pgtrickle._cron_field_ok(f[1], 0, 59, NULL)
+       AND pgtrickle._cron_field_ok(f[2], 0, 23, NULL)
+       AND pgtrickle._cron_field_ok(f[3], 1, 31, NULL)
+       AND pgtrickle._cron_field_ok(f[4], 1, 12,
+            ARRAY['JAN','FEB','MAR','APR','MAY','JUN','JUL','AUG','SEP','OCT','NOV','DEC'])
+       AND pgtrickle._cron_field_ok(f[5], 0, 7, ARRAY['SUN','MON','TUE','WED','THU','FRI','SAT'])
+    THEN
+        RETURN array_to_string(f, ' ');
+    END IF;
+    RAISE EXCEPTION 'invalid schedule %', quote_literal(left(p_schedule, 80))
+        USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle._validate_refresh_mode(p_mode text)
+RETURNS text LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    m text := upper(btrim(p_mode));
+BEGIN
+    IF m IS NULL OR m NOT IN ('AUTO', 'FULL', 'DIFFERENTIAL') THEN
+        RAISE EXCEPTION 'invalid refresh_mode %', coalesce(quote_literal(left(p_mode, 80)), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Use ''AUTO'', ''FULL'' or ''DIFFERENTIAL''.';
+    END IF;
+    IF m = 'DIFFERENTIAL' THEN
+        RAISE EXCEPTION 'refresh_mode ''DIFFERENTIAL'' is not available in this version of pgtrickle'
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Use ''AUTO'' (which refreshes FULL until differential refresh is available) or ''FULL''.';
+    END IF;
+    RETURN m;
+END
+$$;
+
+-- True when the text holds exactly one SQL statement (an optional trailing
+-- semicolon aside). Strings, quoted identifiers, dollar quotes and comments
+-- are skipped, so a semicolon inside them does not count.
+CREATE OR REPLACE FUNCTION pgtrickle._is_single_statement(p_sql text)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    i int := 1;
+    n int := length(p_sql);
+    c text;
+    nxt text;
+    depth int;
+    tag text;
+    endpos int;
+    seen_end boolean := false;
+BEGIN
+    WHILE i <= n LOOP
+        c := substr(p_sql, i, 1);
+        nxt := substr(p_sql, i + 1, 1);
+        IF seen_end AND c !~ '\s' THEN
+            IF c = '-' AND nxt = '-' THEN
+                NULL;  -- a trailing comment is fine
+            ELSE
+                RETURN false;
+            END IF;
+        END IF;
+        IF c = '''' THEN
+            i := i + 1;
+            LOOP
+                IF i > n THEN RETURN true; END IF;  -- unterminated: the parser will say so
+                IF substr(p_sql, i, 1) = '''' THEN
+                    IF substr(p_sql, i + 1, 1) = '''' THEN i := i + 2; CONTINUE; END IF;
+                    EXIT;
+                ELSIF substr(p_sql, i, 1) = '\' THEN
+                    i := i + 2; CONTINUE;  -- E'' escapes; harmless for standard strings
+                END IF;
+                i := i + 1;
+            END LOOP;
+        ELSIF c = '"' THEN
+            endpos := strpos(substr(p_sql, i + 1), '"');
+            IF endpos = 0 THEN RETURN true; END IF;
+            i := i + endpos;
+        ELSIF c = '-' AND nxt = '-' THEN
+            endpos := strpos(substr(p_sql, i), E'\n');
+            IF endpos = 0 THEN RETURN true; END IF;
+            i := i + endpos - 1;
+        ELSIF c = '/' AND nxt = '*' THEN
+            depth := 1;
+            i := i + 2;
+            WHILE i <= n AND depth > 0 LOOP
+                IF substr(p_sql, i, 2) = '/*' THEN depth := depth + 1; i := i + 2;
+                ELSIF substr(p_sql, i, 2) = '*/' THEN depth := depth - 1; i := i + 2;
+                ELSE i := i + 1;
+                END IF;
+            END LOOP;
+            CONTINUE;
+        ELSIF c = '$' THEN
+            tag := substring(substr(p_sql, i) FROM '^\$[A-Za-z_][A-Za-z_0-9]*\$|^\$\$');
+            IF tag IS NOT NULL THEN
+                endpos := strpos(substr(p_sql, i + length(tag)), tag);
+                IF endpos = 0 THEN RETURN true; END IF;
+                i := i + length(tag) + endpos + length(tag) - 2;
+            END IF;
+        ELSIF c = ';' THEN
+            seen_end := true;
+        END IF;
+        i := i + 1;
+    END LOOP;
+    RETURN true;
+END
+$$;
+
+-- ------------------------------------------------------------ change capture
+
+CREATE OR REPLACE FUNCTION pgtrickle._buffer_column(p_attname text, p_attnum int)
+RETURNS text LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT CASE WHEN octet_length(p_attname) <= 56 THEN p_attname ELSE 'col' || p_attnum END
+$$;
+
+-- (Re)generate the capture trigger function of a tracked table from the
+-- captured columns recorded in pgt_change_sources.
+CREATE OR REPLACE FUNCTION pgtrickle._build_capture(p_relid oid)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    src pgtrickle.pgt_change_sources;
+    fn text;
+    buf text;
+    new_cols text := '';
+    old_cols text := '';
+    n_vals text := '';
+    o_vals text := '';
+    key_join text := '';
+    key_first text;
+    col record;
+    k text;
+    body text;
+    tbl text;
+BEGIN
+    SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid;
+    fn := format('pgtrickle_changes.%I', 'capture_' || p_relid);
+    buf := format('pgtrickle_changes.%I', src.buffer_name);
+    tbl := p_relid::regclass::text;
+    FOR col IN
+        SELECT c->>'name' AS name, c->>'buf' AS buf
+          FROM jsonb_array_elements(src.columns) c
+    LOOP
+        new_cols := new_cols || format(', %I', 'new_' || col.buf);
+        old_cols := old_cols || format(', %I', 'old_' || col.buf);
+        n_vals := n_vals || format(', n.%I', col.name);
+        o_vals := o_vals || format(', o.%I', col.name);
+    END LOOP;
+    FOREACH k IN ARRAY src.key_columns LOOP
+        key_join := key_join || CASE WHEN key_join = '' THEN '' ELSE ' AND ' END
+                    || format('o.%1$I = n.%1$I', k);
+        key_first := coalesce(key_first, k);
+    END LOOP;
+
+    body := format($b$
+CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+DECLARE
+    v_xid xid8 := pg_current_xact_id();
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO %2$s (xid, action%3$s) SELECT v_xid, 'I'%5$s FROM __pgt_new n;
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO %2$s (xid, action%4$s) SELECT v_xid, 'D'%6$s FROM __pgt_old o;
+    ELSIF TG_OP = 'UPDATE' THEN
+        %7$s
+    ELSIF TG_OP = 'TRUNCATE' THEN
+        INSERT INTO %2$s (xid, action) VALUES (v_xid, 'T');
+    END IF;
+    RETURN NULL;
+END
+$f$ $b$,
+        fn, buf, new_cols, old_cols, n_vals, o_vals,
+        CASE WHEN key_join = '' THEN
+            format($u$INSERT INTO %1$s (xid, action%2$s) SELECT v_xid, 'D'%4$s FROM __pgt_old o;
+        INSERT INTO %1$s (xid, action%3$s) SELECT v_xid, 'I'%5$s FROM __pgt_new n;$u$,
+                   buf, old_cols, new_cols, o_vals, n_vals)
+        ELSE
+            format($u$INSERT INTO %1$s (xid, action%2$s%3$s)
+            SELECT v_xid, CASE WHEN o.%6$I IS NULL THEN 'I' WHEN n.%6$I IS NULL THEN 'D' ELSE 'U' END%4$s%5$s
+              FROM __pgt_old o FULL JOIN __pgt_new n ON %7$s;$u$,
+                   buf, new_cols, old_cols, n_vals, o_vals, key_first, key_join)
+        END);
+    EXECUTE body;
+
+    -- One trigger per event: transition tables need single-event triggers.
+    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'pgt_capture_ins', tbl);
+    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'pgt_capture_upd', tbl);
+    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'pgt_capture_del', tbl);
+    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'pgt_capture_trunc', tbl);
+    EXECUTE format('CREATE TRIGGER pgt_capture_ins AFTER INSERT ON %s REFERENCING NEW TABLE AS __pgt_new '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
+    EXECUTE format('CREATE TRIGGER pgt_capture_upd AFTER UPDATE ON %s REFERENCING OLD TABLE AS __pgt_old '
+                   'NEW TABLE AS __pgt_new FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
+    EXECUTE format('CREATE TRIGGER pgt_capture_del AFTER DELETE ON %s REFERENCING OLD TABLE AS __pgt_old '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
+    EXECUTE format('CREATE TRIGGER pgt_capture_trunc AFTER TRUNCATE ON %s '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
+END
+$$;
+
+-- Create the change buffer of a source (table or stream table) if missing,
+-- and make sure the given columns are captured.
+CREATE OR REPLACE FUNCTION pgtrickle._ensure_capture(p_relid oid, p_kind text, p_columns text[])
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    src pgtrickle.pgt_change_sources;
+    v_buffer text := 'changes_' || p_relid;
+    v_keys text[];
+    v_want text[];
+    v_cols jsonb;
+    col record;
+    changed boolean := false;
+BEGIN
+    SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid FOR UPDATE;
+    IF NOT FOUND THEN
+        EXECUTE format(
+            'CREATE TABLE pgtrickle_changes.%I ('
+            ' change_id bigint GENERATED ALWAYS AS IDENTITY,'
+            ' xid xid8 NOT NULL,'
+            ' action "char" NOT NULL)', v_buffer);
+        EXECUTE format('CREATE INDEX %I ON pgtrickle_changes.%I (xid)', v_buffer || '_xid', v_buffer);
+        EXECUTE format('COMMENT ON TABLE pgtrickle_changes.%I IS %L', v_buffer,
+                       'pgtrickle change buffer of ' || p_relid::regclass::text);
+        SELECT coalesce(array_agg(a.attname::text ORDER BY array_position(i.indkey::int2[], a.attnum)), '{}')
+          INTO v_keys
+          FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+         WHERE i.indrelid = p_relid AND i.indisprimary;
+        INSERT INTO pgtrickle.pgt_change_sources
+            (source_relid, source_schema, source_name, source_kind, buffer_name, key_columns)
+        SELECT p_relid, n.nspname, c.relname, p_kind, v_buffer, v_keys
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.oid = p_relid
+        RETURNING * INTO src;
+        changed := p_kind = 'TABLE';
+    END IF;
+    IF p_kind <> 'TABLE' THEN
+        RETURN;  -- stream tables are written by pgtrickle itself, which records their changes
+    END IF;
+    v_want := ARRAY(SELECT DISTINCT unnest(p_columns || src.key_columns));
+    v_cols := src.columns;
+    FOR col IN
+        SELECT a.attname::text AS name, a.attnum, format_type(a.atttypid, a.atttypmod) AS type
+          FROM pg_attribute a
+         WHERE a.attrelid = p_relid AND a.attname = ANY (v_want) AND a.attnum > 0 AND NOT a.attisdropped
+           AND NOT v_cols @> jsonb_build_array(jsonb_build_object('attnum', a.attnum))
+         ORDER BY a.attnum
+    LOOP
+        EXECUTE format('ALTER TABLE pgtrickle_changes.%I ADD COLUMN %I %s, ADD COLUMN %I %s',
+                       src.buffer_name,
+                       'new_' || pgtrickle._buffer_column(col.name, col.attnum), col.type,
+                       'old_' || pgtrickle._buffer_column(col.name, col.attnum), col.type);
+        v_cols := v_cols || jsonb_build_array(
+            jsonb_build_object('attnum', col.attnum, 'name', col.name, 'type', col.type,
+                               'buf', pgtrickle._buffer_column(col.name, col.attnum)));
+        changed := true;
+    END LOOP;
+    IF changed THEN
+        UPDATE pgtrickle.pgt_change_sources SET columns = v_cols WHERE source_relid = p_relid;
+        PERFORM pgtrickle._build_capture(p_relid);
+    END IF;
+END
+$$;
+
+-- Remove capture objects of a source no stream table reads any more.
+CREATE OR REPLACE FUNCTION pgtrickle._drop_capture_if_unused(p_relid oid)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    src pgtrickle.pgt_change_sources;
+BEGIN
+    SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid;
+    IF NOT FOUND OR EXISTS (SELECT 1 FROM pgtrickle.pgt_dependencies WHERE source_relid = p_relid) THEN
+        RETURN;
+    END IF;
+    IF src.source_kind = 'TABLE' AND EXISTS (SELECT 1 FROM pg_class WHERE oid = p_relid) THEN
+        EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_ins ON %s', p_relid::regclass);
+        EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_upd ON %s', p_relid::regclass);
+        EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_del ON %s', p_relid::regclass);
+        EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_trunc ON %s', p_relid::regclass);
+    END IF;
+    EXECUTE format('DROP FUNCTION IF EXISTS pgtrickle_changes.%I()', 'capture_' || p_relid);
+    EXECUTE format('DROP TABLE IF EXISTS pgtrickle_changes.%I', src.buffer_name);
+    DELETE FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid;
+END
+$$;
+
+-- ------------------------------------------------------------------ the API
+
+CREATE OR REPLACE FUNCTION pgtrickle.create_stream_table(
+    name text,
+    query text,
+    schedule text DEFAULT NULL,
+    refresh_mode text DEFAULT 'AUTO',
+    initialize boolean DEFAULT true)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_schema text;
+    v_name text;
+    v_display text;
+    v_schedule text;
+    v_mode text;
+    v_query text;
+    v_id bigint;
+    v_view_name text;
+    v_view oid;
+    v_relid oid;
+    v_norm text;
+    v_path text;
+    v_bad record;
+    dep record;
+    v_state text;
+    v_msg text;
+    v_detail text;
+    v_hint text;
+BEGIN
+    SELECT schema_name, rel_name INTO v_schema, v_name FROM pgtrickle._parse_name(name);
+    v_display := pgtrickle._display_name(v_schema, v_name);
+    IF query IS NULL OR btrim(query) = '' THEN
+        RAISE EXCEPTION 'defining query of stream table % must not be NULL or empty', v_display
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_schedule := pgtrickle._validate_schedule(coalesce(schedule, pgtrickle._setting('default_schedule')));
+    v_mode := pgtrickle._validate_refresh_mode(refresh_mode);
+    IF initialize IS NULL THEN
+        RAISE EXCEPTION 'initialize must be true or false, not NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = v_schema) THEN
+        RAISE EXCEPTION 'schema % does not exist', quote_ident(v_schema) USING ERRCODE = 'invalid_schema_name';
+    END IF;
+    IF v_schema IN ('pgtrickle', 'pgtrickle_changes', 'pg_catalog', 'information_schema') THEN
+        RAISE EXCEPTION 'stream tables cannot be created in schema %', quote_ident(v_schema)
+            USING ERRCODE = 'invalid_schema_name';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgtrickle.pgt_stream_tables WHERE pgt_schema = v_schema AND pgt_name = v_name) THEN
+        RAISE EXCEPTION 'stream table % already exists', v_display USING ERRCODE = 'duplicate_object',
+            HINT = 'Drop it first with pgtrickle.drop_stream_table, or choose another name.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                WHERE n.nspname = v_schema AND c.relname = v_name) THEN
+        RAISE EXCEPTION 'relation % already exists', v_display USING ERRCODE = 'duplicate_table';
+    END IF;
+    IF NOT pgtrickle._is_single_statement(query) THEN
+        RAISE EXCEPTION 'defining query of stream table % must be a single SELECT statement', v_display
+            USING ERRCODE = 'syntax_error',
+                  DETAIL = 'The query text contains more than one statement.';
+    END IF;
+    v_query := regexp_replace(query, ';\s*$', '');
+
+    v_id := nextval('pgtrickle.pgt_stream_tables_pgt_id_seq');
+    v_view_name := 'pgt_def_' || v_id;
+    BEGIN
+        EXECUTE format('CREATE VIEW pgtrickle.%I AS %s', v_view_name, v_query);
+    EXCEPTION WHEN others THEN
+        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT,
+                                v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
+        IF v_state = '42P01' AND (v_msg = format('relation "%s" does not exist', v_name)
+                                  OR v_msg = format('relation "%s.%s" does not exist', v_schema, v_name)) THEN
+            RAISE EXCEPTION 'stream table % cannot be defined in terms of itself', v_display
+                USING ERRCODE = 'invalid_recursion';
+        END IF;
+        IF v_state = '42601' THEN
+            v_hint := coalesce(v_hint, 'The defining query must be a single SELECT (or WITH ... SELECT, VALUES) query.');
+        END IF;
+        RAISE EXCEPTION 'invalid defining query for stream table %: %', v_display, v_msg
+            USING ERRCODE = v_state, DETAIL = coalesce(v_detail, ''), HINT = coalesce(v_hint, '');
+    END;
+    v_view := format('pgtrickle.%I', v_view_name)::regclass;
+
+    FOR v_bad IN SELECT attnum, attname FROM pg_catalog.pg_attribute
+                  WHERE attrelid = v_view AND attnum > 0 AND NOT attisdropped
+                    AND (attname = '?column?' OR attname LIKE '\_\_pgt\_%') LOOP
+        RAISE EXCEPTION 'column % of the defining query of % needs a name', v_bad.attnum, v_display
+            USING ERRCODE = 'invalid_column_reference',
+                  HINT = format('Give the expression an alias (AS name); names starting with __pgt_ are reserved (got %s).',
+                                quote_ident(v_bad.attname));
+    END LOOP;
+
+    -- What the query reads, from the view's dependencies.
+    FOR dep IN
+        SELECT d.refobjid AS relid, c.relkind, n.nspname, c.relname,
+               array_agg(DISTINCT a.attname::text) FILTER (WHERE a.attname IS NOT NULL) AS cols,
+               EXISTS (SELECT 1 FROM pgtrickle.pgt_stream_tables s WHERE s.pgt_relid = d.refobjid) AS is_st
+          FROM pg_catalog.pg_rewrite r
+          JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
+                                     AND d.refclassid = 'pg_catalog.pg_class'::regclass
+          JOIN pg_catalog.pg_class c ON c.oid = d.refobjid
+          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+          LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+                                             AND d.refobjsubid > 0
+         WHERE r.ev_class = v_view AND d.refobjid <> v_view
+         GROUP BY d.refobjid, c.relkind, n.nspname, c.relname
+    LOOP
+        IF dep.nspname IN ('pgtrickle', 'pgtrickle_changes') THEN
+            RAISE EXCEPTION 'the defining query of % reads pgtrickle''s own table %.%', v_display,
+                quote_ident(dep.nspname), quote_ident(dep.relname) USING ERRCODE = 'feature_not_supported';
+        END IF;
+        IF dep.relkind NOT IN ('r', 'p') THEN
+            RAISE EXCEPTION 'source %.% of stream table % is a %, which is not supported', quote_ident(dep.nspname),
+                quote_ident(dep.relname), v_display,
+                CASE dep.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
+                                 WHEN 'f' THEN 'foreign table' ELSE 'relation of kind ' || dep.relkind END
+                USING ERRCODE = 'feature_not_supported',
+                      HINT = 'Stream tables read tables and other stream tables. Inline the view''s query, or make it a stream table.';
+        END IF;
+        IF dep.relkind = 'r' AND (SELECT relpersistence FROM pg_class WHERE oid = dep.relid) = 't' THEN
+            RAISE EXCEPTION 'source %.% of stream table % is a temporary table', quote_ident(dep.nspname),
+                quote_ident(dep.relname), v_display USING ERRCODE = 'feature_not_supported';
+        END IF;
+    END LOOP;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid
+                    WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass AND r.ev_class = v_view
+                      AND d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid <> v_view) THEN
+        RAISE EXCEPTION 'the defining query of % reads no table', v_display
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A stream table maintains a query over tables; a constant query needs no stream table.';
+    END IF;
+
+    v_path := current_setting('search_path');
+    PERFORM set_config('search_path', 'pg_catalog', true);
+    v_norm := pg_catalog.pg_get_viewdef(v_view, true);
+    PERFORM set_config('search_path', v_path, true);
+
+    EXECUTE format('CREATE TABLE %I.%I (LIKE pgtrickle.%I)', v_schema, v_name, v_view_name);
+    v_relid := format('%I.%I', v_schema, v_name)::regclass;
+    EXECUTE format('ALTER TABLE %I.%I ADD COLUMN __pgt_row_id bigint', v_schema, v_name);
+    EXECUTE format('COMMENT ON TABLE %I.%I IS %L', v_schema, v_name,
+                   'pgtrickle stream table; its contents are maintained by pgtrickle');
+
+    INSERT INTO pgtrickle.pgt_stream_tables
+        (pgt_id, pgt_relid, pgt_schema, pgt_name, def_view, defining_query, normalized_query,
+         schedule, refresh_mode)
+    VALUES (v_id, v_relid, v_schema, v_name, v_view, query, v_norm, v_schedule, v_mode);
+
+    PERFORM pgtrickle._ensure_capture(v_relid, 'STREAM_TABLE', '{}');
+    FOR dep IN
+        SELECT d.refobjid AS relid,
+               coalesce(array_agg(DISTINCT a.attname::text) FILTER (WHERE a.attname IS NOT NULL), '{}') AS cols,
+               EXISTS (SELECT 1 FROM pgtrickle.pgt_stream_tables s WHERE s.pgt_relid = d.refobjid) AS is_st
+          FROM pg_catalog.pg_rewrite r
+          JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
+                                     AND d.refclassid = 'pg_catalog.pg_class'::regclass
+          LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+                                             AND d.refobjsubid > 0
+         WHERE r.ev_class = v_view AND d.refobjid <> v_view
+         GROUP BY d.refobjid
+    LOOP
+        PERFORM pgtrickle._ensure_capture(dep.relid, CASE WHEN dep.is_st THEN 'STREAM_TABLE' ELSE 'TABLE' END,
+                                          dep.cols);
+        INSERT INTO pgtrickle.pgt_dependencies (pgt_id, source_relid, columns_used)
+        VALUES (v_id, dep.relid, dep.cols);
+    END LOOP;
+
+    IF initialize THEN
+        INSERT INTO pgtrickle.pgt_refresh_requests (pgt_id, kind) VALUES (v_id, 'INITIALIZE');
+        PERFORM pg_notify('pgtrickle_refresh', v_id::text);
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION pgtrickle.create_stream_table(text, text, text, text, boolean) IS
+'Create a stream table: a table kept equal to the result of a query. schedule: duration (''30s'', ''1h30m''), cron, or ''calculated''; refresh_mode: AUTO | FULL | DIFFERENTIAL.';
+
+CREATE OR REPLACE FUNCTION pgtrickle.alter_stream_table(
+    name text,
+    schedule text DEFAULT NULL,
+    refresh_mode text DEFAULT NULL,
+    status text DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+    v_status text;
+BEGIN
+    st := pgtrickle._find_st(name);
+    PERFORM 1 FROM pgtrickle.pgt_stream_tables WHERE pgt_id = st.pgt_id FOR UPDATE;
+    IF schedule IS NOT NULL THEN
+        UPDATE pgtrickle.pgt_stream_tables SET schedule = pgtrickle._validate_schedule(schedule), updated_at = now()
+         WHERE pgt_id = st.pgt_id;
+    END IF;
+    IF refresh_mode IS NOT NULL THEN
+        UPDATE pgtrickle.pgt_stream_tables SET refresh_mode = pgtrickle._validate_refresh_mode(refresh_mode),
+               updated_at = now()
+         WHERE pgt_id = st.pgt_id;
+    END IF;
+    IF status IS NOT NULL THEN
+        v_status := upper(btrim(status));
+        IF v_status NOT IN ('ACTIVE', 'SUSPENDED') THEN
+            RAISE EXCEPTION 'invalid status %', quote_literal(left(status, 80))
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Set ''SUSPENDED'' to pause refreshes and ''ACTIVE'' to resume them.';
+        END IF;
+        UPDATE pgtrickle.pgt_stream_tables s
+           SET status = CASE WHEN v_status = 'ACTIVE' AND s.frontier IS NULL THEN 'INITIALIZING' ELSE v_status END,
+               consecutive_errors = CASE WHEN v_status = 'ACTIVE' THEN 0 ELSE s.consecutive_errors END,
+               updated_at = now()
+         WHERE pgt_id = st.pgt_id;
+    END IF;
+    PERFORM pg_notify('pgtrickle_refresh', st.pgt_id::text);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle._drop_one(p_id bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+    v_sources oid[];
+    s oid;
+BEGIN
+    SELECT * INTO st FROM pgtrickle.pgt_stream_tables WHERE pgt_id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(array_agg(source_relid), '{}') INTO v_sources
+      FROM pgtrickle.pgt_dependencies WHERE pgt_id = p_id;
+    DELETE FROM pgtrickle.pgt_stream_tables WHERE pgt_id = p_id;
+    EXECUTE format('DROP VIEW IF EXISTS pgtrickle.%I', 'pgt_def_' || p_id);
+    IF EXISTS (SELECT 1 FROM pg_class WHERE oid = st.pgt_relid) THEN
+        EXECUTE format('DROP TABLE %I.%I', st.pgt_schema, st.pgt_name);
+    END IF;
+    EXECUTE format('DROP TABLE IF EXISTS pgtrickle_changes.%I', 'stage_' || p_id);
+    PERFORM pgtrickle._drop_capture_if_unused(st.pgt_relid);
+    FOREACH s IN ARRAY v_sources LOOP
+        PERFORM pgtrickle._drop_capture_if_unused(s);
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle.drop_stream_table(name text, cascade boolean DEFAULT false)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+    v_dependents text;
+    v_id bigint;
+BEGIN
+    st := pgtrickle._find_st(name);
+    IF cascade IS NULL THEN
+        RAISE EXCEPTION 'cascade must be true or false, not NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT string_agg(pgtrickle._display_name(s.pgt_schema, s.pgt_name), ', ' ORDER BY s.pgt_id) INTO v_dependents
+      FROM pgtrickle.pgt_dependencies d JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)
+     WHERE d.source_relid = st.pgt_relid;
+    IF v_dependents IS NOT NULL AND NOT cascade THEN
+        RAISE EXCEPTION 'cannot drop stream table % because other stream tables depend on it: %',
+            pgtrickle._display_name(st.pgt_schema, st.pgt_name), v_dependents
+            USING ERRCODE = 'dependent_objects_still_exist',
+                  HINT = 'Use pgtrickle.drop_stream_table(name, cascade => true) to drop them too.';
+    END IF;
+    -- Downstream first, deepest first.
+    FOR v_id IN
+        WITH RECURSIVE down(pgt_id, depth) AS (
+            SELECT st.pgt_id, 0
+            UNION
+            SELECT d.pgt_id, down.depth + 1
+              FROM down JOIN pgtrickle.pgt_stream_tables u ON u.pgt_id = down.pgt_id
+              JOIN pgtrickle.pgt_dependencies d ON d.source_relid = u.pgt_relid
+             WHERE down.depth < 1000
+        )
+        SELECT pgt_id FROM down GROUP BY pgt_id ORDER BY max(depth) DESC, pgt_id
+    LOOP
+        PERFORM pgtrickle._drop_one(v_id);
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle.refresh_stream_table(name text)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+BEGIN
+    st := pgtrickle._find_st(name);
+    INSERT INTO pgtrickle.pgt_refresh_requests (pgt_id, kind) VALUES (st.pgt_id, 'REFRESH');
+    PERFORM pg_notify('pgtrickle_refresh', st.pgt_id::text);
+END
+$$;
+
+COMMENT ON FUNCTION pgtrickle.refresh_stream_table(text) IS
+'Ask the pgtrickle daemon to refresh a stream table now. Runs when the calling transaction commits; `pgtrickle refresh NAME` refreshes synchronously.';
+
+CREATE OR REPLACE VIEW pgtrickle.stream_tables_info AS
+SELECT s.pgt_id,
+       pgtrickle._display_name(s.pgt_schema, s.pgt_name) AS name,
+       s.pgt_schema AS schema_name,
+       s.pgt_name AS table_name,
+       s.status,
+       s.refresh_mode,
+       CASE WHEN s.refresh_mode IN ('AUTO', 'FULL') THEN 'FULL' ELSE s.refresh_mode END AS effective_mode,
+       s.schedule,
+       s.needs_reinit,
+       s.last_refresh_at,
+       s.data_timestamp,
+       now() - s.data_timestamp AS staleness,
+       s.frontier,
+       s.consecutive_errors,
+       s.last_error,
+       (SELECT count(*) FROM pgtrickle.pgt_refresh_requests r WHERE r.pgt_id = s.pgt_id) AS pending_requests,
+       s.defining_query,
+       s.created_at
+  FROM pgtrickle.pgt_stream_tables s;
+
+CREATE OR REPLACE FUNCTION pgtrickle.get_refresh_history(name text, max_rows integer DEFAULT 20)
+RETURNS TABLE (refresh_id bigint, action text, status text, initiated_by text,
+               rows_inserted bigint, rows_deleted bigint, delta_row_count bigint,
+               start_time timestamptz, end_time timestamptz, duration interval,
+               was_full_fallback boolean, mode_reason text, skip_reason text, error_message text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+BEGIN
+    st := pgtrickle._find_st(name);
+    IF max_rows IS NULL OR max_rows < 1 THEN
+        RAISE EXCEPTION 'max_rows must be a positive integer, got %', coalesce(max_rows::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+        SELECT h.refresh_id, h.action, h.status, h.initiated_by, h.rows_inserted, h.rows_deleted,
+               h.delta_row_count, h.start_time, h.end_time, h.end_time - h.start_time,
+               h.was_full_fallback, h.mode_reason, h.skip_reason, h.error_message
+          FROM pgtrickle.pgt_refresh_history h
+         WHERE h.pgt_id = st.pgt_id
+         ORDER BY h.refresh_id DESC
+         LIMIT max_rows;
+END
+$$;
+
+-- ------------------------------------------------------------ DDL tracking
+
+-- A stream table's storage dropped by hand: forget it. A defining view
+-- dropped by CASCADE from a source: the stream table is in error.
+CREATE OR REPLACE FUNCTION pgtrickle._on_sql_drop()
+RETURNS event_trigger LANGUAGE plpgsql AS $$
+DECLARE
+    obj record;
+    st pgtrickle.pgt_stream_tables;
+BEGIN
+    FOR obj IN SELECT * FROM pg_event_trigger_dropped_objects()
+                WHERE classid = 'pg_catalog.pg_class'::regclass AND objsubid = 0 LOOP
+        FOR st IN SELECT * FROM pgtrickle.pgt_stream_tables WHERE pgt_relid = obj.objid LOOP
+            DELETE FROM pgtrickle.pgt_stream_tables WHERE pgt_id = st.pgt_id;
+            EXECUTE format('DROP VIEW IF EXISTS pgtrickle.%I', 'pgt_def_' || st.pgt_id);
+        END LOOP;
+        UPDATE pgtrickle.pgt_stream_tables
+           SET status = 'ERROR', needs_reinit = true, updated_at = now(),
+               last_error = format('a source of this stream table was dropped (%s); drop and re-create the stream table',
+                                   obj.object_identity)
+         WHERE def_view = obj.objid;
+        IF EXISTS (SELECT 1 FROM pgtrickle.pgt_change_sources WHERE source_relid = obj.objid) THEN
+            DELETE FROM pgtrickle.pgt_dependencies WHERE source_relid = obj.objid;
+            PERFORM pgtrickle._drop_capture_if_unused(obj.objid);
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Source columns renamed: regenerate the capture function with the new names.
+CREATE OR REPLACE FUNCTION pgtrickle._on_ddl_end()
+RETURNS event_trigger LANGUAGE plpgsql AS $$
+DECLARE
+    cmd record;
+    src pgtrickle.pgt_change_sources;
+    v_cols jsonb;
+BEGIN
+    FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands()
+                WHERE command_tag = 'ALTER TABLE' AND classid = 'pg_catalog.pg_class'::regclass LOOP
+        SELECT * INTO src FROM pgtrickle.pgt_change_sources
+         WHERE source_relid = cmd.objid AND source_kind = 'TABLE';
+        CONTINUE WHEN NOT FOUND;
+        SELECT coalesce(jsonb_agg(jsonb_build_object('attnum', a.attnum, 'name', a.attname,
+                                                     'type', format_type(a.atttypid, a.atttypmod),
+                                                     'buf', c->>'buf')
+                                  ORDER BY a.attnum), '[]')
+          INTO v_cols
+          FROM jsonb_array_elements(src.columns) c
+          JOIN pg_attribute a ON a.attrelid = src.source_relid AND a.attnum = (c->>'attnum')::int
+         WHERE NOT a.attisdropped;
+        UPDATE pgtrickle.pgt_change_sources
+           SET columns = v_cols,
+               key_columns = coalesce((SELECT array_agg(a.attname::text ORDER BY array_position(i.indkey::int2[], a.attnum))
+                                         FROM pg_index i JOIN pg_attribute a
+                                           ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+                                        WHERE i.indrelid = src.source_relid AND i.indisprimary), '{}')
+         WHERE source_relid = src.source_relid;
+        PERFORM pgtrickle._build_capture(src.source_relid);
+    END LOOP;
+END
+$$;

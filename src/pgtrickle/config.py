@@ -1,0 +1,116 @@
+"""Settings: where PostgreSQL and Spark are, and how pgtrickle behaves.
+
+Every setting has a safe default and can be given by environment variable
+(``PGTRICKLE_<NAME>``) or by CLI flag (which wins). Nothing here does I/O
+beyond reading the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import platformdirs
+
+from pgtrickle.errors import ConfigError
+
+DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
+DEFAULT_EMBEDDED_PORT = 55432
+
+
+def _default_data_dir() -> Path:
+    # A root-run embedded server runs as a non-root OS user, which cannot reach
+    # into /root; use the conventional service location instead.
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return Path("/var/lib/pgtrickle")
+    return Path(platformdirs.user_data_dir("pgtrickle"))
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(f"PGTRICKLE_{name}")
+    return value if value not in (None, "") else None
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = _env(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"PGTRICKLE_{name} must be an integer, got {raw!r}") from exc
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = _env(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"PGTRICKLE_{name} must be a number, got {raw!r}") from exc
+
+
+def _parse_spark_conf(raw: str | None) -> dict[str, str]:
+    """``key=value,key=value`` → dict (PGTRICKLE_SPARK_CONF)."""
+    conf: dict[str, str] = {}
+    if not raw:
+        return conf
+    for item in raw.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"PGTRICKLE_SPARK_CONF entries must look like key=value, got {item!r}"
+            )
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All of pgtrickle's settings in one immutable value."""
+
+    dsn: str | None = None
+    """libpq connection string or URI. ``None`` means: use the embedded server."""
+
+    data_dir: Path = field(default_factory=_default_data_dir)
+    """Where the embedded PostgreSQL keeps its data, and Spark its scratch files."""
+
+    embedded_port: int = DEFAULT_EMBEDDED_PORT
+    spark_master: str = "local[*]"
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    jdbc_jar: str = DEFAULT_JDBC_JAR
+    tick_seconds: float = 1.0
+    """How often the daemon wakes up when no NOTIFY arrives."""
+
+    jdbc_partition_rows: int = 500_000
+    """Sources larger than this (by pg_class.reltuples) are read with parallel JDBC partitions."""
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        data_dir = _env("DATA_DIR")
+        return cls(
+            dsn=_env("DSN"),
+            data_dir=Path(data_dir) if data_dir else _default_data_dir(),
+            embedded_port=_env_int("PORT", DEFAULT_EMBEDDED_PORT),
+            spark_master=_env("SPARK_MASTER") or "local[*]",
+            spark_conf=_parse_spark_conf(_env("SPARK_CONF")),
+            jdbc_jar=_env("JDBC_JAR") or DEFAULT_JDBC_JAR,
+            tick_seconds=_env_float("TICK_SECONDS", 1.0),
+            jdbc_partition_rows=_env_int("JDBC_PARTITION_ROWS", 500_000),
+        )
+
+    def with_overrides(self, **overrides: object) -> Settings:
+        """A copy with the given non-``None`` values replaced (CLI flags)."""
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if "data_dir" in given:
+            given["data_dir"] = Path(str(given["data_dir"]))
+        return replace(self, **given)  # type: ignore[arg-type]
+
+    @property
+    def spark_local_dir(self) -> Path:
+        return self.data_dir / "spark-tmp"

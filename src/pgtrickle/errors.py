@@ -1,0 +1,42 @@
+"""Exception hierarchy for pgtrickle.
+
+Every error says what went wrong and, where there is one, what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class PgTrickleError(Exception):
+    """Base class of every error pgtrickle raises on purpose."""
+
+
+class ConfigError(PgTrickleError):
+    """A setting is missing or invalid."""
+
+
+class EmbeddedPostgresError(PgTrickleError):
+    """The embedded PostgreSQL server could not be set up, started or stopped."""
+
+
+class ScheduleError(PgTrickleError, ValueError):
+    """A schedule string is not a duration, a cron expression or 'calculated'."""
+
+
+class DependencyCycleError(PgTrickleError):
+    """Stream tables depend on each other in a cycle."""
+
+
+class UnsupportedQueryError(PgTrickleError):
+    """The defining query uses something the Spark translation cannot run."""
+
+
+class CatalogError(PgTrickleError):
+    """The pgtrickle catalog is missing, too old, or inconsistent."""
+
+
+class SparkError(PgTrickleError):
+    """Spark could not be started or a Spark job failed."""
+
+
+class RefreshError(PgTrickleError):
+    """A refresh failed; the stream table keeps its previous contents."""
