@@ -97,7 +97,7 @@ def would_create_cycle(
     not reported.
     """
     by_id = _index(nodes)
-    graph = dict(_upstream_graph(by_id))
+    graph = _upstream_graph(by_id)
     known = set(graph) | {new_id}
     graph[new_id] = frozenset(pgt_id for pgt_id in new_upstream if pgt_id in known)
     cycle = _cycle_through(graph, new_id)

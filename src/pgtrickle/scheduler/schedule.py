@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from croniter import CroniterError, croniter
 
@@ -51,7 +51,7 @@ _CRON_FIELD = re.compile(r"[0-9a-z*/,?#-]+", re.ASCII | re.IGNORECASE)
 _CRON_FIELD_TOKEN = re.compile(r"[,/#-]")
 _CRON_FIELD_COUNT = 5
 # Fire-time lookups for validation start here, so parsing stays independent of the clock.
-_CRON_REFERENCE = datetime(2000, 1, 1, tzinfo=timezone.utc)
+_CRON_REFERENCE = datetime(2000, 1, 1, tzinfo=UTC)
 
 _ACCEPTED_FORMS = (
     "expected a duration such as '30s', '5m', '1h30m' or '2d' "
@@ -229,8 +229,7 @@ def _parse_cron(text: str, fields: list[str]) -> CronSchedule:
     if len(fields) != _CRON_FIELD_COUNT:
         raise _schedule_error(
             text,
-            "a cron expression has exactly 5 fields "
-            "(minute hour day-of-month month day-of-week)",
+            "a cron expression has exactly 5 fields (minute hour day-of-month month day-of-week)",
         )
     expression = _normalize_cron(" ".join(fields))
     tokens = {token for field in expression.split() for token in _CRON_FIELD_TOKEN.split(field)}
@@ -254,14 +253,14 @@ def _normalize_cron(expression: str) -> str:
 def _next_fire(schedule: CronSchedule, after: datetime) -> datetime:
     """The first fire time of ``schedule`` strictly after ``after`` (a UTC datetime)."""
     fire: datetime = croniter(schedule.canonical(), after).get_next(datetime)
-    return fire.astimezone(timezone.utc)
+    return fire.astimezone(UTC)
 
 
 def _as_utc(value: datetime, name: str) -> datetime:
     """Convert an aware datetime to UTC; reject naive ones."""
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"{name} must be a timezone-aware datetime (UTC), got naive {value!r}")
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)
 
 
 def _schedule_error(text: object, reason: str) -> ScheduleError:

@@ -73,7 +73,7 @@ BEGIN
          WHERE s.pgt_relid = pg_catalog.to_regclass(pg_catalog.quote_ident(v_name));
         IF NOT FOUND THEN
             SELECT s.* INTO st FROM pgtrickle.pgt_stream_tables s
-             WHERE s.pgt_name = v_name
+             WHERE s.pgt_name = v_name AND s.pgt_schema::name = ANY (pg_catalog.current_schemas(false))
              ORDER BY array_position(pg_catalog.current_schemas(false), s.pgt_schema::name)
              LIMIT 1;
         END IF;
@@ -150,6 +150,7 @@ RETURNS text LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     s text := btrim(p_schedule);
+    -- keep in step with pgtrickle.scheduler.schedule.parse_schedule
     f text[];
     total numeric := 0;
     part text[];
@@ -168,11 +169,11 @@ BEGIN
     IF lower(s) = 'calculated' THEN
         RETURN 'calculated';
     END IF;
-    IF lower(s) IN ('@hourly', '@daily', '@weekly', '@monthly', '@yearly', '@annually', '@midnight') THEN
+    IF lower(s) IN ('@hourly', '@daily', '@weekly', '@monthly', '@yearly') THEN
         RETURN lower(s);
     END IF;
-    IF s ~* '^([0-9]+(\.[0-9]+)?\s*(ms|s|m|h|d|w)\s*)+$' THEN
-        FOR part IN SELECT regexp_matches(upper(s), '([0-9]+(?:\.[0-9]+)?)\s*(MS|S|M|H|D|W)', 'g') LOOP
+    IF s ~* '^([0-9]+\s*(ms|s|m|h|d|w)\s*)+$' THEN
+        FOR part IN SELECT regexp_matches(upper(s), '([0-9]+)\s*(MS|S|M|H|D|W)', 'g') LOOP
             rank := array_position(units, part[2]);
             IF rank <= last_rank THEN
                 RAISE EXCEPTION 'invalid schedule %: duration units must appear once each, largest first',
@@ -181,7 +182,7 @@ BEGIN
             last_rank := rank;
             mult := CASE part[2] WHEN 'W' THEN 604800 WHEN 'D' THEN 86400 WHEN 'H' THEN 3600
                                  WHEN 'M' THEN 60 WHEN 'S' THEN 1 ELSE 0.001 END;
-            IF length(split_part(part[1], '.', 1)) > 9 THEN
+            IF length(part[1]) > 9 THEN
                 RAISE EXCEPTION 'invalid schedule %: duration out of range (1s to 366d)',
                     quote_literal(left(p_schedule, 80)) USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
             END IF;
@@ -487,6 +488,7 @@ CREATE OR REPLACE FUNCTION pgtrickle.create_stream_table(
     refresh_mode text DEFAULT 'AUTO',
     initialize boolean DEFAULT true)
 RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
 DECLARE
     v_schema text;
     v_name text;
@@ -592,7 +594,7 @@ BEGIN
             RAISE EXCEPTION 'source %.% of stream table % is a %, which is not supported', quote_ident(dep.nspname),
                 quote_ident(dep.relname), v_display,
                 CASE dep.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
-                                 WHEN 'f' THEN 'foreign table' ELSE 'relation of kind ' || dep.relkind END
+                                 WHEN 'f' THEN 'foreign table' ELSE 'relation of kind ' || dep.relkind::text END
                 USING ERRCODE = 'feature_not_supported',
                       HINT = 'Stream tables read tables and other stream tables. Inline the view''s query, or make it a stream table.';
         END IF;
@@ -660,6 +662,7 @@ CREATE OR REPLACE FUNCTION pgtrickle.alter_stream_table(
     refresh_mode text DEFAULT NULL,
     status text DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
     v_status text;
@@ -720,6 +723,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle.drop_stream_table(name text, cascade boolean DEFAULT false)
 RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
     v_dependents text;
@@ -757,6 +761,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle.refresh_stream_table(name text)
 RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
 BEGIN
@@ -796,6 +801,7 @@ RETURNS TABLE (refresh_id bigint, action text, status text, initiated_by text,
                start_time timestamptz, end_time timestamptz, duration interval,
                was_full_fallback boolean, mode_reason text, skip_reason text, error_message text)
 LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
 BEGIN
@@ -828,8 +834,7 @@ BEGIN
     FOR obj IN SELECT * FROM pg_event_trigger_dropped_objects()
                 WHERE classid = 'pg_catalog.pg_class'::regclass AND objsubid = 0 LOOP
         FOR st IN SELECT * FROM pgtrickle.pgt_stream_tables WHERE pgt_relid = obj.objid LOOP
-            DELETE FROM pgtrickle.pgt_stream_tables WHERE pgt_id = st.pgt_id;
-            EXECUTE format('DROP VIEW IF EXISTS pgtrickle.%I', 'pgt_def_' || st.pgt_id);
+            PERFORM pgtrickle._drop_one(st.pgt_id);
         END LOOP;
         UPDATE pgtrickle.pgt_stream_tables
            SET status = 'ERROR', needs_reinit = true, updated_at = now(),

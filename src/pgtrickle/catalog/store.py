@@ -1,0 +1,152 @@
+"""Reading the catalog into plain values (the daemon keeps nothing else)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import psycopg
+from psycopg.rows import dict_row
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+
+
+@dataclass(frozen=True)
+class Source:
+    """A relation a stream table reads: a plain table or another stream table."""
+
+    relid: int
+    schema: str
+    name: str
+    kind: str  # 'TABLE' | 'STREAM_TABLE'
+    buffer_name: str
+    columns_used: tuple[str, ...] = ()
+
+    @property
+    def qualified(self) -> str:
+        return f"{quote_ident(self.schema)}.{quote_ident(self.name)}"
+
+
+@dataclass(frozen=True)
+class StreamTable:
+    pgt_id: int
+    relid: int
+    schema: str
+    name: str
+    defining_query: str
+    normalized_query: str
+    schedule: str
+    refresh_mode: str
+    status: str
+    needs_reinit: bool
+    frontier: str | None
+    last_refresh_at: datetime | None
+    last_attempt_at: datetime | None
+    consecutive_errors: int
+    created_at: datetime
+    last_error: str | None
+    columns: tuple[Column, ...]
+    sources: tuple[Source, ...] = field(default=())
+
+    @property
+    def qualified(self) -> str:
+        return f"{quote_ident(self.schema)}.{quote_ident(self.name)}"
+
+    @property
+    def display(self) -> str:
+        return self.qualified
+
+
+def quote_ident(name: str) -> str:
+    """Quote an identifier the way PostgreSQL's quote_ident does (always quoting)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class RefreshRequest:
+    request_id: int
+    pgt_id: int
+    kind: str
+    force: bool
+
+
+def load_stream_tables(conn: psycopg.Connection) -> dict[int, StreamTable]:
+    """Every stream table with its columns and sources."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            """
+            SELECT s.*,
+                   (SELECT coalesce(json_agg(json_build_object('name', a.attname,
+                                     'type', format_type(a.atttypid, a.atttypmod)) ORDER BY a.attnum), '[]')
+                      FROM pg_attribute a
+                     WHERE a.attrelid = s.pgt_relid AND a.attnum > 0 AND NOT a.attisdropped
+                       AND a.attname <> '__pgt_row_id') AS cols,
+                   s.frontier::text AS frontier_text
+              FROM pgtrickle.pgt_stream_tables s
+             ORDER BY s.pgt_id
+            """
+        ).fetchall()
+        deps = cur.execute(
+            """
+            SELECT d.pgt_id, d.columns_used, c.source_relid, c.source_schema, c.source_name,
+                   c.source_kind, c.buffer_name
+              FROM pgtrickle.pgt_dependencies d
+              JOIN pgtrickle.pgt_change_sources c USING (source_relid)
+             ORDER BY d.pgt_id, c.source_schema, c.source_name
+            """
+        ).fetchall()
+    sources: dict[int, list[Source]] = {}
+    for d in deps:
+        sources.setdefault(d["pgt_id"], []).append(
+            Source(
+                relid=int(d["source_relid"]),
+                schema=d["source_schema"],
+                name=d["source_name"],
+                kind=d["source_kind"],
+                buffer_name=d["buffer_name"],
+                columns_used=tuple(d["columns_used"] or ()),
+            )
+        )
+    result: dict[int, StreamTable] = {}
+    for r in rows:
+        result[r["pgt_id"]] = StreamTable(
+            pgt_id=r["pgt_id"],
+            relid=int(r["pgt_relid"]),
+            schema=r["pgt_schema"],
+            name=r["pgt_name"],
+            defining_query=r["defining_query"],
+            normalized_query=r["normalized_query"],
+            schedule=r["schedule"],
+            refresh_mode=r["refresh_mode"],
+            status=r["status"],
+            needs_reinit=r["needs_reinit"],
+            frontier=r["frontier_text"],
+            last_refresh_at=r["last_refresh_at"],
+            last_attempt_at=r["last_attempt_at"],
+            consecutive_errors=r["consecutive_errors"],
+            created_at=r["created_at"],
+            last_error=r["last_error"],
+            columns=tuple(Column(c["name"], c["type"]) for c in r["cols"]),
+            sources=tuple(sources.get(r["pgt_id"], ())),
+        )
+    return result
+
+
+def load_requests(conn: psycopg.Connection) -> list[RefreshRequest]:
+    rows = conn.execute(
+        "SELECT request_id, pgt_id, kind, force FROM pgtrickle.pgt_refresh_requests ORDER BY request_id"
+    ).fetchall()
+    return [RefreshRequest(int(a), int(b), str(c), bool(d)) for a, b, c, d in rows]
+
+
+def upstream_ids(sts: dict[int, StreamTable]) -> dict[int, frozenset[int]]:
+    """For each stream table, the stream tables it reads directly."""
+    by_relid = {st.relid: st.pgt_id for st in sts.values()}
+    return {
+        st.pgt_id: frozenset(by_relid[s.relid] for s in st.sources if s.relid in by_relid)
+        for st in sts.values()
+    }

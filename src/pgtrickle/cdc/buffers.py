@@ -1,0 +1,95 @@
+"""Change buffers: what is pending for a stream table, and cleanup.
+
+A buffer row belongs to the refresh window (S1, S2] of a stream table when
+its writing transaction is visible in S2 and not in S1 (DESIGN.md §3.3).
+Reading the buffer with a snapshot at or after S2 sees only committed rows,
+so "not visible in S1" is the whole test; the scan starts at
+``pg_snapshot_xmin(S1)`` through the xid index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from pgtrickle.catalog.store import Source
+
+
+@dataclass(frozen=True)
+class PendingChanges:
+    """Captured changes of one source not yet consumed by a stream table."""
+
+    source: Source
+    inserts: int
+    deletes: int
+    updates: int
+    truncated: bool
+
+    @property
+    def rows(self) -> int:
+        return self.inserts + self.deletes + self.updates
+
+
+def _buffer(name: str) -> sql.Composed:
+    return sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(name))
+
+
+def pending_changes(conn: psycopg.Connection, sources: tuple[Source, ...], frontier: str
+                    ) -> list[PendingChanges]:
+    """Counts of the changes after ``frontier`` visible to ``conn``'s snapshot."""
+    result = []
+    for source in sources:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT count(*) FILTER (WHERE action = 'I'), count(*) FILTER (WHERE action = 'D'),"
+                " count(*) FILTER (WHERE action = 'U'), bool_or(action = 'T')"
+                " FROM {} WHERE xid >= pg_snapshot_xmin(%(f)s::pg_snapshot)"
+                " AND NOT pg_visible_in_snapshot(xid, %(f)s::pg_snapshot)"
+            ).format(_buffer(source.buffer_name)),
+            {"f": frontier},
+        ).fetchone()
+        assert row is not None
+        result.append(PendingChanges(source, int(row[0]), int(row[1]), int(row[2]), bool(row[3])))
+    return result
+
+
+def cleanup_buffers(conn: psycopg.Connection) -> int:
+    """Delete buffer rows every consumer's frontier has passed; returns rows deleted.
+
+    A row is consumed by a stream table once its xid is below the xmin of the
+    stream table's frontier (then it is visible in it). A source with a
+    consumer that has no frontier yet (not initialized) keeps everything.
+    """
+    buffers = conn.execute(
+        """
+        SELECT c.buffer_name,
+               min(pg_snapshot_xmin(s.frontier)::text::numeric)::text AS horizon,
+               bool_or(s.frontier IS NULL) AS any_uninitialized
+          FROM pgtrickle.pgt_change_sources c
+          JOIN pgtrickle.pgt_dependencies d USING (source_relid)
+          JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)
+         GROUP BY c.buffer_name
+        """
+    ).fetchall()
+    deleted = 0
+    for buffer_name, horizon, any_uninitialized in buffers:
+        if any_uninitialized or horizon is None:
+            continue
+        cur = conn.execute(
+            sql.SQL("DELETE FROM {} WHERE xid < %s::xid8").format(_buffer(buffer_name)), (horizon,)
+        )
+        deleted += cur.rowcount or 0
+    # Buffers of stream tables nobody reads hold only refresh markers: keep them empty.
+    orphans = conn.execute(
+        """
+        SELECT c.buffer_name FROM pgtrickle.pgt_change_sources c
+         WHERE c.source_kind = 'STREAM_TABLE'
+           AND NOT EXISTS (SELECT 1 FROM pgtrickle.pgt_dependencies d WHERE d.source_relid = c.source_relid)
+        """
+    ).fetchall()
+    for (buffer_name,) in orphans:
+        cur = conn.execute(sql.SQL("DELETE FROM {}").format(_buffer(buffer_name)))
+        deleted += cur.rowcount or 0
+    return deleted

@@ -1,0 +1,295 @@
+"""The ``pgtrickle`` command line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated
+
+import psycopg
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pgtrickle.config import Settings
+from pgtrickle.db.connection import connect, redact, resolve_dsn
+from pgtrickle.errors import PgTrickleError
+
+app = typer.Typer(
+    help="Self-maintaining stream tables for PostgreSQL, computed on Apache Spark.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="Manage the embedded PostgreSQL server (the default database).",
+                     no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _settings(ctx: typer.Context) -> Settings:
+    return ctx.obj  # type: ignore[no-any-return]
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    dsn: Annotated[str | None, typer.Option(
+        help="PostgreSQL DSN (libpq string or URI). Default: $PGTRICKLE_DSN, else the embedded server.",
+        show_default=False)] = None,
+    data_dir: Annotated[Path | None, typer.Option(
+        help="Data directory of the embedded server and Spark scratch space ($PGTRICKLE_DATA_DIR).",
+        show_default=False)] = None,
+    port: Annotated[int | None, typer.Option(
+        help="TCP port of the embedded server on 127.0.0.1 ($PGTRICKLE_PORT, default 55432).",
+        show_default=False)] = None,
+    spark_master: Annotated[str | None, typer.Option(
+        help="Spark master URL ($PGTRICKLE_SPARK_MASTER, default local[*]).", show_default=False)] = None,
+    jdbc_jar: Annotated[str | None, typer.Option(
+        help="Path of the PostgreSQL JDBC driver jar ($PGTRICKLE_JDBC_JAR).", show_default=False)] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens.")] = False,
+) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        ctx.obj = Settings.from_env().with_overrides(
+            dsn=dsn, data_dir=data_dir, embedded_port=port, spark_master=spark_master, jdbc_jar=jdbc_jar)
+    except PgTrickleError as exc:
+        _fail(str(exc))
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _run(fn):  # type: ignore[no-untyped-def]
+    """Turn pgtrickle and PostgreSQL errors into a clean message and exit code 1."""
+    try:
+        return fn()
+    except PgTrickleError as exc:
+        _fail(str(exc))
+    except psycopg.Error as exc:
+        diag = getattr(exc, "diag", None)
+        hint = f"\nhint: {diag.message_hint}" if diag is not None and diag.message_hint else ""
+        _fail(f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}{hint}")
+    return None
+
+
+def _dsn(ctx: typer.Context) -> str:
+    settings = _settings(ctx)
+    if settings.dsn is None:
+        with console.status("Starting the embedded PostgreSQL server…"):
+            return resolve_dsn(settings)
+    return resolve_dsn(settings)
+
+
+# ------------------------------------------------------------------ db
+
+
+def _embedded(ctx: typer.Context):  # type: ignore[no-untyped-def]
+    from pgtrickle.db.embedded import EmbeddedPostgres
+
+    settings = _settings(ctx)
+    return EmbeddedPostgres(settings.data_dir, settings.embedded_port)
+
+
+@db_app.command("start")
+def db_start(ctx: typer.Context) -> None:
+    """Initialise (first time) and start the embedded PostgreSQL server."""
+    server = _embedded(ctx)
+
+    def go() -> None:
+        with console.status("Starting the embedded PostgreSQL server…"):
+            server.start()
+        console.print(f"PostgreSQL is running on 127.0.0.1:{server.port} (data in {server.root})")
+
+    _run(go)
+
+
+@db_app.command("stop")
+def db_stop(ctx: typer.Context,
+            immediate: Annotated[bool, typer.Option(help="Abort connections without a checkpoint.")] = False
+            ) -> None:
+    """Stop the embedded PostgreSQL server."""
+    server = _embedded(ctx)
+    stopped = _run(lambda: server.stop("immediate" if immediate else "fast"))
+    console.print("PostgreSQL stopped" if stopped else "PostgreSQL was not running")
+
+
+@db_app.command("status")
+def db_status(ctx: typer.Context) -> None:
+    """Say whether the embedded server is initialised and running."""
+    status = _embedded(ctx).status()
+    state = "running" if status.running else "stopped"
+    console.print(f"embedded PostgreSQL: {state}; port {status.port}; "
+                  f"initialised: {'yes' if status.initialized else 'no'}; data: {status.data_dir}")
+    if not status.running:
+        raise typer.Exit(3)
+
+
+@db_app.command("dsn")
+def db_dsn(ctx: typer.Context) -> None:
+    """Print the embedded server's DSN (it contains the generated password)."""
+    server = _embedded(ctx)
+    dsn = _run(server.dsn)
+    typer.echo(dsn)
+
+
+# ------------------------------------------------------------- install
+
+
+@app.command()
+def install(ctx: typer.Context) -> None:
+    """Install or upgrade pgtrickle's catalog and SQL API in the database (idempotent)."""
+    from pgtrickle.catalog.install import install as do_install
+
+    def go() -> None:
+        dsn = _dsn(ctx)
+        with connect(dsn) as conn:
+            result = do_install(conn)
+        applied = ", ".join(result.applied) if result.applied else "none (already current)"
+        console.print(f"pgtrickle catalog version {result.current_version} in {redact(dsn)}; "
+                      f"migrations applied: {applied}")
+        if not result.event_triggers:
+            console.print("[yellow]note:[/] not a superuser, so DDL tracking (event triggers) is off: "
+                          "a source dropped with CASCADE is noticed at the next refresh instead.")
+
+    _run(go)
+
+
+# ------------------------------------------------------------- refresh
+
+
+def _outcome_table(outcomes) -> Table:  # type: ignore[no-untyped-def]
+    table = Table("stream table", "action", "why", "inserted", "deleted", "seconds")
+    for o in outcomes:
+        table.add_row(o.st.display, o.action.value, o.reason, f"{o.rows_inserted:,}",
+                      f"{o.rows_deleted:,}", f"{o.seconds:.2f}")
+    return table
+
+
+@app.command()
+def refresh(
+    ctx: typer.Context,
+    names: Annotated[list[str] | None, typer.Argument(help="Stream tables to refresh.",
+                                                       show_default=False)] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Refresh every stream table.")] = False,
+) -> None:
+    """Refresh stream tables now, upstream first, and wait for the result."""
+    from pgtrickle.scheduler.daemon import refresh_sync
+
+    if not names and not all_:
+        _fail("name one or more stream tables, or give --all")
+    if names and all_:
+        _fail("give either stream table names or --all, not both")
+
+    def go() -> None:
+        dsn = _dsn(ctx)
+        with console.status("Refreshing (the first Spark job of a process takes a few seconds)…") as status:
+            outcomes = refresh_sync(_settings(ctx), dsn, None if all_ else names,
+                                    progress=lambda msg: status.update(msg))
+        console.print(_outcome_table(outcomes))
+
+    _run(go)
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    once: Annotated[bool, typer.Option(help="Run one scheduler tick and exit.")] = False,
+    tick: Annotated[float | None, typer.Option(help="Seconds between ticks when nothing is notified.",
+                                               show_default=False)] = None,
+) -> None:
+    """Run the daemon: refresh due stream tables in dependency order until stopped."""
+    from pgtrickle.scheduler.daemon import Scheduler
+
+    settings = _settings(ctx).with_overrides(tick_seconds=tick)
+
+    def go() -> None:
+        dsn = _dsn(ctx)
+        scheduler = Scheduler(
+            settings, dsn,
+            on_outcome=lambda o: console.print(
+                f"{o.st.display}: {o.action.value} ({o.reason}) +{o.rows_inserted:,} -{o.rows_deleted:,} "
+                f"in {o.seconds:.2f}s", highlight=False),
+        )
+        console.print(f"pgtrickle daemon on {redact(dsn)}, Spark master {settings.spark_master}; "
+                      "Ctrl-C to stop")
+        try:
+            scheduler.run(max_ticks=1 if once else None)
+        finally:
+            scheduler.close()
+        console.print("stopped")
+
+    _run(go)
+
+
+# -------------------------------------------------------------- status
+
+
+def _fmt_interval(value: timedelta | None) -> str:
+    if value is None:
+        return "-"
+    seconds = int(value.total_seconds())
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
+
+
+@app.command()
+def status(ctx: typer.Context) -> None:
+    """Show every stream table: status, mode, schedule, freshness."""
+    from pgtrickle.catalog.install import require_installed
+
+    def go() -> None:
+        dsn = _dsn(ctx)
+        with connect(dsn) as conn:
+            require_installed(conn)
+            rows = conn.execute(
+                "SELECT name, status, effective_mode, schedule, last_refresh_at, staleness,"
+                " pending_requests, last_error FROM pgtrickle.stream_tables_info ORDER BY name"
+            ).fetchall()
+        table = Table("stream table", "status", "mode", "schedule", "last refresh", "staleness",
+                      "queued", "last error", title=f"stream tables in {redact(dsn)}")
+        for name, st_status, mode, schedule, last, staleness, queued, error in rows:
+            colour = {"ACTIVE": "green", "INITIALIZING": "cyan", "SUSPENDED": "yellow",
+                      "ERROR": "red"}.get(st_status, "white")
+            table.add_row(name, f"[{colour}]{st_status}[/]", mode, schedule,
+                          last.strftime("%Y-%m-%d %H:%M:%S") if last else "never",
+                          _fmt_interval(staleness), str(queued), (error or "")[:60])
+        console.print(table)
+        if not rows:
+            console.print("no stream tables yet: SELECT pgtrickle.create_stream_table(name, query)")
+
+    _run(go)
+
+
+# ---------------------------------------------------------------- demo
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    rounds: Annotated[int, typer.Option(help="Rounds of writes and refreshes.")] = 3,
+) -> None:
+    """Run the orders / order_lines example end to end on the embedded default."""
+    from pgtrickle.demo import run_demo
+
+    def go() -> None:
+        dsn = _dsn(ctx)
+        run_demo(_settings(ctx), dsn, console, rounds=rounds)
+
+    _run(go)
+
+
+def entrypoint() -> None:  # pragma: no cover
+    sys.exit(app())

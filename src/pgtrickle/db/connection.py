@@ -1,0 +1,92 @@
+"""Connections to the user's PostgreSQL: psycopg for pgtrickle, JDBC for Spark.
+
+A DSN is a libpq connection string or URI. Passwords never leave this module
+in readable form: :func:`redact` is what logs, errors and ``status`` show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgtrickle.config import Settings
+from pgtrickle.errors import ConfigError
+
+
+def resolve_dsn(settings: Settings, *, start_embedded: bool = True) -> str:
+    """The DSN to use: the configured one, else the embedded server's."""
+    if settings.dsn:
+        try:
+            conninfo_to_dict(settings.dsn)
+        except psycopg.ProgrammingError as exc:
+            raise ConfigError(f"invalid DSN {redact(settings.dsn)}: {exc}") from None
+        return settings.dsn
+    from pgtrickle.db.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres(settings.data_dir, settings.embedded_port)
+    if start_embedded:
+        server.start()
+    return server.dsn()
+
+
+def redact(dsn: str) -> str:
+    """The DSN with any password replaced by ``****``."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparseable DSN>"
+    if "password" in params:
+        params["password"] = "****"
+    return make_conninfo("", **params)  # type: ignore[arg-type]
+
+
+def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgtrickle"
+            ) -> psycopg.Connection:
+    try:
+        return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name)
+    except psycopg.OperationalError as exc:
+        message = str(exc)
+        params = conninfo_to_dict(dsn)
+        if params.get("password"):
+            message = message.replace(str(params["password"]), "****")
+        raise ConfigError(f"cannot connect to PostgreSQL at {redact(dsn)}: {message}") from None
+
+
+@dataclass(frozen=True)
+class JdbcTarget:
+    """Where Spark's JDBC reader and writer connect."""
+
+    url: str
+    properties: dict[str, str]
+
+    def options(self) -> dict[str, str]:
+        return {"url": self.url, "driver": "org.postgresql.Driver", **self.properties}
+
+
+def jdbc_target(dsn: str) -> JdbcTarget:
+    """Translate a libpq DSN to a JDBC URL and connection properties."""
+    params = conninfo_to_dict(dsn)
+    host = str(params.get("host") or params.get("hostaddr") or "localhost")
+    if host.startswith("/"):
+        raise ConfigError(
+            "Spark connects over TCP; the DSN names a Unix socket directory "
+            f"({host}). Give a host name or address."
+        )
+    port = str(params.get("port") or "5432")
+    dbname = str(params.get("dbname") or params.get("user") or "postgres")
+    props: dict[str, str] = {
+        "user": str(params.get("user") or ""),
+        "password": str(params.get("password") or ""),
+        "ApplicationName": "pgtrickle-spark",
+        # Let PostgreSQL convert strings Spark sends into the column types.
+        "stringtype": "unspecified",
+        "reWriteBatchedInserts": "true",
+    }
+    if params.get("sslmode"):
+        props["sslmode"] = str(params["sslmode"])
+    host_part = f"[{host}]" if ":" in host else host
+    url = f"jdbc:postgresql://{host_part}:{port}/{quote(dbname, safe='')}"
+    return JdbcTarget(url=url, properties=props)

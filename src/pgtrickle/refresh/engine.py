@@ -1,0 +1,353 @@
+"""Running one refresh of one stream table, end to end.
+
+1. In a REPEATABLE READ transaction, count the changes pending since the
+   frontier. None (and nothing to reinitialize): advance the frontier to this
+   snapshot without starting any Spark job (``NO_DATA``).
+2. Otherwise a coordinator transaction exports a snapshot; Spark reads every
+   source at it over JDBC, runs the defining query (translated to Spark SQL),
+   and the result is moved into PostgreSQL: by COPY when small, by
+   partitioned JDBC writes into an unlogged staging table when large.
+3. One PostgreSQL transaction replaces the stream table's contents, records
+   the refresh in its change buffer (for downstream stream tables), advances
+   the frontier and completes the history row — so a crash anywhere leaves
+   the previous state intact (DESIGN.md invariant 2).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from pgtrickle.catalog.store import Source, StreamTable
+from pgtrickle.cdc.buffers import pending_changes
+from pgtrickle.config import Settings
+from pgtrickle.db.connection import connect, jdbc_target
+from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError
+from pgtrickle.refresh.plan import Action, RefreshPlan, plan_refresh
+from pgtrickle.spark import jdbc
+from pgtrickle.sql.translate import translate_to_spark
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str], None]
+
+COPY_THRESHOLD_ROWS = 200_000
+"""Results estimated at or below this many rows travel by COPY, larger ones by JDBC."""
+
+
+@dataclass
+class RefreshOutcome:
+    st: StreamTable
+    action: Action
+    reason: str
+    rows_inserted: int = 0
+    rows_deleted: int = 0
+    delta_rows: int = 0
+    seconds: float = 0.0
+    spark_seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Cancelled(PgTrickleError):
+    """The refresh was abandoned on request (second SIGINT/SIGTERM)."""
+
+
+class Refresher:
+    """Refreshes stream tables; owns one catalog connection and uses the shared SparkSession."""
+
+    def __init__(self, settings: Settings, dsn: str, *, progress: ProgressFn | None = None,
+                 spark_provider: Callable[[Settings], object] | None = None) -> None:
+        self.settings = settings
+        self.dsn = dsn
+        self.target = jdbc_target(dsn)
+        self.progress = progress or (lambda msg: None)
+        self._spark_provider = spark_provider
+        self._cancel_requested = False
+        self.conn = connect(dsn, application_name="pgtrickle-refresh")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # ------------------------------------------------------------- spark
+    @property
+    def spark(self):  # type: ignore[no-untyped-def]
+        if self._spark_provider is None:
+            from pgtrickle.spark.session import get_spark
+
+            self._spark_provider = get_spark
+        return self._spark_provider(self.settings)
+
+    def cancel(self) -> None:
+        """Abandon the refresh in progress: cancel its Spark jobs; nothing is applied."""
+        self._cancel_requested = True
+        from pgtrickle.spark import session as spark_session
+
+        if spark_session._session is not None:  # noqa: SLF001 - same package
+            spark_session._session.sparkContext.cancelAllJobs()
+
+    def _check_cancel(self) -> None:
+        if self._cancel_requested:
+            raise Cancelled("refresh abandoned on request; the stream table is unchanged")
+
+    # ------------------------------------------------------------ refresh
+    def refresh(self, st: StreamTable, initiated_by: str, request_ids: Sequence[int] = (),
+                record_no_data: bool = False) -> RefreshOutcome:
+        """Bring ``st`` up to date. Raises RefreshError (history records it) on failure."""
+        started = time.monotonic()
+        self._cancel_requested = False
+        plan = self._plan_and_maybe_skip(st, request_ids, initiated_by, record_no_data)
+        if plan.action is Action.NO_DATA:
+            return RefreshOutcome(st, plan.action, plan.reason, seconds=time.monotonic() - started)
+        history_id = self._start_history(st, plan, initiated_by)
+        try:
+            outcome = self._full_refresh(st, plan, history_id, request_ids)
+        except Exception as exc:
+            message = _describe(exc)
+            self._record_failure(st, history_id, message, fatal=isinstance(exc, UnsupportedQueryError))
+            if isinstance(exc, PgTrickleError):
+                raise
+            raise RefreshError(f"refresh of {st.display} failed: {message}") from exc
+        outcome.seconds = time.monotonic() - started
+        return outcome
+
+    def _plan_and_maybe_skip(self, st: StreamTable, request_ids: Sequence[int], initiated_by: str,
+                             record_no_data: bool) -> RefreshPlan:
+        if st.frontier is None:
+            return plan_refresh(st.refresh_mode, None, st.needs_reinit, None)
+        with self.conn.transaction():
+            self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            snapshot = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
+            pending = pending_changes(self.conn, st.sources, st.frontier)
+            plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending)
+            if plan.action is Action.NO_DATA:
+                cur = self.conn.execute(
+                    """
+                    UPDATE pgtrickle.pgt_stream_tables
+                       SET frontier = %(s)s::pg_snapshot, frontier_lsn = pg_current_wal_lsn(),
+                           data_timestamp = now(), last_refresh_at = now(), last_attempt_at = now(),
+                           status = CASE WHEN status = 'INITIALIZING' THEN 'ACTIVE' ELSE status END
+                     WHERE pgt_id = %(id)s AND frontier::text = %(f)s
+                    """,
+                    {"s": snapshot, "id": st.pgt_id, "f": st.frontier},
+                )
+                if cur.rowcount and request_ids:
+                    self.conn.execute(
+                        "DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
+                        (list(request_ids),),
+                    )
+                if cur.rowcount and record_no_data:
+                    self.conn.execute(
+                        """
+                        INSERT INTO pgtrickle.pgt_refresh_history
+                            (pgt_id, action, status, initiated_by, rows_inserted, rows_deleted,
+                             delta_row_count, end_time, mode_reason, frontier)
+                        VALUES (%s, 'NO_DATA', 'COMPLETED', %s, 0, 0, 0, clock_timestamp(), %s,
+                                %s::pg_snapshot)
+                        """,
+                        (st.pgt_id, initiated_by, plan.reason, snapshot),
+                    )
+        return plan
+
+    def _start_history(self, st: StreamTable, plan: RefreshPlan, initiated_by: str) -> int:
+        row = self.conn.execute(
+            """
+            INSERT INTO pgtrickle.pgt_refresh_history
+                (pgt_id, action, status, initiated_by, delta_row_count, mode_reason)
+            VALUES (%s, %s, 'RUNNING', %s, %s, %s) RETURNING refresh_id
+            """,
+            (st.pgt_id, plan.action.value, initiated_by, plan.delta_rows, plan.reason),
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def _record_failure(self, st: StreamTable, history_id: int, message: str, fatal: bool) -> None:
+        try:
+            with self.conn.transaction():
+                self.conn.execute(
+                    "UPDATE pgtrickle.pgt_refresh_history SET status = 'FAILED', end_time = clock_timestamp(),"
+                    " error_message = %s WHERE refresh_id = %s",
+                    (message, history_id),
+                )
+                self.conn.execute(
+                    """
+                    UPDATE pgtrickle.pgt_stream_tables
+                       SET consecutive_errors = consecutive_errors + 1, last_error = %s,
+                           last_attempt_at = now(),
+                           status = CASE WHEN %s THEN 'ERROR' ELSE status END
+                     WHERE pgt_id = %s
+                    """,
+                    (message, fatal, st.pgt_id),
+                )
+        except psycopg.Error:
+            log.exception("could not record the failure of %s", st.display)
+
+    # ---------------------------------------------------------- FULL path
+    def _full_refresh(self, st: StreamTable, plan: RefreshPlan, history_id: int,
+                      request_ids: Sequence[int]) -> RefreshOutcome:
+        timings: dict[str, float] = {}
+        t0 = time.monotonic()
+        spark = self.spark
+        timings["spark_session"] = time.monotonic() - t0
+        self._check_cancel()
+        staging = f"stage_{st.pgt_id}"
+        with connect(self.dsn, autocommit=False, application_name="pgtrickle-coordinator") as coord:
+            coord.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            snap_id, snapshot, lsn = coord.execute(
+                "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
+            ).fetchone()  # type: ignore[misc]
+            stats = _table_stats(coord, st.sources)
+            self.progress(f"{st.display}: reading {len(st.sources)} source(s) at snapshot {snapshot}")
+            table_map = {}
+            for source in st.sources:
+                view = f"pgt_src_{source.relid}"
+                parts = jdbc.partition_count(stats[source.relid], self.settings.jdbc_partition_rows,
+                                             spark.sparkContext.defaultParallelism)
+                df = jdbc.read_table(spark, self.target, source.qualified, snap_id,
+                                     jdbc.ctid_predicates(stats[source.relid], parts))
+                if source.kind == "STREAM_TABLE":
+                    df = df.drop("__pgt_row_id")
+                df.createOrReplaceTempView(view)
+                table_map[(source.schema, source.name)] = view
+            spark_sql = translate_to_spark(st.normalized_query, table_map)
+            result = spark.sql(spark_sql)
+            if len(result.columns) != len(st.columns):
+                raise RefreshError(
+                    f"the query of {st.display} returns {len(result.columns)} columns on Spark but the "
+                    f"stream table has {len(st.columns)}"
+                )
+            result = _prepare_output(result, st)
+            estimate = sum(stats[s.relid].reltuples for s in st.sources)
+            spark.sparkContext.setJobGroup(f"pgtrickle-{st.pgt_id}", f"refresh {st.display}", True)
+            t1 = time.monotonic()
+            rows: list[tuple] | None = None
+            if estimate <= COPY_THRESHOLD_ROWS:
+                self.progress(f"{st.display}: computing on Spark (result by COPY)")
+                rows = [tuple(r) for r in result.collect()]
+            else:
+                self.progress(f"{st.display}: computing on Spark (~{int(estimate):,} source rows; "
+                              "result by JDBC into a staging table)")
+                self._create_staging(st, staging)
+                jdbc.write_append(result, self.target, f'pgtrickle_changes."{staging}"')
+            timings["spark_job"] = time.monotonic() - t1
+            coord.rollback()
+        self._check_cancel()
+        t2 = time.monotonic()
+        inserted, deleted = self._apply_full(st, plan, history_id, snapshot, lsn, rows, staging,
+                                             request_ids, timings["spark_job"])
+        timings["apply"] = time.monotonic() - t2
+        if rows is None:
+            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS pgtrickle_changes.{}").format(
+                sql.Identifier(staging)))
+        return RefreshOutcome(st, Action.FULL, plan.reason, rows_inserted=inserted, rows_deleted=deleted,
+                              delta_rows=plan.delta_rows, spark_seconds=timings["spark_job"],
+                              timings=timings)
+
+    def _create_staging(self, st: StreamTable, staging: str) -> None:
+        cols = [sql.SQL("{} {}").format(sql.Identifier(f"c{i}"), sql.SQL(c.type))
+                for i, c in enumerate(st.columns)]
+        cols.append(sql.SQL("__pgt_row_id bigint"))
+        self.conn.execute(sql.SQL("DROP TABLE IF EXISTS pgtrickle_changes.{}").format(sql.Identifier(staging)))
+        self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE pgtrickle_changes.{} ({})").format(
+            sql.Identifier(staging), sql.SQL(", ").join(cols)))
+
+    def _apply_full(self, st: StreamTable, plan: RefreshPlan, history_id: int, snapshot: str, lsn: str,
+                    rows: list[tuple] | None, staging: str, request_ids: Sequence[int],
+                    spark_seconds: float) -> tuple[int, int]:
+        target = sql.SQL("{}.{}").format(sql.Identifier(st.schema), sql.Identifier(st.name))
+        col_list = sql.SQL(", ").join(
+            [sql.Identifier(c.name) for c in st.columns] + [sql.Identifier("__pgt_row_id")])
+        with self.conn.transaction():
+            self.conn.execute("SET LOCAL lock_timeout = '60s'")
+            self.conn.execute("SET LOCAL TimeZone = 'UTC'")
+            current = self.conn.execute(
+                "SELECT frontier::text FROM pgtrickle.pgt_stream_tables WHERE pgt_id = %s FOR UPDATE",
+                (st.pgt_id,),
+            ).fetchone()
+            if current is None:
+                raise RefreshError(f"stream table {st.display} was dropped during its refresh")
+            if current[0] != st.frontier:
+                raise RefreshError(
+                    f"stream table {st.display} was refreshed by another process meanwhile; "
+                    "this refresh is discarded"
+                )
+            deleted = self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(target)).fetchone()[0]  # type: ignore[index]
+            self.conn.execute(sql.SQL("TRUNCATE {}").format(target))
+            if rows is not None:
+                with self.conn.cursor().copy(
+                    sql.SQL("COPY {} ({}) FROM STDIN").format(target, col_list)
+                ) as copy:
+                    for row in rows:
+                        copy.write_row(row)
+                inserted = len(rows)
+            else:
+                source_cols = sql.SQL(", ").join(
+                    [sql.Identifier(f"c{i}") for i in range(len(st.columns))]
+                    + [sql.Identifier("__pgt_row_id")])
+                cur = self.conn.execute(
+                    sql.SQL("INSERT INTO {} ({}) SELECT {} FROM pgtrickle_changes.{}").format(
+                        target, col_list, source_cols, sql.Identifier(staging)))
+                inserted = cur.rowcount
+            # Downstream stream tables learn of this refresh through our own buffer.
+            self.conn.execute(
+                sql.SQL("INSERT INTO pgtrickle_changes.{} (xid, action) VALUES (pg_current_xact_id(), 'T')")
+                .format(sql.Identifier(f"changes_{st.relid}")))
+            self.conn.execute(
+                """
+                UPDATE pgtrickle.pgt_stream_tables
+                   SET frontier = %(s)s::pg_snapshot, frontier_lsn = %(lsn)s::pg_lsn,
+                       data_timestamp = now(), last_refresh_at = now(), last_attempt_at = now(),
+                       needs_reinit = false, consecutive_errors = 0, last_error = NULL,
+                       status = CASE WHEN status IN ('INITIALIZING', 'ERROR') THEN 'ACTIVE' ELSE status END,
+                       updated_at = now()
+                 WHERE pgt_id = %(id)s
+                """,
+                {"s": snapshot, "lsn": lsn, "id": st.pgt_id},
+            )
+            self.conn.execute(
+                """
+                UPDATE pgtrickle.pgt_refresh_history
+                   SET status = 'COMPLETED', end_time = clock_timestamp(), rows_inserted = %s,
+                       rows_deleted = %s, frontier = %s::pg_snapshot, spark_seconds = %s
+                 WHERE refresh_id = %s
+                """,
+                (inserted, deleted, snapshot, spark_seconds, history_id),
+            )
+            if request_ids:
+                self.conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
+                                  (list(request_ids),))
+        return int(inserted), int(deleted)
+
+
+def _table_stats(conn: psycopg.Connection, sources: tuple[Source, ...]) -> dict[int, jdbc.TableStats]:
+    rows = conn.execute(
+        "SELECT oid::bigint, greatest(reltuples, 0), relpages FROM pg_class WHERE oid = ANY(%s::oid[])",
+        ([s.relid for s in sources],),
+    ).fetchall()
+    return {int(r[0]): jdbc.TableStats(float(r[1]), int(r[2])) for r in rows}
+
+
+def _prepare_output(df, st: StreamTable):  # type: ignore[no-untyped-def]
+    """Name the result columns c0..cN, render timestamps with their offset, add the row identity."""
+    from pyspark.sql import functions as F  # noqa: N812
+    from pyspark.sql.types import TimestampType
+
+    named = df.toDF(*[f"c{i}" for i in range(len(df.columns))])
+    row_id = F.xxhash64(*[F.col(c) for c in named.columns]).alias("__pgt_row_id")
+    cols = []
+    for field_ in named.schema.fields:
+        if isinstance(field_.dataType, TimestampType):
+            cols.append(F.date_format(F.col(field_.name), "yyyy-MM-dd HH:mm:ss.SSSSSSXXX").alias(field_.name))
+        else:
+            cols.append(F.col(field_.name))
+    return named.select(*cols, row_id)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return first[:2000]

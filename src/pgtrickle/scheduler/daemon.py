@@ -1,0 +1,288 @@
+"""The pgtrickle daemon: refresh due stream tables in dependency order.
+
+Each tick reads the catalog (the only state; a restart rebuilds everything
+from it), builds the DAG, decides which stream tables are due, and refreshes
+them upstream first. ``LISTEN pgtrickle_refresh`` wakes it as soon as a
+refresh is requested or a stream table is created. A per-stream-table
+advisory lock keeps two daemons (or a daemon and ``pgtrickle refresh``) from
+refreshing the same stream table at once.
+
+Stopping: the first SIGINT/SIGTERM lets the refresh in progress finish and
+then exits; a second one abandons it (its Spark jobs are cancelled and
+nothing is applied — the stream table keeps its previous contents).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import psycopg
+
+from pgtrickle.catalog.install import require_installed
+from pgtrickle.catalog.store import StreamTable, load_requests, load_stream_tables, upstream_ids
+from pgtrickle.cdc.buffers import cleanup_buffers
+from pgtrickle.config import Settings
+from pgtrickle.db.connection import connect
+from pgtrickle.errors import PgTrickleError, ScheduleError
+from pgtrickle.refresh.engine import Cancelled, RefreshOutcome, Refresher
+from pgtrickle.scheduler.dag import StreamTableNode, resolve_calculated, topological_order
+from pgtrickle.scheduler.policy import DueReason, DueState, due_reason
+from pgtrickle.scheduler.schedule import IntervalSchedule, Schedule, parse_schedule
+
+log = logging.getLogger(__name__)
+
+LOCK_NAMESPACE = 0x70677472  # "pgtr": first key of every pgtrickle advisory lock
+NOTIFY_CHANNEL = "pgtrickle_refresh"
+MAINTENANCE_EVERY_SECONDS = 60.0
+
+
+@dataclass
+class TickReport:
+    refreshed: list[RefreshOutcome] = field(default_factory=list)
+    failed: list[tuple[StreamTable, str]] = field(default_factory=list)
+    locked_elsewhere: list[StreamTable] = field(default_factory=list)
+
+
+class StreamTableLocks:
+    """Session-level advisory locks, one per stream table, on one connection."""
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.conn = conn
+
+    def try_lock(self, pgt_id: int) -> bool:
+        row = self.conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                                (LOCK_NAMESPACE, pgt_id)).fetchone()
+        return bool(row and row[0])
+
+    def unlock(self, pgt_id: int) -> None:
+        self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, pgt_id))
+
+
+def _schedules(sts: dict[int, StreamTable], default: Schedule, now: datetime
+               ) -> tuple[dict[int, Schedule], dict[int, str]]:
+    """Effective schedules, and the stream tables whose schedule does not parse."""
+    parsed: dict[int, Schedule] = {}
+    broken: dict[int, str] = {}
+    for st in sts.values():
+        try:
+            parsed[st.pgt_id] = parse_schedule(st.schedule)
+        except ScheduleError as exc:
+            broken[st.pgt_id] = str(exc)
+            parsed[st.pgt_id] = default
+    ups = upstream_ids(sts)
+    nodes = [StreamTableNode(i, sts[i].display, parsed[i], ups[i]) for i in sts]
+    return resolve_calculated(nodes, now, default=default), broken
+
+
+def ordered(sts: dict[int, StreamTable]) -> list[int]:
+    ups = upstream_ids(sts)
+    nodes = [StreamTableNode(i, sts[i].display, IntervalSchedule(60), ups[i]) for i in sts]
+    return topological_order(nodes)
+
+
+class Scheduler:
+    """Runs ticks against one database."""
+
+    def __init__(self, settings: Settings, dsn: str, *, progress: Callable[[str], None] | None = None,
+                 on_outcome: Callable[[RefreshOutcome], None] | None = None) -> None:
+        self.settings = settings
+        self.dsn = dsn
+        self.progress = progress or (lambda msg: None)
+        self.on_outcome = on_outcome or (lambda outcome: None)
+        self.conn = connect(dsn, application_name="pgtrickle-scheduler")
+        require_installed(self.conn)
+        self.locks = StreamTableLocks(self.conn)
+        self.refresher = Refresher(settings, dsn, progress=self.progress)
+        self.stop_requested = False
+        self._last_maintenance = 0.0
+
+    def close(self) -> None:
+        self.refresher.close()
+        self.conn.close()
+
+    # -------------------------------------------------------------- ticks
+    def _db_now(self) -> datetime:
+        row = self.conn.execute("SELECT now()").fetchone()
+        assert row is not None
+        return row[0]
+
+    def default_schedule(self) -> Schedule:
+        row = self.conn.execute(
+            "SELECT value FROM pgtrickle.pgt_settings WHERE name = 'default_schedule'").fetchone()
+        try:
+            return parse_schedule(row[0]) if row else IntervalSchedule(60)
+        except ScheduleError:
+            return IntervalSchedule(60)
+
+    def tick(self) -> TickReport:
+        report = TickReport()
+        now = self._db_now()
+        sts = load_stream_tables(self.conn)
+        if not sts:
+            return report
+        requests = load_requests(self.conn)
+        requested: dict[int, list[int]] = {}
+        for req in requests:
+            requested.setdefault(req.pgt_id, []).append(req.request_id)
+        schedules, broken = _schedules(sts, self.default_schedule(), now)
+        for pgt_id, message in broken.items():
+            self._mark_error(sts[pgt_id], message)
+        for pgt_id in ordered(sts):
+            if self.stop_requested:
+                break
+            st = sts[pgt_id]
+            if pgt_id in broken:
+                continue
+            reason = due_reason(
+                DueState(st.status, st.frontier is not None, st.last_refresh_at, st.last_attempt_at,
+                         pgt_id in requested, st.created_at),
+                schedules[pgt_id], now,
+            )
+            if reason is None:
+                continue
+            self._refresh_one(st, reason, requested.get(pgt_id, []), report)
+        self._maintenance()
+        return report
+
+    def _refresh_one(self, st: StreamTable, reason: DueReason, request_ids: Sequence[int],
+                     report: TickReport) -> None:
+        if not self.locks.try_lock(st.pgt_id):
+            report.locked_elsewhere.append(st)
+            return
+        try:
+            # Re-read under the lock: another process may have refreshed it meanwhile.
+            fresh = load_stream_tables(self.conn).get(st.pgt_id)
+            if fresh is None:
+                return
+            initiated_by = ("MANUAL" if reason is DueReason.REQUESTED and fresh.frontier is not None
+                            else "INITIAL" if fresh.frontier is None else "SCHEDULER")
+            outcome = self.refresher.refresh(fresh, initiated_by, request_ids,
+                                             record_no_data=reason is DueReason.REQUESTED)
+            report.refreshed.append(outcome)
+            self.on_outcome(outcome)
+        except Cancelled:
+            raise
+        except PgTrickleError as exc:
+            log.error("refresh of %s failed: %s", st.display, exc)
+            report.failed.append((st, str(exc)))
+        finally:
+            self.locks.unlock(st.pgt_id)
+
+    def _mark_error(self, st: StreamTable, message: str) -> None:
+        if st.status == "ERROR" and st.last_error == message:
+            return
+        self.conn.execute(
+            "UPDATE pgtrickle.pgt_stream_tables SET status = 'ERROR', last_error = %s WHERE pgt_id = %s",
+            (message, st.pgt_id),
+        )
+
+    def _maintenance(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self._last_maintenance < MAINTENANCE_EVERY_SECONDS:
+            return
+        self._last_maintenance = time.monotonic()
+        deleted = cleanup_buffers(self.conn)
+        if deleted:
+            log.info("removed %d consumed change buffer rows", deleted)
+        self.conn.execute(
+            """
+            DELETE FROM pgtrickle.pgt_refresh_history
+             WHERE end_time < now() - (SELECT value::interval FROM pgtrickle.pgt_settings
+                                        WHERE name = 'history_retention')
+            """
+        )
+
+    def abandon_stale_history(self) -> int:
+        """Mark RUNNING history rows of refreshes no process is running as ABANDONED."""
+        rows = self.conn.execute(
+            "SELECT DISTINCT pgt_id FROM pgtrickle.pgt_refresh_history WHERE status = 'RUNNING'"
+        ).fetchall()
+        count = 0
+        for (pgt_id,) in rows:
+            if self.locks.try_lock(pgt_id):
+                try:
+                    cur = self.conn.execute(
+                        "UPDATE pgtrickle.pgt_refresh_history SET status = 'ABANDONED',"
+                        " end_time = clock_timestamp(), error_message = 'the refreshing process stopped'"
+                        " WHERE pgt_id = %s AND status = 'RUNNING'", (pgt_id,))
+                    count += cur.rowcount or 0
+                finally:
+                    self.locks.unlock(pgt_id)
+        return count
+
+    # --------------------------------------------------------------- loop
+    def run(self, max_ticks: int | None = None, install_signal_handlers: bool = True) -> None:
+        """Tick until stopped. Wakes on NOTIFY, else every ``tick_seconds``."""
+        if install_signal_handlers:
+            self._install_signal_handlers()
+        listener = connect(self.dsn, application_name="pgtrickle-listener")
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        self.abandon_stale_history()
+        ticks = 0
+        try:
+            while not self.stop_requested:
+                try:
+                    self.tick()
+                except Cancelled:
+                    break
+                ticks += 1
+                if max_ticks is not None and ticks >= max_ticks:
+                    break
+                for _ in listener.notifies(timeout=self.settings.tick_seconds, stop_after=1):
+                    pass
+        finally:
+            listener.close()
+
+    def _install_signal_handlers(self) -> None:
+        def handler(signum: int, _frame: object) -> None:
+            if self.stop_requested:
+                log.warning("second stop signal: abandoning the refresh in progress")
+                threading.Thread(target=self.refresher.cancel, daemon=True).start()
+            else:
+                log.warning("stop signal %s: finishing the refresh in progress, then exiting "
+                            "(send it again to abandon it)", signal.Signals(signum).name)
+                self.stop_requested = True
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+
+def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
+                 progress: Callable[[str], None] | None = None) -> list[RefreshOutcome]:
+    """Refresh the named stream tables (all when ``names`` is None) now, upstream first.
+
+    Used by ``pgtrickle refresh``. Raises PgTrickleError on the first failure.
+    """
+    scheduler = Scheduler(settings, dsn, progress=progress)
+    try:
+        sts = load_stream_tables(scheduler.conn)
+        if names is None:
+            wanted = set(sts)
+        else:
+            wanted = set()
+            for name in names:
+                row = scheduler.conn.execute("SELECT (pgtrickle._find_st(%s)).pgt_id", (name,)).fetchone()
+                assert row is not None
+                wanted.add(int(row[0]))
+        outcomes = []
+        for pgt_id in ordered(sts):
+            if pgt_id not in wanted:
+                continue
+            if not scheduler.locks.try_lock(pgt_id):
+                raise PgTrickleError(
+                    f"stream table {sts[pgt_id].display} is being refreshed by another process; try again"
+                )
+            try:
+                fresh = load_stream_tables(scheduler.conn)[pgt_id]
+                initiated_by = "INITIAL" if fresh.frontier is None else "MANUAL"
+                outcomes.append(scheduler.refresher.refresh(fresh, initiated_by, record_no_data=True))
+            finally:
+                scheduler.locks.unlock(pgt_id)
+        return outcomes
+    finally:
+        scheduler.close()

@@ -1,0 +1,51 @@
+"""Is a stream table due, and why? Pure: no clock, no database."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+
+from pgtrickle.scheduler.schedule import Schedule, is_due
+
+
+class DueReason(str, Enum):
+    INITIALIZE = "INITIALIZE"  # never populated
+    REQUESTED = "REQUESTED"  # refresh_stream_table() or a queued initialization
+    SCHEDULED = "SCHEDULED"  # its schedule says so
+
+
+@dataclass(frozen=True)
+class DueState:
+    """What the decision needs to know about one stream table."""
+
+    status: str
+    has_frontier: bool
+    last_refresh_at: datetime | None
+    last_attempt_at: datetime | None
+    requested: bool
+    created_at: datetime
+
+
+def due_reason(state: DueState, schedule: Schedule, now: datetime) -> DueReason | None:
+    """Why the stream table should refresh now, or ``None``.
+
+    * A queued request is honoured whatever the status: it is an explicit ask.
+    * ``SUSPENDED`` and ``ERROR`` stream tables are not refreshed on schedule.
+    * A failed attempt waits one schedule interval before it is retried, so a
+      broken stream table does not spin.
+    """
+    if state.requested:
+        return DueReason.REQUESTED
+    if state.status in ("SUSPENDED", "ERROR"):
+        return None
+    attempts = [t for t in (state.last_refresh_at, state.last_attempt_at) if t is not None]
+    last = max(attempts) if attempts else None
+    if not state.has_frontier:
+        # Created with initialize => false: populate at the first scheduled time.
+        if is_due(schedule, last or state.created_at, now):
+            return DueReason.INITIALIZE
+        return None
+    if is_due(schedule, last, now):
+        return DueReason.SCHEDULED
+    return None

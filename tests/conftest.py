@@ -1,0 +1,115 @@
+"""Shared fixtures: a real PostgreSQL (embedded, PostgreSQL 18) and a real SparkSession.
+
+The server is started once per test session in a temporary directory on a
+free port; each integration test gets its own database cloned from a
+template that has pgtrickle installed, so tests cannot see each other.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgtrickle.config import Settings
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class PgServer:
+    admin_dsn: str
+    base_dsn: str  # without dbname
+    data_dir: Path
+    port: int
+
+    def dsn_for(self, dbname: str) -> str:
+        return f"{self.base_dsn}/{dbname}"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    from pgtrickle.catalog.install import install
+    from pgtrickle.db.embedded import EmbeddedPostgres
+
+    root = Path(tempfile.mkdtemp(prefix="pgtrickle-test-", dir="/tmp"))
+    root.chmod(0o755)
+    port = _free_port()
+    server = EmbeddedPostgres(root, port)
+    server.start()
+    dsn = server.dsn()
+    base = dsn.rsplit("/", 1)[0]
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute("CREATE DATABASE pgt_template")
+    with psycopg.connect(f"{base}/pgt_template", autocommit=True) as conn:
+        install(conn)
+    try:
+        yield PgServer(admin_dsn=f"{base}/postgres", base_dsn=base, data_dir=root, port=port)
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def base_settings(pg_server: PgServer) -> Settings:
+    return Settings(
+        dsn=None,
+        data_dir=pg_server.data_dir,
+        spark_master=os.environ.get("PGTRICKLE_TEST_SPARK_MASTER", "local[2]"),
+        jdbc_jar=os.environ.get("PGTRICKLE_JDBC_JAR", "/usr/share/java/postgresql.jar"),
+        tick_seconds=0.2,
+    )
+
+
+@pytest.fixture(scope="session")
+def spark(base_settings: Settings):  # type: ignore[no-untyped-def]
+    from pgtrickle.spark.session import get_spark
+
+    return get_spark(base_settings)
+
+
+_db_counter = itertools.count(1)
+
+
+@dataclass
+class Database:
+    """One fresh database with pgtrickle installed."""
+
+    dsn: str
+    settings: Settings
+    conn: psycopg.Connection
+
+    def sql(self, query: str, params: object = None) -> list[tuple]:
+        cur = self.conn.execute(query, params)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []
+
+    def scalar(self, query: str, params: object = None) -> object:
+        rows = self.sql(query, params)
+        return rows[0][0] if rows else None
+
+
+@pytest.fixture
+def db(pg_server: PgServer, base_settings: Settings) -> Iterator[Database]:
+    name = f"t_{os.getpid()}_{next(_db_counter)}"
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE pgt_template')
+    dsn = pg_server.dsn_for(name)
+    conn = psycopg.connect(dsn, autocommit=True)
+    try:
+        yield Database(dsn=dsn, settings=replace(base_settings, dsn=dsn), conn=conn)
+    finally:
+        conn.close()
+        with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,0 +1,50 @@
+"""Helpers for integration tests: refresh synchronously, and the oracle."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pgtrickle.refresh.verify import verify
+
+from tests.conftest import Database
+
+if TYPE_CHECKING:
+    from pgtrickle.refresh.engine import RefreshOutcome
+
+
+def refresh(db: Database, *names: str) -> list[RefreshOutcome]:
+    from pgtrickle.scheduler.daemon import refresh_sync
+
+    return refresh_sync(db.settings, db.dsn, list(names) if names else None)
+
+
+def assert_oracle(db: Database, *names: str) -> None:
+    """Every named stream table equals its defining query (two-way EXCEPT ALL)."""
+    if not names:
+        names = tuple(r[0] for r in db.sql("SELECT name FROM pgtrickle.stream_tables_info ORDER BY pgt_id"))
+    for name in names:
+        result = verify(db.conn, name)
+        assert result.ok, f"{name}: {result.missing} rows missing, {result.extra} rows extra"
+
+
+def refresh_and_check(db: Database, *names: str) -> list[RefreshOutcome]:
+    outcomes = refresh(db, *names)
+    assert_oracle(db, *names)
+    return outcomes
+
+
+def catalog_fingerprint(db: Database) -> tuple:
+    """Everything a failed API call must leave unchanged."""
+    tables = ["pgt_stream_tables", "pgt_dependencies", "pgt_change_sources", "pgt_refresh_requests",
+              "pgt_refresh_history"]
+    content = tuple(
+        tuple(map(str, db.sql(f"SELECT * FROM pgtrickle.{t} ORDER BY 1"))) for t in tables
+    )
+    relations = tuple(db.sql(
+        "SELECT n.nspname, c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') ORDER BY 1, 2"))
+    triggers = tuple(db.sql("SELECT tgrelid::regclass::text, tgname FROM pg_trigger WHERE NOT tgisinternal"
+                            " ORDER BY 1, 2"))
+    functions = tuple(db.sql("SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n"
+                             " ON n.oid = p.pronamespace WHERE n.nspname = 'pgtrickle_changes' ORDER BY 1"))
+    return content, relations, triggers, functions
