@@ -273,6 +273,38 @@ def status(ctx: typer.Context) -> None:
     _run(go)
 
 
+@app.command()
+def verify(
+    ctx: typer.Context,
+    names: Annotated[list[str] | None, typer.Argument(help="Stream tables to check (default: all).",
+                                                       show_default=False)] = None,
+) -> None:
+    """Compare stream tables with their defining queries run in PostgreSQL (EXCEPT ALL both ways).
+
+    Differences can also be changes not refreshed yet: run it when sources are quiet.
+    """
+    from pgtrickle.refresh.verify import verify as do_verify
+
+    def go() -> bool:
+        dsn = _dsn(ctx)
+        with connect(dsn) as conn:
+            wanted = names or [r[0] for r in conn.execute(
+                "SELECT name FROM pgtrickle.stream_tables_info ORDER BY name").fetchall()]
+            ok = True
+            for name in wanted:
+                result = do_verify(conn, name)
+                if result.ok:
+                    console.print(f"[green]✓[/] {name}", highlight=False)
+                else:
+                    ok = False
+                    console.print(f"[red]✗[/] {name}: {result.missing} rows missing, "
+                                  f"{result.extra} rows extra", highlight=False)
+        return ok
+
+    if not _run(go):
+        raise typer.Exit(1)
+
+
 # ---------------------------------------------------------------- demo
 
 

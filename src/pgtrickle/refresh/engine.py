@@ -229,10 +229,22 @@ class Refresher:
                 self.progress(f"{st.display}: computing on Spark (result by COPY)")
                 rows = [tuple(r) for r in result.collect()]
             else:
-                self.progress(f"{st.display}: computing on Spark (~{int(estimate):,} source rows; "
-                              "result by JDBC into a staging table)")
-                self._create_staging(st, staging)
-                jdbc.write_append(result, self.target, f'pgtrickle_changes."{staging}"')
+                # Large sources can still give a small result (an aggregate): compute once,
+                # keep it, and pick the cheaper way to move it by its real size.
+                self.progress(f"{st.display}: computing on Spark (~{int(estimate):,} source rows)")
+                from pyspark import StorageLevel
+
+                result = result.persist(StorageLevel.MEMORY_AND_DISK)
+                try:
+                    count = result.count()
+                    if count <= COPY_THRESHOLD_ROWS:
+                        rows = [tuple(r) for r in result.collect()]
+                    else:
+                        self.progress(f"{st.display}: writing {count:,} rows by JDBC into a staging table")
+                        self._create_staging(st, staging)
+                        jdbc.write_append(result, self.target, f'pgtrickle_changes."{staging}"')
+                finally:
+                    result.unpersist()
             timings["spark_job"] = time.monotonic() - t1
             coord.rollback()
         self._check_cancel()

@@ -71,6 +71,8 @@ def read_table(spark, target: JdbcTarget, qualified_name: str, snapshot_id: str,
             "driver": "org.postgresql.Driver",
             "sessionInitStatement": snapshot_init_statement(snapshot_id),
             "fetchsize": str(fetch_size),
+            # timestamp (without time zone) stays zone-less; timestamptz is an instant.
+            "preferTimestampNTZ": "true",
         }
     )
     if predicates == ["true"]:

@@ -38,7 +38,11 @@ def default_conf(settings: Settings) -> dict[str, str]:
         "spark.local.dir": str(settings.spark_local_dir),
         "spark.driver.memory": "2g",
         "spark.sql.warehouse.dir": str(settings.spark_local_dir / "warehouse"),
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={settings.spark_local_dir}",
+        "spark.driver.extraJavaOptions":
+            f"-Dderby.system.home={settings.spark_local_dir} -Duser.timezone=UTC",
+        "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+        # Identifiers arrive already case-folded by PostgreSQL; "A" and "a" are different columns.
+        "spark.sql.caseSensitive": "true",
     }
 
 

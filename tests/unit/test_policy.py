@@ -1,0 +1,53 @@
+"""due_reason: is a stream table due, and why (pure)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from pgtrickle.scheduler.policy import DueReason, DueState, due_reason
+from pgtrickle.scheduler.schedule import CronSchedule, IntervalSchedule
+
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+MINUTE = IntervalSchedule(60)
+
+
+def state(status: str = "ACTIVE", frontier: bool = True, last: datetime | None = None,
+          attempt: datetime | None = None, requested: bool = False,
+          created: datetime = NOW - timedelta(hours=1)) -> DueState:
+    return DueState(status, frontier, last, attempt, requested, created)
+
+
+def test_request_wins_whatever_the_status() -> None:
+    for status in ("ACTIVE", "SUSPENDED", "ERROR", "INITIALIZING"):
+        assert due_reason(state(status, requested=True, last=NOW), MINUTE, NOW) is DueReason.REQUESTED
+
+
+def test_suspended_and_error_are_not_scheduled() -> None:
+    old = NOW - timedelta(hours=5)
+    assert due_reason(state("SUSPENDED", last=old), MINUTE, NOW) is None
+    assert due_reason(state("ERROR", last=old), MINUTE, NOW) is None
+
+
+def test_interval_due_exactly_at_the_boundary() -> None:
+    assert due_reason(state(last=NOW - timedelta(seconds=59)), MINUTE, NOW) is None
+    assert due_reason(state(last=NOW - timedelta(seconds=60)), MINUTE, NOW) is DueReason.SCHEDULED
+
+
+def test_failed_attempt_waits_one_interval() -> None:
+    st = state(last=NOW - timedelta(hours=1), attempt=NOW - timedelta(seconds=10))
+    assert due_reason(st, MINUTE, NOW) is None
+    st = state(last=NOW - timedelta(hours=1), attempt=NOW - timedelta(seconds=61))
+    assert due_reason(st, MINUTE, NOW) is DueReason.SCHEDULED
+
+
+def test_never_populated_waits_for_its_first_scheduled_time() -> None:
+    fresh = state("INITIALIZING", frontier=False, created=NOW - timedelta(seconds=5))
+    assert due_reason(fresh, MINUTE, NOW) is None
+    old = state("INITIALIZING", frontier=False, created=NOW - timedelta(minutes=2))
+    assert due_reason(old, MINUTE, NOW) is DueReason.INITIALIZE
+
+
+def test_cron_fires_after_the_fire_time() -> None:
+    every5 = CronSchedule("*/5 * * * *")
+    assert due_reason(state(last=datetime(2026, 1, 1, 11, 56, tzinfo=UTC)), every5, NOW) is DueReason.SCHEDULED
+    assert due_reason(state(last=datetime(2026, 1, 1, 12, 0, tzinfo=UTC)), every5, NOW) is None
