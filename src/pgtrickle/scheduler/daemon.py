@@ -269,6 +269,9 @@ def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
                 row = scheduler.conn.execute("SELECT (pgtrickle._find_st(%s)).pgt_id", (name,)).fetchone()
                 assert row is not None
                 wanted.add(int(row[0]))
+        requested: dict[int, list[int]] = {}
+        for req in load_requests(scheduler.conn):
+            requested.setdefault(req.pgt_id, []).append(req.request_id)
         outcomes = []
         for pgt_id in ordered(sts):
             if pgt_id not in wanted:
@@ -280,7 +283,8 @@ def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
             try:
                 fresh = load_stream_tables(scheduler.conn)[pgt_id]
                 initiated_by = "INITIAL" if fresh.frontier is None else "MANUAL"
-                outcomes.append(scheduler.refresher.refresh(fresh, initiated_by, record_no_data=True))
+                outcomes.append(scheduler.refresher.refresh(fresh, initiated_by, requested.get(pgt_id, ()),
+                                                            record_no_data=True))
             finally:
                 scheduler.locks.unlock(pgt_id)
         return outcomes
