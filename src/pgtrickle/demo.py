@@ -47,8 +47,8 @@ def _setup(conn, console: Console, orders: int) -> None:  # type: ignore[no-unty
     conn.execute(f"CREATE TABLE {SCHEMA}.order_lines (order_id int NOT NULL, product text NOT NULL, "
                  "qty int NOT NULL)")
     conn.execute(
-        f"INSERT INTO {SCHEMA}.orders SELECT g, 'customer_' || lpad((g % 20)::text, 2, '0'), "
-        "round((10 + (g * 7919) % 490)::numeric, 2) FROM generate_series(1, %s) g", (orders,))
+        f"INSERT INTO {SCHEMA}.orders SELECT g, 'customer_' || lpad((g %% 20)::text, 2, '0'), "
+        "round((10 + (g * 7919) %% 490)::numeric, 2) FROM generate_series(1, %s) g", (orders,))
     conn.execute(
         f"INSERT INTO {SCHEMA}.order_lines SELECT o.id, (ARRAY{PRODUCTS!r})[1 + (o.id * k) % 8], 1 + (o.id + k) % 5 "
         f"FROM {SCHEMA}.orders o, generate_series(1, 3) k")

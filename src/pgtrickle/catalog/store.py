@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -58,12 +59,20 @@ class StreamTable:
 
     @property
     def display(self) -> str:
-        return self.qualified
+        return f"{display_ident(self.schema)}.{display_ident(self.name)}"
 
 
 def quote_ident(name: str) -> str:
-    """Quote an identifier the way PostgreSQL's quote_ident does (always quoting)."""
+    """Quote an identifier for SQL (always quoting, so any name is safe)."""
     return '"' + name.replace('"', '""') + '"'
+
+
+_PLAIN_IDENT = re.compile(r"^[a-z_][a-z0-9_$]*$")
+
+
+def display_ident(name: str) -> str:
+    """An identifier as a person would type it: quoted only when it needs to be."""
+    return name if _PLAIN_IDENT.match(name) else quote_ident(name)
 
 
 @dataclass(frozen=True)
