@@ -66,7 +66,7 @@ def run(settings: Settings, dsn: str, rows: int, repeat: int) -> dict[str, objec
         print(f"loading {rows:,} rows…", flush=True)
         conn.execute("CREATE TABLE events (id bigint PRIMARY KEY, grp int, v numeric(12,2), qty int)")
         conn.execute(
-            "INSERT INTO events SELECT g, g % 1000, (g % 977) / 10.0, g % 13 FROM generate_series(1, %s) g",
+            "INSERT INTO events SELECT g, g %% 1000, (g %% 977) / 10.0, g %% 13 FROM generate_series(1, %s) g",
             (rows,))
         conn.execute("VACUUM ANALYZE events")
         conn.execute(f"CREATE MATERIALIZED VIEW events_mv AS {QUERY}")

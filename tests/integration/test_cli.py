@@ -1,0 +1,123 @@
+"""The ``pgtrickle`` command against a real database (and a second embedded server)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import psycopg
+import pytest
+from typer.testing import CliRunner
+
+from pgtrickle.cli.main import app
+from tests.conftest import Database
+from tests.integration.helpers import assert_oracle
+
+pytestmark = pytest.mark.integration
+
+runner = CliRunner(env={"COLUMNS": "200"})
+
+
+def invoke(db: Database, *args: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, ["--dsn", db.dsn, *args], catch_exceptions=False)
+
+
+@pytest.fixture
+def with_st(db: Database) -> Database:
+    db.sql("CREATE TABLE t (id int PRIMARY KEY, k text)")
+    db.sql("INSERT INTO t SELECT g, 'k' || (g % 3) FROM generate_series(1, 30) g")
+    db.sql("SELECT pgtrickle.create_stream_table('per_k', 'SELECT k, count(*) AS n FROM t GROUP BY k')")
+    return db
+
+
+@pytest.mark.usefixtures("spark")
+def test_refresh_status_verify(with_st: Database) -> None:
+    result = invoke(with_st, "refresh", "per_k")
+    assert result.exit_code == 0, result.output
+    assert "per_k" in result.output and "FULL" in result.output
+    assert_oracle(with_st)
+    result = invoke(with_st, "status")
+    assert result.exit_code == 0 and "ACTIVE" in result.output and "per_k" in result.output
+    result = invoke(with_st, "verify")
+    assert result.exit_code == 0 and "✓" in result.output
+    with_st.sql("INSERT INTO t VALUES (100, 'new')")
+    result = invoke(with_st, "verify", "per_k")
+    assert result.exit_code == 1 and "1 rows missing" in result.output
+    result = invoke(with_st, "refresh", "--all")
+    assert result.exit_code == 0
+    assert invoke(with_st, "verify").exit_code == 0
+
+
+def test_cli_errors_are_clean(with_st: Database) -> None:
+    result = invoke(with_st, "refresh")
+    assert result.exit_code == 1 and "name one or more" in result.output
+    result = invoke(with_st, "refresh", "nope")
+    assert result.exit_code == 1 and 'stream table \'nope\' does not exist' in result.output
+    assert "Traceback" not in result.output
+    result = runner.invoke(app, ["--dsn", "postgresql://u:topsecret@127.0.0.1:1/x", "status"])
+    assert result.exit_code == 1
+    assert "cannot connect" in result.output and "topsecret" not in result.output
+
+
+def test_install_is_idempotent_and_reports_version(db: Database) -> None:
+    result = invoke(db, "install")
+    assert result.exit_code == 0 and "version 1" in result.output and "already current" in result.output
+
+
+def test_status_on_a_database_without_pgtrickle(pg_server) -> None:  # type: ignore[no-untyped-def]
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
+        admin.execute("DROP DATABASE IF EXISTS plain_db")
+        admin.execute("CREATE DATABASE plain_db")
+    result = runner.invoke(app, ["--dsn", pg_server.dsn_for("plain_db"), "status"])
+    assert result.exit_code == 1 and "pgtrickle install" in result.output
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_embedded_server_lifecycle() -> None:
+    root = Path(tempfile.mkdtemp(prefix="pgtrickle-cli-", dir="/tmp"))
+    root.chmod(0o755)
+    port = str(_free_port())
+    args = ["--data-dir", str(root), "--port", port]
+    env = {k: v for k, v in os.environ.items() if k != "PGTRICKLE_DSN"}
+    try:
+        result = runner.invoke(app, [*args, "db", "status"], env=env)
+        assert result.exit_code == 3 and "stopped" in result.output
+        result = runner.invoke(app, [*args, "db", "start"], env=env)
+        assert result.exit_code == 0, result.output
+        result = runner.invoke(app, [*args, "db", "dsn"], env=env)
+        dsn = result.output.strip()
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SHOW wal_level").fetchone() == ("logical",)
+            assert conn.execute("SHOW listen_addresses").fetchone() == ("127.0.0.1",)
+            assert conn.execute("SELECT current_user").fetchone() == ("postgres",)
+        assert oct((root / "superuser.password").stat().st_mode & 0o777) == "0o600"
+        assert runner.invoke(app, [*args, "db", "start"], env=env).exit_code == 0, "start is idempotent"
+        result = runner.invoke(app, [*args, "install"], env=env)
+        assert result.exit_code == 0 and "version 1" in result.output
+        assert "****" in result.output and dsn.split(":")[2].split("@")[0] not in result.output
+        result = runner.invoke(app, [*args, "db", "stop"], env=env)
+        assert result.exit_code == 0 and "stopped" in result.output
+        result = runner.invoke(app, [*args, "db", "stop"], env=env)
+        assert "was not running" in result.output
+    finally:
+        runner.invoke(app, [*args, "db", "stop", "--immediate"], env=env)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_embedded_port_conflict_is_explained(pg_server) -> None:  # type: ignore[no-untyped-def]
+    root = Path(tempfile.mkdtemp(prefix="pgtrickle-cli-", dir="/tmp"))
+    root.chmod(0o755)
+    try:
+        result = runner.invoke(app, ["--data-dir", str(root), "--port", str(pg_server.port), "db", "start"])
+        assert result.exit_code == 1
+        assert "used by another program" in result.output
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
