@@ -32,9 +32,9 @@ from pgtrickle.sql.translate import (
 )
 
 TABLE_MAP = {
-    ("public", "orders"): "pgt_orders",
-    ("public", "order_lines"): "pgt_order_lines",
-    ("public", "My Table"): "pgt_my_table",
+    ("public", "orders"): "tt_orders",
+    ("public", "order_lines"): "tt_order_lines",
+    ("public", "My Table"): "tt_my_table",
 }
 
 ORDERS_COLUMNS = {
@@ -162,19 +162,19 @@ def test_tables_are_replaced_keeping_aliases() -> None:
    FROM public.orders o
      JOIN public.order_lines l ON l.order_id = o.id;"""
     )
-    assert "FROM pgt_orders AS o JOIN pgt_order_lines AS l ON l.order_id = o.id" in sql
+    assert "FROM tt_orders AS o JOIN tt_order_lines AS l ON l.order_id = o.id" in sql
     assert "public." not in sql
 
 
 def test_unaliased_table_is_aliased_with_its_name() -> None:
     sql = translated(" SELECT orders.amount\n   FROM public.orders\n  WHERE orders.id > 1;")
-    assert "FROM pgt_orders AS orders" in sql
+    assert "FROM tt_orders AS orders" in sql
     assert "orders.amount" in sql
 
 
 def test_quoted_identifiers_become_backticks() -> None:
     sql = translated(' SELECT "Weird""Col",\n    "UP"\n   FROM public."My Table";')
-    assert sql == 'SELECT `Weird"Col`, `UP` FROM pgt_my_table AS `My Table`'
+    assert sql == 'SELECT `Weird"Col`, `UP` FROM tt_my_table AS `My Table`'
 
 
 def test_cte_references_are_not_replaced() -> None:
@@ -187,7 +187,7 @@ def test_cte_references_are_not_replaced() -> None:
    FROM t;"""
     )
     assert "FROM t" in sql
-    assert "FROM pgt_orders AS orders" in sql
+    assert "FROM tt_orders AS orders" in sql
 
 
 def test_missing_view_is_an_error() -> None:
@@ -242,7 +242,7 @@ def test_numeric_cast_of_integer_column_is_exact_and_of_unknown_is_38_18() -> No
 
 def test_numeric_cast_of_numeric_column_is_dropped() -> None:
     sql = translated(" SELECT amount::numeric AS x\n   FROM public.orders;", COLUMN_TYPES)
-    assert sql == "SELECT amount AS x FROM pgt_orders AS orders"
+    assert sql == "SELECT amount AS x FROM tt_orders AS orders"
 
 
 def test_numeric_cast_with_typmod_and_from_double() -> None:
@@ -412,7 +412,7 @@ INTERSECT ALL
 EXCEPT
  SELECT 'x'::text AS customer;"""
     )
-    assert sql.startswith("SELECT DISTINCT orders.customer FROM pgt_orders AS orders UNION ALL")
+    assert sql.startswith("SELECT DISTINCT orders.customer FROM tt_orders AS orders UNION ALL")
     assert "INTERSECT ALL" in sql
     assert "EXCEPT SELECT 'x' AS customer" in sql
 
@@ -432,10 +432,10 @@ def test_subqueries_ctes_exists_and_in() -> None:
           WHERE l.sku = t.customer)) AND (t.customer IN ( SELECT orders.status
            FROM public.orders));"""
     )
-    assert "WITH totals AS (SELECT orders.customer, SUM(orders.qty) AS total FROM pgt_orders AS orders" in sql
+    assert "WITH totals AS (SELECT orders.customer, SUM(orders.qty) AS total FROM tt_orders AS orders" in sql
     assert "FROM (SELECT totals.customer FROM totals) AS t" in sql
-    assert "EXISTS(SELECT 1 FROM pgt_order_lines AS l WHERE l.sku = t.customer)" in sql
-    assert "t.customer IN (SELECT orders.status FROM pgt_orders AS orders)" in sql
+    assert "EXISTS(SELECT 1 FROM tt_order_lines AS l WHERE l.sku = t.customer)" in sql
+    assert "t.customer IN (SELECT orders.status FROM tt_orders AS orders)" in sql
 
 
 def test_any_array_becomes_in_list_and_all_becomes_not_in() -> None:
@@ -450,7 +450,7 @@ def test_any_array_becomes_in_list_and_all_becomes_not_in() -> None:
 
 def test_any_subquery_becomes_in() -> None:
     sql = translated(" SELECT orders.id\n   FROM public.orders\n  WHERE id = ANY (SELECT order_lines.order_id FROM public.order_lines);")
-    assert "(id IN (SELECT order_lines.order_id FROM pgt_order_lines AS order_lines))" in sql
+    assert "(id IN (SELECT order_lines.order_id FROM tt_order_lines AS order_lines))" in sql
 
 
 def test_aggregates() -> None:
@@ -544,10 +544,10 @@ def test_outer_and_cross_joins() -> None:
      FULL JOIN public.order_lines l3 ON l3.order_id = o.id
      CROSS JOIN public."My Table" m;"""
     )
-    assert "LEFT JOIN pgt_order_lines AS l ON l.order_id = o.id" in sql
-    assert "RIGHT JOIN pgt_order_lines AS l2" in sql
-    assert "FULL JOIN pgt_order_lines AS l3" in sql
-    assert "CROSS JOIN pgt_my_table AS m" in sql
+    assert "LEFT JOIN tt_order_lines AS l ON l.order_id = o.id" in sql
+    assert "RIGHT JOIN tt_order_lines AS l2" in sql
+    assert "FULL JOIN tt_order_lines AS l3" in sql
+    assert "CROSS JOIN tt_my_table AS m" in sql
 
 
 def test_distinct_on_becomes_row_number_filter() -> None:
@@ -667,7 +667,11 @@ MY_TABLE_ROWS = [(1, "x"), (2, None), (2, "y")]
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    """One local SparkSession for the module, with the test tables as temporary views."""
+    """A local SparkSession for the module, with the test tables as temporary views.
+
+    A session that is already active (started by another test module) is
+    reused and left running; only a session started here is stopped.
+    """
     pytest.importorskip("pyspark")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs Java, which is not installed")
@@ -676,21 +680,35 @@ def spark() -> Iterator[Any]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-        session = (
+        existing = SparkSession.getActiveSession()
+        session = existing or (
             SparkSession.builder.master("local[1]")
             .appName("pgtrickle-translate-tests")
             .config("spark.ui.enabled", "false")
             .config("spark.sql.shuffle.partitions", "1")
-            .config("spark.sql.session.timeZone", "UTC")
             .getOrCreate()
         )
-        session.sparkContext.setLogLevel("ERROR")
+        if existing is None:
+            session.sparkContext.setLogLevel("ERROR")
+        previous_time_zone = session.conf.get("spark.sql.session.timeZone")
+        session.conf.set("spark.sql.session.timeZone", "UTC")
         orders = session.createDataFrame(ORDERS_ROWS, ORDERS_SCHEMA).withColumn("ts", F.col("ts").cast("timestamp"))
-        orders.createOrReplaceTempView("pgt_orders")
-        session.createDataFrame(LINES_ROWS, "order_id INT, sku STRING, n INT").createOrReplaceTempView("pgt_order_lines")
-        session.createDataFrame(MY_TABLE_ROWS, '`Weird"Col` INT, `UP` STRING').createOrReplaceTempView("pgt_my_table")
-        yield session
-        session.stop()
+        views = {
+            "tt_orders": orders,
+            "tt_order_lines": session.createDataFrame(LINES_ROWS, "order_id INT, sku STRING, n INT"),
+            "tt_my_table": session.createDataFrame(MY_TABLE_ROWS, '`Weird"Col` INT, `UP` STRING'),
+        }
+        for view, frame in views.items():
+            frame.createOrReplaceTempView(view)
+        try:
+            yield session
+        finally:
+            for view in views:
+                session.catalog.dropTempView(view)
+            if existing is None:
+                session.stop()
+            else:
+                session.conf.set("spark.sql.session.timeZone", previous_time_zone)
 
 
 def run_on_spark(session: Any, pg_sql: str, column_types: Any = None) -> list[tuple[Any, ...]]:
