@@ -59,7 +59,7 @@ COLUMN_TYPES = {
 
 
 def spark_sql(pg_sql: str, column_types: Any = None) -> str:
-    """Translate with the test table map, upper-casing nothing."""
+    """Translate with the test table map."""
     return translate_to_spark(pg_sql, TABLE_MAP, column_types)
 
 
@@ -1004,6 +1004,28 @@ UNION
    FROM public."My Table" m
   GROUP BY "Weird""Col";""",
         [(2, 2), (1, 1)],
+        False,
+    ),
+    (
+        "double_to_numeric_keeps_15_digits",
+        """ SELECT id,
+    (f + 0.2::double precision)::numeric AS x,
+    f::numeric(10,3) AS y
+   FROM public.orders
+  WHERE id = 5;""",
+        [(5, D("0.3"), D("0.1"))],
+        False,
+    ),
+    (
+        "text_functions_with_postgresql_positions",
+        """ SELECT id,
+    regexp_replace(customer, '[ab]'::text, 'X'::text) AS r,
+    "substring"(customer, 0, 3) AS s,
+    "left"(customer, '-1'::integer) AS l,
+    "position"(customer, 'o'::text) AS p
+   FROM public.orders
+  WHERE id = ANY (ARRAY[4, 5, 7]);""",
+        [(4, None, None, None, None), (5, "cXrol", "ca", "caro", 4), (7, "DXve", "Da", "Dav", 0)],
         False,
     ),
     (

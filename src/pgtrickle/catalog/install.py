@@ -66,8 +66,8 @@ def installed_version(conn: psycopg.Connection) -> int | None:
     return int(row[0]) if row else 0
 
 
-def install(conn: psycopg.Connection) -> InstallResult:
-    """Bring the database's pgtrickle objects to this version."""
+def install(conn: psycopg.Connection, up_to: int | None = None) -> InstallResult:
+    """Bring the database's pgtrickle objects to this version (or to ``up_to``, for tests)."""
     applied: list[str] = []
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (INSTALL_LOCK_KEY,))
@@ -85,7 +85,7 @@ def install(conn: psycopg.Connection) -> InstallResult:
                 f"pgtrickle ({latest_version()}); upgrade pgtrickle"
             )
         for migration in migrations():
-            if migration.version <= current:
+            if migration.version <= current or (up_to is not None and migration.version > up_to):
                 continue
             conn.execute(migration.sql)  # type: ignore[arg-type]
             conn.execute(
@@ -93,6 +93,8 @@ def install(conn: psycopg.Connection) -> InstallResult:
                 (migration.version, migration.name),
             )
             applied.append(f"{migration.version:03d}_{migration.name}")
+        if up_to is not None and up_to < latest_version():
+            return InstallResult(applied, up_to, False)
         conn.execute((_sql_dir() / "api.sql").read_text())  # type: ignore[arg-type]
         event_triggers = _install_event_triggers(conn)
     return InstallResult(applied, latest_version(), event_triggers)

@@ -26,6 +26,9 @@ class Source:
     kind: str  # 'TABLE' | 'STREAM_TABLE'
     buffer_name: str
     columns_used: tuple[str, ...] = ()
+    column_types: tuple[tuple[str, str], ...] = ()
+    """(name, PostgreSQL type) of every column of the source, in order."""
+    cdc_mode: str = "trigger"
 
     @property
     def qualified(self) -> str:
@@ -102,7 +105,12 @@ def load_stream_tables(conn: psycopg.Connection) -> dict[int, StreamTable]:
         deps = cur.execute(
             """
             SELECT d.pgt_id, d.columns_used, c.source_relid, c.source_schema, c.source_name,
-                   c.source_kind, c.buffer_name
+                   c.source_kind, c.buffer_name, c.cdc_mode,
+                   (SELECT coalesce(json_agg(json_build_array(a.attname,
+                                     format_type(a.atttypid, a.atttypmod)) ORDER BY a.attnum), '[]')
+                      FROM pg_attribute a
+                     WHERE a.attrelid = c.source_relid AND a.attnum > 0 AND NOT a.attisdropped
+                       AND a.attname <> '__pgt_row_id') AS column_types
               FROM pgtrickle.pgt_dependencies d
               JOIN pgtrickle.pgt_change_sources c USING (source_relid)
              ORDER BY d.pgt_id, c.source_schema, c.source_name
@@ -118,6 +126,8 @@ def load_stream_tables(conn: psycopg.Connection) -> dict[int, StreamTable]:
                 kind=d["source_kind"],
                 buffer_name=d["buffer_name"],
                 columns_used=tuple(d["columns_used"] or ()),
+                column_types=tuple((str(n), str(t)) for n, t in d["column_types"]),
+                cdc_mode=d["cdc_mode"],
             )
         )
     result: dict[int, StreamTable] = {}

@@ -213,7 +213,8 @@ class Refresher:
                     df = df.drop("__pgt_row_id")
                 df.createOrReplaceTempView(view)
                 table_map[(source.schema, source.name)] = view
-            spark_sql = translate_to_spark(st.normalized_query, table_map)
+            column_types = {(s.schema, s.name): dict(s.column_types) for s in st.sources}
+            spark_sql = translate_to_spark(st.normalized_query, table_map, column_types)
             result = spark.sql(spark_sql)
             if len(result.columns) != len(st.columns):
                 raise RefreshError(

@@ -42,9 +42,13 @@ truncating toward zero), cast back to ``INT``/``SMALLINT`` when neither
 operand is ``bigint`` so that out-of-range results fail as they do in
 PostgreSQL.  When an operand type is unknown the translation is
 ``CASE WHEN typeof(a) IN (<integer types>) AND ... THEN CAST(a AS BIGINT)
-DIV CAST(b AS BIGINT) ELSE a / b END``.  Division by zero raises an error in
-both engines (Spark runs with ``spark.sql.ansi.enabled``, the Spark 4
-default, which this translation relies on for overflow and cast errors too).
+DIV CAST(b AS BIGINT) ELSE a / b END``; nested arithmetic is looked through,
+so ``a / b / c`` tests ``a``, ``b`` and ``c``.  (Without ``column_types`` a
+column of a derived table or CTE that is itself such a run-time quotient is
+seen as ``DOUBLE`` by an outer division; pass ``column_types``.)  Division by
+zero raises an error in both engines (Spark runs with
+``spark.sql.ansi.enabled``, the Spark 4 default, which this translation
+relies on for overflow and cast errors too).
 
 Numeric.  PostgreSQL ``numeric`` without a type modifier has unlimited
 precision; Spark decimals have at most 38 digits and a fixed scale per
@@ -83,9 +87,11 @@ test when the operand type is unknown.  ``round(double precision)`` likewise
 becomes ``BROUND``.
 
 NULL ordering.  PostgreSQL sorts NULLs last in ascending and first in
-descending order; Spark does the opposite.  Every ``ORDER BY`` (query,
-window, ``string_agg``/``WITHIN GROUP``) is generated with explicit
-``NULLS FIRST``/``NULLS LAST``.
+descending order; Spark does the opposite.  Every sort key of every
+``ORDER BY`` (query, window, ``string_agg``/``WITHIN GROUP``, ``DISTINCT
+ON``) whose PostgreSQL NULL placement differs from Spark's default is
+generated with an explicit ``NULLS LAST``/``NULLS FIRST`` (an explicit
+``NULLS FIRST`` on an ascending key is Spark's default and stays implicit).
 
 Other rewrites.  ``= ANY (ARRAY[...])`` / ``<> ALL (ARRAY[...])`` become
 ``IN``/``NOT IN`` lists (other operators become ``OR``/``AND`` chains, with the
@@ -99,15 +105,29 @@ computed from ``unix_micros``; regular expressions get ``(?s)`` so ``.``
 matches newlines as in PostgreSQL, and ``regexp_replace`` without the ``g``
 flag replaces only the first match; ``SELECT DISTINCT ON`` becomes a
 ``ROW_NUMBER()`` filter; interval constants become ``make_interval``;
-``varchar(n)`` casts truncate; ``date - date`` is ``DATEDIFF`` (known types).
+``varchar(n)`` casts truncate; ``date - date`` is ``DATEDIFF``;
+``date + interval`` is a timestamp; ``percentile_cont``/``percentile_disc``
+stay exact (sqlglot would make them approximate); ``concat`` prints
+booleans as ``t``/``f``.  Constructs that cannot be reproduced are refused
+with a reason (see :func:`unsupported_reason`): ``WITH RECURSIVE``,
+``LATERAL``, ``FOR UPDATE``, set-returning functions, arrays, JSON,
+``AT TIME ZONE``, ``character(n)``, functions without a Spark equivalent...
 
-Assumptions outside this module: timestamps of both kinds are Spark
-``TIMESTAMP`` values and the Spark session time zone equals PostgreSQL's
-``TimeZone`` (``date_trunc``, ``extract``, ``::date`` and ``epoch`` depend on
-it); text comparison and ``min``/``max``/``ORDER BY`` on text follow code
-point order, which equals PostgreSQL's only under the ``C`` collation;
-floating-point functions (``sqrt``, ``power``, ``stddev``...) and ``avg``
-agree only up to floating-point precision.
+Assumptions about the Spark session: ANSI mode on (the Spark 4 default);
+timestamps of both kinds are Spark ``TIMESTAMP`` values and the session time
+zone equals PostgreSQL's ``TimeZone`` (``date_trunc``, ``extract``,
+``::date`` and ``epoch`` depend on it).  Queries whose Spark text would
+contain ``${`` are refused because Spark substitutes variables there.
+
+Known differences left as they are: text comparison and ``min``/``max``/
+``ORDER BY`` on text follow code point order, which equals PostgreSQL's only
+under the ``C`` collation; floating-point functions (``sqrt``, ``power``,
+``stddev``...) and ``avg`` agree only up to floating-point precision;
+``double precision`` values print differently as text (``1e+20`` versus
+``1.0E20``); a decimal printed as text shows its Spark scale, so values of
+unconstrained ``numeric`` columns (read as ``DECIMAL(38, 18)``) print with
+trailing zeros; ``double precision`` values of 1e20 or more cast to
+``numeric`` overflow ``DECIMAL(38, 18)`` and fail.
 """
 
 from __future__ import annotations
@@ -325,9 +345,26 @@ _SAFE_TIME_TOKENS = frozenset({"%Y", "%y", "%m", "%d", "%H", "%M", "%S", "%j", "
 _PG_ONLY_REGEX = re.compile(r"\[\[[:.=]|\\[mMyYZ]|\*\*\*")
 _BACKREFERENCE = re.compile(r"\\[1-9]")
 _INTERVAL_TOKEN = re.compile(
-    r"\s*(?:(?P<num>[+-]?\d+(?:\.\d+)?)\s+(?P<unit>years?|mons?|months?|weeks?|days?|hours?|mins?|minutes?|secs?|seconds?)\b"
+    r"\s*(?:(?P<num>[+-]?\d+(?:\.\d+)?)\s+"
+    r"(?P<unit>years?|mons?|months?|weeks?|days?|hours?|mins?|minutes?|secs?|seconds?)\b"
     r"|(?P<sign>[+-])?(?P<h>\d+):(?P<m>\d{2}):(?P<s>\d{2}(?:\.\d+)?))",
 )
+
+
+#: Blank-padded ``character(n)`` types, whose comparison semantics Spark does not have.
+_BLANK_PADDED = frozenset(getattr(exp.DType, n) for n in ("CHAR", "NCHAR", "BPCHAR") if hasattr(exp.DType, n))
+#: Name of the FROM argument of sqlglot's Select (renamed in recent versions).
+_FROM_KEY = "from_" if "from_" in exp.Select.arg_types else "from"
+#: Operators that may have ``ANY (...)``/``ALL (...)`` on their right.
+_QUANTIFIED_PARENTS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Like, exp.ILike)
+#: PostgreSQL names of the set-returning functions sqlglot models as its own classes.
+_PG_FUNCTION_NAMES = {
+    "ExplodingGenerateSeries": "generate_series",
+    "GenerateSeries": "generate_series",
+    "Explode": "unnest",
+    "Unnest": "unnest",
+    "Posexplode": "unnest",
+}
 
 
 # --------------------------------------------------------------------------- public API
@@ -674,11 +711,6 @@ def _subquery_operand(operand: exp.Expr) -> exp.Query | None:
     return node if isinstance(node, (exp.Select, exp.SetOperation)) else None
 
 
-_BLANK_PADDED = frozenset(getattr(exp.DType, n) for n in ("CHAR", "NCHAR", "BPCHAR") if hasattr(exp.DType, n))
-_FROM_KEY = "from_" if "from_" in exp.Select.arg_types else "from"
-_QUANTIFIED_PARENTS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Like, exp.ILike)
-
-
 def _quantified_reason(node: exp.Expr, operand: exp.Expr, quantifier: str) -> str | None:
     """Reasons for ``x op ANY/ALL (...)``."""
     parent = node.parent
@@ -687,7 +719,7 @@ def _quantified_reason(node: exp.Expr, operand: exp.Expr, quantifier: str) -> st
     if _array_elements(operand) is not None:
         return None
     if _subquery_operand(operand) is not None:
-        if (quantifier == "ANY" and isinstance(parent, exp.EQ)) or (quantifier == "ALL" and isinstance(parent, exp.NEQ)):
+        if isinstance(parent, exp.EQ if quantifier == "ANY" else exp.NEQ):
             return None
         return f"comparisons with {quantifier} (subquery) other than = ANY and <> ALL are not supported on Spark"
     return f"{quantifier} over an array value (rather than an ARRAY[...] list) is not supported"
@@ -741,15 +773,6 @@ def _cast_reason(cast: exp.Cast) -> str | None:
             return None
         return "intervals are only supported as constants such as '1 day'::interval"
     return f"casts to {type_name} are not supported on Spark"
-
-
-_PG_FUNCTION_NAMES = {
-    "ExplodingGenerateSeries": "generate_series",
-    "GenerateSeries": "generate_series",
-    "Explode": "unnest",
-    "Unnest": "unnest",
-    "Posexplode": "unnest",
-}
 
 
 def _function_name(node: exp.Expr) -> str:
@@ -1178,7 +1201,12 @@ def _common_type(types: Iterable[str | None]) -> str | None:
 
 def _arithmetic_type(node: exp.Expr, left: str | None, right: str | None) -> str | None:
     """Result category of ``+ - * / %`` in PostgreSQL."""
-    if left is None or right is None or "null" in (left, right):
+    if "null" in (left, right):
+        return None
+    if isinstance(node, (exp.Add, exp.Sub, exp.Mod)) and (left in _FLOAT_TYPES or right in _FLOAT_TYPES):
+        # No PostgreSQL +, - or % operator mixes double precision with a non-number.
+        return "float8"
+    if left is None or right is None:
         return None
     if left in _NUMBER_TYPES and right in _NUMBER_TYPES:
         return _common_type((left, right))
@@ -1413,7 +1441,9 @@ class _TypeInference:
         if isinstance(node, exp.Values):
             rows = node.expressions
             return _common_type(
-                self.type_of(row.expressions[index]) if isinstance(row, exp.Tuple) and index < len(row.expressions) else None
+                self.type_of(row.expressions[index])
+                if isinstance(row, exp.Tuple) and index < len(row.expressions)
+                else None
                 for row in rows
             )
         return None
@@ -1615,7 +1645,8 @@ class _Rewriter:
         """``date - date`` is a day count; dates combined with intervals become timestamps."""
         left, right = node.this, node.expression
         left_type, right_type = _pg_type(left), _pg_type(right)
-        if isinstance(node, exp.Sub) and "date" in (left_type, right_type) and {left_type, right_type} <= {"date", None}:
+        date_or_unknown = {left_type, right_type} <= {"date", None}
+        if isinstance(node, exp.Sub) and "date" in (left_type, right_type) and date_or_unknown:
             # date - date counts days (Spark would return an interval).  With one side of
             # unknown type the other is assumed to be a date as well: PostgreSQL's only
             # other choice, date - integer, is refused by Spark's DATEDIFF rather than
@@ -1647,7 +1678,8 @@ class _Rewriter:
                 return exp.Left(this=text, expression=exp.Literal.number(params[0]))
             return text
         if kind in (exp.DType.SMALLINT, exp.DType.INT, exp.DType.BIGINT):
-            return self._integer_cast(value, value_type, {exp.DType.SMALLINT: "SMALLINT", exp.DType.INT: "INT"}.get(kind, "BIGINT"))
+            target = {exp.DType.SMALLINT: "SMALLINT", exp.DType.INT: "INT"}.get(kind, "BIGINT")
+            return self._integer_cast(value, value_type, target)
         if kind == exp.DType.DECIMAL:
             return self._decimal_cast(value, value_type, _type_params(to))
         if kind in (exp.DType.TIMESTAMP, exp.DType.TIMESTAMPTZ):
@@ -1681,20 +1713,27 @@ class _Rewriter:
         """``::numeric`` and ``::numeric(p, s)``; see the module docs for the choice of types."""
         if params:
             target = _decimal_type(params[0], params[1] if len(params) > 1 else 0)
-            if value_type in _FLOAT_TYPES:
-                return exp.Cast(this=_float_as_pg_text(value), to=target)
-            return exp.Cast(this=value, to=target)
-        constant = _literal_decimal(value)
-        if constant is not None:
-            precision, scale = _decimal_shape(constant)
-            return exp.Cast(this=exp.Literal.string(_plain_decimal(constant)), to=_decimal_type(precision, scale))
-        if value_type in _INT_TYPES:
-            return exp.Cast(this=value, to=_decimal_type(_DECIMAL_FOR_INT[value_type], 0))
-        if value_type == "numeric":
-            return value
+        else:
+            constant = _literal_decimal(value)
+            if constant is not None:
+                precision, scale = _decimal_shape(constant)
+                return exp.Cast(this=exp.Literal.string(_plain_decimal(constant)), to=_decimal_type(precision, scale))
+            if value_type in _INT_TYPES:
+                return exp.Cast(this=value, to=_decimal_type(_DECIMAL_FOR_INT[value_type], 0))
+            if value_type == "numeric":
+                return value
+            target = _decimal_type(38, 18)
         if value_type in _FLOAT_TYPES:
-            return exp.Cast(this=_float_as_pg_text(value), to=_decimal_type(38, 18))
-        return exp.Cast(this=value, to=_decimal_type(38, 18))
+            return exp.Cast(this=_float_as_pg_text(value), to=target)
+        if value_type is not None or isinstance(value, (exp.Literal, exp.Null)):
+            return exp.Cast(this=value, to=target)
+        # Unknown type: a double must go through PostgreSQL's 15-digit conversion.
+        # Both branches have the same Spark type, so the test costs no precision.
+        as_float = exp.Cast(this=_float_as_pg_text(value.copy()), to=target.copy())
+        return exp.Case(
+            ifs=[exp.If(this=_typeof_in(value.copy(), _SPARK_FLOAT_TYPENAMES), true=as_float)],
+            default=exp.Cast(this=value, to=target),
+        )
 
     # -- numeric functions
 
@@ -1745,7 +1784,8 @@ class _Rewriter:
         if field in _EXTRACT_FIELDS:
             return exp.Extract(this=exp.var(_EXTRACT_FIELDS[field]), expression=value)
         if field == "dow":
-            return _paren(exp.Sub(this=exp.Extract(this=exp.var("DOW"), expression=value), expression=exp.Literal.number(1)))
+            sunday_is_one = exp.Extract(this=exp.var("DOW"), expression=value)
+            return _paren(exp.Sub(this=sunday_is_one, expression=exp.Literal.number(1)))
         if field == "epoch":
             micros = _func("UNIX_MICROS", _cast(value, "TIMESTAMP"))
             return _paren(
@@ -1819,7 +1859,9 @@ class _Rewriter:
             this=text.copy(),
             start=exp.Literal.number(1),
             length=_func(
-                "GREATEST", exp.Add(this=exp.Length(this=text.copy()), expression=_paren(count.copy())), exp.Literal.number(0)
+                "GREATEST",
+                exp.Add(this=exp.Length(this=text.copy()), expression=_paren(count.copy())),
+                exp.Literal.number(0),
             ),
         )
         return exp.If(this=exp.LT(this=count.copy(), expression=exp.Literal.number(0)), true=all_but, false=node)
@@ -1993,7 +2035,9 @@ def _distinct_on_select(select: exp.Select, keys: list[exp.Expr]) -> exp.Select:
         sort_name = _fresh_name(taken, f"_pgt_sort{position}")
         projections.append(exp.alias_(item.this.copy(), sort_name))
         outer_order.append(
-            exp.Ordered(this=exp.column(sort_name), desc=item.args.get("desc"), nulls_first=item.args.get("nulls_first"))
+            exp.Ordered(
+                this=exp.column(sort_name), desc=item.args.get("desc"), nulls_first=item.args.get("nulls_first")
+            )
         )
     select.set("expressions", projections)
     outer = exp.Select(expressions=[exp.Column(this=identifier) for identifier in outputs])

@@ -413,7 +413,8 @@ BEGIN
             'CREATE TABLE pgtrickle_changes.%I ('
             ' change_id bigint GENERATED ALWAYS AS IDENTITY,'
             ' xid xid8 NOT NULL,'
-            ' action "char" NOT NULL)', v_buffer);
+            ' action "char" NOT NULL,'
+            ' captured_at timestamptz NOT NULL DEFAULT now())', v_buffer);
         EXECUTE format('CREATE INDEX %I ON pgtrickle_changes.%I (xid)', v_buffer || '_xid', v_buffer);
         EXECUTE format('COMMENT ON TABLE pgtrickle_changes.%I IS %L', v_buffer,
                        'pgtrickle change buffer of ' || p_relid::regclass::text);
