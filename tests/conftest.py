@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -112,4 +113,15 @@ def db(pg_server: PgServer, base_settings: Settings) -> Iterator[Database]:
     finally:
         conn.close()
         with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+                " WHERE database = %s AND active_pid IS NOT NULL", (name,))
+            for _ in range(50):
+                rows = admin.execute("SELECT slot_name, active FROM pg_replication_slots WHERE database = %s",
+                                     (name,)).fetchall()
+                if not any(active for _, active in rows):
+                    break
+                time.sleep(0.1)
+            for slot, _ in rows:
+                admin.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -2,9 +2,9 @@
 
 A buffer row belongs to the refresh window (S1, S2] of a stream table when
 its writing transaction is visible in S2 and not in S1 (DESIGN.md §3.3).
-Reading the buffer with a snapshot at or after S2 sees only committed rows,
-so "not visible in S1" is the whole test; the scan starts at
-``pg_snapshot_xmin(S1)`` through the xid index.
+The buffer is read after S2 was taken (and, with WAL capture, after the
+decoder has passed S2), so it holds every change of the window; the scan
+starts at ``pg_snapshot_xmin(S1)`` through the xid index.
 """
 
 from __future__ import annotations
@@ -36,9 +36,13 @@ def _buffer(name: str) -> sql.Composed:
     return sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(name))
 
 
-def pending_changes(conn: psycopg.Connection, sources: tuple[Source, ...], frontier: str
+def pending_changes(conn: psycopg.Connection, sources: tuple[Source, ...], frontier: str, upto: str
                     ) -> list[PendingChanges]:
-    """Counts of the changes after ``frontier`` visible to ``conn``'s snapshot."""
+    """Counts of the changes in the window (``frontier``, ``upto``].
+
+    ``upto`` is a snapshot taken before this read; with WAL capture the
+    buffers may already hold later transactions, which it excludes.
+    """
     result = []
     for source in sources:
         row = conn.execute(
@@ -47,8 +51,9 @@ def pending_changes(conn: psycopg.Connection, sources: tuple[Source, ...], front
                 " count(*) FILTER (WHERE action = 'U'), bool_or(action = 'T')"
                 " FROM {} WHERE xid >= pg_snapshot_xmin(%(f)s::pg_snapshot)"
                 " AND NOT pg_visible_in_snapshot(xid, %(f)s::pg_snapshot)"
+                " AND pg_visible_in_snapshot(xid, %(u)s::pg_snapshot)"
             ).format(_buffer(source.buffer_name)),
-            {"f": frontier},
+            {"f": frontier, "u": upto},
         ).fetchone()
         assert row is not None
         result.append(PendingChanges(source, int(row[0]), int(row[1]), int(row[2]), bool(row[3])))

@@ -1,8 +1,9 @@
 """Running one refresh of one stream table, end to end.
 
-1. In a REPEATABLE READ transaction, count the changes pending since the
-   frontier. None (and nothing to reinitialize): advance the frontier to this
-   snapshot without starting any Spark job (``NO_DATA``).
+1. Take a snapshot S2 (with WAL capture, wait until the decoder has passed
+   it) and count the changes pending between the frontier and S2. None (and
+   nothing to reinitialize): advance the frontier to S2 without starting any
+   Spark job (``NO_DATA``).
 2. Otherwise a coordinator transaction exports a snapshot; Spark reads every
    source at it over JDBC, runs the defining query (translated to Spark SQL),
    and the result is moved into PostgreSQL: by COPY when small, by
@@ -25,6 +26,7 @@ from psycopg import sql
 
 from pgtrickle.catalog.store import Source, StreamTable
 from pgtrickle.cdc.buffers import pending_changes
+from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
 from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError
@@ -119,10 +121,11 @@ class Refresher:
                              record_no_data: bool) -> RefreshPlan:
         if st.frontier is None:
             return plan_refresh(st.refresh_mode, None, st.needs_reinit, None)
+        snapshot = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
+        if any(s.kind == "TABLE" for s in st.sources) and self._wal_capture_set_up():
+            wait_for_decoder(self.conn, self.dsn)
         with self.conn.transaction():
-            self.conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            snapshot = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
-            pending = pending_changes(self.conn, st.sources, st.frontier)
+            pending = pending_changes(self.conn, st.sources, st.frontier, snapshot)
             plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending)
             if plan.action is Action.NO_DATA:
                 cur = self.conn.execute(
@@ -152,6 +155,10 @@ class Refresher:
                         (st.pgt_id, initiated_by, plan.reason, snapshot),
                     )
         return plan
+
+    def _wal_capture_set_up(self) -> bool:
+        row = self.conn.execute("SELECT EXISTS (SELECT 1 FROM pgtrickle.pgt_decoder_state)").fetchone()
+        return bool(row and row[0])
 
     def _start_history(self, st: StreamTable, plan: RefreshPlan, initiated_by: str) -> int:
         row = self.conn.execute(

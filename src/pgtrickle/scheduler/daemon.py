@@ -14,6 +14,7 @@ nothing is applied — the stream table keeps its previous contents).
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -27,6 +28,8 @@ import psycopg
 from pgtrickle.catalog.install import require_installed
 from pgtrickle.catalog.store import StreamTable, load_requests, load_stream_tables, upstream_ids
 from pgtrickle.cdc.buffers import cleanup_buffers
+from pgtrickle.cdc.modes import CaptureManager
+from pgtrickle.cdc.wal import DecoderThread, decoder_slot, wait_for_decoder
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect
 from pgtrickle.errors import PgTrickleError, ScheduleError
@@ -101,10 +104,30 @@ class Scheduler:
         self.refresher = Refresher(settings, dsn, progress=self.progress)
         self.stop_requested = False
         self._last_maintenance = 0.0
+        self.decoder: DecoderThread | None = None
+        self.capture = CaptureManager(self.conn, self.ensure_decoder)
+        self._slot_lag_alerted = False
 
     def close(self) -> None:
+        self.stop_decoder()
         self.refresher.close()
         self.conn.close()
+
+    # ---------------------------------------------------------- WAL decoder
+    def ensure_decoder(self) -> None:
+        """Run a decoder thread when this database has WAL capture set up."""
+        slot = decoder_slot(self.conn)
+        if slot is None:
+            return
+        if self.decoder is None or not self.decoder.alive:
+            self.decoder = DecoderThread(self.dsn, slot)
+            self.decoder.start()
+            log.info("WAL decoder started on slot %s", slot)
+
+    def stop_decoder(self) -> None:
+        if self.decoder is not None:
+            self.decoder.stop()
+            self.decoder = None
 
     # -------------------------------------------------------------- ticks
     def _db_now(self) -> datetime:
@@ -122,6 +145,7 @@ class Scheduler:
 
     def tick(self) -> TickReport:
         report = TickReport()
+        self.ensure_decoder()
         now = self._db_now()
         sts = load_stream_tables(self.conn)
         if not sts:
@@ -147,6 +171,9 @@ class Scheduler:
             if reason is None:
                 continue
             self._refresh_one(st, reason, requested.get(pgt_id, []), report)
+        if not self.stop_requested:
+            for name, move, why in self.capture.reconcile():
+                log.warning("%s: change capture %s (%s)", name, move.value, why)
         self._maintenance()
         return report
 
@@ -183,9 +210,11 @@ class Scheduler:
         )
 
     def _maintenance(self, force: bool = False) -> None:
+        self._check_slot_lag()
         if not force and time.monotonic() - self._last_maintenance < MAINTENANCE_EVERY_SECONDS:
             return
         self._last_maintenance = time.monotonic()
+        self._drop_unused_wal_capture()
         deleted = cleanup_buffers(self.conn)
         if deleted:
             log.info("removed %d consumed change buffer rows", deleted)
@@ -196,6 +225,39 @@ class Scheduler:
                                         WHERE name = 'history_retention')
             """
         )
+
+    def _check_slot_lag(self) -> None:
+        """Alert ``slot_lag_warning`` once when the slot retains too much WAL (again after recovery)."""
+        row = self.conn.execute(
+            """
+            SELECT s.slot_name, pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn)::bigint,
+                   (SELECT value::bigint FROM pgtrickle.pgt_settings WHERE name = 'slot_lag_alert_bytes')
+              FROM pgtrickle.pgt_decoder_state d JOIN pg_replication_slots s USING (slot_name)
+            """
+        ).fetchone()
+        if row is None or row[1] is None:
+            return
+        slot, lag, limit = row
+        if lag > limit and not self._slot_lag_alerted:
+            self._slot_lag_alerted = True
+            payload = {"event": "slot_lag_warning", "slot": slot, "lag_bytes": int(lag),
+                       "threshold_bytes": int(limit)}
+            self.conn.execute("SELECT pg_notify('pg_trickle_alert', %s)", (json.dumps(payload),))
+            log.warning("replication slot %s retains %d bytes of WAL (alert above %d)", slot, lag, limit)
+        elif lag <= limit:
+            self._slot_lag_alerted = False
+
+    def _drop_unused_wal_capture(self) -> None:
+        """No WAL source left: stop the decoder (after it has caught up) and drop slot and publication."""
+        row = self.conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pgtrickle.pgt_decoder_state),"
+            " EXISTS (SELECT 1 FROM pgtrickle.pgt_change_sources WHERE cdc_mode = 'wal')").fetchone()
+        if not row or not row[0] or row[1]:
+            return
+        wait_for_decoder(self.conn, self.dsn)
+        self.stop_decoder()
+        if self.conn.execute("SELECT pgtrickle._drop_wal_infrastructure_if_unused()").fetchone()[0]:  # type: ignore[index]
+            log.info("no source uses WAL capture any more: replication slot and publication dropped")
 
     def abandon_stale_history(self) -> int:
         """Mark RUNNING history rows of refreshes no process is running as ABANDONED."""

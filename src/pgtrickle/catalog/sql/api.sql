@@ -468,6 +468,9 @@ BEGIN
     IF NOT FOUND OR EXISTS (SELECT 1 FROM pgtrickle.pgt_dependencies WHERE source_relid = p_relid) THEN
         RETURN;
     END IF;
+    IF src.source_kind = 'TABLE' AND src.cdc_mode = 'wal' AND EXISTS (SELECT 1 FROM pg_class WHERE oid = p_relid) THEN
+        PERFORM pgtrickle._stop_wal_capture(p_relid);
+    END IF;
     IF src.source_kind = 'TABLE' AND EXISTS (SELECT 1 FROM pg_class WHERE oid = p_relid) THEN
         EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_ins ON %s', p_relid::regclass);
         EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_upd ON %s', p_relid::regclass);
@@ -477,6 +480,7 @@ BEGIN
     EXECUTE format('DROP FUNCTION IF EXISTS pgtrickle_changes.%I()', 'capture_' || p_relid);
     EXECUTE format('DROP TABLE IF EXISTS pgtrickle_changes.%I', src.buffer_name);
     DELETE FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid;
+    PERFORM pgtrickle._drop_wal_infrastructure_if_unused();
 END
 $$;
 
@@ -879,6 +883,209 @@ BEGIN
                                         WHERE i.indrelid = src.source_relid AND i.indisprimary), '{}')
          WHERE source_relid = src.source_relid;
         PERFORM pgtrickle._build_capture(src.source_relid);
+    END LOOP;
+END
+$$;
+
+-- --------------------------------------------------------------- CDC modes
+
+CREATE OR REPLACE FUNCTION pgtrickle._cdc_notify(p_relid oid, p_from text, p_to text, p_reason text)
+RETURNS void LANGUAGE sql AS $$
+    SELECT pg_notify('pg_trickle_cdc_transition', json_build_object(
+        'event', 'cdc_transition', 'source', p_relid::regclass::text, 'from', p_from, 'to', p_to,
+        'reason', p_reason, 'at', clock_timestamp())::text)
+$$;
+
+-- The cut from trigger to WAL capture, atomically: the table joins the
+-- publication and loses its capture triggers in one transaction. Writers
+-- wait for its lock, so every transaction that wrote the table committed
+-- either before the cut (captured by the trigger; not published then) or
+-- after it (published; no trigger): no gap, no duplicate.
+CREATE OR REPLACE FUNCTION pgtrickle._transition_to_wal(p_relid oid, p_publication text, p_reason text)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    src pgtrickle.pgt_change_sources;
+    v_identity "char";
+BEGIN
+    SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid FOR UPDATE;
+    IF NOT FOUND OR src.cdc_mode = 'wal' OR src.source_kind <> 'TABLE' THEN
+        RETURN;
+    END IF;
+    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', p_relid::regclass);
+    SELECT relreplident INTO v_identity FROM pg_class WHERE oid = p_relid;
+    IF v_identity <> 'f' THEN
+        -- UPDATE and DELETE must carry the whole old row for the change buffers.
+        EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p_relid::regclass);
+    END IF;
+    EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s', p_publication, p_relid::regclass);
+    EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_ins ON %s', p_relid::regclass);
+    EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_upd ON %s', p_relid::regclass);
+    EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_del ON %s', p_relid::regclass);
+    EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_trunc ON %s', p_relid::regclass);
+    UPDATE pgtrickle.pgt_change_sources
+       SET cdc_mode = 'wal', cdc_reason = p_reason, transitioned_at = now(),
+           original_replica_identity = coalesce(original_replica_identity, v_identity)
+     WHERE source_relid = p_relid;
+    PERFORM pgtrickle._cdc_notify(p_relid, 'trigger', 'wal', p_reason);
+END
+$$;
+
+-- Leave WAL capture (source no longer needed, or going back to triggers).
+CREATE OR REPLACE FUNCTION pgtrickle._stop_wal_capture(p_relid oid)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    src pgtrickle.pgt_change_sources;
+    v_pub text;
+BEGIN
+    SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid FOR UPDATE;
+    FOR v_pub IN SELECT p.pubname FROM pg_publication p JOIN pg_publication_rel r ON r.prpubid = p.oid
+                  WHERE r.prrelid = p_relid AND p.pubname = 'pgtrickle_pub' LOOP
+        EXECUTE format('ALTER PUBLICATION %I DROP TABLE %s', v_pub, p_relid::regclass);
+    END LOOP;
+    IF src.original_replica_identity IS NOT NULL AND src.original_replica_identity <> 'f' THEN
+        EXECUTE format('ALTER TABLE %s REPLICA IDENTITY %s', p_relid::regclass,
+                       CASE src.original_replica_identity WHEN 'n' THEN 'NOTHING' ELSE 'DEFAULT' END);
+    END IF;
+    UPDATE pgtrickle.pgt_change_sources SET original_replica_identity = NULL WHERE source_relid = p_relid;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle._transition_to_trigger(p_relid oid, p_reason text)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    src pgtrickle.pgt_change_sources;
+BEGIN
+    SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid FOR UPDATE;
+    IF NOT FOUND OR src.cdc_mode = 'trigger' THEN
+        IF FOUND AND p_reason IS DISTINCT FROM src.cdc_reason THEN
+            UPDATE pgtrickle.pgt_change_sources SET cdc_reason = p_reason WHERE source_relid = p_relid;
+        END IF;
+        RETURN;
+    END IF;
+    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', p_relid::regclass);
+    PERFORM pgtrickle._stop_wal_capture(p_relid);
+    PERFORM pgtrickle._build_capture(p_relid);
+    UPDATE pgtrickle.pgt_change_sources
+       SET cdc_mode = 'trigger', cdc_reason = p_reason, transitioned_at = now()
+     WHERE source_relid = p_relid;
+    PERFORM pgtrickle._cdc_notify(p_relid, 'wal', 'trigger', p_reason);
+END
+$$;
+
+-- Without WAL sources, the slot and publication would only hold WAL: drop them
+-- (when no decoder is attached; otherwise the daemon does it).
+CREATE OR REPLACE FUNCTION pgtrickle._drop_wal_infrastructure_if_unused()
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    st record;
+BEGIN
+    IF EXISTS (SELECT 1 FROM pgtrickle.pgt_change_sources WHERE cdc_mode = 'wal') THEN
+        RETURN false;
+    END IF;
+    FOR st IN SELECT d.slot_name, s.active FROM pgtrickle.pgt_decoder_state d
+               LEFT JOIN pg_replication_slots s ON s.slot_name = d.slot_name LOOP
+        IF coalesce(st.active, false) THEN
+            RETURN false;
+        END IF;
+        IF st.active IS NOT NULL THEN
+            PERFORM pg_drop_replication_slot(st.slot_name);
+        END IF;
+        DELETE FROM pgtrickle.pgt_decoder_state WHERE slot_name = st.slot_name;
+    END LOOP;
+    IF EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'pgtrickle_pub') THEN
+        DROP PUBLICATION pgtrickle_pub;
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle.set_cdc_mode(source text, mode text)
+RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    v_relid oid;
+    v_mode text := lower(btrim(mode));
+BEGIN
+    IF source IS NULL THEN
+        RAISE EXCEPTION 'source must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF v_mode IS NULL OR v_mode NOT IN ('default', 'trigger', 'auto', 'wal') THEN
+        RAISE EXCEPTION 'invalid cdc_mode %', coalesce(quote_literal(left(mode, 80)), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use ''trigger'', ''auto'', ''wal'', or ''default'' (the cdc_mode setting).';
+    END IF;
+    v_relid := to_regclass(source);
+    IF v_relid IS NULL OR NOT EXISTS (SELECT 1 FROM pgtrickle.pgt_change_sources
+                                       WHERE source_relid = v_relid AND source_kind = 'TABLE') THEN
+        RAISE EXCEPTION 'table % is not a source of any stream table', quote_literal(source)
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'pgtrickle.check_cdc_health() lists the captured sources.';
+    END IF;
+    UPDATE pgtrickle.pgt_change_sources SET cdc_mode_setting = v_mode WHERE source_relid = v_relid;
+    PERFORM pg_notify('pgtrickle_refresh', '');
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle.check_cdc_health()
+RETURNS TABLE (source text, cdc_mode text, cdc_mode_setting text, reason text, slot_name text,
+               slot_active boolean, lag_bytes numeric, pending_rows bigint, oldest_pending_age interval,
+               replica_identity text, problems text[])
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    src record;
+    v_default text := coalesce(pgtrickle._setting('cdc_mode'), 'trigger');
+    v_lag_limit numeric := coalesce(pgtrickle._setting('slot_lag_alert_bytes'), '1073741824')::numeric;
+    v_horizon xid8;
+    v_problems text[];
+BEGIN
+    FOR src IN
+        SELECT c.*, d.slot_name AS slot, s.active, s.wal_status,
+               pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn) AS lag,
+               (SELECT relreplident FROM pg_class WHERE oid = c.source_relid) AS ident
+          FROM pgtrickle.pgt_change_sources c
+          LEFT JOIN pgtrickle.pgt_decoder_state d ON c.cdc_mode = 'wal'
+          LEFT JOIN pg_replication_slots s ON s.slot_name = d.slot_name
+         WHERE c.source_kind = 'TABLE'
+         ORDER BY c.source_schema, c.source_name
+    LOOP
+        v_problems := '{}';
+        SELECT min(pg_snapshot_xmin(st.frontier)) INTO v_horizon
+          FROM pgtrickle.pgt_dependencies dep JOIN pgtrickle.pgt_stream_tables st USING (pgt_id)
+         WHERE dep.source_relid = src.source_relid;
+        source := pgtrickle._display_name(src.source_schema, src.source_name);
+        cdc_mode := src.cdc_mode;
+        cdc_mode_setting := CASE WHEN src.cdc_mode_setting = 'default' THEN v_default || ' (default)'
+                                 ELSE src.cdc_mode_setting END;
+        reason := src.cdc_reason;
+        slot_name := src.slot;
+        slot_active := src.active;
+        lag_bytes := src.lag;
+        replica_identity := CASE src.ident WHEN 'd' THEN 'default' WHEN 'f' THEN 'full'
+                                           WHEN 'n' THEN 'nothing' WHEN 'i' THEN 'index' END;
+        EXECUTE format('SELECT count(*), now() - min(captured_at) FROM pgtrickle_changes.%I WHERE xid >= %L::xid8',
+                       src.buffer_name, coalesce(v_horizon, '0'::xid8))
+           INTO pending_rows, oldest_pending_age;
+        IF src.cdc_mode = 'wal' THEN
+            IF src.slot IS NULL OR src.active IS NULL THEN
+                v_problems := v_problems || 'replication slot is missing'::text;
+            ELSIF NOT src.active THEN
+                v_problems := v_problems || 'no WAL decoder is attached to the slot (is `pgtrickle run` running?)'::text;
+            END IF;
+            IF src.lag > v_lag_limit THEN
+                v_problems := v_problems || format('slot retains %s of WAL (alert above %s)',
+                                                   pg_size_pretty(src.lag), pg_size_pretty(v_lag_limit));
+            END IF;
+            IF src.wal_status IN ('unreserved', 'lost') THEN
+                v_problems := v_problems || format('slot WAL status is %s', src.wal_status);
+            END IF;
+            IF src.ident <> 'f' THEN
+                v_problems := v_problems || 'REPLICA IDENTITY is not FULL'::text;
+            END IF;
+        ELSIF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = src.source_relid AND tgname = 'pgt_capture_ins') THEN
+            v_problems := v_problems || 'capture triggers are missing'::text;
+        END IF;
+        problems := v_problems;
+        RETURN NEXT;
     END LOOP;
 END
 $$;

@@ -1,0 +1,160 @@
+"""WAL capture: the trigger→WAL transition, decoding into buffers, and back."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from pgtrickle.cdc.wal import WalDecoder, slot_name_for, wait_for_decoder
+from pgtrickle.refresh.plan import Action
+from pgtrickle.scheduler.daemon import Scheduler
+from tests.conftest import Database
+from tests.integration.helpers import assert_oracle, refresh
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
+
+
+@pytest.fixture
+def auto_db(db: Database) -> Database:
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = 'auto' WHERE name = 'cdc_mode'")
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '20 seconds' WHERE name = 'wal_transition_timeout'")
+    db.sql("CREATE TABLE orders (id int PRIMARY KEY, customer text, amount numeric(10,2), note text)")
+    db.sql("INSERT INTO orders SELECT g, 'c' || (g % 4), g, repeat('x', 10) FROM generate_series(1, 100) g")
+    db.sql("SELECT pgtrickle.create_stream_table('per_customer', 'SELECT customer, count(*) AS n, "
+           "sum(amount) AS total FROM orders GROUP BY customer', schedule => '1h')")
+    db.sql("SELECT pgtrickle.create_stream_table('big_orders', 'SELECT id, amount, note FROM orders "
+           "WHERE amount > 50', schedule => '1h')")
+    return db
+
+
+def source_state(db: Database) -> tuple:
+    return db.sql("SELECT cdc_mode, cdc_reason IS NOT NULL FROM pgtrickle.pgt_change_sources "
+                  "WHERE source_name = 'orders'")[0]
+
+
+def test_auto_moves_to_wal_after_first_refresh_and_captures_exactly(auto_db: Database) -> None:
+    listener = psycopg.connect(auto_db.dsn, autocommit=True)
+    listener.execute("LISTEN pg_trickle_cdc_transition")
+    scheduler = Scheduler(auto_db.settings, auto_db.dsn)
+    try:
+        assert source_state(auto_db)[0] == "trigger"
+        scheduler.tick()  # initial refresh, then the transition
+        assert source_state(auto_db) == ("wal", True)
+        assert auto_db.scalar("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'orders'::regclass") == 0
+        assert auto_db.scalar("SELECT relreplident FROM pg_class WHERE oid = 'orders'::regclass") == "f"
+        assert auto_db.scalar("SELECT count(*) FROM pg_publication_tables WHERE pubname = 'pgtrickle_pub' "
+                              "AND tablename = 'orders'") == 1
+        notes = [json.loads(n.payload) for n in listener.notifies(timeout=2, stop_after=1)]
+        assert notes and notes[0]["from"] == "trigger" and notes[0]["to"] == "wal"
+
+        auto_db.sql("INSERT INTO orders VALUES (1000, 'new', 99, 'n'), (1001, NULL, NULL, NULL)")
+        auto_db.sql("UPDATE orders SET amount = amount + 100, note = repeat('y', 5000) WHERE id <= 5")
+        auto_db.sql("UPDATE orders SET id = 2000 WHERE id = 6")
+        auto_db.sql("DELETE FROM orders WHERE id BETWEEN 10 AND 12")
+        with psycopg.connect(auto_db.dsn) as aborted:
+            aborted.execute("DELETE FROM orders")
+            aborted.rollback()
+        auto_db.sql("UPDATE orders SET customer = 'toast' WHERE id = 1")  # note is TOASTed and unchanged
+        wait_for_decoder(auto_db.conn, auto_db.dsn)
+        buffer = auto_db.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'")
+        actions = auto_db.sql(f"SELECT action, count(*) FROM pgtrickle_changes.{buffer} "
+                              "WHERE xid >= (SELECT pg_snapshot_xmin(min(frontier::text)::pg_snapshot) "
+                              "FROM pgtrickle.pgt_stream_tables) GROUP BY action ORDER BY action")
+        assert dict(actions) == {"D": 3, "I": 2, "U": 7}
+        toast_row = auto_db.sql(f"SELECT new_customer, length(new_note), length(old_note) "
+                                f"FROM pgtrickle_changes.{buffer} WHERE new_customer = 'toast'")
+        assert toast_row == [("toast", 5000, 5000)]
+        outcomes = refresh(auto_db)
+        assert [o.action for o in outcomes] == [Action.FULL, Action.FULL]
+        assert_oracle(auto_db)
+        [outcome] = refresh(auto_db, "per_customer")
+        assert outcome.action is Action.NO_DATA
+
+        auto_db.sql("TRUNCATE orders")
+        [outcome] = refresh(auto_db, "big_orders")
+        assert "truncated" in outcome.reason
+        assert_oracle(auto_db, "big_orders")
+    finally:
+        scheduler.close()
+        listener.close()
+
+
+def test_back_to_triggers_and_dropping_removes_slot_and_publication(auto_db: Database) -> None:
+    scheduler = Scheduler(auto_db.settings, auto_db.dsn)
+    try:
+        scheduler.tick()
+        assert source_state(auto_db)[0] == "wal"
+        auto_db.sql("INSERT INTO orders VALUES (500, 'w', 1, 'x')")  # captured by WAL
+        auto_db.sql("SELECT pgtrickle.set_cdc_mode('orders', 'trigger')")
+        scheduler.tick()
+        assert source_state(auto_db)[0] == "trigger"
+        assert auto_db.scalar("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'orders'::regclass") == 4
+        assert auto_db.scalar("SELECT relreplident FROM pg_class WHERE oid = 'orders'::regclass") == "d"
+        auto_db.sql("INSERT INTO orders VALUES (501, 'w', 2, 'x')")  # captured by the trigger
+        refresh(auto_db)
+        assert_oracle(auto_db)
+        health = auto_db.sql("SELECT source, cdc_mode, problems FROM pgtrickle.check_cdc_health()")
+        assert health == [("public.orders", "trigger", [])]
+        scheduler._maintenance(force=True)
+        slot = slot_name_for(auto_db.dsn.rsplit("/", 1)[1])
+        assert auto_db.scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)) == 0
+        assert auto_db.scalar("SELECT count(*) FROM pg_publication") == 0
+    finally:
+        scheduler.close()
+
+
+def test_dropping_the_last_stream_table_leaves_no_slot(auto_db: Database) -> None:
+    scheduler = Scheduler(auto_db.settings, auto_db.dsn)
+    try:
+        scheduler.tick()
+        assert source_state(auto_db)[0] == "wal"
+    finally:
+        scheduler.close()  # stops the decoder: the slot is inactive
+    auto_db.sql("SELECT pgtrickle.drop_stream_table('per_customer')")
+    assert auto_db.scalar("SELECT count(*) FROM pg_replication_slots") == 1, "big_orders still reads orders"
+    auto_db.sql("SELECT pgtrickle.drop_stream_table('big_orders')")
+    assert auto_db.scalar("SELECT count(*) FROM pg_replication_slots") == 0
+    assert auto_db.scalar("SELECT count(*) FROM pg_publication") == 0
+    assert auto_db.scalar("SELECT relreplident FROM pg_class WHERE oid = 'orders'::regclass") == "d"
+
+
+def test_wal_level_not_logical_falls_back_to_triggers_and_says_why(auto_db: Database) -> None:
+    from pgtrickle.cdc.modes import SourceCapture, desired_move, wal_blocker
+
+    assert "wal_level" in (wal_blocker("replica", 10, 0, False) or "")
+    assert wal_blocker("logical", 2, 2, False) and wal_blocker("logical", 2, 2, True) is None
+    src = SourceCapture(1, "t", "trigger", "default", True, None)
+    assert desired_move(src, "auto") is not None and desired_move(src, "trigger") is None
+
+
+def test_decoder_restart_neither_loses_nor_duplicates(auto_db: Database) -> None:
+    scheduler = Scheduler(auto_db.settings, auto_db.dsn)
+    try:
+        scheduler.tick()
+    finally:
+        scheduler.close()
+    slot = slot_name_for(auto_db.dsn.rsplit("/", 1)[1])
+    buffer = auto_db.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'")
+    for i in range(3):
+        auto_db.sql("INSERT INTO orders SELECT g, 'r', 1, 'x' FROM generate_series(%s::int, %s::int) g",
+                    (10_000 + i * 1000, 10_000 + i * 1000 + 499))
+        decoder = WalDecoder(auto_db.dsn, slot)
+        # stop after the first flush, before confirming to the server: the next run re-reads it all
+        original = decoder.flush
+
+        def flush_then_crash() -> None:
+            original()
+            raise KeyboardInterrupt
+
+        decoder.flush = flush_then_crash  # type: ignore[method-assign]
+        with pytest.raises(KeyboardInterrupt):
+            decoder.run(timeout=30)
+    wait_for_decoder(auto_db.conn, auto_db.dsn)  # no decoder attached: decodes here until caught up
+    dupes = auto_db.sql(f"SELECT new_id, count(*) FROM pgtrickle_changes.{buffer} WHERE action = 'I' "
+                        "GROUP BY new_id HAVING count(*) <> 1")
+    assert dupes == []
+    assert auto_db.scalar(f"SELECT count(*) FROM pgtrickle_changes.{buffer} WHERE action = 'I'") == 1500
+    refresh(auto_db)
+    assert_oracle(auto_db)
