@@ -120,15 +120,6 @@ def test_dropping_the_last_stream_table_leaves_no_slot(auto_db: Database) -> Non
     assert auto_db.scalar("SELECT relreplident FROM pg_class WHERE oid = 'orders'::regclass") == "d"
 
 
-def test_wal_level_not_logical_falls_back_to_triggers_and_says_why(auto_db: Database) -> None:
-    from pgtrickle.cdc.modes import SourceCapture, desired_move, wal_blocker
-
-    assert "wal_level" in (wal_blocker("replica", 10, 0, False) or "")
-    assert wal_blocker("logical", 2, 2, False) and wal_blocker("logical", 2, 2, True) is None
-    src = SourceCapture(1, "t", "trigger", "default", True, None)
-    assert desired_move(src, "auto") is not None and desired_move(src, "trigger") is None
-
-
 def test_decoder_restart_neither_loses_nor_duplicates(auto_db: Database) -> None:
     scheduler = Scheduler(auto_db.settings, auto_db.dsn)
     try:
