@@ -237,22 +237,17 @@ class Refresher:
                 self.progress(f"{st.display}: computing on Spark (result by COPY)")
                 rows = [tuple(r) for r in result.collect()]
             else:
-                # Large sources can still give a small result (an aggregate): compute once,
-                # keep it, and pick the cheaper way to move it by its real size.
+                # Large sources often give a small result (an aggregate): try to take it whole,
+                # capped; only a result over the cap is written by JDBC (computed again).
                 self.progress(f"{st.display}: computing on Spark (~{int(estimate):,} source rows)")
-                from pyspark import StorageLevel
-
-                result = result.persist(StorageLevel.MEMORY_AND_DISK)
-                try:
-                    count = result.count()
-                    if count <= COPY_THRESHOLD_ROWS:
-                        rows = [tuple(r) for r in result.collect()]
-                    else:
-                        self.progress(f"{st.display}: writing {count:,} rows by JDBC into a staging table")
-                        self._create_staging(st, staging)
-                        jdbc.write_append(result, self.target, f'pgtrickle_changes."{staging}"')
-                finally:
-                    result.unpersist()
+                head = result.limit(COPY_THRESHOLD_ROWS + 1).collect()
+                if len(head) <= COPY_THRESHOLD_ROWS:
+                    rows = [tuple(r) for r in head]
+                else:
+                    del head
+                    self.progress(f"{st.display}: large result: writing it by JDBC into a staging table")
+                    self._create_staging(st, staging)
+                    jdbc.write_append(result, self.target, f'pgtrickle_changes."{staging}"')
             timings["spark_job"] = time.monotonic() - t1
             coord.rollback()
         self._check_cancel()
