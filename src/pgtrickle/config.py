@@ -32,24 +32,15 @@ def _env(name: str) -> str | None:
     return value if value not in (None, "") else None
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_number(name: str, default: float, kind: type[int] | type[float]) -> float:
     raw = _env(name)
     if raw is None:
         return default
     try:
-        return int(raw)
+        return kind(raw)
     except ValueError as exc:
-        raise ConfigError(f"PGTRICKLE_{name} must be an integer, got {raw!r}") from exc
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = _env(name)
-    if raw is None:
-        return default
-    try:
-        return float(raw)
-    except ValueError as exc:
-        raise ConfigError(f"PGTRICKLE_{name} must be a number, got {raw!r}") from exc
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(f"PGTRICKLE_{name} must be {what}, got {raw!r}") from exc
 
 
 def _parse_spark_conf(raw: str | None) -> dict[str, str]:
@@ -96,12 +87,12 @@ class Settings:
         return cls(
             dsn=_env("DSN"),
             data_dir=Path(data_dir) if data_dir else _default_data_dir(),
-            embedded_port=_env_int("PORT", DEFAULT_EMBEDDED_PORT),
+            embedded_port=int(_env_number("PORT", DEFAULT_EMBEDDED_PORT, int)),
             spark_master=_env("SPARK_MASTER") or "local[*]",
             spark_conf=_parse_spark_conf(_env("SPARK_CONF")),
             jdbc_jar=_env("JDBC_JAR") or DEFAULT_JDBC_JAR,
-            tick_seconds=_env_float("TICK_SECONDS", 1.0),
-            jdbc_partition_rows=_env_int("JDBC_PARTITION_ROWS", 500_000),
+            tick_seconds=_env_number("TICK_SECONDS", 1.0, float),
+            jdbc_partition_rows=int(_env_number("JDBC_PARTITION_ROWS", 500_000, int)),
         )
 
     def with_overrides(self, **overrides: object) -> Settings:

@@ -12,6 +12,13 @@ if TYPE_CHECKING:
     from pgtrickle.refresh.engine import RefreshOutcome
 
 
+def create_st(db: Database, name: str, query: str, **kw: object) -> None:
+    """pgtrickle.create_stream_table with named arguments."""
+    args = "".join(f", {k} => %({k})s" for k in kw)
+    db.sql(f"SELECT pgtrickle.create_stream_table(%(name)s, %(query)s{args})",
+           {"name": name, "query": query, **kw})
+
+
 def refresh(db: Database, *names: str) -> list[RefreshOutcome]:
     from pgtrickle.scheduler.daemon import refresh_sync
 

@@ -11,7 +11,7 @@ import pytest
 
 from pgtrickle.refresh.plan import Action
 from tests.conftest import Database
-from tests.integration.helpers import assert_oracle, refresh, refresh_and_check
+from tests.integration.helpers import create_st, assert_oracle, refresh, refresh_and_check
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
 
@@ -34,10 +34,6 @@ def shop(db: Database) -> Database:
     return db
 
 
-def create(db: Database, name: str, query: str, **kw: object) -> None:
-    args = "".join(f", {k} => %({k})s" for k in kw)
-    db.sql(f"SELECT pgtrickle.create_stream_table(%(name)s, %(query)s{args})",
-           {"name": name, "query": query, **kw})
 
 
 def churn(db: Database, seed: int) -> None:
@@ -84,7 +80,7 @@ QUERIES = {
 
 @pytest.mark.parametrize("shape", list(QUERIES))
 def test_query_shapes_match_postgres_after_each_refresh(shop: Database, shape: str) -> None:
-    create(shop, "st", QUERIES[shape])
+    create_st(shop, "st", QUERIES[shape])
     outcomes = refresh_and_check(shop, "st")
     assert outcomes[0].action is Action.FULL
     for seed in (1, 2):
@@ -93,13 +89,13 @@ def test_query_shapes_match_postgres_after_each_refresh(shop: Database, shape: s
 
 
 def test_chain_three_deep_and_fan_in(shop: Database) -> None:
-    create(shop, "order_summary", "SELECT customer, sum(amount) AS total, count(*) AS n FROM orders "
+    create_st(shop, "order_summary", "SELECT customer, sum(amount) AS total, count(*) AS n FROM orders "
                                   "GROUP BY customer")
-    create(shop, "line_summary", "SELECT o.customer, sum(l.qty) AS qty FROM order_lines l "
+    create_st(shop, "line_summary", "SELECT o.customer, sum(l.qty) AS qty FROM order_lines l "
                                  "JOIN orders o ON o.id = l.order_id GROUP BY o.customer")
-    create(shop, "order_report", "SELECT os.customer, os.total, ls.qty FROM order_summary os "
+    create_st(shop, "order_report", "SELECT os.customer, os.total, ls.qty FROM order_summary os "
                                  "JOIN line_summary ls ON ls.customer IS NOT DISTINCT FROM os.customer")
-    create(shop, "top_report", "SELECT customer, total FROM order_report WHERE total > 1000")
+    create_st(shop, "top_report", "SELECT customer, total FROM order_report WHERE total > 1000")
     outcomes = refresh(shop)
     order = [o.st.name for o in outcomes]
     assert order.index("order_summary") < order.index("order_report") < order.index("top_report")
@@ -111,7 +107,7 @@ def test_chain_three_deep_and_fan_in(shop: Database) -> None:
 
 
 def test_no_pending_changes_means_no_spark_job(shop: Database) -> None:
-    create(shop, "st", "SELECT customer, count(*) AS n FROM orders GROUP BY customer")
+    create_st(shop, "st", "SELECT customer, count(*) AS n FROM orders GROUP BY customer")
     refresh_and_check(shop, "st")
     frontier_before = shop.scalar("SELECT frontier::text FROM pgtrickle.pgt_stream_tables")
     history_before = shop.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_history WHERE action = 'FULL'")
@@ -129,7 +125,7 @@ def test_no_pending_changes_means_no_spark_job(shop: Database) -> None:
 
 
 def test_uncommitted_and_long_transactions_are_not_lost(shop: Database) -> None:
-    create(shop, "st", "SELECT count(*) AS n, sum(amount) AS total FROM orders")
+    create_st(shop, "st", "SELECT count(*) AS n, sum(amount) AS total FROM orders")
     refresh_and_check(shop, "st")
     with psycopg.connect(shop.dsn) as long_tx:
         long_tx.execute("INSERT INTO orders VALUES (5000, 'late', 10, 'open', '2024-01-01')")
@@ -149,7 +145,7 @@ def test_uncommitted_and_long_transactions_are_not_lost(shop: Database) -> None:
 
 
 def test_truncate_of_a_source_is_refreshed(shop: Database) -> None:
-    create(shop, "st", "SELECT product, count(*) AS n FROM order_lines GROUP BY product")
+    create_st(shop, "st", "SELECT product, count(*) AS n FROM order_lines GROUP BY product")
     refresh_and_check(shop, "st")
     shop.sql("TRUNCATE order_lines")
     [outcome] = refresh(shop, "st")
@@ -159,7 +155,7 @@ def test_truncate_of_a_source_is_refreshed(shop: Database) -> None:
 
 
 def test_history_and_info_record_the_refresh(shop: Database) -> None:
-    create(shop, "st", "SELECT id FROM orders WHERE amount > 100")
+    create_st(shop, "st", "SELECT id FROM orders WHERE amount > 100")
     refresh(shop, "st")
     churn(shop, 1)
     refresh(shop, "st")
@@ -179,7 +175,7 @@ def test_large_source_goes_through_partitioned_jdbc_and_staging(shop: Database) 
     shop.sql("CREATE TABLE big (id bigint, grp int, v numeric(10,2), note text)")
     shop.sql("INSERT INTO big SELECT g, g % 1000, (g % 977) / 10.0, md5(g::text) FROM generate_series(1, 300000) g")
     shop.sql("ANALYZE big")
-    create(shop, "big_st", "SELECT id, grp, v FROM big WHERE grp < 900")
+    create_st(shop, "big_st", "SELECT id, grp, v FROM big WHERE grp < 900")
     [outcome] = refresh(shop, "big_st")
     assert outcome.rows_inserted == 270000
     assert shop.scalar("SELECT to_regclass('pgtrickle_changes.stage_1') IS NULL")
@@ -187,7 +183,7 @@ def test_large_source_goes_through_partitioned_jdbc_and_staging(shop: Database) 
 
 
 def test_a_failing_refresh_keeps_contents_and_records_the_error(shop: Database) -> None:
-    create(shop, "st", "SELECT id, 100 / (amount - 3.25)::int AS r FROM orders WHERE amount IS NOT NULL")
+    create_st(shop, "st", "SELECT id, 100 / (amount - 3.25)::int AS r FROM orders WHERE amount IS NOT NULL")
     with pytest.raises(Exception, match=r"(?i)divide|division"):
         refresh(shop, "st")
     row = shop.sql("SELECT consecutive_errors, last_error IS NOT NULL, status FROM pgtrickle.pgt_stream_tables")

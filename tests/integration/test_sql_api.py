@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from tests.conftest import Database
-from tests.integration.helpers import catalog_fingerprint
+from tests.integration.helpers import create_st, catalog_fingerprint
 
 pytestmark = pytest.mark.integration
 
@@ -24,14 +24,10 @@ def shop(db: Database) -> Database:
     return db
 
 
-def create(db: Database, name: str, query: str, **kw: object) -> None:
-    args = ", ".join(f"{k} => %({k})s" for k in kw)
-    db.sql(f"SELECT pgtrickle.create_stream_table(%(name)s, %(query)s{', ' + args if args else ''})",
-           {"name": name, "query": query, **kw})
 
 
 def test_create_records_catalog_storage_and_capture(shop: Database) -> None:
-    create(shop, "order_summary", "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer",
+    create_st(shop, "order_summary", "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer",
            schedule="30s")
     info = shop.sql("SELECT name, status, refresh_mode, schedule, needs_reinit FROM pgtrickle.stream_tables_info")
     assert info == [("public.order_summary", "INITIALIZING", "AUTO", "30s", True)]
@@ -47,7 +43,7 @@ def test_create_records_catalog_storage_and_capture(shop: Database) -> None:
 
 
 def test_capture_records_inserts_updates_deletes_truncate_with_xids(shop: Database) -> None:
-    create(shop, "s", "SELECT customer, amount FROM orders")
+    create_st(shop, "s", "SELECT customer, amount FROM orders")
     buffer = shop.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'")
     shop.sql("INSERT INTO orders VALUES (100, 'x', 1), (101, 'y', 2)")
     shop.sql("UPDATE orders SET amount = amount * 2 WHERE id = 100")
@@ -70,7 +66,7 @@ def test_schema_qualified_and_quoted_names(shop: Database) -> None:
     shop.sql('CREATE SCHEMA "Weird Schema"')
     shop.sql('CREATE TABLE "Weird Schema"."Odd ""Table"" ; --" ("Col; DROP" int, "MiXeD" text)')
     name = '"Weird Schema"."Summary; DROP TABLE orders; --"'
-    create(shop, name, 'SELECT "MiXeD", count(*) AS n, sum("Col; DROP") AS s '
+    create_st(shop, name, 'SELECT "MiXeD", count(*) AS n, sum("Col; DROP") AS s '
                        'FROM "Weird Schema"."Odd ""Table"" ; --" GROUP BY "MiXeD"')
     assert shop.scalar("SELECT name FROM pgtrickle.stream_tables_info") == name
     assert shop.scalar("SELECT to_regclass('orders') IS NOT NULL")
@@ -80,7 +76,7 @@ def test_schema_qualified_and_quoted_names(shop: Database) -> None:
 
 
 def test_alter_changes_schedule_mode_status(shop: Database) -> None:
-    create(shop, "s", "SELECT id FROM orders")
+    create_st(shop, "s", "SELECT id FROM orders")
     shop.sql("SELECT pgtrickle.alter_stream_table('s', schedule => '*/5 * * * *', refresh_mode => 'full')")
     shop.sql("SELECT pgtrickle.alter_stream_table('s', status => 'suspended')")
     assert shop.sql("SELECT schedule, refresh_mode, status FROM pgtrickle.pgt_stream_tables") == [
@@ -90,8 +86,8 @@ def test_alter_changes_schedule_mode_status(shop: Database) -> None:
 
 
 def test_drop_removes_capture_only_when_unused(shop: Database) -> None:
-    create(shop, "a", "SELECT id, amount FROM orders")
-    create(shop, "b", "SELECT customer FROM orders")
+    create_st(shop, "a", "SELECT id, amount FROM orders")
+    create_st(shop, "b", "SELECT customer FROM orders")
     shop.sql("SELECT pgtrickle.drop_stream_table('a')")
     assert shop.scalar("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'orders'::regclass") == 4
     shop.sql("SELECT pgtrickle.drop_stream_table('b')")
@@ -102,9 +98,9 @@ def test_drop_removes_capture_only_when_unused(shop: Database) -> None:
 
 
 def test_drop_refuses_with_dependents_unless_cascade(shop: Database) -> None:
-    create(shop, "a", "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer")
-    create(shop, "b", "SELECT customer FROM a WHERE total > 1")
-    create(shop, "c", "SELECT count(*) AS n FROM b")
+    create_st(shop, "a", "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer")
+    create_st(shop, "b", "SELECT customer FROM a WHERE total > 1")
+    create_st(shop, "c", "SELECT count(*) AS n FROM b")
     before = catalog_fingerprint(shop)
     with pytest.raises(psycopg.errors.DependentObjectsStillExist, match="public.b"):
         shop.sql("SELECT pgtrickle.drop_stream_table('a')")
@@ -115,7 +111,7 @@ def test_drop_refuses_with_dependents_unless_cascade(shop: Database) -> None:
 
 
 def test_dropping_a_source_is_refused_and_cascade_marks_error(shop: Database) -> None:
-    create(shop, "s", "SELECT id FROM orders")
+    create_st(shop, "s", "SELECT id FROM orders")
     with pytest.raises(psycopg.errors.DependentObjectsStillExist):
         shop.sql("DROP TABLE orders")
     shop.sql("DROP TABLE orders CASCADE")
@@ -124,14 +120,14 @@ def test_dropping_a_source_is_refused_and_cascade_marks_error(shop: Database) ->
 
 
 def test_dropping_storage_by_hand_forgets_the_stream_table(shop: Database) -> None:
-    create(shop, "s", "SELECT id FROM orders")
+    create_st(shop, "s", "SELECT id FROM orders")
     shop.sql("DROP TABLE s")
     assert shop.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables") == 0
     assert shop.scalar("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'orders'::regclass") == 0
 
 
 def test_renamed_source_column_keeps_capture_working(shop: Database) -> None:
-    create(shop, "s", "SELECT customer FROM orders")
+    create_st(shop, "s", "SELECT customer FROM orders")
     shop.sql("ALTER TABLE orders RENAME COLUMN customer TO client")
     shop.sql("ALTER TABLE orders ADD COLUMN note text")
     shop.sql("INSERT INTO orders VALUES (500, 'z', 1, 'n')")
@@ -187,7 +183,7 @@ def test_bad_create_is_refused_and_changes_nothing(shop: Database, name: str, qu
     shop.sql("CREATE VIEW v AS SELECT id FROM orders")
     before = catalog_fingerprint(shop)
     with pytest.raises(error) as info:
-        create(shop, name, query, **extra)
+        create_st(shop, name, query, **extra)
     full = str(info.value) + " " + (info.value.diag.message_hint or "")
     assert fragment.lower() in full.lower()
     assert catalog_fingerprint(shop) == before
@@ -195,10 +191,10 @@ def test_bad_create_is_refused_and_changes_nothing(shop: Database, name: str, qu
 
 
 def test_duplicate_name_is_refused(shop: Database) -> None:
-    create(shop, "s", "SELECT id FROM orders")
+    create_st(shop, "s", "SELECT id FROM orders")
     before = catalog_fingerprint(shop)
     with pytest.raises(psycopg.errors.DuplicateObject, match="already exists"):
-        create(shop, "s", "SELECT customer FROM orders")
+        create_st(shop, "s", "SELECT customer FROM orders")
     assert catalog_fingerprint(shop) == before
 
 
@@ -216,7 +212,7 @@ def test_duplicate_name_is_refused(shop: Database) -> None:
     "SELECT * FROM pgtrickle.get_refresh_history('nope')",
 ])
 def test_bad_alter_drop_refresh_change_nothing(shop: Database, call: str) -> None:
-    create(shop, "s", "SELECT id FROM orders")
+    create_st(shop, "s", "SELECT id FROM orders")
     before = catalog_fingerprint(shop)
     with pytest.raises(psycopg.Error) as info:
         shop.sql(call)
@@ -227,7 +223,7 @@ def test_bad_alter_drop_refresh_change_nothing(shop: Database, call: str) -> Non
 def test_create_inside_rolled_back_transaction_leaves_nothing(shop: Database) -> None:
     before = catalog_fingerprint(shop)
     with pytest.raises(RuntimeError), shop.conn.transaction():
-        create(shop, "s", "SELECT id FROM orders")
+        create_st(shop, "s", "SELECT id FROM orders")
         raise RuntimeError("roll back")
     assert catalog_fingerprint(shop) == before
 
@@ -235,7 +231,7 @@ def test_create_inside_rolled_back_transaction_leaves_nothing(shop: Database) ->
 def test_unqualified_lookup_follows_search_path(shop: Database) -> None:
     shop.sql("CREATE SCHEMA other")
     shop.sql("CREATE TABLE other.t (x int)")
-    create(shop, "other.s", "SELECT x FROM other.t")
+    create_st(shop, "other.s", "SELECT x FROM other.t")
     shop.sql("SET search_path = other, public")
     shop.sql("SELECT pgtrickle.alter_stream_table('s', schedule => '2m')")
     assert shop.scalar("SELECT schedule FROM pgtrickle.pgt_stream_tables") == "2m"
