@@ -238,3 +238,23 @@ def test_unqualified_lookup_follows_search_path(shop: Database) -> None:
     shop.sql("SET search_path = public")
     with pytest.raises(psycopg.errors.UndefinedObject):
         shop.sql("SELECT pgtrickle.alter_stream_table('s', schedule => '3m')")
+
+
+def test_retyped_captured_key_column_follows_and_reinitializes(shop: Database) -> None:
+    create_st(shop, "s", "SELECT customer FROM orders")  # id is captured as the key, not read
+    shop.sql("UPDATE pgtrickle.pgt_stream_tables SET needs_reinit = false")
+    shop.sql("ALTER TABLE orders ALTER COLUMN id TYPE bigint")
+    shop.sql("INSERT INTO orders VALUES (9000000000, 'big', 1)")
+    buffer = shop.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'")
+    assert shop.sql(f"SELECT new_id FROM pgtrickle_changes.{buffer}") == [(9000000000,)]
+    assert shop.scalar("SELECT needs_reinit FROM pgtrickle.pgt_stream_tables")
+
+
+def test_added_and_dropped_unused_columns_change_nothing(shop: Database) -> None:
+    create_st(shop, "s", "SELECT customer FROM orders")
+    shop.sql("ALTER TABLE orders ADD COLUMN extra int, DROP COLUMN amount")
+    shop.sql("INSERT INTO orders (id, customer, extra) VALUES (77, 'x', 1)")
+    buffer = shop.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'")
+    assert shop.sql(f"SELECT new_id, new_customer FROM pgtrickle_changes.{buffer}") == [(77, "x")]
+    with pytest.raises(psycopg.errors.DependentObjectsStillExist):
+        shop.sql("ALTER TABLE orders DROP COLUMN customer")

@@ -149,3 +149,23 @@ def test_decoder_restart_neither_loses_nor_duplicates(auto_db: Database) -> None
     assert auto_db.scalar(f"SELECT count(*) FROM pgtrickle_changes.{buffer} WHERE action = 'I'") == 1500
     refresh(auto_db)
     assert_oracle(auto_db)
+
+
+def test_schema_changes_on_a_wal_source_keep_capture_exact(auto_db: Database) -> None:
+    scheduler = Scheduler(auto_db.settings, auto_db.dsn)
+    try:
+        scheduler.tick()
+        assert source_state(auto_db)[0] == "wal"
+        auto_db.sql("INSERT INTO orders VALUES (700, 'before', 1, 'x')")
+        auto_db.sql("ALTER TABLE orders RENAME COLUMN customer TO client")
+        auto_db.sql("ALTER TABLE orders ADD COLUMN extra int")
+        auto_db.sql("INSERT INTO orders VALUES (701, 'after', 2, 'y', 5)")
+        wait_for_decoder(auto_db.conn, auto_db.dsn)
+        buffer = auto_db.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'")
+        rows = auto_db.sql(f"SELECT new_id, new_customer FROM pgtrickle_changes.{buffer} "
+                           "WHERE new_id >= 700 ORDER BY new_id")
+        assert rows == [(700, "before"), (701, "after")]
+        refresh(auto_db)
+        assert_oracle(auto_db)
+    finally:
+        scheduler.close()

@@ -97,7 +97,8 @@ def load_stream_tables(conn: psycopg.Connection) -> dict[int, StreamTable]:
                       FROM pg_attribute a
                      WHERE a.attrelid = s.pgt_relid AND a.attnum > 0 AND NOT a.attisdropped
                        AND a.attname <> '__pgt_row_id') AS cols,
-                   s.frontier::text AS frontier_text
+                   s.frontier::text AS frontier_text,
+                   coalesce(pgtrickle._normalized_query(s.def_view), s.normalized_query) AS current_query
               FROM pgtrickle.pgt_stream_tables s
              ORDER BY s.pgt_id
             """
@@ -138,7 +139,7 @@ def load_stream_tables(conn: psycopg.Connection) -> dict[int, StreamTable]:
             schema=r["pgt_schema"],
             name=r["pgt_name"],
             defining_query=r["defining_query"],
-            normalized_query=r["normalized_query"],
+            normalized_query=r["current_query"],
             schedule=r["schedule"],
             refresh_mode=r["refresh_mode"],
             status=r["status"],

@@ -70,6 +70,7 @@ class TrackedSource:
     relid: int
     buffer_name: str
     columns: list[tuple[str, str]]  # (source column name, buffer column suffix)
+    former_names: list[tuple[str, ...]] = field(default_factory=list)  # per column, names before renames
 
 
 @dataclass
@@ -120,7 +121,8 @@ class WalDecoder:
         ).fetchall()
         self._conn.commit()
         self._tracked = {
-            int(relid): TrackedSource(int(relid), buffer, [(c["name"], c["buf"]) for c in cols])
+            int(relid): TrackedSource(int(relid), buffer, [(c["name"], c["buf"]) for c in cols],
+                                      [tuple(c.get("former", ())) for c in cols])
             for relid, buffer, cols in rows
         }
         self._plans.clear()
@@ -130,7 +132,13 @@ class WalDecoder:
         if plan is None:
             relation = self.relations.get(relid)
             index = {c.name: i for i, c in enumerate(relation.columns)}
-            plan = _Plan([index.get(name) for name, _ in self._tracked[relid].columns])
+            source = self._tracked[relid]
+            positions: list[int | None] = []
+            for (name, _), former in zip(source.columns, source.former_names, strict=True):
+                # A change decoded after a rename carries the name of its time.
+                candidates = [name, *reversed(former)]
+                positions.append(next((index[n] for n in candidates if n in index), None))
+            plan = _Plan(positions)
             self._plans[relid] = plan
         return plan
 
@@ -204,8 +212,13 @@ class WalDecoder:
                 self._batch_changes += txn.count
             self._progress = max(self._progress, end)
         elif kind is pgoutput.Relation:
+            # Sent before a relation's first change and again after its schema changed
+            # (column renamed, added, dropped): re-read what is captured and under which names.
             self.relations.add(message)  # type: ignore[arg-type]
-            self._plans.pop(message.relid, None)  # type: ignore[union-attr]
+            if self._txn is None or not self._txn.count:
+                self._load_tracked()
+            else:
+                self._plans.pop(message.relid, None)  # type: ignore[union-attr]
         elif kind is pgoutput.Truncate:
             if self._txn is None:
                 return

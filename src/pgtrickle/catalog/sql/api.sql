@@ -54,6 +54,14 @@ BEGIN
 END
 $$;
 
+-- The defining query as PostgreSQL holds it now (names schema-qualified; it
+-- follows renames of source columns and tables).
+CREATE OR REPLACE FUNCTION pgtrickle._normalized_query(p_view oid)
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog AS $$
+    SELECT pg_get_viewdef(p_view, true)
+$$;
+
 -- Find a stream table by name (qualified, or resolved through search_path).
 CREATE OR REPLACE FUNCTION pgtrickle._find_st(p_name text)
 RETURNS pgtrickle.pgt_stream_tables LANGUAGE plpgsql STABLE AS $$
@@ -506,7 +514,6 @@ DECLARE
     v_view oid;
     v_relid oid;
     v_norm text;
-    v_path text;
     v_bad record;
     dep record;
     v_state text;
@@ -616,10 +623,7 @@ BEGIN
                   HINT = 'A stream table maintains a query over tables; a constant query needs no stream table.';
     END IF;
 
-    v_path := current_setting('search_path');
-    PERFORM set_config('search_path', 'pg_catalog', true);
-    v_norm := pg_catalog.pg_get_viewdef(v_view, true);
-    PERFORM set_config('search_path', v_path, true);
+    v_norm := pgtrickle._normalized_query(v_view);
 
     EXECUTE format('CREATE TABLE %I.%I (LIKE pgtrickle.%I)', v_schema, v_name, v_view_name);
     v_relid := format('%I.%I', v_schema, v_name)::regclass;
@@ -854,11 +858,14 @@ BEGIN
 END
 $$;
 
--- Source columns renamed: regenerate the capture function with the new names.
+-- Source columns renamed or retyped: regenerate the capture function with the new
+-- names, follow type changes in the buffer. (The WAL decoder re-reads the
+-- captured columns when PostgreSQL sends the relation's new description.)
 CREATE OR REPLACE FUNCTION pgtrickle._on_ddl_end()
 RETURNS event_trigger LANGUAGE plpgsql AS $$
 DECLARE
     cmd record;
+    col record;
     src pgtrickle.pgt_change_sources;
     v_cols jsonb;
 BEGIN
@@ -869,12 +876,32 @@ BEGIN
         CONTINUE WHEN NOT FOUND;
         SELECT coalesce(jsonb_agg(jsonb_build_object('attnum', a.attnum, 'name', a.attname,
                                                      'type', format_type(a.atttypid, a.atttypmod),
-                                                     'buf', c->>'buf')
+                                                     'buf', c->>'buf',
+                                                     -- earlier names, for WAL changes decoded after a rename
+                                                     'former', CASE WHEN c->>'name' <> a.attname::text
+                                                         THEN coalesce(c->'former', '[]') || to_jsonb(c->>'name')
+                                                         ELSE coalesce(c->'former', '[]') END)
                                   ORDER BY a.attnum), '[]')
           INTO v_cols
           FROM jsonb_array_elements(src.columns) c
           JOIN pg_attribute a ON a.attrelid = src.source_relid AND a.attnum = (c->>'attnum')::int
          WHERE NOT a.attisdropped;
+        -- A captured column whose type changed: the buffer column follows, and the stream
+        -- tables reading the source are recomputed (pending buffer values of that column
+        -- cannot be converted reliably).
+        FOR col IN
+            SELECT c->>'buf' AS buf, format_type(a.atttypid, a.atttypmod) AS new_type
+              FROM jsonb_array_elements(src.columns) c
+              JOIN pg_attribute a ON a.attrelid = src.source_relid AND a.attnum = (c->>'attnum')::int
+             WHERE NOT a.attisdropped AND format_type(a.atttypid, a.atttypmod) <> c->>'type'
+        LOOP
+            EXECUTE format('ALTER TABLE pgtrickle_changes.%I ALTER COLUMN %I TYPE %s USING NULL, '
+                           'ALTER COLUMN %I TYPE %s USING NULL', src.buffer_name,
+                           'new_' || col.buf, col.new_type, 'old_' || col.buf, col.new_type);
+            UPDATE pgtrickle.pgt_stream_tables s SET needs_reinit = true
+              FROM pgtrickle.pgt_dependencies d
+             WHERE d.pgt_id = s.pgt_id AND d.source_relid = src.source_relid;
+        END LOOP;
         UPDATE pgtrickle.pgt_change_sources
            SET columns = v_cols,
                key_columns = coalesce((SELECT array_agg(a.attname::text ORDER BY array_position(i.indkey::int2[], a.attnum))
@@ -882,7 +909,9 @@ BEGIN
                                            ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
                                         WHERE i.indrelid = src.source_relid AND i.indisprimary), '{}')
          WHERE source_relid = src.source_relid;
-        PERFORM pgtrickle._build_capture(src.source_relid);
+        IF src.cdc_mode = 'trigger' THEN
+            PERFORM pgtrickle._build_capture(src.source_relid);
+        END IF;
     END LOOP;
 END
 $$;
