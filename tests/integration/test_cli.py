@@ -42,6 +42,7 @@ def test_refresh_status_verify(with_st: Database) -> None:
     assert_oracle(with_st)
     result = invoke(with_st, "status")
     assert result.exit_code == 0 and "ACTIVE" in result.output and "per_k" in result.output
+    assert "change capture" in result.output and "public.t" in result.output and "ok" in result.output
     result = invoke(with_st, "verify")
     assert result.exit_code == 0 and "✓" in result.output
     with_st.sql("INSERT INTO t VALUES (100, 'new')")

@@ -269,6 +269,19 @@ def status(ctx: typer.Context) -> None:
         console.print(table)
         if not rows:
             console.print("no stream tables yet: SELECT pgtrickle.create_stream_table(name, query)")
+            return
+        with connect(dsn) as conn:
+            health = conn.execute(
+                "SELECT source, cdc_mode, cdc_mode_setting, slot_active, lag_bytes, pending_rows,"
+                " oldest_pending_age, problems FROM pgtrickle.check_cdc_health()").fetchall()
+        cdc = Table("source", "capture", "setting", "decoder", "slot lag", "pending", "oldest",
+                    "problems", title="change capture")
+        for source, mode, setting, active, lag, pending, oldest, problems in health:
+            decoder = "-" if mode == "trigger" else ("attached" if active else "[red]none[/]")
+            cdc.add_row(source, mode, setting, decoder, "-" if lag is None else f"{int(lag):,} B",
+                        f"{pending:,}", _fmt_interval(oldest),
+                        "[red]" + "; ".join(problems) + "[/]" if problems else "[green]ok[/]")
+        console.print(cdc)
 
     _run(go)
 
