@@ -169,3 +169,25 @@ def test_schema_changes_on_a_wal_source_keep_capture_exact(auto_db: Database) ->
         assert_oracle(auto_db)
     finally:
         scheduler.close()
+
+
+def test_slot_lag_alert_is_sent_once(auto_db: Database) -> None:
+    scheduler = Scheduler(auto_db.settings, auto_db.dsn)
+    listener = psycopg.connect(auto_db.dsn, autocommit=True)
+    listener.execute("LISTEN pg_trickle_alert")
+    try:
+        scheduler.tick()
+        assert source_state(auto_db)[0] == "wal"
+        auto_db.sql("UPDATE pgtrickle.pgt_settings SET value = '1' WHERE name = 'slot_lag_alert_bytes'")
+        auto_db.sql("INSERT INTO orders SELECT g, 'x', 1, 'y' FROM generate_series(5000, 5100) g")
+        scheduler._check_slot_lag()
+        scheduler._check_slot_lag()
+        alerts = [json.loads(n.payload) for n in listener.notifies(timeout=2)]
+        lag = [a for a in alerts if a["event"] == "slot_lag_warning"]
+        assert len(lag) == 1
+        assert lag[0]["lag_bytes"] > 1 and lag[0]["threshold_bytes"] == 1 and lag[0]["slot"].startswith("pgtrickle_")
+        health = auto_db.sql("SELECT problems FROM pgtrickle.check_cdc_health()")[0][0]
+        assert any("retains" in p for p in health)
+    finally:
+        listener.close()
+        scheduler.close()
