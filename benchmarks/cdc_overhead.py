@@ -22,8 +22,9 @@ variant order rotates from run to run, so drift on this noisy machine spreads ov
 every timed statement, untimed and identically for every variant: the change buffer is emptied
 (``DELETE``) and the table and buffer are ``VACUUM``ed (dead rows, hint bits and the visibility map are
 then the same for everybody), then a ``CHECKPOINT`` (every variant pays the same full-page images).
-Autovacuum is off on these tables. Reported: the median seconds, the overhead ``(variant − none) / rows``
-in µs per row, the ratio to ``none``, and the WAL written.
+Autovacuum is off on these tables. Reported: the median seconds; the overhead ``(variant − none) / rows``
+in µs per row and the ratio ``variant / none``, each the median over runs of the run's own pair (the two
+were measured seconds apart, so slow drift cancels); and the WAL written.
 
 The WAL variant's figure is the write path only: the decoder works asynchronously. Separately, the
 decoder's throughput is the number of changes divided by the time from the commit of the statement to
@@ -142,6 +143,12 @@ class Decoder:
 
 # ------------------------------------------------------------------------- setup
 
+def scalar(conn: psycopg.Connection, query: str, params: tuple[object, ...] = ()) -> object:
+    row = conn.execute(query, params or None).fetchone()
+    assert row is not None
+    return row[0]
+
+
 def create_sources(conn: psycopg.Connection) -> None:
     for name in VARIANTS:
         conn.execute(sql.SQL(
@@ -154,8 +161,8 @@ def create_stream_table(conn: psycopg.Connection, variant: str) -> tuple[str, st
     table = f"src_{variant}"
     conn.execute("SELECT pgtrickle.create_stream_table(%s, %s, schedule => '1h', refresh_mode => 'FULL',"
                  " initialize => false)", (f"st_{variant}", f"SELECT id, grp, v, note FROM {table}"))
-    buffer = conn.execute("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_relid = %s::regclass",
-                          (table,)).fetchone()[0]  # type: ignore[index]
+    buffer = str(scalar(conn, "SELECT buffer_name FROM pgtrickle.pgt_change_sources"
+                              " WHERE source_relid = %s::regclass", (table,)))
     conn.execute(sql.SQL("ALTER TABLE pgtrickle_changes.{} SET (autovacuum_enabled = off)").format(
         sql.Identifier(buffer)))
     return ("pgtrickle_changes", buffer)
@@ -163,8 +170,8 @@ def create_stream_table(conn: psycopg.Connection, variant: str) -> tuple[str, st
 
 def buffer_columns(conn: psycopg.Connection, table: str) -> list[tuple[str, str]]:
     """(source column, buffer column suffix) pairs pgtrickle captures for ``table``."""
-    cols = conn.execute("SELECT columns FROM pgtrickle.pgt_change_sources WHERE source_relid = %s::regclass",
-                        (table,)).fetchone()[0]  # type: ignore[index]
+    cols = scalar(conn, "SELECT columns FROM pgtrickle.pgt_change_sources WHERE source_relid = %s::regclass",
+                  (table,))
     return [(c["name"], c["buf"]) for c in cols]
 
 
@@ -209,10 +216,12 @@ def move_to_wal(conn: psycopg.Connection, decoder: Decoder) -> None:
     """As the daemon does it: the source's cdc_mode, then one reconcile, which starts the decoder."""
     conn.execute("SELECT pgtrickle.set_cdc_mode('src_wal', 'wal')")
     moves = CaptureManager(conn, decoder.ensure).reconcile()
-    triggers, identity, mode, reason = conn.execute(
+    row = conn.execute(
         "SELECT (SELECT count(*) FROM pg_trigger WHERE tgrelid = 'src_wal'::regclass AND NOT tgisinternal),"
         " (SELECT relreplident FROM pg_class WHERE oid = 'src_wal'::regclass), cdc_mode, cdc_reason"
-        " FROM pgtrickle.pgt_change_sources WHERE source_relid = 'src_wal'::regclass").fetchone()  # type: ignore[misc]
+        " FROM pgtrickle.pgt_change_sources WHERE source_relid = 'src_wal'::regclass").fetchone()
+    assert row is not None
+    triggers, identity, mode, reason = row
     if mode != "wal" or triggers or identity != "f":
         raise RuntimeError(f"src_wal did not move to WAL capture (mode {mode}, {triggers} triggers, "
                            f"replica identity {identity!r}, reason {reason!r}, moves {moves})")
@@ -243,7 +252,7 @@ def statement(operation: str, table: str, rows: int) -> sql.Composable:
 
 
 def wal_lsn(conn: psycopg.Connection) -> int:
-    return int(conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0])  # type: ignore[index]
+    return int(scalar(conn, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
 
 
 def prepare(conn: psycopg.Connection, variant: Variant, operation: str, decoder: Decoder,
@@ -267,7 +276,7 @@ def check_captured(conn: psycopg.Connection, variant: Variant, operation: str, r
     action = {"insert": "I", "update": "U", "delete": "D"}[operation]
     got = conn.execute(sql.SQL("SELECT count(*) FILTER (WHERE action = %s), count(*) FROM {}").format(
         variant.buffer_ident()), (action,)).fetchone()
-    if tuple(got) != (rows, rows):  # type: ignore[arg-type]
+    if got is None or tuple(got) != (rows, rows):
         raise RuntimeError(f"{variant.name} {operation}: expected {rows} '{action}' rows in "
                            f"{'.'.join(variant.buffer)}, found {got}")
 
@@ -312,12 +321,14 @@ def figures(samples: dict[tuple[str, str], Samples], rows: int) -> dict[str, dic
         out[name] = {}
         for operation in OPERATIONS:
             s, base = samples[name, operation], samples["none", operation]
-            median, base_median = statistics.median(s.seconds), statistics.median(base.seconds)
+            # Paired: each run's variant against the same run's baseline, measured seconds apart.
+            overheads = [(x - b) / rows * 1e6 for x, b in zip(s.seconds, base.seconds, strict=True)]
+            ratios = [x / b for x, b in zip(s.seconds, base.seconds, strict=True)]
             entry: dict[str, object] = {
-                "median_s": round(median, 4),
+                "median_s": round(statistics.median(s.seconds), 4),
                 "runs_s": [round(x, 4) for x in s.seconds],
-                "overhead_us_per_row": round((median - base_median) / rows * 1e6, 3),
-                "ratio_to_none": round(median / base_median, 3),
+                "overhead_us_per_row": round(statistics.median(overheads), 3),
+                "ratio_to_none": round(statistics.median(ratios), 3),
                 "wal_mb": round(statistics.median(s.wal_bytes) / 2**20, 1),
             }
             if s.decoder_seconds:
@@ -337,7 +348,8 @@ def markdown(table: dict[str, dict[str, dict[str, object]]]) -> str:
             e = table[name][operation]
             lines.append(f"| {name} | {operation} | {e['median_s']:.3f} | {e['overhead_us_per_row']:+.2f} | "
                          f"×{e['ratio_to_none']:.2f} | {e['wal_mb']:.0f} |")
-    lines += ["", "| WAL decoder | commit → all changes in the buffer | changes/s |", "| --- | ---: | ---: |"]
+    lines += ["", "| WAL decoder | commit → all changes in the buffer | changes/s |",
+              "| --- | ---: | ---: |"]
     for operation in OPERATIONS:
         e = table["wal"][operation]
         lines.append(f"| {operation} | {e['decoder_commit_to_buffer_s']:.3f}s | "
@@ -346,16 +358,16 @@ def markdown(table: dict[str, dict[str, dict[str, object]]]) -> str:
 
 
 def targets(table: dict[str, dict[str, dict[str, object]]]) -> dict[str, dict[str, object]]:
-    statement_us = float(table["statement_trigger"]["insert"]["overhead_us_per_row"])  # type: ignore[arg-type]
-    decoder = {op: float(table["wal"][op]["decoder_changes_per_s"])  # type: ignore[arg-type]
-               for op in ("insert", "update")}
+    statement_us = float(str(table["statement_trigger"]["insert"]["overhead_us_per_row"]))
+    decoder = {op: float(str(table["wal"][op]["decoder_changes_per_s"])) for op in ("insert", "update")}
     return {
         "statement_trigger_insert_overhead_us_per_row": {
             "target": f"<= {TARGET_STATEMENT_US_PER_ROW}", "measured": statement_us,
             "result": "PASS" if statement_us <= TARGET_STATEMENT_US_PER_ROW else "MISS"},
         **{f"decoder_{op}_changes_per_s": {
             "target": f">= {TARGET_DECODER_CHANGES_PER_S:.0f}", "measured": rate,
-            "result": "PASS" if rate >= TARGET_DECODER_CHANGES_PER_S else "MISS"} for op, rate in decoder.items()},
+            "result": "PASS" if rate >= TARGET_DECODER_CHANGES_PER_S else "MISS"}
+           for op, rate in decoder.items()},
     }
 
 
@@ -374,7 +386,8 @@ def drop_database(admin_dsn: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dsn", default=None)
@@ -396,7 +409,7 @@ def main() -> None:
                 variants = setup(conn, decoder)
                 samples = run(conn, variants, args.rows, args.repeat, decoder, args.decoder_always_on,
                               lambda line: print(line, flush=True))
-                server = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+                server = str(scalar(conn, "SHOW server_version"))
             finally:
                 decoder.stop()
     finally:

@@ -255,6 +255,8 @@ class StressWriter(threading.Thread):
                 while not self.signals.stopping:
                     self.one_txn(conn, long=(n % 12 == 2))
                     n += 1
+                    # pace (about 30 transactions/s per writer) so that a small CI machine is not starved
+                    self.signals.wait(lambda: self.signals.stopping, timeout=self.rng.uniform(0.01, 0.05))
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
 
@@ -386,12 +388,13 @@ def test_concurrent_writers_are_captured_exactly(db: Database, mode: str) -> Non
     pk_txns_at_cut = 0
     try:
         if mode == "transition":
+            # no refresh runs before the first tick: long transactions must not wait for one
+            signals.update(lambda s: setattr(s, "cut_pending", True))
             for writer in writers:
                 writer.start()
             # enough trigger-captured transactions first (that change keys: their two forms differ)
             assert signals.wait(lambda: signals.committed_with_pk_change >= 10
                                 or any(w.error for w in writers), 120), "the writers made no progress"
-            signals.update(lambda s: setattr(s, "cut_pending", True))
         report = scheduler.tick()  # initial population, then (wal, transition) the move to WAL
         assert sorted(o.st.name for o in report.refreshed) == sorted(names) and not report.failed
         assert set(capture_modes(db).values()) == {"trigger" if mode == "trigger" else "wal"}, db.sql(

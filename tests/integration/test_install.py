@@ -34,23 +34,29 @@ def test_fresh_install_then_reinstall_is_a_no_op(empty_db: psycopg.Connection) -
     require_installed(empty_db)
 
 
-def test_upgrade_from_version_1_keeps_stream_tables_and_buffers(empty_db: psycopg.Connection) -> None:
+def test_upgrade_from_version_1_keeps_catalog_rows_and_buffers(empty_db: psycopg.Connection) -> None:
     install(empty_db, up_to=1)
-    empty_db.execute((__import__("pgtrickle.catalog.install", fromlist=["x"])._sql_dir()
-                      / "api.sql").read_text())  # an API on version-1 tables
-    empty_db.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
-    empty_db.execute("SELECT pgtrickle.create_stream_table('s', 'SELECT id, v FROM t')")
-    empty_db.execute("INSERT INTO t VALUES (1, 1)")
     assert installed_version(empty_db) == 1
+    # What version 1 left behind: a captured source with its buffer (no captured_at yet).
+    empty_db.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    relid = empty_db.execute("SELECT 't'::regclass::oid::bigint").fetchone()[0]  # type: ignore[index]
+    empty_db.execute(f"CREATE TABLE pgtrickle_changes.changes_{relid} (change_id bigint GENERATED ALWAYS "
+                     "AS IDENTITY, xid xid8 NOT NULL, action \"char\" NOT NULL, new_id int, old_id int)")
+    empty_db.execute(f"INSERT INTO pgtrickle_changes.changes_{relid} (xid, action, new_id) "
+                     "VALUES (pg_current_xact_id(), 'I', 1)")
+    empty_db.execute("INSERT INTO pgtrickle.pgt_change_sources (source_relid, source_schema, source_name, "
+                     "source_kind, buffer_name) VALUES (%s, 'public', 't', 'TABLE', %s)",
+                     (relid, f"changes_{relid}"))
     with pytest.raises(CatalogError, match="upgrade"):
         require_installed(empty_db)
     result = install(empty_db)
-    assert result.applied[0].startswith("002")
-    assert empty_db.execute("SELECT count(*) FROM pgtrickle.pgt_stream_tables").fetchone() == (1,)
-    buffer = empty_db.execute("SELECT buffer_name FROM pgtrickle.pgt_change_sources "
-                              "WHERE source_name = 't'").fetchone()[0]  # type: ignore[index]
-    rows = empty_db.execute(f"SELECT new_id, captured_at IS NOT NULL FROM pgtrickle_changes.{buffer}").fetchall()
+    assert [a[:3] for a in result.applied] == [f"{v:03d}" for v in range(2, latest_version() + 1)]
+    rows = empty_db.execute(f"SELECT new_id, captured_at IS NOT NULL FROM pgtrickle_changes.changes_{relid}"
+                            ).fetchall()
     assert rows == [(1, True)]
+    assert empty_db.execute("SELECT cdc_mode, cdc_mode_setting FROM pgtrickle.pgt_change_sources"
+                            ).fetchall() == [("trigger", "default")]
+    require_installed(empty_db)
 
 
 def test_newer_catalog_than_this_pgtrickle_is_refused(empty_db: psycopg.Connection) -> None:

@@ -181,8 +181,13 @@ def refresh(
     names: Annotated[list[str] | None, typer.Argument(help="Stream tables to refresh.",
                                                        show_default=False)] = None,
     all_: Annotated[bool, typer.Option("--all", help="Refresh every stream table.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Pass an open circuit breaker.")] = False,
 ) -> None:
-    """Refresh stream tables now, upstream first, and wait for the result."""
+    """Refresh stream tables now, upstream first, and wait for the result.
+
+    A stream table whose circuit breaker is open is refused unless --force
+    (with --all it is skipped and reported).
+    """
     from pgtrickle.scheduler.daemon import refresh_sync
 
     if not names and not all_:
@@ -194,7 +199,7 @@ def refresh(
         dsn = _dsn(ctx)
         with console.status("Refreshing (the first Spark job of a process takes a few seconds)…") as status:
             outcomes = refresh_sync(_settings(ctx), dsn, None if all_ else names,
-                                    progress=lambda msg: status.update(msg))
+                                    progress=lambda msg: status.update(msg), force=force)
         console.print(_outcome_table(outcomes))
 
     _run(go)

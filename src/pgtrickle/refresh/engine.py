@@ -29,6 +29,7 @@ from pgtrickle.cdc.buffers import pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
+from pgtrickle.gates import breaker_gate
 from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError
 from pgtrickle.refresh.plan import Action, RefreshPlan, plan_refresh
 from pgtrickle.spark import jdbc
@@ -98,12 +99,15 @@ class Refresher:
 
     # ------------------------------------------------------------ refresh
     def refresh(self, st: StreamTable, initiated_by: str, request_ids: Sequence[int] = (),
-                record_no_data: bool = False) -> RefreshOutcome:
-        """Bring ``st`` up to date. Raises RefreshError (history records it) on failure."""
+                record_no_data: bool = False, force: bool = False) -> RefreshOutcome:
+        """Bring ``st`` up to date. Raises RefreshError (history records it) on failure.
+
+        ``force`` passes the gates (an open circuit breaker) for this refresh.
+        """
         started = time.monotonic()
         self._cancel_requested = False
-        plan = self._plan_and_maybe_skip(st, request_ids, initiated_by, record_no_data)
-        if plan.action is Action.NO_DATA:
+        plan = self._plan_and_maybe_skip(st, request_ids, initiated_by, record_no_data, force)
+        if plan.action in (Action.NO_DATA, Action.SKIP):
             return RefreshOutcome(st, plan.action, plan.reason, seconds=time.monotonic() - started)
         history_id = self._start_history(st, plan, initiated_by)
         try:
@@ -118,7 +122,7 @@ class Refresher:
         return outcome
 
     def _plan_and_maybe_skip(self, st: StreamTable, request_ids: Sequence[int], initiated_by: str,
-                             record_no_data: bool) -> RefreshPlan:
+                             record_no_data: bool, force: bool = False) -> RefreshPlan:
         if st.frontier is None:
             return plan_refresh(st.refresh_mode, None, st.needs_reinit, None)
         snapshot = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
@@ -127,6 +131,13 @@ class Refresher:
         with self.conn.transaction():
             pending = pending_changes(self.conn, st.sources, st.frontier, snapshot)
             plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending)
+            if plan.action is not Action.NO_DATA and not force:
+                gate = breaker_gate.check(self.conn, st, pending, st.frontier, snapshot, initiated_by)
+                if gate.blocked:
+                    if request_ids:
+                        self.conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
+                                          (list(request_ids),))
+                    return RefreshPlan(Action.SKIP, gate.reason, plan.delta_rows, plan.delta_deletes)
             if plan.action is Action.NO_DATA:
                 cur = self.conn.execute(
                     """
@@ -164,10 +175,10 @@ class Refresher:
         row = self.conn.execute(
             """
             INSERT INTO pgtrickle.pgt_refresh_history
-                (pgt_id, action, status, initiated_by, delta_row_count, mode_reason)
-            VALUES (%s, %s, 'RUNNING', %s, %s, %s) RETURNING refresh_id
+                (pgt_id, action, status, initiated_by, delta_row_count, delta_deletes, mode_reason)
+            VALUES (%s, %s, 'RUNNING', %s, %s, %s, %s) RETURNING refresh_id
             """,
-            (st.pgt_id, plan.action.value, initiated_by, plan.delta_rows, plan.reason),
+            (st.pgt_id, plan.action.value, initiated_by, plan.delta_rows, plan.delta_deletes, plan.reason),
         ).fetchone()
         assert row is not None
         return int(row[0])

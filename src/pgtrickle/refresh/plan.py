@@ -13,6 +13,7 @@ class Action(str, Enum):
     FULL = "FULL"
     DIFFERENTIAL = "DIFFERENTIAL"
     NO_DATA = "NO_DATA"
+    SKIP = "SKIP"  # a gate (circuit breaker) held the refresh back
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class RefreshPlan:
     action: Action
     reason: str
     delta_rows: int
+    delta_deletes: int = 0
 
 
 def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
@@ -31,15 +33,16 @@ def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
     if frontier is None or pending is None:
         return RefreshPlan(Action.FULL, "initial population", 0)
     delta = sum(p.rows for p in pending)
+    deletes = sum(p.deletes for p in pending)
     if needs_reinit:
-        return RefreshPlan(Action.FULL, "reinitialization requested", delta)
+        return RefreshPlan(Action.FULL, "reinitialization requested", delta, deletes)
     truncated = [p.source for p in pending if p.truncated]
     if truncated:
         names = ", ".join(f"{s.schema}.{s.name}" for s in truncated)
         kind = "refreshed in full" if all(s.kind == "STREAM_TABLE" for s in truncated) else "truncated"
-        return RefreshPlan(Action.FULL, f"source {names} was {kind}", delta)
+        return RefreshPlan(Action.FULL, f"source {names} was {kind}", delta, deletes)
     if delta == 0:
         return RefreshPlan(Action.NO_DATA, "no pending changes", 0)
     if refresh_mode == "FULL":
-        return RefreshPlan(Action.FULL, "refresh_mode is FULL", delta)
-    return RefreshPlan(Action.FULL, "differential refresh is not available in this version", delta)
+        return RefreshPlan(Action.FULL, "refresh_mode is FULL", delta, deletes)
+    return RefreshPlan(Action.FULL, "differential refresh is not available in this version", delta, deletes)

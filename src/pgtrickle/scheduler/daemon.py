@@ -152,8 +152,11 @@ class Scheduler:
             return report
         requests = load_requests(self.conn)
         requested: dict[int, list[int]] = {}
+        forced: set[int] = set()
         for req in requests:
             requested.setdefault(req.pgt_id, []).append(req.request_id)
+            if req.force:
+                forced.add(req.pgt_id)
         schedules, broken = _schedules(sts, self.default_schedule(), now)
         for pgt_id, message in broken.items():
             self._mark_error(sts[pgt_id], message)
@@ -170,7 +173,7 @@ class Scheduler:
             )
             if reason is None:
                 continue
-            self._refresh_one(st, reason, requested.get(pgt_id, []), report)
+            self._refresh_one(st, reason, requested.get(pgt_id, []), report, force=pgt_id in forced)
         if not self.stop_requested:
             for name, move, why in self.capture.reconcile():
                 log.warning("%s: change capture %s (%s)", name, move.value, why)
@@ -178,7 +181,7 @@ class Scheduler:
         return report
 
     def _refresh_one(self, st: StreamTable, reason: DueReason, request_ids: Sequence[int],
-                     report: TickReport) -> None:
+                     report: TickReport, force: bool = False) -> None:
         if not self.locks.try_lock(st.pgt_id):
             report.locked_elsewhere.append(st)
             return
@@ -190,7 +193,7 @@ class Scheduler:
             initiated_by = ("MANUAL" if reason is DueReason.REQUESTED and fresh.frontier is not None
                             else "INITIAL" if fresh.frontier is None else "SCHEDULER")
             outcome = self.refresher.refresh(fresh, initiated_by, request_ids,
-                                             record_no_data=reason is DueReason.REQUESTED)
+                                             record_no_data=reason is DueReason.REQUESTED, force=force)
             report.refreshed.append(outcome)
             self.on_outcome(outcome)
         except Cancelled:
@@ -315,7 +318,7 @@ class Scheduler:
 
 
 def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
-                 progress: Callable[[str], None] | None = None) -> list[RefreshOutcome]:
+                 progress: Callable[[str], None] | None = None, force: bool = False) -> list[RefreshOutcome]:
     """Refresh the named stream tables (all when ``names`` is None) now, upstream first.
 
     Used by ``pgtrickle refresh``. Raises PgTrickleError on the first failure.
@@ -332,8 +335,22 @@ def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
                 assert row is not None
                 wanted.add(int(row[0]))
         requested: dict[int, list[int]] = {}
+        forced: set[int] = set()
         for req in load_requests(scheduler.conn):
             requested.setdefault(req.pgt_id, []).append(req.request_id)
+            if req.force:
+                forced.add(req.pgt_id)
+        if not force:
+            open_ = scheduler.conn.execute(
+                "SELECT pgtrickle._display_name(pgt_schema, pgt_name), cb_trip_reason"
+                " FROM pgtrickle.pgt_stream_tables WHERE cb_state = 'open' AND pgt_id = ANY(%s)"
+                " ORDER BY pgt_id", (sorted(wanted),)).fetchall()
+            if open_ and names is not None:
+                name, why = open_[0]
+                raise PgTrickleError(
+                    f"the circuit breaker of stream table {name} is open ({why}); inspect it with "
+                    "pgtrickle.inspect_circuit_breaker, reset it with pgtrickle.reset_circuit_breaker, "
+                    "or refresh anyway with --force")
         outcomes = []
         for pgt_id in ordered(sts):
             if pgt_id not in wanted:
@@ -345,8 +362,9 @@ def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
             try:
                 fresh = load_stream_tables(scheduler.conn)[pgt_id]
                 initiated_by = "INITIAL" if fresh.frontier is None else "MANUAL"
-                outcomes.append(scheduler.refresher.refresh(fresh, initiated_by, requested.get(pgt_id, ()),
-                                                            record_no_data=True))
+                outcomes.append(scheduler.refresher.refresh(
+                    fresh, initiated_by, requested.get(pgt_id, ()), record_no_data=True,
+                    force=force or pgt_id in forced))
             finally:
                 scheduler.locks.unlock(pgt_id)
         return outcomes

@@ -669,15 +669,22 @@ CREATE OR REPLACE FUNCTION pgtrickle.alter_stream_table(
     name text,
     schedule text DEFAULT NULL,
     refresh_mode text DEFAULT NULL,
-    status text DEFAULT NULL)
+    status text DEFAULT NULL,
+    circuit_breaker text DEFAULT NULL,
+    circuit_breaker_ceiling bigint DEFAULT NULL,
+    circuit_breaker_max_ratio double precision DEFAULT NULL,
+    circuit_breaker_sensitivity double precision DEFAULT NULL,
+    circuit_breaker_window integer DEFAULT NULL,
+    circuit_breaker_baseline text DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
     v_status text;
+    v_cb text;
 BEGIN
     st := pgtrickle._find_st(name);
-    PERFORM 1 FROM pgtrickle.pgt_stream_tables WHERE pgt_id = st.pgt_id FOR UPDATE;
+    SELECT * INTO st FROM pgtrickle.pgt_stream_tables WHERE pgt_id = st.pgt_id FOR UPDATE;
     IF schedule IS NOT NULL THEN
         UPDATE pgtrickle.pgt_stream_tables SET schedule = pgtrickle._validate_schedule(schedule), updated_at = now()
          WHERE pgt_id = st.pgt_id;
@@ -699,6 +706,50 @@ BEGIN
                consecutive_errors = CASE WHEN v_status = 'ACTIVE' THEN 0 ELSE s.consecutive_errors END,
                updated_at = now()
          WHERE pgt_id = st.pgt_id;
+    END IF;
+    IF circuit_breaker IS NOT NULL THEN
+        v_cb := lower(btrim(circuit_breaker));
+        IF v_cb NOT IN ('none', 'fixed', 'adaptive', 'default') THEN
+            RAISE EXCEPTION 'invalid circuit_breaker %', quote_literal(left(circuit_breaker, 80))
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Use ''none'', ''fixed'', ''adaptive'', or ''default'' (the circuit_breaker_default setting).';
+        END IF;
+    END IF;
+    IF circuit_breaker_ceiling IS NOT NULL AND circuit_breaker_ceiling < 1 THEN
+        RAISE EXCEPTION 'circuit_breaker_ceiling must be a positive number of changes, got %', circuit_breaker_ceiling
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF circuit_breaker_max_ratio IS NOT NULL
+       AND NOT (circuit_breaker_max_ratio > 0 AND circuit_breaker_max_ratio <= 1000) THEN
+        RAISE EXCEPTION 'circuit_breaker_max_ratio must be above 0 and at most 1000 (changes per source row), got %',
+            circuit_breaker_max_ratio USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF circuit_breaker_sensitivity IS NOT NULL
+       AND NOT (circuit_breaker_sensitivity > 0 AND circuit_breaker_sensitivity <= 100) THEN
+        RAISE EXCEPTION 'circuit_breaker_sensitivity must be above 0 and at most 100 (standard deviations), got %',
+            circuit_breaker_sensitivity USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF circuit_breaker_window IS NOT NULL AND NOT (circuit_breaker_window BETWEEN 2 AND 10000) THEN
+        RAISE EXCEPTION 'circuit_breaker_window must be between 2 and 10000 refreshes, got %', circuit_breaker_window
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF circuit_breaker_baseline IS NOT NULL AND lower(btrim(circuit_breaker_baseline)) NOT IN ('window', 'ewma') THEN
+        RAISE EXCEPTION 'invalid circuit_breaker_baseline %', quote_literal(left(circuit_breaker_baseline, 80))
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Use ''window'' or ''ewma''.';
+    END IF;
+    UPDATE pgtrickle.pgt_stream_tables s
+       SET cb_mode = coalesce(v_cb, s.cb_mode),
+           cb_ceiling = coalesce(circuit_breaker_ceiling, s.cb_ceiling),
+           cb_max_ratio = coalesce(circuit_breaker_max_ratio, s.cb_max_ratio),
+           cb_sensitivity = coalesce(circuit_breaker_sensitivity, s.cb_sensitivity),
+           cb_window = coalesce(circuit_breaker_window, s.cb_window),
+           cb_baseline = coalesce(lower(btrim(circuit_breaker_baseline)), s.cb_baseline),
+           updated_at = now()
+     WHERE pgt_id = st.pgt_id
+    RETURNING * INTO st;
+    IF pgtrickle._cb_mode(st.cb_mode) = 'fixed' AND st.cb_ceiling IS NULL AND st.cb_max_ratio IS NULL THEN
+        RAISE EXCEPTION 'a fixed circuit breaker needs circuit_breaker_ceiling or circuit_breaker_max_ratio'
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM pg_notify('pgtrickle_refresh', st.pgt_id::text);
 END
@@ -768,20 +819,35 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgtrickle.refresh_stream_table(name text)
+CREATE OR REPLACE FUNCTION pgtrickle.refresh_stream_table(name text, force boolean DEFAULT false)
 RETURNS void LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
 BEGIN
     st := pgtrickle._find_st(name);
-    INSERT INTO pgtrickle.pgt_refresh_requests (pgt_id, kind) VALUES (st.pgt_id, 'REFRESH');
+    IF force IS NULL THEN
+        RAISE EXCEPTION 'force must be true or false, not NULL' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF st.cb_state = 'open' AND NOT force THEN
+        RAISE EXCEPTION 'the circuit breaker of stream table % is open: %',
+            pgtrickle._display_name(st.pgt_schema, st.pgt_name), st.cb_trip_reason
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'Inspect with pgtrickle.inspect_circuit_breaker(name), then pgtrickle.reset_circuit_breaker(name, action => ...), or refresh anyway with force => true.';
+    END IF;
+    INSERT INTO pgtrickle.pgt_refresh_requests (pgt_id, kind, force) VALUES (st.pgt_id, 'REFRESH', force);
     PERFORM pg_notify('pgtrickle_refresh', st.pgt_id::text);
 END
 $$;
 
-COMMENT ON FUNCTION pgtrickle.refresh_stream_table(text) IS
-'Ask the pgtrickle daemon to refresh a stream table now. Runs when the calling transaction commits; `pgtrickle refresh NAME` refreshes synchronously.';
+COMMENT ON FUNCTION pgtrickle.refresh_stream_table(text, boolean) IS
+'Ask the pgtrickle daemon to refresh a stream table now (force => true passes an open circuit breaker). Runs when the calling transaction commits; `pgtrickle refresh NAME` refreshes synchronously.';
+
+CREATE OR REPLACE FUNCTION pgtrickle._cb_mode(p_mode text)
+RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_mode = 'default' THEN coalesce(pgtrickle._setting('circuit_breaker_default'), 'none')
+                ELSE p_mode END
+$$;
 
 CREATE OR REPLACE VIEW pgtrickle.stream_tables_info AS
 SELECT s.pgt_id,
@@ -801,7 +867,9 @@ SELECT s.pgt_id,
        s.last_error,
        (SELECT count(*) FROM pgtrickle.pgt_refresh_requests r WHERE r.pgt_id = s.pgt_id) AS pending_requests,
        s.defining_query,
-       s.created_at
+       s.created_at,
+       pgtrickle._cb_mode(s.cb_mode) AS circuit_breaker,
+       s.cb_state AS circuit_breaker_state
   FROM pgtrickle.pgt_stream_tables s;
 
 CREATE OR REPLACE FUNCTION pgtrickle.get_refresh_history(name text, max_rows integer DEFAULT 20)
@@ -1116,5 +1184,111 @@ BEGIN
         problems := v_problems;
         RETURN NEXT;
     END LOOP;
+END
+$$;
+
+-- --------------------------------------------------------- circuit breaker
+
+CREATE OR REPLACE FUNCTION pgtrickle._alert(p_event text, st pgtrickle.pgt_stream_tables, p_fields jsonb)
+RETURNS void LANGUAGE sql AS $$
+    SELECT pg_notify('pg_trickle_alert', (jsonb_build_object(
+        'event', p_event, 'st_name', st.pgt_name, 'schema', st.pgt_schema, 'at', clock_timestamp())
+        || coalesce(p_fields, '{}'))::text)
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle.reset_circuit_breaker(name text, action text DEFAULT 'apply')
+RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+    v_action text := lower(btrim(action));
+    v_snapshot pg_snapshot;
+BEGIN
+    st := pgtrickle._find_st(name);
+    IF v_action IS NULL OR v_action NOT IN ('apply', 'reinitialize', 'skip_changes') THEN
+        RAISE EXCEPTION 'invalid action %', coalesce(quote_literal(left(action, 80)), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = '''apply'' applies the held-back changes, ''reinitialize'' recomputes the stream table, ''skip_changes'' drops the held-back changes.';
+    END IF;
+    SELECT * INTO st FROM pgtrickle.pgt_stream_tables WHERE pgt_id = st.pgt_id FOR UPDATE;
+    IF st.cb_state <> 'open' THEN
+        RAISE NOTICE 'the circuit breaker of stream table % is not open; nothing to reset',
+            pgtrickle._display_name(st.pgt_schema, st.pgt_name);
+        RETURN;
+    END IF;
+    IF v_action = 'skip_changes' THEN
+        -- Forget the held-back changes: the frontier moves past them without applying them.
+        v_snapshot := pg_current_snapshot();
+        UPDATE pgtrickle.pgt_stream_tables
+           SET frontier = v_snapshot, frontier_lsn = pg_current_wal_lsn(), data_timestamp = now()
+         WHERE pgt_id = st.pgt_id;
+        INSERT INTO pgtrickle.pgt_refresh_history
+            (pgt_id, action, status, initiated_by, rows_inserted, rows_deleted, delta_row_count,
+             end_time, skip_reason, frontier)
+        VALUES (st.pgt_id, 'SKIP', 'SKIPPED', 'MANUAL', 0, 0, st.cb_last_delta, clock_timestamp(),
+                format('changes skipped by reset_circuit_breaker (%s held back: %s)', st.cb_last_delta,
+                       st.cb_trip_reason), v_snapshot);
+    ELSIF v_action = 'reinitialize' THEN
+        UPDATE pgtrickle.pgt_stream_tables SET needs_reinit = true WHERE pgt_id = st.pgt_id;
+        INSERT INTO pgtrickle.pgt_refresh_requests (pgt_id, kind, force) VALUES (st.pgt_id, 'REFRESH', true);
+    ELSE
+        INSERT INTO pgtrickle.pgt_refresh_requests (pgt_id, kind, force) VALUES (st.pgt_id, 'REFRESH', true);
+    END IF;
+    UPDATE pgtrickle.pgt_stream_tables
+       SET cb_state = 'closed', cb_tripped_at = NULL, updated_at = now()
+     WHERE pgt_id = st.pgt_id;
+    DELETE FROM pgtrickle.pgt_quarantine WHERE pgt_id = st.pgt_id;
+    PERFORM pgtrickle._alert('circuit_breaker_reset', st, jsonb_build_object(
+        'action', v_action, 'trip_reason', st.cb_trip_reason, 'delta_row_count', st.cb_last_delta,
+        'reset_by', session_user));
+    PERFORM pg_notify('pgtrickle_refresh', st.pgt_id::text);
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle.circuit_breaker_status()
+RETURNS TABLE (st_name text, mode text, state text, tripped_at timestamptz, trip_reason text,
+               baseline_mean double precision, baseline_stddev double precision, last_delta bigint,
+               last_deletes bigint, ceiling bigint, max_ratio double precision,
+               sensitivity double precision, window_size integer, baseline text,
+               computed_threshold double precision, quarantined_changes bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT pgtrickle._display_name(s.pgt_schema, s.pgt_name), pgtrickle._cb_mode(s.cb_mode), s.cb_state,
+           s.cb_tripped_at, s.cb_trip_reason, s.cb_baseline_mean, s.cb_baseline_stddev, s.cb_last_delta,
+           s.cb_last_deletes, s.cb_ceiling, s.cb_max_ratio, s.cb_sensitivity, s.cb_window, s.cb_baseline,
+           s.cb_threshold, (SELECT count(*) FROM pgtrickle.pgt_quarantine q WHERE q.pgt_id = s.pgt_id)
+      FROM pgtrickle.pgt_stream_tables s
+     ORDER BY 1
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle.inspect_circuit_breaker(name text, sample_rows integer DEFAULT 5)
+RETURNS TABLE (source text, action text, changes bigint, first_captured timestamptz,
+               last_captured timestamptz, sample jsonb)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_variable
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+BEGIN
+    st := pgtrickle._find_st(name);
+    IF sample_rows IS NULL OR sample_rows < 0 OR sample_rows > 1000 THEN
+        RAISE EXCEPTION 'sample_rows must be between 0 and 1000, got %', coalesce(sample_rows::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF st.cb_state <> 'open' THEN
+        RAISE NOTICE 'the circuit breaker of stream table % is not open',
+            pgtrickle._display_name(st.pgt_schema, st.pgt_name);
+    END IF;
+    RETURN QUERY
+        SELECT q.source,
+               CASE q.action WHEN 'I' THEN 'INSERT' WHEN 'D' THEN 'DELETE' WHEN 'U' THEN 'UPDATE'
+                             ELSE 'TRUNCATE' END,
+               count(*), min(q.captured_at), max(q.captured_at),
+               (SELECT coalesce(jsonb_agg(x.change), '[]') FROM (
+                    SELECT q2.change FROM pgtrickle.pgt_quarantine q2
+                     WHERE q2.pgt_id = st.pgt_id AND q2.source = q.source AND q2.action = q.action
+                     ORDER BY q2.change_id LIMIT sample_rows) x)
+          FROM pgtrickle.pgt_quarantine q
+         WHERE q.pgt_id = st.pgt_id
+         GROUP BY q.source, q.action
+         ORDER BY q.source, q.action;
 END
 $$;
