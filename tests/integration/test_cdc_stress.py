@@ -155,7 +155,8 @@ def check_capture(db: Database, txns: list[Txn], forms: set[str]) -> Counter:
                                               (("trigger", as_trigger), ("wal", as_wal)) if f in forms)
                                 + f"; statements {txn.stmts}")
     for (xid, source), got in sorted(observed.items()):
-        problems.append(f"xid {xid} is no writer's transaction but wrote {dict(got)} into the buffer of {source}")
+        problems.append(f"xid {xid} is no writer's transaction but wrote {dict(got)} "
+                        f"into the buffer of {source}")
     # Each INSERTed id: exactly one 'I' row if its transaction committed, none otherwise.
     wanted = Counter(key for t in txns if t.committed for key in t.inserted)
     inserted_ids = {key for t in txns for key in t.inserted}
@@ -291,7 +292,8 @@ class StressWriter(threading.Thread):
             ids = self._ids(source, rng.randint(1, 3))
             col = "v" if source == "src" else "w"
             rows = run_stmt(conn, txn, source, "upd",
-                            f"UPDATE {source} SET {col} = {col} + %s, grp = mod((grp + 1), 10) WHERE id = ANY(%s)",
+                            f"UPDATE {source} SET {col} = {col} + %s, grp = mod(grp + 1, 10) "
+                            "WHERE id = ANY(%s)",
                             (rng.randint(1, 5), ids))
             assert rows == len(ids)
         elif op == "pk":
@@ -354,7 +356,8 @@ def _stress_db(db: Database) -> None:
     db.sql("INSERT INTO src SELECT i, mod(i, 10), i, 'hot' FROM unnest(%s::int[]) i", (HOT_IDS,))
     for w in range(N_WRITERS):
         first = _base(w) + 900_000
-        db.sql("INSERT INTO src SELECT g, mod(g, 10), mod(g, 1000), 'p' || (mod(g, 7)) FROM generate_series(%s, %s) g",
+        db.sql("INSERT INTO src SELECT g, mod(g, 10), mod(g, 1000), 'p' || mod(g, 7) "
+               "FROM generate_series(%s, %s) g",
                (first, first + PRELOAD - 1))
         db.sql("INSERT INTO src2 SELECT g, mod(g, 10), mod(g, 500) FROM generate_series(%s, %s) g",
                (first, first + PRELOAD - 1))
@@ -441,7 +444,7 @@ def test_concurrent_writers_are_captured_exactly(db: Database, mode: str) -> Non
     assert_history_clean(db)
     txns = [t for w in writers for t in w.txns]
     committed = [t for t in txns if t.committed]
-    assert len(committed) >= 20 and len(committed) < len(txns), "some transactions must commit, some roll back"
+    assert 20 <= len(committed) < len(txns), "some transactions must commit, some roll back"
     assert any(t.long and t.committed and t.refreshes_spanned >= 2 for t in txns), \
         "no long transaction stayed open across two refreshes"
     forms = {"trigger": {"trigger"}, "wal": {"wal"}, "transition": {"trigger", "wal"}}[mode]
@@ -482,16 +485,13 @@ class Daemon:
         assert self.proc is not None and self.proc.poll() is None, f"the daemon exited:\n{self.output()}"
 
     def kill(self) -> None:
-        """SIGKILL the daemon and its Spark JVM (by process group: the group it leads)."""
+        """SIGKILL the daemon and its Spark JVM: the process group it leads (not yet reaped, so ours)."""
         assert self.proc is not None
-        if self.proc.poll() is None:
+        try:
             os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.proc.wait(timeout=60)
-
-    def terminate(self) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=120)
 
 
 def poll(condition: Callable[[], bool], what: str, timeout: float, check: Callable[[], None] = lambda: None,
@@ -504,7 +504,7 @@ def poll(condition: Callable[[], bool], what: str, timeout: float, check: Callab
 
 
 class InsertingWriter(threading.Thread):
-    """One writer: mostly INSERTs of known ids, some UPDATEs (also of the key) and DELETEs, some rolled back."""
+    """One writer: mostly INSERTs of known ids, some UPDATEs (also of the key), DELETEs, rollbacks."""
 
     def __init__(self, dsn: str, seed: int) -> None:
         super().__init__(name="inserting-writer", daemon=True)
@@ -527,14 +527,15 @@ class InsertingWriter(threading.Thread):
                     self.txns.append(txn)
                     ids = list(range(self.next_id, self.next_id + rng.randint(1, 8)))
                     self.next_id += len(ids)
-                    run_stmt(conn, txn, "src", "ins", "INSERT INTO src (id, grp, v) SELECT i, mod(i, 7), mod(i, 100) "
-                             "FROM unnest(%s::int[]) i", (ids,))
+                    run_stmt(conn, txn, "src", "ins", "INSERT INTO src (id, grp, v) "
+                             "SELECT i, mod(i, 7), mod(i, 100) FROM unnest(%s::int[]) i", (ids,))
                     txn.inserted += [("src", i) for i in ids]
                     self.present.update(ids)
                     r = rng.random()
                     if r < 0.3:
                         some = sorted(rng.sample(sorted(self.present), 3))
-                        run_stmt(conn, txn, "src", "upd", "UPDATE src SET v = v + 1 WHERE id = ANY(%s)", (some,))
+                        run_stmt(conn, txn, "src", "upd", "UPDATE src SET v = v + 1 WHERE id = ANY(%s)",
+                                 (some,))
                     elif r < 0.4:
                         [old] = rng.sample(sorted(self.present), 1)
                         run_stmt(conn, txn, "src", "pk", "UPDATE src SET id = %s WHERE id = %s",
@@ -557,17 +558,33 @@ class InsertingWriter(threading.Thread):
 
 
 def test_sigkill_while_the_decoder_streams_loses_and_duplicates_nothing(db: Database, tmp_path: Path) -> None:
-    set_setting(db, "cdc_mode", "wal")  # the daemon moves the source to WAL on its first tick
+    """The daemon is SIGKILLed (with its Spark JVM) at random moments while its decoder streams.
+
+    The stream tables are populated and ``src`` moved to WAL in this process
+    (its Spark is already up); then a writer runs while ``pgtrickle run`` is
+    killed and restarted. ``ids`` is due every second, so each restarted
+    daemon also starts a refresh at once, next to its starting decoder.
+    """
+    set_setting(db, "cdc_mode", "wal")
     set_setting(db, "wal_transition_timeout", "30 seconds")
     db.sql("CREATE TABLE src (id int PRIMARY KEY, grp int NOT NULL, v int NOT NULL)")
     db.sql("INSERT INTO src SELECT g, g % 7, g FROM generate_series(1, 100) g")
     db.sql("SELECT pgtrickle.create_stream_table('ids', 'SELECT id FROM src', schedule => '1s')")
     db.sql("SELECT pgtrickle.create_stream_table('per_grp', 'SELECT grp, count(*) AS n, sum(v) AS v "
-           "FROM src GROUP BY grp', schedule => '2s')")
+           "FROM src GROUP BY grp', schedule => '1h')")
     db.sql("SELECT pgtrickle.create_stream_table('total', 'SELECT sum(n) AS n, sum(v) AS v FROM per_grp', "
-           "schedule => '2s')")
+           "schedule => '1h')")
     install_audit(db, "src")
     names = ["ids", "per_grp", "total"]
+    scheduler = Scheduler(db.settings, db.dsn)
+    try:
+        report = scheduler.tick()  # initial population, then the move to WAL
+    finally:
+        scheduler.close()
+    assert len(report.refreshed) == 3 and not report.failed
+    assert capture_modes(db) == {"src": "wal"}
+
+    kills = max(KILLS, round(STRESS_SECONDS / 2))
     rng = random.Random(20240607)
     daemon = Daemon(db, tmp_path)
     writer = InsertingWriter(db.dsn, seed=4242)
@@ -577,48 +594,82 @@ def test_sigkill_while_the_decoder_streams_loses_and_duplicates_nothing(db: Data
         return int(db.scalar("SELECT coalesce(max(changes_total), 0) FROM pgtrickle.pgt_decoder_state") or 0)
 
     try:
-        daemon.start()
-        poll(lambda: capture_modes(db) == {"src": "wal"}, "the daemon to move src to WAL", 180, daemon.check_alive)
         writer.start()
-        kills_during_refresh = 0
-        for kill in range(KILLS + 1):
-            before = changes_total()  # at the (re)start
-            poll(lambda: changes_total() > before + 20, "the decoder to stream", 120, daemon.check_alive)
-            if kill == KILLS:
+        for run in range(kills + 1):
+            before = changes_total()
+            daemon.start()
+            poll(lambda: changes_total() > before + 20, f"daemon run {daemon.runs} to stream", 120,
+                 daemon.check_alive)
+            if run == kills:
                 break
             time.sleep(rng.uniform(0.0, 1.5))  # a random moment while it streams
-            kills_during_refresh += bool(db.scalar(
-                "SELECT count(*) FROM pgtrickle.pgt_refresh_history WHERE status = 'RUNNING'"))
+            daemon.check_alive()
             daemon.kill()
             assert writer.is_alive(), repr(writer.error)
-            daemon.start()
         writer.stop.set()
         writer.join(timeout=60)
         assert writer.error is None, repr(writer.error)
-
-        # Catch-up: the daemon's decoder passes a sync message emitted after the last write.
+        # the last daemon catches up: its decoder passes a sync message emitted after the last write
         target = db.scalar("SELECT pg_logical_emit_message(false, %s, '')", (SYNC_PREFIX,))
         poll(lambda: bool(db.scalar("SELECT flushed_lsn >= %s::pg_lsn FROM pgtrickle.pgt_decoder_state",
                                     (str(target),))), "the decoder to catch up", 120, daemon.check_alive)
-        request_refresh(db, names)
-        poll(lambda: db.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_requests") == 0,
-             "the daemon to refresh", 180, daemon.check_alive)
-        assert daemon.terminate() == 0, daemon.output()
+        daemon.check_alive()
     finally:
         writer.stop.set()
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.kill()
+        if daemon.proc is not None:
+            daemon.kill()  # for good
         writer.join(timeout=60)
 
+    wait_for_decoder(db.conn, db.dsn)  # nothing left to decode; no decoder attached now
+    check_capture(db, writer.txns, {"wal"})
+    scheduler = Scheduler(db.settings, db.dsn)
+    try:
+        scheduler.abandon_stale_history()  # what the next daemon start does
+        request_refresh(db, names)
+        report = scheduler.tick()
+    finally:
+        scheduler.close()
+    assert sorted(o.st.name for o in report.refreshed) == sorted(names) and not report.failed
     assert_oracle(db, *names)
     assert db.scalar("SELECT count(*) FROM (SELECT id FROM ids GROUP BY id HAVING count(*) > 1) d") == 0
     assert_history_clean(db, allow_abandoned=True)
     committed = [t for t in writer.txns if t.committed]
     assert committed and len(committed) < len(writer.txns)
-    check_capture(db, writer.txns, {"wal"})
     print(f"\n{len(writer.txns)} transactions ({len(committed)} committed), {daemon.runs} daemon runs, "
-          f"{kills_during_refresh} kills during a refresh, {changes_total()} changes decoded, "
-          f"{time.monotonic() - started:.1f}s")
+          f"{changes_total()} changes decoded, {time.monotonic() - started:.1f}s")
+
+
+def test_a_restarted_scheduler_does_not_trip_over_its_own_starting_decoder(db: Database) -> None:
+    """A daemon (re)start with a refresh due at once: the refresh must wait for the decoder, not crash.
+
+    ``tick()`` starts the decoder thread, then the refresh's
+    ``wait_for_decoder`` finds the slot not yet active and starts decoding
+    itself: whichever of the two attaches second gets "replication slot ...
+    is active". Each attempt loses that race often; five in a row all winning
+    it is unlikely, so with the race present this test fails on
+    ``psycopg2.errors.ObjectInUse``.
+    """
+    set_setting(db, "cdc_mode", "wal")
+    set_setting(db, "wal_transition_timeout", "30 seconds")
+    db.sql("CREATE TABLE src (id int PRIMARY KEY, v int NOT NULL)")
+    db.sql("INSERT INTO src SELECT g, g FROM generate_series(1, 10) g")
+    db.sql("SELECT pgtrickle.create_stream_table('ids', 'SELECT id, v FROM src', schedule => '1h')")
+    scheduler = Scheduler(db.settings, db.dsn)
+    try:
+        scheduler.tick()
+    finally:
+        scheduler.close()
+    assert capture_modes(db) == {"src": "wal"}
+    for attempt in range(5):
+        db.sql("INSERT INTO src VALUES (%s, %s)", (100 + attempt, attempt))
+        db.sql("SELECT pgtrickle.refresh_stream_table('ids')")
+        scheduler = Scheduler(db.settings, db.dsn)  # a fresh daemon process would do the same
+        try:
+            report = scheduler.tick()
+        finally:
+            scheduler.close()
+        assert [o.action for o in report.refreshed] == [Action.FULL] and not report.failed, report.failed
+        assert_oracle(db, "ids")
 
 
 # ----------------------------------------------------------------------------- 3. TRUNCATE
@@ -658,7 +709,8 @@ class PausableWriter(threading.Thread):
     def pause(self) -> None:
         self._set(pause_requested=True)
         with self.cond:
-            assert self.cond.wait_for(lambda: self.paused or self.error is not None, 60), "writer did not pause"
+            assert self.cond.wait_for(lambda: self.paused or self.error is not None, 60), \
+                "the writer did not pause"
         assert self.error is None, repr(self.error)
 
     def resume(self) -> None:
@@ -739,6 +791,7 @@ def test_truncate_while_writing_is_seen_by_every_dependent(db: Database, mode: s
     writer = PausableWriter(db.dsn, seed=99)
     started = time.monotonic()
     main = psycopg.connect(db.dsn, application_name="truncating-main")
+    holder = psycopg.connect(db.dsn, application_name="lock-holder")
 
     def truncate(*tables: str, commit: bool = True, inserts_around: bool = False) -> None:
         """TRUNCATE ``tables`` in one statement (retried after a deadlock with the writer)."""
@@ -776,7 +829,8 @@ def test_truncate_while_writing_is_seen_by_every_dependent(db: Database, mode: s
         if truncated is not None:
             for name, deps in DEPENDS.items():
                 if deps & truncated:
-                    assert outcomes[name][0] is Action.FULL and "was" in outcomes[name][1], (name, outcomes[name])
+                    action, reason = outcomes[name]
+                    assert action is Action.FULL and "was" in reason, (name, action, reason)
         return outcomes
 
     try:
@@ -786,9 +840,23 @@ def test_truncate_while_writing_is_seen_by_every_dependent(db: Database, mode: s
         writer.start()
         rounds = max(1, round(STRESS_SECONDS / 6))
         for _ in range(rounds):
-            # 1. TRUNCATE src while the writer writes both tables, more writes after it
+            # 1. TRUNCATE src while the writer writes both tables, more writes after it; the TRUNCATE
+            #    queues behind an open transaction that wrote src, and the writer's next statements on
+            #    src queue behind the TRUNCATE
             writer.wait_committed(15)
-            truncate("src")
+            holder_txn = begin(holder)
+            run_stmt(holder, holder_txn, "src", "ins", "INSERT INTO src VALUES (-10, 0, 10), (-11, 1, 11)")
+            holder_txn.inserted += [("src", -10), ("src", -11)]
+            truncating = threading.Thread(target=truncate, args=("src",), name="truncate")
+            truncating.start()
+            poll(lambda: db.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                                   "'truncating-main' AND wait_event_type = 'Lock'") == 1,
+                 "the TRUNCATE to wait for the open transaction", 30)
+            holder.commit()
+            holder_txn.committed = True
+            main_txns.append(holder_txn)
+            truncating.join(timeout=60)
+            assert not truncating.is_alive()
             writer.wait_committed(5)
             writer.pause()
             refresh_all_and_check()
@@ -827,6 +895,7 @@ def test_truncate_while_writing_is_seen_by_every_dependent(db: Database, mode: s
         writer._set(stop=True, pause_requested=False)
         writer.join(timeout=60)
         main.close()
+        holder.close()
         scheduler.close()
 
     assert writer.error is None, repr(writer.error)

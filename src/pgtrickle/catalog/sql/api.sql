@@ -419,11 +419,10 @@ BEGIN
     IF NOT FOUND THEN
         EXECUTE format(
             'CREATE TABLE pgtrickle_changes.%I ('
-            ' change_id bigint GENERATED ALWAYS AS IDENTITY,'
+            ' change_id bigint GENERATED ALWAYS AS IDENTITY (CACHE 1000),'
             ' xid xid8 NOT NULL,'
             ' action "char" NOT NULL,'
             ' captured_at timestamptz NOT NULL DEFAULT now())', v_buffer);
-        EXECUTE format('CREATE INDEX %I ON pgtrickle_changes.%I (xid)', v_buffer || '_xid', v_buffer);
         EXECUTE format('COMMENT ON TABLE pgtrickle_changes.%I IS %L', v_buffer,
                        'pgtrickle change buffer of ' || p_relid::regclass::text);
         SELECT coalesce(array_agg(a.attname::text ORDER BY array_position(i.indkey::int2[], a.attnum)), '{}')
