@@ -392,8 +392,15 @@ def wait_for_decoder(conn: psycopg.Connection, dsn: str, timeout: float = 60.0) 
         if pgoutput.str_to_lsn(flushed) >= target:
             return
         if not active:
-            WalDecoder(dsn, slot).run(until_lsn=target, timeout=max(1.0, deadline - time.monotonic()))
-            return
+            import psycopg2
+
+            try:
+                WalDecoder(dsn, slot).run(until_lsn=target, timeout=max(1.0, deadline - time.monotonic()))
+                return
+            except psycopg2.OperationalError as exc:
+                # A decoder thread attached to the slot meanwhile: wait for it instead.
+                if "is active" not in str(exc):
+                    raise WalCaptureError(f"the WAL decoder could not run: {exc}") from exc
         if time.monotonic() > deadline:
             raise WalCaptureError(
                 f"the WAL decoder has not caught up with {row[0]} after {timeout:.0f}s "  # type: ignore[index]

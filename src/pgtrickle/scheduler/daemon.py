@@ -201,6 +201,9 @@ class Scheduler:
         except PgTrickleError as exc:
             log.error("refresh of %s failed: %s", st.display, exc)
             report.failed.append((st, str(exc)))
+        except Exception as exc:  # noqa: BLE001 - one stream table must not stop the daemon
+            log.exception("refresh of %s failed unexpectedly", st.display)
+            report.failed.append((st, f"{type(exc).__name__}: {exc}"))
         finally:
             self.locks.unlock(st.pgt_id)
 
