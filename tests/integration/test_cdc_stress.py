@@ -18,7 +18,18 @@ the cut, or by the decoder again after a crash) or invented shows up as a
 transaction whose buffer rows are neither form. Every stream table is then
 compared with its defining query (the oracle).
 
-``PGTRICKLE_STRESS_SECONDS`` (default 6) scales how long the writers run.
+The tests:
+
+1. four writers and four stream tables refreshing at once, with triggers,
+   with WAL, and across the trigger→WAL cut (cdc_mode ``auto``);
+2. ``pgtrickle run`` SIGKILLed at random moments while its decoder streams,
+   plus two regression tests for what that found (a restarted daemon racing
+   its own starting decoder; a commit decoded before its backend has left
+   the proc array);
+3. TRUNCATE of a source, in both modes, while a writer keeps writing.
+
+``PGTRICKLE_STRESS_SECONDS`` (default 6) scales how long the writers run,
+how many times the daemon is killed and how many TRUNCATE rounds run.
 """
 
 from __future__ import annotations
@@ -38,11 +49,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgtrickle.cdc.wal import SYNC_PREFIX, wait_for_decoder
+from pgtrickle.cdc.wal import SYNC_PREFIX, WalDecoder, wait_for_decoder
 from pgtrickle.refresh.plan import Action
 from pgtrickle.scheduler.daemon import Scheduler
 from tests.conftest import Database
-from tests.integration.helpers import assert_oracle
+from tests.integration.helpers import assert_oracle, refresh
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
 
@@ -670,6 +681,80 @@ def test_a_restarted_scheduler_does_not_trip_over_its_own_starting_decoder(db: D
             scheduler.close()
         assert [o.action for o in report.refreshed] == [Action.FULL] and not report.failed, report.failed
         assert_oracle(db, "ids")
+
+
+def test_a_commit_decoded_before_its_backend_leaves_the_proc_array_keeps_its_xid(db: Database) -> None:
+    """The decoder can see a commit record before the committing backend has left the proc array.
+
+    Between flushing its commit record and leaving the proc array a backend
+    can be delayed (descheduled on a busy machine; here, deterministically,
+    by waiting for a synchronous standby that never comes — logical decoding
+    does not wait for it). If an older transaction is still running, the
+    snapshot the decoder takes then has ``xmax`` below the decoded xid; the
+    buffer row must still carry the transaction's own xid8, or no refresh
+    ever sees the change.
+    """
+    set_setting(db, "cdc_mode", "wal")
+    set_setting(db, "wal_transition_timeout", "30 seconds")
+    db.sql("CREATE TABLE src (id int PRIMARY KEY, v int NOT NULL)")
+    db.sql("INSERT INTO src VALUES (1, 1)")
+    db.sql("SELECT pgtrickle.create_stream_table('ids', 'SELECT id, v FROM src', schedule => '1h')")
+    scheduler = Scheduler(db.settings, db.dsn)
+    try:
+        scheduler.tick()
+    finally:
+        scheduler.close()
+    assert capture_modes(db) == {"src": "wal"}
+    install_audit(db, "src")
+    wait_for_decoder(db.conn, db.dsn)  # the slot is caught up: the next commit is the first decoded
+    slot = str(db.scalar("SELECT slot_name FROM pgtrickle.pgt_decoder_state"))
+
+    def waiting_for_standby(app: str) -> bool:
+        return db.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                         "AND wait_event = 'SyncRep'", (app,)) == 1
+
+    def synchronous_standby(name: str) -> None:
+        if name:
+            db.sql(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+        else:
+            db.sql("ALTER SYSTEM RESET synchronous_standby_names")
+        db.sql("SELECT pg_reload_conf()")
+        poll(lambda: db.scalar("SELECT current_setting('synchronous_standby_names')") == name,
+             "the configuration reload", 30)
+
+    older = psycopg.connect(db.dsn, application_name="older-txn")
+    writer = psycopg.connect(db.dsn, application_name="delayed-commit")
+    decoder = WalDecoder(db.dsn, slot)
+    stop = threading.Event()
+    decoding = threading.Thread(target=lambda: decoder.run(stop), name="decoder", daemon=True)
+    committing = threading.Thread(target=writer.commit, name="commit", daemon=True)
+    synchronous_standby("pgtrickle_test_nobody")
+    try:
+        older.execute("SELECT pg_current_xact_id()")  # an older transaction, still running
+        txn = begin(writer)
+        writer.execute("INSERT INTO src VALUES (2, 2)")
+        committing.start()
+        poll(lambda: waiting_for_standby("delayed-commit"), "the commit to wait for the standby", 30)
+        decoding.start()
+        # the decoder has written the transaction (its own commit now waits for the standby too)
+        poll(lambda: waiting_for_standby("pgtrickle-wal-decoder"), "the decoder to write the change", 30)
+    finally:
+        synchronous_standby("")
+        committing.join(timeout=30)
+        older.rollback()
+        stop.set()
+        if decoding.is_alive():
+            decoding.join(timeout=30)
+        older.close()
+        writer.close()
+    assert decoder.error is None, repr(decoder.error)
+    buffered = [int(x) for (x,) in db.sql("SELECT xid::text FROM public.cdc_audit WHERE new_id = 2")]
+    [outcome] = refresh(db, "ids")
+    contents = db.sql("SELECT id, v FROM ids ORDER BY id")
+    assert buffered == [txn.xid] and outcome.action is Action.FULL and contents == [(1, 1), (2, 2)], (
+        f"the INSERT of xid {txn.xid} is in the buffer with xid {buffered} "
+        f"(mod 2^64: {[x - 2**64 for x in buffered]}); the refresh did {outcome.action.value} "
+        f"({outcome.reason}) and ids holds {contents}")
 
 
 # ----------------------------------------------------------------------------- 3. TRUNCATE

@@ -1,17 +1,21 @@
 """WAL change capture: decode ``pgoutput`` from a logical replication slot into the change buffers.
 
 One slot and one publication per database. The decoder streams the slot over
-psycopg2's replication connection (psycopg 3 cannot stream COPY_BOTH), keeps
-each transaction until its commit, and writes batches of committed
-transactions into the same buffers the triggers fill — with the source
-transaction's xid (widened to xid8), in commit order, by COPY.
+psycopg2's replication connection (psycopg 3 cannot stream COPY_BOTH) and
+writes every change into the same buffers the triggers fill — with the
+source transaction's xid (widened to xid8), in commit order, by COPY — in
+chunks while the transaction is being decoded, so memory stays bounded
+whatever the size of a source transaction.
 
-Exactly once: the batch's buffer rows and the decoder's progress
+Exactly once: the decoder keeps one PostgreSQL transaction open per batch of
+source transactions; each source transaction's rows go under a savepoint.
+The batch's rows and the decoder's progress
 (``pgtrickle.pgt_decoder_state.flushed_lsn`` = end of the last commit in the
-batch) commit in one transaction, and only then is the position confirmed to
-the server. After a crash the server resends from its confirmed position,
-which is never past ``flushed_lsn``, and transactions ending at or before
-``flushed_lsn`` are skipped: nothing is lost, nothing written twice.
+batch) commit together, and only then is the position confirmed to the
+server. After a crash the server resends from its confirmed position, which
+is never past ``flushed_lsn``; a resent transaction ending at or before
+``flushed_lsn`` is rolled back to its savepoint at its commit: nothing is
+lost, nothing written twice.
 
 Refreshes synchronise with the decoder through a non-transactional logical
 message: :func:`wait_for_decoder` emits one *after* taking its snapshot and
@@ -77,8 +81,10 @@ class TrackedSource:
 class _Txn:
     xid: int
     commit_time: datetime
-    rows: dict[int, list[tuple]] = field(default_factory=dict)
     count: int = 0
+    savepoint: bool = False
+    xid8: str = ""
+    at: str = ""
 
 
 @dataclass
@@ -102,7 +108,9 @@ class WalDecoder:
         self._plans: dict[int, _Plan] = {}
         self._tracked: dict[int, TrackedSource] = {}
         self._txn: _Txn | None = None
-        self._batch: list[_Txn] = []
+        self._pending: dict[int, list[tuple]] = {}
+        self._pending_count = 0
+        self._reference_xid8 = 0
         self._batch_changes = 0
         self._progress = 0  # LSN the next flush records
         self.flushed_lsn = 0
@@ -119,7 +127,6 @@ class WalDecoder:
             "SELECT source_relid::bigint, buffer_name, columns FROM pgtrickle.pgt_change_sources"
             " WHERE source_kind = 'TABLE'"
         ).fetchall()
-        self._conn.commit()
         self._tracked = {
             int(relid): TrackedSource(int(relid), buffer, [(c["name"], c["buf"]) for c in cols],
                                       [tuple(c.get("former", ())) for c in cols])
@@ -173,6 +180,50 @@ class WalDecoder:
                 raise WalCaptureError("binary pgoutput values are not expected (binary = false)")
         return out
 
+    CHUNK_ROWS = 10_000
+    """Rows held in memory before they are COPYed into the (still open) batch."""
+
+    def _start_rows(self, txn: _Txn) -> None:
+        """First tracked change of a source transaction: savepoint, xid8, commit time."""
+        assert self._conn is not None
+        if not txn.savepoint:
+            low = self._reference_xid8 & 0xFFFFFFFF
+            if self._reference_xid8 == 0 or txn.xid > low or low - txn.xid >= 1 << 31:
+                self._reference_xid8 = int(self._conn.execute(
+                    "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0])  # type: ignore[index]
+            txn.xid8 = str(widen_xid(txn.xid, self._reference_xid8))
+            txn.at = txn.commit_time.isoformat()
+            self._conn.execute("SAVEPOINT pgt_txn")
+            txn.savepoint = True
+
+    def _add(self, relid: int, action: str, new: list[str | None] | None, old: list[str | None] | None) -> None:
+        txn = self._txn
+        assert txn is not None
+        self._start_rows(txn)
+        width = len(self._tracked[relid].columns)
+        self._pending.setdefault(relid, []).append(
+            (txn.xid8, action, txn.at, *(new or [None] * width), *(old or [None] * width)))
+        txn.count += 1
+        self._pending_count += 1
+        if self._pending_count >= self.CHUNK_ROWS:
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        for relid, rows in self._pending.items():
+            source = self._tracked[relid]
+            cols = ["xid", "action", "captured_at"]
+            cols += [f"new_{buf}" for _, buf in source.columns]
+            cols += [f"old_{buf}" for _, buf in source.columns]
+            stmt = sql.SQL("COPY pgtrickle_changes.{} ({}) FROM STDIN").format(
+                sql.Identifier(source.buffer_name), sql.SQL(", ").join(map(sql.Identifier, cols)))
+            with conn.cursor().copy(stmt) as copy:
+                for row in rows:
+                    copy.write_row(row)
+        self._pending.clear()
+        self._pending_count = 0
+
     def handle(self, payload: bytes) -> None:
         """Process one pgoutput message."""
         message = pgoutput.decode_message(payload)
@@ -182,33 +233,38 @@ class WalDecoder:
             if self._txn is None or not self._is_tracked(relid):
                 return
             if kind is pgoutput.Insert:
-                row = ("I", self._values(relid, message.new, None), None)  # type: ignore[union-attr]
+                self._add(relid, "I", self._values(relid, message.new, None), None)  # type: ignore[union-attr]
             elif kind is pgoutput.Update:
                 old = message.old  # type: ignore[union-attr]
-                row = ("U", self._values(relid, message.new, old),  # type: ignore[union-attr]
-                       self._values(relid, old, None) if old is not None else None)
                 if old is None:
                     raise WalCaptureError(
                         f"an UPDATE of relation {relid} arrived without its old row; the source needs "
                         "REPLICA IDENTITY FULL")
+                self._add(relid, "U", self._values(relid, message.new, old),  # type: ignore[union-attr]
+                          self._values(relid, old, None))
             else:
                 old = message.old  # type: ignore[union-attr]
                 if old is None:
                     raise WalCaptureError(
                         f"a DELETE of relation {relid} arrived without its old row; the source needs "
                         "REPLICA IDENTITY FULL")
-                row = ("D", None, self._values(relid, old, None))
-            self._txn.rows.setdefault(relid, []).append(row)
-            self._txn.count += 1
+                self._add(relid, "D", None, self._values(relid, old, None))
         elif kind is pgoutput.Begin:
             self._txn = _Txn(message.xid, message.commit_time)  # type: ignore[union-attr]
         elif kind is pgoutput.Commit:
             txn, self._txn = self._txn, None
             end = message.end_lsn  # type: ignore[union-attr]
+            assert self._conn is not None
             if end <= self.flushed_lsn:
-                return  # written before a restart
-            if txn is not None and txn.count:
-                self._batch.append(txn)
+                # Resent after a restart: already in the buffers.
+                self._pending.clear()
+                self._pending_count = 0
+                if txn is not None and txn.savepoint:
+                    self._conn.execute("ROLLBACK TO SAVEPOINT pgt_txn")
+                return
+            if txn is not None and txn.savepoint:
+                self._write_pending()
+                self._conn.execute("RELEASE SAVEPOINT pgt_txn")
                 self._batch_changes += txn.count
             self._progress = max(self._progress, end)
         elif kind is pgoutput.Relation:
@@ -224,8 +280,7 @@ class WalDecoder:
                 return
             for relid in message.relids:  # type: ignore[union-attr]
                 if self._is_tracked(relid):
-                    self._txn.rows.setdefault(relid, []).append(("T", None, None))
-                    self._txn.count += 1
+                    self._add(relid, "T", None, None)
         elif kind is pgoutput.LogicalMessage:
             if not message.transactional and message.prefix == SYNC_PREFIX:  # type: ignore[union-attr]
                 self._progress = max(self._progress, message.lsn)  # type: ignore[union-attr]
@@ -233,33 +288,14 @@ class WalDecoder:
 
     # ----------------------------------------------------------------- flush
     def flush(self) -> None:
-        """Write the batch and the progress in one transaction, then confirm to the server."""
+        """Commit the batch with the progress in one transaction, then confirm to the server.
+
+        Only between source transactions (every row of the batch is written).
+        """
         if self._progress <= self.flushed_lsn:
             return
         conn = self._conn
-        assert conn is not None
-        if self._batch:
-            reference = int(conn.execute(
-                "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0])  # type: ignore[index]
-            per_source: dict[int, list[tuple]] = {}
-            for txn in self._batch:
-                xid = str(widen_xid(txn.xid, reference))
-                at = txn.commit_time.isoformat()
-                for relid, rows in txn.rows.items():
-                    width = len(self._tracked[relid].columns)
-                    out = per_source.setdefault(relid, [])
-                    for action, new, old in rows:
-                        out.append((xid, action, at, *(new or [None] * width), *(old or [None] * width)))
-            for relid, rows in per_source.items():
-                source = self._tracked[relid]
-                cols = ["xid", "action", "captured_at"]
-                cols += [f"new_{buf}" for _, buf in source.columns]
-                cols += [f"old_{buf}" for _, buf in source.columns]
-                stmt = sql.SQL("COPY pgtrickle_changes.{} ({}) FROM STDIN").format(
-                    sql.Identifier(source.buffer_name), sql.SQL(", ").join(map(sql.Identifier, cols)))
-                with conn.cursor().copy(stmt) as copy:
-                    for row in rows:
-                        copy.write_row(row)
+        assert conn is not None and self._txn is None
         conn.execute(
             "UPDATE pgtrickle.pgt_decoder_state SET flushed_lsn = %s::pg_lsn,"
             " changes_total = changes_total + %s, updated_at = now() WHERE slot_name = %s",
@@ -268,7 +304,6 @@ class WalDecoder:
         conn.commit()
         self.flushed_lsn = self._progress
         self.changes_written += self._batch_changes
-        self._batch.clear()
         self._batch_changes = 0
         if self._cursor is not None:
             self._cursor.send_feedback(write_lsn=self.flushed_lsn, flush_lsn=self.flushed_lsn, force=True)
@@ -291,8 +326,8 @@ class WalDecoder:
             if row is None:
                 raise WalCaptureError(f"no decoder state for slot {self.slot}; is WAL capture set up?")
             self.flushed_lsn = self._progress = pgoutput.str_to_lsn(row[0])
-            self._conn.commit()
             self._load_tracked()
+            self._conn.commit()
             repl = psycopg2.connect(self.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
                                     application_name="pgtrickle-wal-decoder")
             cur = repl.cursor()
