@@ -9,10 +9,17 @@ from pgtrickle.cdc.modes import Move, SourceCapture, desired_move, wal_blocker
 from pgtrickle.cdc.wal import slot_name_for, widen_xid
 
 
-@given(full=st.integers(0, 2**60), ahead=st.integers(0, 2**31 - 1))
-def test_widen_xid_recovers_the_full_xid(full: int, ahead: int) -> None:
-    reference = full + ahead  # the reference is taken after the transaction: never older
+@given(full=st.integers(2**31, 2**60), offset=st.integers(-(2**31) + 1, 2**31 - 1))
+def test_widen_xid_recovers_the_full_xid(full: int, offset: int) -> None:
+    reference = full + offset  # usually after the transaction; just before it in a commit race
     assert widen_xid(full & 0xFFFFFFFF, reference) == full
+
+
+def test_widen_xid_when_the_reference_lags_the_commit() -> None:
+    # The snapshot's xmax (1291) does not yet cover the just-committed xid 1291.
+    assert widen_xid(1291, 1291) == 1291
+    assert widen_xid(1295, 1291) == 1295
+    assert widen_xid(5, (7 << 32) | 0xFFFFFFF0) == (8 << 32) | 5  # ... across an epoch boundary
 
 
 def test_widen_xid_across_an_epoch_boundary() -> None:

@@ -57,16 +57,17 @@ def slot_name_for(dbname: str) -> str:
 
 
 def widen_xid(xid32: int, reference_xid8: int) -> int:
-    """The xid8 of a recent 32-bit xid, given any xid8 at or after it (pure).
+    """The xid8 of a recent 32-bit xid, given an xid8 taken around the same time (pure).
 
-    ``reference_xid8`` is taken after the transaction committed, so the full
-    xid is the largest value ≤ reference whose low 32 bits are ``xid32``.
+    Every live xid is within 2^31 of the next xid (PostgreSQL's wraparound
+    protection), so the answer is the value with these low 32 bits closest to
+    the reference. The reference may even be slightly *below* the xid: the
+    walsender can send a commit before the committing backend has left the
+    proc array, so a snapshot's xmax taken then does not cover it yet.
     """
-    epoch_base = reference_xid8 & ~0xFFFFFFFF
-    full = epoch_base | (xid32 & 0xFFFFFFFF)
-    if full > reference_xid8:
-        full -= 1 << 32
-    return full
+    base = (reference_xid8 & ~0xFFFFFFFF) | (xid32 & 0xFFFFFFFF)
+    candidates = [c for c in (base - (1 << 32), base, base + (1 << 32)) if c >= 0]
+    return min(candidates, key=lambda c: abs(c - reference_xid8))
 
 
 @dataclass
