@@ -728,8 +728,8 @@ def test_a_commit_decoded_before_its_backend_leaves_the_proc_array_keeps_its_xid
     stop = threading.Event()
     decoding = threading.Thread(target=lambda: decoder.run(stop), name="decoder", daemon=True)
     committing = threading.Thread(target=writer.commit, name="commit", daemon=True)
-    synchronous_standby("pgtrickle_test_nobody")
     try:
+        synchronous_standby("pgtrickle_test_nobody")  # commits wait for a standby that never comes
         older.execute("SELECT pg_current_xact_id()")  # an older transaction, still running
         txn = begin(writer)
         writer.execute("INSERT INTO src VALUES (2, 2)")
@@ -740,7 +740,8 @@ def test_a_commit_decoded_before_its_backend_leaves_the_proc_array_keeps_its_xid
         poll(lambda: waiting_for_standby("pgtrickle-wal-decoder"), "the decoder to write the change", 30)
     finally:
         synchronous_standby("")
-        committing.join(timeout=30)
+        if committing.is_alive():
+            committing.join(timeout=30)
         older.rollback()
         stop.set()
         if decoding.is_alive():
