@@ -317,6 +317,17 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT CASE WHEN octet_length(p_attname) <= 56 THEN p_attname ELSE 'col' || p_attnum END
 $$;
 
+CREATE OR REPLACE FUNCTION pgtrickle._drop_capture_triggers(p_relid oid)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    trg text;
+BEGIN
+    FOREACH trg IN ARRAY ARRAY['pgt_capture_ins', 'pgt_capture_upd', 'pgt_capture_del', 'pgt_capture_trunc'] LOOP
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', trg, p_relid::regclass);
+    END LOOP;
+END
+$$;
+
 -- (Re)generate the capture trigger function of a tracked table from the
 -- captured columns recorded in pgt_change_sources.
 CREATE OR REPLACE FUNCTION pgtrickle._build_capture(p_relid oid)
@@ -387,10 +398,7 @@ $f$ $b$,
     EXECUTE body;
 
     -- One trigger per event: transition tables need single-event triggers.
-    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'pgt_capture_ins', tbl);
-    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'pgt_capture_upd', tbl);
-    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'pgt_capture_del', tbl);
-    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'pgt_capture_trunc', tbl);
+    PERFORM pgtrickle._drop_capture_triggers(p_relid);
     EXECUTE format('CREATE TRIGGER pgt_capture_ins AFTER INSERT ON %s REFERENCING NEW TABLE AS __pgt_new '
                    'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
     EXECUTE format('CREATE TRIGGER pgt_capture_upd AFTER UPDATE ON %s REFERENCING OLD TABLE AS __pgt_old '
@@ -479,10 +487,7 @@ BEGIN
         PERFORM pgtrickle._stop_wal_capture(p_relid);
     END IF;
     IF src.source_kind = 'TABLE' AND EXISTS (SELECT 1 FROM pg_class WHERE oid = p_relid) THEN
-        EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_ins ON %s', p_relid::regclass);
-        EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_upd ON %s', p_relid::regclass);
-        EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_del ON %s', p_relid::regclass);
-        EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_trunc ON %s', p_relid::regclass);
+        PERFORM pgtrickle._drop_capture_triggers(p_relid);
     END IF;
     EXECUTE format('DROP FUNCTION IF EXISTS pgtrickle_changes.%I()', 'capture_' || p_relid);
     EXECUTE format('DROP TABLE IF EXISTS pgtrickle_changes.%I', src.buffer_name);
@@ -1014,10 +1019,7 @@ BEGIN
         EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p_relid::regclass);
     END IF;
     EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s', p_publication, p_relid::regclass);
-    EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_ins ON %s', p_relid::regclass);
-    EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_upd ON %s', p_relid::regclass);
-    EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_del ON %s', p_relid::regclass);
-    EXECUTE format('DROP TRIGGER IF EXISTS pgt_capture_trunc ON %s', p_relid::regclass);
+    PERFORM pgtrickle._drop_capture_triggers(p_relid);
     UPDATE pgtrickle.pgt_change_sources
        SET cdc_mode = 'wal', cdc_reason = p_reason, transitioned_at = now(),
            original_replica_identity = coalesce(original_replica_identity, v_identity)
