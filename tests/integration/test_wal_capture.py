@@ -191,3 +191,24 @@ def test_slot_lag_alert_is_sent_once(auto_db: Database) -> None:
     finally:
         listener.close()
         scheduler.close()
+
+
+def test_wal_capture_keeps_awkward_text_exactly(auto_db: Database) -> None:
+    scheduler = Scheduler(auto_db.settings, auto_db.dsn)
+    try:
+        scheduler.tick()
+        assert source_state(auto_db)[0] == "wal"
+        awkward = ["tab\there", "new\nline", "back\\slash\\N", "cr\rlf", "\\N", "", "ünïcødé ✓", "a\\tb"]
+        for i, text in enumerate(awkward):
+            auto_db.sql("INSERT INTO orders VALUES (%s, %s, 1, %s)", (900 + i, text, text))
+        auto_db.sql("INSERT INTO orders VALUES (999, NULL, NULL, NULL)")
+        wait_for_decoder(auto_db.conn, auto_db.dsn)
+        buffer = auto_db.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'")
+        rows = auto_db.sql(f"SELECT new_id, new_customer, new_note, new_amount FROM pgtrickle_changes.{buffer} "
+                           "WHERE new_id >= 900 ORDER BY new_id")
+        assert rows[:-1] == [(900 + i, t, t, 1) for i, t in enumerate(awkward)]
+        assert rows[-1] == (999, None, None, None)
+        refresh(auto_db)
+        assert_oracle(auto_db)
+    finally:
+        scheduler.close()
