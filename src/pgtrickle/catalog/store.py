@@ -86,8 +86,8 @@ class RefreshRequest:
     force: bool
 
 
-def load_stream_tables(conn: psycopg.Connection) -> dict[int, StreamTable]:
-    """Every stream table with its columns and sources."""
+def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dict[int, StreamTable]:
+    """Every stream table (or just ``only``) with its columns and sources."""
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
             """
@@ -100,8 +100,10 @@ def load_stream_tables(conn: psycopg.Connection) -> dict[int, StreamTable]:
                    s.frontier::text AS frontier_text,
                    coalesce(pgtrickle._normalized_query(s.def_view), s.normalized_query) AS current_query
               FROM pgtrickle.pgt_stream_tables s
+             WHERE %(only)s::bigint IS NULL OR s.pgt_id = %(only)s
              ORDER BY s.pgt_id
-            """
+            """,
+            {"only": only},
         ).fetchall()
         deps = cur.execute(
             """
@@ -114,8 +116,10 @@ def load_stream_tables(conn: psycopg.Connection) -> dict[int, StreamTable]:
                        AND a.attname <> '__pgt_row_id') AS column_types
               FROM pgtrickle.pgt_dependencies d
               JOIN pgtrickle.pgt_change_sources c USING (source_relid)
+             WHERE %(only)s::bigint IS NULL OR d.pgt_id = %(only)s
              ORDER BY d.pgt_id, c.source_schema, c.source_name
-            """
+            """,
+            {"only": only},
         ).fetchall()
     sources: dict[int, list[Source]] = {}
     for d in deps:

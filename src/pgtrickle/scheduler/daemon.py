@@ -187,7 +187,7 @@ class Scheduler:
             return
         try:
             # Re-read under the lock: another process may have refreshed it meanwhile.
-            fresh = load_stream_tables(self.conn).get(st.pgt_id)
+            fresh = load_stream_tables(self.conn, only=st.pgt_id).get(st.pgt_id)
             if fresh is None:
                 return
             initiated_by = ("MANUAL" if reason is DueReason.REQUESTED and fresh.frontier is not None
@@ -363,7 +363,7 @@ def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
                     f"stream table {sts[pgt_id].display} is being refreshed by another process; try again"
                 )
             try:
-                fresh = load_stream_tables(scheduler.conn)[pgt_id]
+                fresh = load_stream_tables(scheduler.conn, only=pgt_id)[pgt_id]
                 initiated_by = "INITIAL" if fresh.frontier is None else "MANUAL"
                 outcomes.append(scheduler.refresher.refresh(
                     fresh, initiated_by, requested.get(pgt_id, ()), record_no_data=True,
