@@ -161,8 +161,6 @@ BAD_CREATES = [
      psycopg.errors.InvalidParameterValue, "invalid schedule"),
     ("s", "SELECT id FROM orders", {"refresh_mode": "SOMETIMES"}, psycopg.errors.InvalidParameterValue,
      "invalid refresh_mode"),
-    ("s", "SELECT id FROM orders", {"refresh_mode": "DIFFERENTIAL"}, psycopg.errors.FeatureNotSupported,
-     "DIFFERENTIAL"),
     ("nosuchschema.s", "SELECT id FROM orders", {}, psycopg.errors.InvalidSchemaName, "does not exist"),
     ("a.b.c", "SELECT id FROM orders", {}, psycopg.errors.InvalidName, "schema.name"),
     ('"unterminated', "SELECT id FROM orders", {}, psycopg.errors.InvalidName, "invalid stream table name"),

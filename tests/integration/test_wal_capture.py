@@ -67,7 +67,7 @@ def test_auto_moves_to_wal_after_first_refresh_and_captures_exactly(auto_db: Dat
                                 f"FROM pgtrickle_changes.{buffer} WHERE new_customer = 'toast'")
         assert toast_row == [("toast", 5000, 5000)]
         outcomes = refresh(auto_db)
-        assert [o.action for o in outcomes] == [Action.FULL, Action.FULL]
+        assert [o.action for o in outcomes] == [Action.DIFFERENTIAL, Action.DIFFERENTIAL], outcomes
         assert_oracle(auto_db)
         [outcome] = refresh(auto_db, "per_customer")
         assert outcome.action is Action.NO_DATA

@@ -55,6 +55,8 @@ class StreamTable:
     last_error: str | None
     columns: tuple[Column, ...]
     sources: tuple[Source, ...] = field(default=())
+    diff_fallback_ratio: float | None = None
+    """Per-table override of the ``differential_fallback_ratio`` setting."""
 
     @property
     def qualified(self) -> str:
@@ -96,7 +98,7 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
                                      'type', format_type(a.atttypid, a.atttypmod)) ORDER BY a.attnum), '[]')
                       FROM pg_attribute a
                      WHERE a.attrelid = s.pgt_relid AND a.attnum > 0 AND NOT a.attisdropped
-                       AND a.attname <> '__pgt_row_id') AS cols,
+                       AND a.attname NOT LIKE '\\_\\_pgt\\_%%') AS cols,
                    s.frontier::text AS frontier_text,
                    coalesce(pgtrickle._normalized_query(s.def_view), s.normalized_query) AS current_query
               FROM pgtrickle.pgt_stream_tables s
@@ -113,7 +115,8 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
                                      format_type(a.atttypid, a.atttypmod)) ORDER BY a.attnum), '[]')
                       FROM pg_attribute a
                      WHERE a.attrelid = c.source_relid AND a.attnum > 0 AND NOT a.attisdropped
-                       AND a.attname <> '__pgt_row_id') AS column_types
+                       AND NOT (c.source_kind = 'STREAM_TABLE' AND a.attname LIKE '\\_\\_pgt\\_%%'))
+                   AS column_types
               FROM pgtrickle.pgt_dependencies d
               JOIN pgtrickle.pgt_change_sources c USING (source_relid)
              WHERE %(only)s::bigint IS NULL OR d.pgt_id = %(only)s
@@ -156,6 +159,7 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
             last_error=r["last_error"],
             columns=tuple(Column(c["name"], c["type"]) for c in r["cols"]),
             sources=tuple(sources.get(r["pgt_id"], ())),
+            diff_fallback_ratio=r.get("diff_fallback_ratio"),
         )
     return result
 

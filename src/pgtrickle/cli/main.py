@@ -323,6 +323,44 @@ def verify(
         raise typer.Exit(1)
 
 
+@app.command()
+def explain(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Stream table to explain.", show_default=False)],
+) -> None:
+    """Say which refresh mode a stream table gets (FULL or DIFFERENTIAL) and why.
+
+    Analyses the defining query now and records the result, so that
+    pgtrickle.explain_refresh_mode() in SQL shows it too.
+    """
+    from pgtrickle.catalog.store import load_stream_tables
+    from pgtrickle.dvm.analysis import analyze
+
+    def go() -> None:
+        with connect(_dsn(ctx)) as conn:
+            row = conn.execute("SELECT (pgtrickle._find_st(%s)).pgt_id", (name,)).fetchone()
+            st = load_stream_tables(conn, only=int(row[0]))[int(row[0])]  # type: ignore[index]
+            analysis = analyze(st.normalized_query)
+            if st.refresh_mode == "FULL":
+                mode, reason = "FULL", "refresh_mode is FULL"
+            elif analysis.differential:
+                mode, reason = "DIFFERENTIAL", analysis.reason
+            else:
+                mode = "FULL" if st.refresh_mode == "AUTO" else "ERROR"
+                reason = analysis.reason
+            if mode != "ERROR":
+                conn.execute(
+                    "UPDATE pgtrickle.pgt_stream_tables SET mode_effective = %s, mode_reason = %s,"
+                    " mode_analyzed_at = now() WHERE pgt_id = %s", (mode, reason, st.pgt_id))
+            console.print(f"{st.display}: refresh_mode {st.refresh_mode} → [bold]{mode}[/]", highlight=False)
+            console.print(f"  {reason}", highlight=False)
+            if mode == "ERROR":
+                console.print("  refresh_mode DIFFERENTIAL cannot run this query; use AUTO or FULL.",
+                              highlight=False)
+
+    _run(go)
+
+
 # ---------------------------------------------------------------- demo
 
 

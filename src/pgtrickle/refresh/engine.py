@@ -24,15 +24,19 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from pgtrickle.catalog.store import Source, StreamTable
+from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
 from pgtrickle.gates import breaker_gate
 from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError
-from pgtrickle.refresh.plan import Action, RefreshPlan, plan_refresh
+from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis, analyze, respect_sum_types
+from pgtrickle.dvm.layout import Layout, ensure_layout, plan_layout, state_types
+from pgtrickle.refresh import commit
+from pgtrickle.refresh.plan import DEFAULT_FALLBACK_RATIO, Action, ModeContext, RefreshPlan, plan_refresh
 from pgtrickle.spark import jdbc
+from pgtrickle.refresh.differential import finish_output
 from pgtrickle.sql.translate import translate_to_spark
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,8 @@ class Refresher:
         self.progress = progress or (lambda msg: None)
         self._spark_provider = spark_provider
         self._cancel_requested = False
+        self._analyses: dict[tuple[int, str], Analysis] = {}
+        self._layouts: dict[int, tuple] = {}
         self.conn = connect(dsn, application_name="pgtrickle-refresh")
 
     def close(self) -> None:
@@ -106,12 +112,18 @@ class Refresher:
         """
         started = time.monotonic()
         self._cancel_requested = False
-        plan = self._plan_and_maybe_skip(st, request_ids, initiated_by, record_no_data, force)
+        analysis, differential, layout, layout_changed = self._prepare(st, initiated_by)
+        mode = ModeContext(differential=differential, reason=analysis.reason,
+                           layout_changed=layout_changed)
+        plan = self._plan_and_maybe_skip(st, request_ids, initiated_by, record_no_data, force, mode)
         if plan.action in (Action.NO_DATA, Action.SKIP):
             return RefreshOutcome(st, plan.action, plan.reason, seconds=time.monotonic() - started)
         history_id = self._start_history(st, plan, initiated_by)
         try:
-            outcome = self._full_refresh(st, plan, history_id, request_ids)
+            if plan.action is Action.DIFFERENTIAL:
+                outcome = self._differential_or_fallback(st, plan, history_id, request_ids, analysis, layout)
+            else:
+                outcome = self._full_refresh(st, plan, history_id, request_ids, layout)
         except Exception as exc:
             message = _describe(exc)
             self._record_failure(st, history_id, message, fatal=isinstance(exc, UnsupportedQueryError))
@@ -121,16 +133,112 @@ class Refresher:
         outcome.seconds = time.monotonic() - started
         return outcome
 
+    # ------------------------------------------------------------- modes
+    def analysis(self, st: StreamTable) -> Analysis:
+        """The refresh-mode analysis of ``st``'s query (cached per query text)."""
+        key = (st.pgt_id, st.normalized_query)
+        cached = self._analyses.get(key)
+        if cached is None:
+            cached = analyze(st.normalized_query)
+            if isinstance(cached.shape, AggregateShape) and cached.shape.strategy == ALGEBRAIC:
+                cached = respect_sum_types(cached, state_types(self.conn, cached.shape))
+            self._analyses[key] = cached
+        return cached
+
+    def _prepare(self, st: StreamTable, initiated_by: str) -> tuple[Analysis, bool, Layout, bool]:
+        """Analyse the query, record the effective mode, and make the table's layout match it."""
+        analysis = self.analysis(st)
+        if st.refresh_mode == "DIFFERENTIAL" and not analysis.differential:
+            message = (f"refresh_mode DIFFERENTIAL is not possible for {st.display}: {analysis.reason}; "
+                       "use refresh_mode => 'AUTO' or 'FULL'")
+            self._record_mode(st, "FULL", message)
+            plan = RefreshPlan(Action.FULL, message, 0)
+            history_id = self._start_history(st, plan, initiated_by)
+            self._record_failure(st, history_id, message, fatal=True)
+            raise UnsupportedQueryError(message)
+        differential = analysis.differential and st.refresh_mode != "FULL"
+        self._record_mode(st, "DIFFERENTIAL" if differential else "FULL",
+                          analysis.reason if st.refresh_mode != "FULL" else "refresh_mode is FULL")
+        layout = plan_layout(st, analysis, differential)
+        key = (st.pgt_id, layout.query_sql, layout.columns, differential)
+        changed = False
+        if self._layouts.get(st.pgt_id) != key:
+            changed = ensure_layout(self.conn, st, layout)
+            self._layouts[st.pgt_id] = key
+        return analysis, differential, layout, changed
+
+    def _record_mode(self, st: StreamTable, mode: str, reason: str) -> None:
+        self.conn.execute(
+            """
+            UPDATE pgtrickle.pgt_stream_tables
+               SET mode_effective = %(m)s, mode_reason = %(r)s, mode_analyzed_at = now()
+             WHERE pgt_id = %(id)s
+               AND (mode_effective, mode_reason) IS DISTINCT FROM (%(m)s, %(r)s)
+            """,
+            {"m": mode, "r": reason, "id": st.pgt_id},
+        )
+
+    def _mode_figures(self, st: StreamTable, changes: int) -> tuple[float, float]:
+        """(rows of all sources, fallback ratio) for the adaptive fallback.
+
+        Planner statistics where the source has them; a source never analysed
+        (``reltuples`` = -1, common right after a bulk load) is counted, but
+        only up to the size that would keep this refresh differential.
+        """
+        setting = self.conn.execute(
+            "SELECT value::float8 FROM pgtrickle.pgt_settings WHERE name = 'differential_fallback_ratio'"
+        ).fetchone()
+        ratio = st.diff_fallback_ratio or (setting[0] if setting and setting[0] is not None
+                                           else DEFAULT_FALLBACK_RATIO)
+        enough = int(changes / ratio) + 1
+        total = 0.0
+        for source in st.sources:
+            row = self.conn.execute(
+                "SELECT reltuples, pg_stat_get_live_tuples(oid) FROM pg_class WHERE oid = %s", (source.relid,)
+            ).fetchone()
+            if row is None:
+                continue
+            if row[0] >= 0:
+                total += max(float(row[0]), float(row[1]))
+            else:
+                counted = self.conn.execute(sql.SQL("SELECT count(*) FROM (SELECT FROM {} LIMIT %s) s").format(
+                    sql.SQL(source.qualified)), (enough,)).fetchone()
+                total += float(counted[0]) if counted else 0.0
+        return total, float(ratio)
+
+    def _differential_or_fallback(self, st: StreamTable, plan: RefreshPlan, history_id: int,
+                                  request_ids: Sequence[int], analysis: Analysis, layout: Layout) -> RefreshOutcome:
+        from pgtrickle.refresh.differential import DifferentialRun, FallbackToFull
+
+        run = DifferentialRun(self, st, analysis, layout)
+        try:
+            inserted, deleted, delta_rows, spark_seconds = run.run(history_id, request_ids)
+        except FallbackToFull as why:
+            reason = f"differential refresh fell back to FULL: {why}"
+            log.warning("%s: %s", st.display, reason)
+            self.conn.execute(
+                "UPDATE pgtrickle.pgt_refresh_history SET action = 'FULL', was_full_fallback = true,"
+                " mode_reason = %s WHERE refresh_id = %s", (reason, history_id))
+            full_plan = RefreshPlan(Action.FULL, reason, plan.delta_rows, plan.delta_deletes, True)
+            return self._full_refresh(st, full_plan, history_id, request_ids, layout)
+        return RefreshOutcome(st, Action.DIFFERENTIAL, plan.reason, rows_inserted=inserted, rows_deleted=deleted,
+                              delta_rows=delta_rows, spark_seconds=spark_seconds, timings=run.timings)
+
     def _plan_and_maybe_skip(self, st: StreamTable, request_ids: Sequence[int], initiated_by: str,
-                             record_no_data: bool, force: bool = False) -> RefreshPlan:
+                             record_no_data: bool, force: bool = False,
+                             mode: ModeContext | None = None) -> RefreshPlan:
+        mode = mode or ModeContext()
         if st.frontier is None:
-            return plan_refresh(st.refresh_mode, None, st.needs_reinit, None)
+            return plan_refresh(st.refresh_mode, None, st.needs_reinit, None, mode)
         snapshot = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
         if any(s.kind == "TABLE" for s in st.sources) and self._wal_capture_set_up():
             wait_for_decoder(self.conn, self.dsn)
         with self.conn.transaction():
             pending = pending_changes(self.conn, st.sources, st.frontier, snapshot)
-            plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending)
+            if mode.differential and any(p.rows for p in pending):
+                source_rows, ratio = self._mode_figures(st, sum(p.rows for p in pending))
+                mode = ModeContext(mode.differential, mode.reason, source_rows, ratio, mode.layout_changed)
+            plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending, mode)
             if plan.action is not Action.NO_DATA and not force:
                 gate = breaker_gate.check(self.conn, st, pending, st.frontier, snapshot, initiated_by)
                 if gate.blocked:
@@ -175,10 +283,12 @@ class Refresher:
         row = self.conn.execute(
             """
             INSERT INTO pgtrickle.pgt_refresh_history
-                (pgt_id, action, status, initiated_by, delta_row_count, delta_deletes, mode_reason)
-            VALUES (%s, %s, 'RUNNING', %s, %s, %s, %s) RETURNING refresh_id
+                (pgt_id, action, status, initiated_by, delta_row_count, delta_deletes, mode_reason,
+                 was_full_fallback)
+            VALUES (%s, %s, 'RUNNING', %s, %s, %s, %s, %s) RETURNING refresh_id
             """,
-            (st.pgt_id, plan.action.value, initiated_by, plan.delta_rows, plan.delta_deletes, plan.reason),
+            (st.pgt_id, plan.action.value, initiated_by, plan.delta_rows, plan.delta_deletes, plan.reason,
+             plan.was_full_fallback),
         ).fetchone()
         assert row is not None
         return int(row[0])
@@ -206,7 +316,8 @@ class Refresher:
 
     # ---------------------------------------------------------- FULL path
     def _full_refresh(self, st: StreamTable, plan: RefreshPlan, history_id: int,
-                      request_ids: Sequence[int]) -> RefreshOutcome:
+                      request_ids: Sequence[int], layout: Layout | None = None) -> RefreshOutcome:
+        layout = layout or plan_layout(st, Analysis(False, ""), False)
         timings: dict[str, float] = {}
         t0 = time.monotonic()
         spark = self.spark
@@ -218,7 +329,7 @@ class Refresher:
             snap_id, snapshot, lsn = coord.execute(
                 "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
             ).fetchone()  # type: ignore[misc]
-            stats = _table_stats(coord, st.sources)
+            stats = jdbc.table_stats(coord, [s.relid for s in st.sources])
             self.progress(f"{st.display}: reading {len(st.sources)} source(s) at snapshot {snapshot}")
             table_map = {}
             for source in st.sources:
@@ -228,18 +339,18 @@ class Refresher:
                 df = jdbc.read_table(spark, self.target, source.qualified, snap_id,
                                      jdbc.ctid_predicates(stats[source.relid], parts))
                 if source.kind == "STREAM_TABLE":
-                    df = df.drop("__pgt_row_id")
+                    df = df.drop(*[c for c in df.columns if c.startswith("__pgt_")])
                 df.createOrReplaceTempView(view)
                 table_map[(source.schema, source.name)] = view
             column_types = {(s.schema, s.name): dict(s.column_types) for s in st.sources}
-            spark_sql = translate_to_spark(st.normalized_query, table_map, column_types)
+            spark_sql = translate_to_spark(layout.query_sql, table_map, column_types)
             result = spark.sql(spark_sql)
-            if len(result.columns) != len(st.columns):
+            if len(result.columns) != len(layout.columns):
                 raise RefreshError(
                     f"the query of {st.display} returns {len(result.columns)} columns on Spark but the "
-                    f"stream table has {len(st.columns)}"
+                    f"stream table has {len(layout.columns)}"
                 )
-            result = _prepare_output(result, st)
+            result = finish_output(result, len(layout.columns), layout.key_positions)
             estimate = sum(stats[s.relid].reltuples for s in st.sources)
             spark.sparkContext.setJobGroup(f"pgtrickle-{st.pgt_id}", f"refresh {st.display}", True)
             t1 = time.monotonic()
@@ -257,14 +368,14 @@ class Refresher:
                 else:
                     del head
                     self.progress(f"{st.display}: large result: writing it by JDBC into a staging table")
-                    self._create_staging(st, staging)
+                    self._create_staging(st, staging, layout)
                     jdbc.write_append(result, self.target, f'pgtrickle_changes."{staging}"')
             timings["spark_job"] = time.monotonic() - t1
             coord.rollback()
         self._check_cancel()
         t2 = time.monotonic()
         inserted, deleted = self._apply_full(st, plan, history_id, snapshot, lsn, rows, staging,
-                                             request_ids, timings["spark_job"])
+                                             request_ids, timings["spark_job"], layout)
         timings["apply"] = time.monotonic() - t2
         if rows is None:
             self.conn.execute(sql.SQL("DROP TABLE IF EXISTS pgtrickle_changes.{}").format(
@@ -273,9 +384,12 @@ class Refresher:
                               delta_rows=plan.delta_rows, spark_seconds=timings["spark_job"],
                               timings=timings)
 
-    def _create_staging(self, st: StreamTable, staging: str) -> None:
-        cols = [sql.SQL("{} {}").format(sql.Identifier(f"c{i}"), sql.SQL(c.type))
-                for i, c in enumerate(st.columns)]
+    def _create_staging(self, st: StreamTable, staging: str, layout: Layout) -> None:
+        types = dict(self.conn.execute(
+            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
+            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped", (st.relid,)).fetchall())
+        cols = [sql.SQL("{} {}").format(sql.Identifier(f"c{i}"), sql.SQL(types[c]))
+                for i, c in enumerate(layout.columns)]
         cols.append(sql.SQL("__pgt_row_id bigint"))
         self.conn.execute(sql.SQL("DROP TABLE IF EXISTS pgtrickle_changes.{}").format(sql.Identifier(staging)))
         self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE pgtrickle_changes.{} ({})").format(
@@ -283,24 +397,12 @@ class Refresher:
 
     def _apply_full(self, st: StreamTable, plan: RefreshPlan, history_id: int, snapshot: str, lsn: str,
                     rows: list[tuple] | None, staging: str, request_ids: Sequence[int],
-                    spark_seconds: float) -> tuple[int, int]:
+                    spark_seconds: float, layout: Layout) -> tuple[int, int]:
         target = sql.SQL("{}.{}").format(sql.Identifier(st.schema), sql.Identifier(st.name))
         col_list = sql.SQL(", ").join(
-            [sql.Identifier(c.name) for c in st.columns] + [sql.Identifier("__pgt_row_id")])
+            [sql.Identifier(c) for c in layout.columns] + [sql.Identifier("__pgt_row_id")])
         with self.conn.transaction():
-            self.conn.execute("SET LOCAL lock_timeout = '60s'")
-            self.conn.execute("SET LOCAL TimeZone = 'UTC'")
-            current = self.conn.execute(
-                "SELECT frontier::text FROM pgtrickle.pgt_stream_tables WHERE pgt_id = %s FOR UPDATE",
-                (st.pgt_id,),
-            ).fetchone()
-            if current is None:
-                raise RefreshError(f"stream table {st.display} was dropped during its refresh")
-            if current[0] != st.frontier:
-                raise RefreshError(
-                    f"stream table {st.display} was refreshed by another process meanwhile; "
-                    "this refresh is discarded"
-                )
+            commit.lock_for_apply(self.conn, st)
             deleted = self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(target)).fetchone()[0]  # type: ignore[index]
             self.conn.execute(sql.SQL("TRUNCATE {}").format(target))
             if rows is not None:
@@ -312,7 +414,7 @@ class Refresher:
                 inserted = len(rows)
             else:
                 source_cols = sql.SQL(", ").join(
-                    [sql.Identifier(f"c{i}") for i in range(len(st.columns))]
+                    [sql.Identifier(f"c{i}") for i in range(len(layout.columns))]
                     + [sql.Identifier("__pgt_row_id")])
                 cur = self.conn.execute(
                     sql.SQL("INSERT INTO {} ({}) SELECT {} FROM pgtrickle_changes.{}").format(
@@ -322,55 +424,29 @@ class Refresher:
             self.conn.execute(
                 sql.SQL("INSERT INTO pgtrickle_changes.{} (xid, action) VALUES (pg_current_xact_id(), 'T')")
                 .format(sql.Identifier(f"changes_{st.relid}")))
-            self.conn.execute(
-                """
-                UPDATE pgtrickle.pgt_stream_tables
-                   SET frontier = %(s)s::pg_snapshot, frontier_lsn = %(lsn)s::pg_lsn,
-                       data_timestamp = now(), last_refresh_at = now(), last_attempt_at = now(),
-                       needs_reinit = false, consecutive_errors = 0, last_error = NULL,
-                       status = CASE WHEN status IN ('INITIALIZING', 'ERROR') THEN 'ACTIVE' ELSE status END,
-                       updated_at = now()
-                 WHERE pgt_id = %(id)s
-                """,
-                {"s": snapshot, "lsn": lsn, "id": st.pgt_id},
-            )
-            self.conn.execute(
-                """
-                UPDATE pgtrickle.pgt_refresh_history
-                   SET status = 'COMPLETED', end_time = clock_timestamp(), rows_inserted = %s,
-                       rows_deleted = %s, frontier = %s::pg_snapshot, spark_seconds = %s
-                 WHERE refresh_id = %s
-                """,
-                (inserted, deleted, snapshot, spark_seconds, history_id),
-            )
-            if request_ids:
-                self.conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
-                                  (list(request_ids),))
+            if layout.finalize:
+                self.conn.execute(layout.finalize)
+            if layout.differential and layout.unique_keys:
+                self._guard_keys(st, layout)
+            commit.complete(self.conn, st, snapshot=snapshot, lsn=lsn, history_id=history_id,
+                            inserted=int(inserted), deleted=int(deleted), spark_seconds=spark_seconds,
+                            request_ids=request_ids)
         return int(inserted), int(deleted)
 
 
-def _table_stats(conn: psycopg.Connection, sources: tuple[Source, ...]) -> dict[int, jdbc.TableStats]:
-    rows = conn.execute(
-        "SELECT oid::bigint, greatest(reltuples, 0), relpages FROM pg_class WHERE oid = ANY(%s::oid[])",
-        ([s.relid for s in sources],),
-    ).fetchall()
-    return {int(r[0]): jdbc.TableStats(float(r[1]), int(r[2])) for r in rows}
-
-
-def _prepare_output(df, st: StreamTable):  # type: ignore[no-untyped-def]
-    """Name the result columns c0..cN, render timestamps with their offset, add the row identity."""
-    from pyspark.sql import functions as F  # noqa: N812
-    from pyspark.sql.types import TimestampType
-
-    named = df.toDF(*[f"c{i}" for i in range(len(df.columns))])
-    row_id = F.xxhash64(*[F.col(c) for c in named.columns]).alias("__pgt_row_id")
-    cols = []
-    for field_ in named.schema.fields:
-        if isinstance(field_.dataType, TimestampType):
-            cols.append(F.date_format(F.col(field_.name), "yyyy-MM-dd HH:mm:ss.SSSSSSXXX").alias(field_.name))
-        else:
-            cols.append(F.col(field_.name))
-    return named.select(*cols, row_id)
+    def _guard_keys(self, st: StreamTable, layout: Layout) -> None:
+        """A unique index on the group key: a delta that missed its group fails instead of duplicating it."""
+        keys = [layout.columns[i] for i in layout.key_positions]
+        if not keys:
+            return
+        name = f"pgt_keys_{st.relid}"
+        try:
+            with self.conn.transaction():
+                self.conn.execute(sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {}.{} ({}) NULLS NOT DISTINCT").format(
+                    sql.Identifier(name), sql.Identifier(st.schema), sql.Identifier(st.name),
+                    sql.SQL(", ").join(sql.Identifier(k) for k in keys)))
+        except psycopg.Error as err:
+            log.info("%s: no unique index on the group key (%s)", st.display, err)
 
 
 def _describe(exc: BaseException) -> str:

@@ -8,6 +8,8 @@ from enum import Enum
 
 from pgtrickle.cdc.buffers import PendingChanges
 
+DEFAULT_FALLBACK_RATIO = 0.15
+
 
 class Action(str, Enum):
     FULL = "FULL"
@@ -22,14 +24,30 @@ class RefreshPlan:
     reason: str
     delta_rows: int
     delta_deletes: int = 0
+    was_full_fallback: bool = False
+
+
+@dataclass(frozen=True)
+class ModeContext:
+    """What the mode decision needs besides the pending changes."""
+
+    differential: bool = False
+    """The query has a delta rule for every operator (and refresh_mode allows it)."""
+    reason: str = "differential refresh is not available for this query"
+    source_rows: float = 0.0
+    """Rows of all sources (planner estimates)."""
+    fallback_ratio: float = DEFAULT_FALLBACK_RATIO
+    layout_changed: bool = False
+    """The table's hidden state columns were (re)built: its contents must be recomputed."""
 
 
 def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
-                 pending: Sequence[PendingChanges] | None) -> RefreshPlan:
+                 pending: Sequence[PendingChanges] | None, mode: ModeContext | None = None) -> RefreshPlan:
     """Decide how to bring a stream table up to date.
 
     ``pending`` is ``None`` when the stream table has no frontier yet.
     """
+    mode = mode or ModeContext()
     if frontier is None or pending is None:
         return RefreshPlan(Action.FULL, "initial population", 0)
     delta = sum(p.rows for p in pending)
@@ -43,6 +61,21 @@ def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
         return RefreshPlan(Action.FULL, f"source {names} was {kind}", delta, deletes)
     if delta == 0:
         return RefreshPlan(Action.NO_DATA, "no pending changes", 0)
+    if mode.layout_changed:
+        return RefreshPlan(Action.FULL, "the stream table's state columns were rebuilt", delta, deletes)
     if refresh_mode == "FULL":
         return RefreshPlan(Action.FULL, "refresh_mode is FULL", delta, deletes)
-    return RefreshPlan(Action.FULL, "differential refresh is not available in this version", delta, deletes)
+    if not mode.differential:
+        return RefreshPlan(Action.FULL, mode.reason, delta, deletes)
+    if fallback_needed(delta, mode.source_rows, mode.fallback_ratio):
+        return RefreshPlan(
+            Action.FULL,
+            f"{delta:,} pending changes exceed {mode.fallback_ratio:.0%} of the sources' "
+            f"~{int(mode.source_rows):,} rows (differential_fallback_ratio)",
+            delta, deletes, was_full_fallback=True)
+    return RefreshPlan(Action.DIFFERENTIAL, mode.reason, delta, deletes)
+
+
+def fallback_needed(changes: int, source_rows: float, ratio: float) -> bool:
+    """Adaptive fallback: are there so many changes that recomputing is cheaper?"""
+    return changes > ratio * max(source_rows, 1.0)

@@ -36,7 +36,7 @@ def verify(conn: psycopg.Connection, name: str) -> Verification:
     pgt_id, schema, table, relid = row
     cols = [r[0] for r in conn.execute(
         "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
-        " AND attname <> '__pgt_row_id' ORDER BY attnum", (relid,)).fetchall()]
+        " AND attname NOT LIKE '\\_\\_pgt\\_%%' ORDER BY attnum", (relid,)).fetchall()]
     col_list = sql.SQL(", ").join(sql.Identifier(c) for c in cols)
     st = sql.SQL("SELECT {} FROM {}.{}").format(col_list, sql.Identifier(schema), sql.Identifier(table))
     query = sql.SQL("SELECT {} FROM pgtrickle.{}").format(col_list, sql.Identifier(f"pgt_def_{pgt_id}"))

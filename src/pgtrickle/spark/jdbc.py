@@ -24,6 +24,15 @@ class TableStats:
     relpages: int
 
 
+def table_stats(conn, relids: list[int]) -> dict[int, TableStats]:  # type: ignore[no-untyped-def]
+    """Planner statistics of the given relations (psycopg connection)."""
+    rows = conn.execute(
+        "SELECT oid::bigint, greatest(reltuples, 0), relpages FROM pg_class WHERE oid = ANY(%s::oid[])",
+        (relids,),
+    ).fetchall()
+    return {int(r[0]): TableStats(float(r[1]), int(r[2])) for r in rows}
+
+
 def snapshot_init_statement(snapshot_id: str) -> str:
     if not snapshot_id.replace("-", "").isalnum():
         raise ValueError(f"not a snapshot id: {snapshot_id!r}")
@@ -97,4 +106,26 @@ def write_append(df, target: JdbcTarget, qualified_name: str, batch_size: int = 
         .option("driver", "org.postgresql.Driver")
         .mode("append")
         .save()
+    )
+
+
+def read_query(spark, target: JdbcTarget, query: str, snapshot_id: str | None,  # type: ignore[no-untyped-def]
+               fetch_size: int = 10_000):
+    """A DataFrame over the rows of a PostgreSQL query (one partition).
+
+    With ``snapshot_id`` the query runs at that exported snapshot; without,
+    at a fresh snapshot of its own (change-buffer reads filter their window
+    explicitly, so they need none).
+    """
+    props = dict(target.properties)
+    props.update({"driver": "org.postgresql.Driver", "fetchsize": str(fetch_size),
+                  "preferTimestampNTZ": "true"})
+    if snapshot_id is not None:
+        props["sessionInitStatement"] = snapshot_init_statement(snapshot_id)
+    return (
+        spark.read.format("jdbc")
+        .option("url", target.url)
+        .option("dbtable", f"({query}) AS pgt_q")
+        .options(**props)
+        .load()
     )

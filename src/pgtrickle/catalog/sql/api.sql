@@ -228,11 +228,6 @@ BEGIN
         RAISE EXCEPTION 'invalid refresh_mode %', coalesce(quote_literal(left(p_mode, 80)), 'NULL')
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Use ''AUTO'', ''FULL'' or ''DIFFERENTIAL''.';
     END IF;
-    IF m = 'DIFFERENTIAL' THEN
-        RAISE EXCEPTION 'refresh_mode ''DIFFERENTIAL'' is not available in this version of pgtrickle'
-            USING ERRCODE = 'feature_not_supported',
-                  HINT = 'Use ''AUTO'' (which refreshes FULL until differential refresh is available) or ''FULL''.';
-    END IF;
     RETURN m;
 END
 $$;
@@ -445,9 +440,6 @@ BEGIN
         RETURNING * INTO src;
         changed := p_kind = 'TABLE';
     END IF;
-    IF p_kind <> 'TABLE' THEN
-        RETURN;  -- stream tables are written by pgtrickle itself, which records their changes
-    END IF;
     v_want := ARRAY(SELECT DISTINCT unnest(p_columns || src.key_columns));
     v_cols := src.columns;
     FOR col IN
@@ -468,7 +460,10 @@ BEGIN
     END LOOP;
     IF changed THEN
         UPDATE pgtrickle.pgt_change_sources SET columns = v_cols WHERE source_relid = p_relid;
-        PERFORM pgtrickle._build_capture(p_relid);
+        -- Stream tables have no triggers: pgtrickle records their changes when it applies a refresh.
+        IF p_kind = 'TABLE' THEN
+            PERFORM pgtrickle._build_capture(p_relid);
+        END IF;
     END IF;
 END
 $$;
@@ -669,6 +664,8 @@ $$;
 COMMENT ON FUNCTION pgtrickle.create_stream_table(text, text, text, text, boolean) IS
 'Create a stream table: a table kept equal to the result of a query. schedule: duration (''30s'', ''1h30m''), cron, or ''calculated''; refresh_mode: AUTO | FULL | DIFFERENTIAL.';
 
+DROP FUNCTION IF EXISTS pgtrickle.alter_stream_table(text, text, text, text, text, bigint, double precision,
+                                                       double precision, integer, text);
 CREATE OR REPLACE FUNCTION pgtrickle.alter_stream_table(
     name text,
     schedule text DEFAULT NULL,
@@ -679,7 +676,8 @@ CREATE OR REPLACE FUNCTION pgtrickle.alter_stream_table(
     circuit_breaker_max_ratio double precision DEFAULT NULL,
     circuit_breaker_sensitivity double precision DEFAULT NULL,
     circuit_breaker_window integer DEFAULT NULL,
-    circuit_breaker_baseline text DEFAULT NULL)
+    circuit_breaker_baseline text DEFAULT NULL,
+    differential_fallback_ratio double precision DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
@@ -741,8 +739,15 @@ BEGIN
         RAISE EXCEPTION 'invalid circuit_breaker_baseline %', quote_literal(left(circuit_breaker_baseline, 80))
             USING ERRCODE = 'invalid_parameter_value', HINT = 'Use ''window'' or ''ewma''.';
     END IF;
+    IF differential_fallback_ratio IS NOT NULL
+       AND NOT (differential_fallback_ratio > 0 AND differential_fallback_ratio <= 1) THEN
+        RAISE EXCEPTION 'differential_fallback_ratio must be above 0 and at most 1 (pending changes per source row), got %',
+            differential_fallback_ratio USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'A DIFFERENTIAL refresh whose changes exceed this fraction of its sources'' rows runs FULL instead.';
+    END IF;
     UPDATE pgtrickle.pgt_stream_tables s
-       SET cb_mode = coalesce(v_cb, s.cb_mode),
+       SET diff_fallback_ratio = coalesce(differential_fallback_ratio, s.diff_fallback_ratio),
+           cb_mode = coalesce(v_cb, s.cb_mode),
            cb_ceiling = coalesce(circuit_breaker_ceiling, s.cb_ceiling),
            cb_max_ratio = coalesce(circuit_breaker_max_ratio, s.cb_max_ratio),
            cb_sensitivity = coalesce(circuit_breaker_sensitivity, s.cb_sensitivity),
@@ -853,14 +858,17 @@ RETURNS text LANGUAGE sql STABLE AS $$
                 ELSE p_mode END
 $$;
 
-CREATE OR REPLACE VIEW pgtrickle.stream_tables_info AS
+DROP VIEW IF EXISTS pgtrickle.stream_tables_info;
+CREATE VIEW pgtrickle.stream_tables_info AS
 SELECT s.pgt_id,
        pgtrickle._display_name(s.pgt_schema, s.pgt_name) AS name,
        s.pgt_schema AS schema_name,
        s.pgt_name AS table_name,
        s.status,
        s.refresh_mode,
-       CASE WHEN s.refresh_mode IN ('AUTO', 'FULL') THEN 'FULL' ELSE s.refresh_mode END AS effective_mode,
+       CASE WHEN s.refresh_mode = 'FULL' THEN 'FULL'
+            ELSE coalesce(s.mode_effective, s.refresh_mode) END AS effective_mode,
+       s.mode_reason,
        s.schedule,
        s.needs_reinit,
        s.last_refresh_at,
@@ -1293,3 +1301,33 @@ BEGIN
          ORDER BY q.source, q.action;
 END
 $$;
+
+-- ------------------------------------------------------------ refresh modes
+
+CREATE OR REPLACE FUNCTION pgtrickle.explain_refresh_mode(name text)
+RETURNS TABLE (configured_mode text, effective_mode text, reason text, analyzed_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_variable
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+BEGIN
+    st := pgtrickle._find_st(name);
+    configured_mode := st.refresh_mode;
+    analyzed_at := st.mode_analyzed_at;
+    IF st.refresh_mode = 'FULL' THEN
+        effective_mode := 'FULL';
+        reason := 'refresh_mode is FULL';
+    ELSIF st.mode_analyzed_at IS NULL THEN
+        effective_mode := NULL;
+        reason := 'not analysed yet: the query is analysed at the first refresh '
+                  '(or run: pgtrickle explain ' || pgtrickle._display_name(st.pgt_schema, st.pgt_name) || ')';
+    ELSE
+        effective_mode := st.mode_effective;
+        reason := st.mode_reason;
+    END IF;
+    RETURN NEXT;
+END
+$$;
+
+COMMENT ON FUNCTION pgtrickle.explain_refresh_mode(text) IS
+'Which refresh mode runs for a stream table (FULL or DIFFERENTIAL) and why, as analysed by the refresh engine.';

@@ -1,0 +1,106 @@
+"""The physical layout a stream table needs for its refresh mode: hidden columns, row identity, indexes.
+
+:func:`plan_layout` is pure; :func:`ensure_layout` makes the table match
+(adding or dropping hidden ``__pgt_*`` state columns, creating the index on
+``__pgt_row_id``) and says whether the contents must be recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from pgtrickle.catalog.store import StreamTable
+from pgtrickle.dvm import aggregate as agg_rules
+from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis
+
+
+@dataclass(frozen=True)
+class Layout:
+    query_sql: str
+    """What a FULL refresh computes: the defining query, or the state query with hidden columns."""
+    columns: tuple[str, ...]
+    """Stored columns in the order ``query_sql`` returns them (``__pgt_row_id`` aside)."""
+    hidden: tuple[str, ...]
+    key_positions: tuple[int, ...]
+    """Positions in ``columns`` hashed into ``__pgt_row_id``."""
+    differential: bool
+    unique_keys: bool = False
+    """One row per key (groups, DISTINCT): a unique index on the key guards the merge."""
+    finalize: str = ""
+    """SQL run after a FULL refresh: aggregate outputs recomputed from the exact state columns."""
+
+
+def plan_layout(st: StreamTable, analysis: Analysis, differential: bool) -> Layout:
+    visible = tuple(c.name for c in st.columns)
+    shape = analysis.shape
+    if not differential or not isinstance(shape, AggregateShape):
+        return Layout(st.normalized_query, visible, (), tuple(range(len(visible))), differential)
+    hidden = shape.hidden_columns()
+    columns = visible + hidden
+    positions = tuple(columns.index(k.column) for k in shape.keys)
+    finalize = ""
+    if shape.strategy == ALGEBRAIC:
+        finalize = agg_rules.finalize_statement(shape, st.qualified, visible)
+    return Layout(agg_rules.state_query(shape).sql("postgres"), columns, hidden, positions, differential,
+                  unique_keys=shape.distinct_source != "WINDOW" and bool(shape.keys), finalize=finalize)
+
+
+def _index_name(st: StreamTable, kind: str) -> str:
+    return f"pgt_{kind}_{st.relid}"
+
+
+def ensure_layout(conn: psycopg.Connection, st: StreamTable, layout: Layout) -> bool:
+    """Make the table match ``layout``; True when its contents must be recomputed (FULL)."""
+    existing = dict(conn.execute(
+        "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s"
+        " AND attnum > 0 AND NOT attisdropped AND attname LIKE '\\_\\_pgt\\_%%' AND attname <> '__pgt_row_id'",
+        (st.relid,)).fetchall())
+    wanted: dict[str, str] = {}
+    if layout.hidden:
+        wanted = _probe_types(conn, layout)
+    table = sql.SQL("{}.{}").format(sql.Identifier(st.schema), sql.Identifier(st.name))
+    changed = False
+    with conn.transaction():
+        for name, typ in existing.items():
+            if wanted.get(name) != typ:
+                conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(table, sql.Identifier(name)))
+                changed = True
+        for name in layout.hidden:
+            if existing.get(name) != wanted[name]:
+                conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+                    table, sql.Identifier(name), sql.SQL(wanted[name])))
+                changed = True
+        row_index = sql.Identifier(st.schema, _index_name(st, "rowid"))
+        key_index = sql.Identifier(st.schema, _index_name(st, "keys"))
+        if layout.differential:
+            conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (__pgt_row_id)").format(
+                sql.Identifier(_index_name(st, "rowid")), table))
+        else:
+            conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(row_index))
+        if changed:
+            conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(key_index))
+    return changed
+
+
+def state_types(conn: psycopg.Connection, shape: AggregateShape) -> dict[str, str]:
+    """PostgreSQL's types of an aggregate's hidden state columns."""
+    probe = Layout(agg_rules.state_query(shape).sql("postgres"), (), shape.hidden_columns(), (), True)
+    return _probe_types(conn, probe)
+
+
+def _probe_types(conn: psycopg.Connection, layout: Layout) -> dict[str, str]:
+    """PostgreSQL's types of the hidden columns, from a temporary view of the state query."""
+    with conn.transaction():
+        conn.execute("SET LOCAL search_path = pg_catalog, pg_temp")
+        conn.execute("DROP VIEW IF EXISTS pg_temp.__pgt_probe")
+        conn.execute(sql.SQL("CREATE TEMP VIEW __pgt_probe AS {}").format(sql.SQL(layout.query_sql)))
+        rows = conn.execute(
+            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
+            " WHERE attrelid = 'pg_temp.__pgt_probe'::regclass AND attnum > 0"
+        ).fetchall()
+        conn.execute("DROP VIEW pg_temp.__pgt_probe")
+    types = dict(rows)
+    return {name: types[name] for name in layout.hidden}

@@ -1,0 +1,217 @@
+"""Delta rule for queries partitioned by one join key: outer joins, EXISTS, IN.
+
+When every table occurrence of a query is tied to the others by equalities
+on one key (``a.id = b.a_id`` in a LEFT JOIN, ``b.k = a.k`` in an EXISTS
+subquery, ``a.g IN (SELECT c.g …)``), each result row depends only on source
+rows with the same key value. The change of the result is then
+
+    ΔQ = Q(state after | K) − Q(state before | K)
+
+where K is the set of keys the changes touch, "state after | K" is read from
+PostgreSQL at the refresh snapshot with ``key = ANY(K)`` pushed down, and
+"state before | K" is that minus the delta (Z-set subtraction). This handles
+the non-linear operators the linear rule cannot (LEFT / RIGHT / FULL JOIN,
+EXISTS, NOT EXISTS, IN), and a GROUP BY or DISTINCT on top as long as the
+key is grouped / output.
+
+NOT IN is excluded: a NULL anywhere in the subquery empties the result for
+every key. Pure: sqlglot trees only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from sqlglot import exp
+
+from pgtrickle.dvm.linear import OCC_SCHEMA, NotDifferentiable, Occurrence
+
+
+@dataclass(frozen=True)
+class KeyedOccurrence:
+    occurrence: Occurrence
+    key_column: str
+
+
+@dataclass(frozen=True)
+class PartitionedShape:
+    query: exp.Query
+    """The query with every table renamed to ``pgt_occ.o<i>`` (aliased as before)."""
+    occurrences: tuple[KeyedOccurrence, ...]
+
+
+def _strip(node: exp.Expr) -> exp.Expr:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return node
+
+
+def _conjuncts(node: exp.Expr | None) -> Iterator[exp.Expr]:
+    if node is None:
+        return
+    node = _strip(node)
+    if isinstance(node, exp.And):
+        yield from _conjuncts(node.this)
+        yield from _conjuncts(node.expression)
+    else:
+        yield node
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[tuple[str, str], tuple[str, str]] = {}
+
+    def find(self, x: tuple[str, str]) -> tuple[str, str]:
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a: tuple[str, str], b: tuple[str, str]) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+def _column_key(node: exp.Expr) -> tuple[str, str] | None:
+    node = _strip(node)
+    if isinstance(node, exp.Column) and node.table:
+        return (node.table, node.name)
+    return None
+
+
+def _selects(select: exp.Select) -> Iterator[exp.Select]:
+    """``select`` and the SELECTs of its EXISTS / IN subqueries (checked to be simple)."""
+    yield select
+    for conjunct in _conjuncts(select.args["where"].this if select.args.get("where") else None):
+        inner = _subquery_of(conjunct)
+        if inner is not None:
+            yield from _selects(inner)
+
+
+def _subquery_of(conjunct: exp.Expr) -> exp.Select | None:
+    node = _strip(conjunct)
+    if isinstance(node, exp.Not):
+        node = _strip(node.this)
+        if isinstance(node, exp.In):
+            raise NotDifferentiable("NOT IN (subquery)")
+    if isinstance(node, exp.Exists):
+        inner = node.this
+    elif isinstance(node, exp.In) and node.args.get("query") is not None:
+        inner = node.args["query"]
+        inner = inner.this if isinstance(inner, exp.Subquery) else inner
+    else:
+        return None
+    if not isinstance(inner, exp.Select):
+        raise NotDifferentiable("a set operation inside EXISTS / IN")
+    return inner
+
+
+def analyze_partitioned(select: exp.Select) -> PartitionedShape:
+    """Raise NotDifferentiable unless the whole query is partitioned by one join key."""
+    select = select.copy()
+    if select.args.get("limit") or select.args.get("offset"):
+        raise NotDifferentiable("ORDER BY ... LIMIT (top-k)")
+    if any(node.find(exp.Window) for node in select.expressions):
+        raise NotDifferentiable("window functions with outer joins or subqueries")
+    uf = _UnionFind()
+    aliases: dict[str, exp.Table] = {}
+    for part in _selects(select):
+        _qualify_single_table(part)
+    for part in _selects(select):
+        for node in part.find_all(exp.Subquery):
+            if node.alias and node.find_ancestor(exp.Select) is part:
+                raise NotDifferentiable("a derived table next to an outer join or subquery")
+        for table in _own_tables(part):
+            if not table.text("db"):
+                raise NotDifferentiable(f"a reference to {table.name} that is not a table")
+            alias = table.alias or table.name
+            if alias in aliases:
+                raise NotDifferentiable(f"the alias {alias} used twice")
+            aliases[alias] = table
+        conditions = [j.args["on"] for j in _joins(part) if j.args.get("on") is not None]
+        if any(j.args.get("using") for j in _joins(part)):
+            raise NotDifferentiable("JOIN ... USING next to an outer join")
+        if part.args.get("where") is not None:
+            conditions.append(part.args["where"].this)
+        for condition in conditions:
+            for conjunct in _conjuncts(condition):
+                node = _strip(conjunct)
+                if isinstance(node, exp.EQ):
+                    left, right = _column_key(node.this), _column_key(node.expression)
+                    if left and right and left[0] != right[0]:
+                        uf.union(left, right)
+                elif isinstance(node, exp.In) and node.args.get("query") is not None:
+                    inner = node.args["query"]
+                    inner = inner.this if isinstance(inner, exp.Subquery) else inner
+                    outer = _column_key(node.this)
+                    projected = _column_key(inner.expressions[0]) if len(inner.expressions) == 1 else None
+                    if outer and projected:
+                        uf.union(outer, projected)
+        for node in [*part.expressions, *conditions]:
+            for sub in node.find_all(exp.Subquery):
+                if sub.find_ancestor(exp.Exists, exp.In) is None and not sub.alias:
+                    raise NotDifferentiable("a scalar subquery")
+    if not aliases:
+        raise NotDifferentiable("a query without tables")
+    classes: dict[tuple[str, str], dict[str, str]] = {}
+    for alias, column in list(uf.parent):
+        root = uf.find((alias, column))
+        classes.setdefault(root, {}).setdefault(alias, column)
+    chosen = next((members for members in classes.values() if set(members) == set(aliases)), None)
+    if chosen is None:
+        raise NotDifferentiable("an outer join or subquery whose tables are not all joined on one key")
+    _check_top(select, chosen)
+    occurrences = []
+    for index, (alias, table) in enumerate(sorted(aliases.items(), key=lambda kv: _position(kv[1]))):
+        occurrences.append(KeyedOccurrence(Occurrence(index, table.text("db"), table.name, alias), chosen[alias]))
+        if not table.alias:
+            table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name, quoted=table.this.quoted)))
+        table.set("this", exp.to_identifier(f"o{index}"))
+        table.set("db", exp.to_identifier(OCC_SCHEMA))
+    select.set("order", None)
+    return PartitionedShape(select, tuple(occurrences))
+
+
+def _qualify_single_table(select: exp.Select) -> None:
+    """PostgreSQL leaves columns of a one-table SELECT unqualified: qualify them with its alias."""
+    tables = list(_own_tables(select))
+    if len(tables) != 1:
+        return
+    alias = tables[0].alias or tables[0].name
+    for column in select.find_all(exp.Column):
+        if not column.table and column.find_ancestor(exp.Select) is select:
+            column.set("table", exp.to_identifier(alias, quoted=True))
+
+
+def _position(table: exp.Table) -> int:
+    start = table.this.meta.get("start")
+    return start if isinstance(start, int) else 0
+
+
+def _joins(select: exp.Select) -> Iterator[exp.Join]:
+    for join in select.find_all(exp.Join):
+        if join.find_ancestor(exp.Select) is select:
+            yield join
+
+
+def _own_tables(select: exp.Select) -> Iterator[exp.Table]:
+    for table in select.find_all(exp.Table):
+        owner = table.find_ancestor(exp.Select)
+        if owner is select and not isinstance(table.parent, exp.Lock):
+            yield table
+
+
+def _check_top(select: exp.Select, key_columns: dict[str, str]) -> None:
+    """A GROUP BY must group by the key, a DISTINCT must output it (else groups mix keys)."""
+    keys = {(alias, column) for alias, column in key_columns.items()}
+    group = select.args.get("group")
+    has_agg = any(node.find(exp.AggFunc) for node in select.expressions)
+    if group is not None or has_agg:
+        group_keys = {_column_key(g) for g in (group.expressions if group is not None else [])}
+        if not group_keys & keys:
+            raise NotDifferentiable("a GROUP BY without the join key next to an outer join or subquery")
+    if select.args.get("distinct"):
+        outputs = {_column_key(node.this if isinstance(node, exp.Alias) else node) for node in select.expressions}
+        if not outputs & keys:
+            raise NotDifferentiable("a DISTINCT without the join key next to an outer join or subquery")

@@ -1,0 +1,60 @@
+"""The start and end of every apply transaction (FULL and DIFFERENTIAL alike).
+
+Both run inside the caller's transaction: :func:`lock_for_apply` first (it
+refuses when another process refreshed meanwhile), the data changes, then
+:func:`complete` — so contents, frontier, history row and consumed requests
+commit together (DESIGN.md invariant 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+
+from pgtrickle.catalog.store import StreamTable
+from pgtrickle.errors import RefreshError
+
+
+def lock_for_apply(conn: psycopg.Connection, st: StreamTable) -> None:
+    """Lock the catalog row; fail if the frontier moved since this refresh started."""
+    conn.execute("SET LOCAL lock_timeout = '60s'")
+    conn.execute("SET LOCAL TimeZone = 'UTC'")
+    current = conn.execute(
+        "SELECT frontier::text FROM pgtrickle.pgt_stream_tables WHERE pgt_id = %s FOR UPDATE",
+        (st.pgt_id,),
+    ).fetchone()
+    if current is None:
+        raise RefreshError(f"stream table {st.display} was dropped during its refresh")
+    if current[0] != st.frontier:
+        raise RefreshError(
+            f"stream table {st.display} was refreshed by another process meanwhile; this refresh is discarded")
+
+
+def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: str, history_id: int,
+             inserted: int, deleted: int, spark_seconds: float, request_ids: Sequence[int]) -> None:
+    """Advance the frontier, mark the table healthy, complete the history row, consume requests."""
+    conn.execute(
+        """
+        UPDATE pgtrickle.pgt_stream_tables
+           SET frontier = %(s)s::pg_snapshot, frontier_lsn = %(lsn)s::pg_lsn,
+               data_timestamp = now(), last_refresh_at = now(), last_attempt_at = now(),
+               needs_reinit = false, consecutive_errors = 0, last_error = NULL,
+               status = CASE WHEN status IN ('INITIALIZING', 'ERROR') THEN 'ACTIVE' ELSE status END,
+               updated_at = now()
+         WHERE pgt_id = %(id)s
+        """,
+        {"s": snapshot, "lsn": lsn, "id": st.pgt_id},
+    )
+    conn.execute(
+        """
+        UPDATE pgtrickle.pgt_refresh_history
+           SET status = 'COMPLETED', end_time = clock_timestamp(), rows_inserted = %s,
+               rows_deleted = %s, frontier = %s::pg_snapshot, spark_seconds = %s
+         WHERE refresh_id = %s
+        """,
+        (inserted, deleted, snapshot, spark_seconds, history_id),
+    )
+    if request_ids:
+        conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
+                     (list(request_ids),))

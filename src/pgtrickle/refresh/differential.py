@@ -1,0 +1,768 @@
+"""DIFFERENTIAL refresh: compute the change of the result on Spark, merge it in PostgreSQL.
+
+1. A coordinator transaction exports snapshot S2; with WAL capture the
+   decoder is waited for until it has passed S2. The window (frontier, S2]
+   is counted again (the plan's counts are from an earlier snapshot).
+2. Spark views: for every changed source its *delta* (the buffer rows of the
+   window as a Z-set: new values weighted +1, old values −1, read at a fresh
+   snapshot with the window as an explicit predicate), and for every other
+   table occurrence its *state after* the window (read at S2). When an
+   occurrence is equi-joined to a changed one and is large, only the rows
+   with the keys the delta holds are read (the predicate runs in
+   PostgreSQL).
+3. One Spark job evaluates the delta query (:mod:`pgtrickle.dvm.linear`):
+   consolidated rows with net weights for a linear query, per-group state
+   changes for an aggregate. A rescan aggregate (MIN/MAX, HAVING, …) runs a
+   second job recomputing only the groups the first one found.
+4. One PostgreSQL transaction merges the delta (explicit DELETE / UPDATE /
+   INSERT), records it in the stream table's own change buffer for
+   downstream stream tables, advances the frontier and completes the history
+   row. A delta that does not match the table (it never should) aborts the
+   transaction and the engine refreshes in full instead.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from pgtrickle.catalog.store import Source, StreamTable, quote_ident
+from pgtrickle.cdc.buffers import PendingChanges, pending_changes
+from pgtrickle.cdc.wal import wait_for_decoder
+from pgtrickle.db.connection import connect
+from pgtrickle.dvm import aggregate as agg_rules
+from pgtrickle.dvm.aggregate import DELTA_TABLE, KEYS_TABLE, ROW_ID
+from pgtrickle.dvm.analysis import COUNT_COLUMN, RESCAN, AggregateShape, Analysis, LinearShape
+from pgtrickle.dvm.apply import linear_statements
+from pgtrickle.dvm.layout import Layout
+from pgtrickle.dvm.partitioned import PartitionedShape
+from pgtrickle.dvm.linear import (
+    WEIGHT,
+    NotDifferentiable,
+    Weighted,
+    bind_views,
+    equi_links,
+    term_query,
+    terms,
+    weighted,
+)
+from pgtrickle.errors import PgTrickleError
+from pgtrickle.refresh import commit
+from pgtrickle.spark import jdbc
+from pgtrickle.sql.translate import translate_to_spark
+
+PUSHDOWN_MIN_ROWS = 10_000
+"""Tables smaller than this are read whole: a key filter would not pay for itself."""
+PUSHDOWN_MAX_KEYS = 100_000
+COPY_MAX_ROWS = 200_000
+"""Deltas up to this many rows are collected and COPYed; larger ones go by partitioned JDBC."""
+
+
+class FallbackToFull(PgTrickleError):
+    """This refresh cannot run differentially; the message says why (it runs FULL instead)."""
+
+
+def should_push_down(table_rows: float, key_count: int) -> bool:
+    """Read only the rows matching the delta's keys? (pure)"""
+    return table_rows >= PUSHDOWN_MIN_ROWS and key_count <= PUSHDOWN_MAX_KEYS and key_count * 4 < table_rows
+
+
+def window_predicate(frontier: str, upto: str) -> sql.Composed:
+    return sql.SQL(
+        "xid >= pg_snapshot_xmin({f}::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, {f}::pg_snapshot)"
+        " AND pg_visible_in_snapshot(xid, {u}::pg_snapshot)"
+    ).format(f=sql.Literal(frontier), u=sql.Literal(upto))
+
+
+@dataclass
+class Staged:
+    """A delta written by Spark into an unlogged staging table."""
+
+    table: str
+    columns: list[str]
+
+
+@dataclass
+class DeltaResult:
+    rows: list[tuple] | Staged
+    keys: list[tuple] = field(default_factory=list)
+    delta_rows: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class AppliedDelta:
+    inserted: int
+    deleted: int
+    snapshot: str
+    lsn: str
+
+
+class DifferentialRun:
+    """One differential refresh of one stream table (used by the engine)."""
+
+    def __init__(self, refresher, st: StreamTable, analysis: Analysis, layout: Layout) -> None:  # type: ignore[no-untyped-def]
+        self.r = refresher
+        self.st = st
+        self.analysis = analysis
+        self.layout = layout
+        self.conn: psycopg.Connection = refresher.conn
+        self.prefix = f"pgt_{st.pgt_id}_"
+        self.timings: dict[str, float] = {}
+
+    # ---------------------------------------------------------------- main
+    def run(self, history_id: int, request_ids: Sequence[int]) -> tuple[int, int, int, float]:
+        """Returns (inserted, deleted, delta rows, spark seconds)."""
+        st = self.st
+        with connect(self.r.dsn, autocommit=False, application_name="pgtrickle-coordinator") as coord:
+            coord.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            snap_id, snapshot, lsn = coord.execute(
+                "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
+            ).fetchone()  # type: ignore[misc]
+            if any(s.kind == "TABLE" and s.cdc_mode == "wal" for s in st.sources) or self.r._wal_capture_set_up():  # noqa: SLF001
+                wait_for_decoder(self.conn, self.r.dsn)
+            assert st.frontier is not None
+            pending = pending_changes(self.conn, st.sources, st.frontier, snapshot)
+            truncated = [p.source for p in pending if p.truncated]
+            if truncated:
+                raise FallbackToFull(f"source {truncated[0].schema}.{truncated[0].name} was truncated or refreshed in full")
+            changed = {p.source.relid: p for p in pending if p.rows > 0}
+            t0 = time.monotonic()
+            if changed:
+                result = self._compute(coord, snap_id, snapshot, changed)
+            else:
+                result = DeltaResult([])
+            spark_seconds = time.monotonic() - t0
+            coord.rollback()
+        self.r._check_cancel()  # noqa: SLF001
+        t1 = time.monotonic()
+        try:
+            inserted, deleted = self._apply(result, history_id, snapshot, lsn, request_ids, spark_seconds)
+        finally:
+            self._drop_staging(result)
+        self.timings["apply"] = time.monotonic() - t1
+        self.timings["spark_job"] = spark_seconds
+        return inserted, deleted, sum(p.rows for p in changed.values()), spark_seconds
+
+    # ------------------------------------------------------------- spark
+    def _compute(self, coord: psycopg.Connection, snap_id: str, snapshot: str,
+                 changed: dict[int, PendingChanges]) -> DeltaResult:
+        spark = self.r.spark
+        spark.sparkContext.setJobGroup(f"pgtrickle-{self.st.pgt_id}", f"refresh {self.st.display}", True)
+        self._snap_id, self._snapshot = snap_id, snapshot
+        self._stats = jdbc.table_stats(coord, [s.relid for s in self.st.sources])
+        self._buffer_cols = _buffer_columns(self.conn, [s.relid for s in self.st.sources])
+        self._views: dict[tuple, str] = {}
+        self._column_types: dict[tuple[str, str], dict[str, str]] = {}
+        shape = self.analysis.shape
+        total = sum(p.rows for p in changed.values())
+        partitions = max(1, min(spark.sparkContext.defaultParallelism, 1 + total // 50_000))
+        # Size the shuffle to the delta, not to the sources; small deltas skip AQE's re-planning.
+        tuned = {"spark.sql.shuffle.partitions": str(partitions),
+                 "spark.sql.adaptive.enabled": "false" if total < 100_000 else "true"}
+        saved = {key: spark.conf.get(key) for key in tuned}
+        for key, value in tuned.items():
+            spark.conf.set(key, value)
+        try:
+            if isinstance(shape, LinearShape):
+                return self._linear(shape, changed)
+            if isinstance(shape, PartitionedShape):
+                return self._partitioned(shape, changed)
+            assert isinstance(shape, AggregateShape)
+            if shape.strategy == RESCAN:
+                return self._rescan(shape, changed)
+            return self._algebraic(shape, changed)
+        finally:
+            for key, value in saved.items():
+                spark.conf.set(key, value)
+
+    def _source(self, schema: str, table: str) -> Source:
+        for source in self.st.sources:
+            if source.schema == schema and source.name == table:
+                return source
+        raise FallbackToFull(f"the query reads {schema}.{table}, which is not a recorded source")
+
+    def _delta_df(self, template: Weighted, changed: dict[int, PendingChanges]):  # type: ignore[no-untyped-def]
+        """Union of every inclusion–exclusion term, each weighted by its sign."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        occ_source = {o.index: self._source(o.schema, o.table) for o in template.occurrences}
+        changed_occ = {i for i, s in occ_source.items() if s.relid in changed}
+        links = equi_links(template)
+        try:
+            all_terms = terms(template, changed_occ)
+        except NotDifferentiable as err:
+            raise FallbackToFull(str(err)) from err
+        frames = []
+        for deltas, sign in all_terms:
+            views = {}
+            for index, source in occ_source.items():
+                if index in deltas:
+                    views[(index, True)] = self._delta_view(source)
+                else:
+                    views[(index, False)] = self._post_view(source, index, deltas, occ_source, links)
+            query = term_query(template, deltas, views)
+            if query is None:
+                continue
+            table_map = {("pgt_dvm", v): v for v in views.values()}
+            column_types = {("pgt_dvm", v): self._column_types[("pgt_dvm", v)] for v in views.values()}
+            spark_sql = translate_to_spark(query.sql("postgres"), table_map, column_types)
+            df = self.r.spark.sql(spark_sql)
+            if sign < 0:
+                df = df.withColumn(WEIGHT, -F.col(WEIGHT))
+            frames.append(df)
+        if not frames:
+            return None
+        result = frames[0]
+        for frame in frames[1:]:
+            result = result.unionAll(frame)
+        return result
+
+    def _delta_view(self, source: Source) -> str:
+        key = ("delta", source.relid)
+        if key in self._views:
+            return self._views[key]
+        name = f"{self.prefix}d_{source.relid}"
+        cols = self._columns_of(source)
+        available = self._buffer_cols.get(source.relid, {})
+        # A stream table created before its buffer carried columns (older catalog) has none.
+        missing = [c for c in source.columns_used if c not in available] if source.kind == "STREAM_TABLE" else []
+        if missing:
+            raise FallbackToFull(
+                f"the change buffer of {source.schema}.{source.name} does not carry column {missing[0]}")
+        buffer = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(source.buffer_name))
+        win = window_predicate(self.st.frontier or "", self._snapshot)
+
+        def side(prefix: str, weight: int, actions: str) -> sql.Composed:
+            select = [sql.SQL("{} AS {}").format(sql.Identifier(prefix + available[c]), sql.Identifier(c))
+                      for c in cols]
+            select.append(sql.SQL("{}::bigint AS {}").format(sql.Literal(weight), sql.Identifier(WEIGHT)))
+            return sql.SQL("SELECT {} FROM {} WHERE {} AND action IN ({})").format(
+                sql.SQL(", ").join(select), buffer, win, sql.SQL(actions))
+
+        query = sql.SQL("{} UNION ALL {}").format(side("new_", 1, "'I', 'U'"), side("old_", -1, "'D', 'U'"))
+        df = jdbc.read_query(self.r.spark, self.r.target, query.as_string(self.conn), None)
+        df.createOrReplaceTempView(name)
+        self._register(name, source, cols)
+        self._views[key] = name
+        return name
+
+    def _columns_of(self, source: Source) -> list[str]:
+        """The source's columns its change buffer carries (every column a stream table reads, by current name)."""
+        captured = self._buffer_cols.get(source.relid, {})
+        return [n for n, _ in source.column_types if n in captured]
+
+    def _register(self, name: str, source: Source, cols: list[str]) -> None:
+        types = dict(source.column_types)
+        mapping = {c: types[c] for c in cols if c in types}
+        mapping[WEIGHT] = "bigint"
+        self._column_types[("pgt_dvm", name)] = mapping
+
+    def _post_view(self, source: Source, index: int, deltas: frozenset[int],
+                   occ_source: dict[int, Source], links) -> str:  # type: ignore[no-untyped-def]
+        stats = self._stats[source.relid]
+        for link in links.get(index, []):
+            if link.other not in deltas:
+                continue
+            other = occ_source[link.other]
+            keys = self._delta_keys(other, link.other_column)
+            if keys is None or not should_push_down(stats.reltuples, len(keys)):
+                continue
+            key = ("post", source.relid, link.column, other.relid, link.other_column)
+            if key in self._views:
+                return self._views[key]
+            name = f"{self.prefix}p_{source.relid}_{len(self._views)}"
+            other_type = dict(other.column_types)[link.other_column]
+            literal = sql.Literal([k for k in keys]).as_string(self.conn)
+            query = (f"SELECT * FROM {source.qualified} WHERE {quote_ident(link.column)} = "
+                     f"ANY(CAST({literal} AS {other_type}[]))")
+            df = jdbc.read_query(self.r.spark, self.r.target, query, self._snap_id)
+            self.timings["key_filtered_reads"] = self.timings.get("key_filtered_reads", 0) + 1
+            self._finish_post(df, name, source)
+            self._views[key] = name
+            return name
+        key = ("post", source.relid)
+        if key in self._views:
+            return self._views[key]
+        name = f"{self.prefix}p_{source.relid}"
+        parts = jdbc.partition_count(stats, self.r.settings.jdbc_partition_rows,
+                                     self.r.spark.sparkContext.defaultParallelism)
+        df = jdbc.read_table(self.r.spark, self.r.target, source.qualified, self._snap_id,
+                             jdbc.ctid_predicates(stats, parts))
+        self.timings["whole_table_reads"] = self.timings.get("whole_table_reads", 0) + 1
+        self._finish_post(df, name, source)
+        self._views[key] = name
+        return name
+
+    def _finish_post(self, df, name: str, source: Source) -> None:  # type: ignore[no-untyped-def]
+        from pyspark.sql import functions as F  # noqa: N812
+
+        cols = self._columns_of(source)
+        df = df.select(*[F.col(spark_name(c)) for c in cols], F.lit(1).cast("bigint").alias(WEIGHT))
+        df.createOrReplaceTempView(name)
+        self._register(name, source, cols)
+
+    def _delta_keys(self, source: Source, column: str) -> list | None:
+        """Distinct non-null values of ``column`` in the window's changes of ``source`` (None: too many)."""
+        cache = self.__dict__.setdefault("_key_cache", {})
+        if (source.relid, column) in cache:
+            return cache[(source.relid, column)]
+        buf = self._buffer_cols.get(source.relid, {}).get(column)
+        if buf is None:
+            return None
+        win = window_predicate(self.st.frontier or "", self._snapshot)
+        rows = self.conn.execute(
+            sql.SQL(
+                "SELECT DISTINCT v FROM (SELECT {n} AS v FROM pgtrickle_changes.{b} WHERE {w} AND action IN ('I','U')"
+                " UNION ALL SELECT {o} FROM pgtrickle_changes.{b} WHERE {w} AND action IN ('D','U')) s"
+                " WHERE v IS NOT NULL LIMIT {lim}"
+            ).format(n=sql.Identifier("new_" + buf), o=sql.Identifier("old_" + buf),
+                     b=sql.Identifier(source.buffer_name), w=win, lim=sql.Literal(PUSHDOWN_MAX_KEYS + 1))
+        ).fetchall()
+        keys = None if len(rows) > PUSHDOWN_MAX_KEYS else [r[0] for r in rows]
+        cache[(source.relid, column)] = keys
+        return keys
+
+    # ------------------------------------------------------- shape rules
+    def _collect(self, df) -> list[tuple] | Staged:  # type: ignore[no-untyped-def]
+        """Small results come back to the driver (then COPY); large ones are written by JDBC."""
+        rows = df.limit(COPY_MAX_ROWS + 1).collect()
+        if len(rows) <= COPY_MAX_ROWS:
+            return [tuple(r) for r in rows]
+        del rows
+        return self._stage(df)
+
+    def _stage(self, df) -> Staged:  # type: ignore[no-untyped-def]
+        """Write a large delta by partitioned JDBC into an unlogged staging table."""
+        stored = self._stored_types()
+        name = f"delta_{self.st.pgt_id}"
+        table = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(name))
+        target_cols = self._target_columns(df.columns)
+        cols = [sql.SQL("{} {}").format(sql.Identifier(df_col), sql.SQL(stored.get(t, "bigint")))
+                for df_col, t in zip(df.columns, target_cols)]
+        self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+        self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, sql.SQL(", ").join(cols)))
+        self.r.progress(f"{self.st.display}: large delta: writing it by JDBC into a staging table")
+        jdbc.write_append(df, self.r.target, f'pgtrickle_changes."{name}"')
+        return Staged(f"pgtrickle_changes.{quote_ident(name)}", list(df.columns))
+
+    def _stored_types(self) -> dict[str, str]:
+        return dict(self.conn.execute(
+            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
+            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped", (self.st.relid,)).fetchall())
+
+    def _target_columns(self, df_columns: Sequence[str]) -> list[str]:
+        """The stream-table column each delta column (c0.., then named ones) stands for."""
+        shape = self.analysis.shape
+        if isinstance(shape, (LinearShape, PartitionedShape)):
+            data = [c.name for c in self.st.columns]
+        elif isinstance(shape, AggregateShape) and shape.strategy != RESCAN:
+            data = [k.column for k in shape.keys]
+        else:
+            data = list(self.layout.columns)
+        return [data[int(c[1:])] if c.startswith("c") and c[1:].isdigit() else c for c in df_columns]
+
+    def _linear(self, shape: LinearShape, changed: dict[int, PendingChanges]) -> DeltaResult:
+        from pyspark.sql import functions as F  # noqa: N812
+
+        template = weighted(shape.query)
+        delta = self._delta_df(template, changed)
+        if delta is None:
+            return DeltaResult([])
+        names = [f"c{i}" for i in range(len(delta.columns) - 1)]
+        if len(names) != len(self.st.columns):
+            raise FallbackToFull(f"the delta query has {len(names)} columns, the stream table {len(self.st.columns)}")
+        delta = delta.toDF(*names, WEIGHT)
+        consolidated = delta.groupBy(*names).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
+        out = finish_output(consolidated, len(names), list(range(len(names))))
+        return DeltaResult(self._collect(out))
+
+    def _partitioned(self, shape: PartitionedShape, changed: dict[int, PendingChanges]) -> DeltaResult:
+        """Q(state after | K) − Q(state before | K) over the join keys K the changes touch."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        keys: set = set()
+        with_null = False
+        for keyed in shape.occurrences:
+            source = self._source(keyed.occurrence.schema, keyed.occurrence.table)
+            if source.relid not in changed:
+                continue
+            found = self._delta_keys(source, keyed.key_column)
+            if found is None:
+                raise FallbackToFull(f"the changes touch more than {PUSHDOWN_MAX_KEYS:,} join keys")
+            keys.update(found)
+            with_null = with_null or self._delta_has_null(source, keyed.key_column)
+        if not keys and not with_null:
+            return DeltaResult([])
+        post_views: dict[int, str] = {}
+        pre_views: dict[int, str] = {}
+        for keyed in shape.occurrences:
+            index = keyed.occurrence.index
+            source = self._source(keyed.occurrence.schema, keyed.occurrence.table)
+            post, pre = self._keyed_states(source, keyed.key_column, sorted(keys), with_null,
+                                           source.relid in changed)
+            post_views[index] = post
+            pre_views[index] = pre
+        frames = []
+        for views, weight in ((post_views, 1), (pre_views, -1)):
+            query = bind_views(shape.query.copy(), views)
+            names = list(views.values())
+            spark_sql = translate_to_spark(query.sql("postgres"), {("pgt_dvm", v): v for v in names},
+                                           {("pgt_dvm", v): self._column_types[("pgt_dvm", v)] for v in names})
+            frames.append(self.r.spark.sql(spark_sql).withColumn(WEIGHT, F.lit(weight).cast("bigint")))
+        delta = frames[0].unionAll(frames[1])
+        names = [f"c{i}" for i in range(len(delta.columns) - 1)]
+        delta = delta.toDF(*names, WEIGHT)
+        consolidated = delta.groupBy(*names).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
+        return DeltaResult(self._collect(finish_output(consolidated, len(names), list(range(len(names))))))
+
+    def _keyed_states(self, source: Source, column: str, keys: list, with_null: bool,
+                      changed: bool) -> tuple[str, str]:
+        """Views of ``source`` restricted to the keys: after the window, and before it (after − delta)."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        cols = self._columns_of(source)
+        col_type = dict(source.column_types)[column]
+        literal = sql.Literal(keys).as_string(self.conn)
+        condition = f"{quote_ident(column)} = ANY(CAST({literal} AS {col_type}[]))"
+        if with_null:
+            condition = f"({condition} OR {quote_ident(column)} IS NULL)"
+        post_df = jdbc.read_query(self.r.spark, self.r.target,
+                                  f"SELECT * FROM {source.qualified} WHERE {condition}", self._snap_id)
+        post_df = post_df.select(*[F.col(spark_name(c)) for c in cols])
+        n = len(self._views)
+        post = f"{self.prefix}k_{source.relid}_{n}"
+        post_df.createOrReplaceTempView(post)
+        self._register(post, source, cols)
+        self._views[("keyed", source.relid, column, n)] = post
+        self.timings["key_filtered_reads"] = self.timings.get("key_filtered_reads", 0) + 1
+        if not changed:
+            return post, post
+        delta = self.r.spark.table(self._delta_view(source))
+        weighted_post = post_df.withColumn(WEIGHT, F.lit(1).cast("bigint"))
+        before = weighted_post.unionAll(delta.select(*[F.col(spark_name(c)) for c in cols],
+                                                     (-F.col(WEIGHT)).alias(WEIGHT)))
+        counted = before.groupBy(*[F.col(spark_name(c)) for c in cols]).agg(F.sum(WEIGHT).alias(WEIGHT))
+        exploded = counted.where(F.col(WEIGHT) > 0).select(
+            *[F.col(spark_name(c)) for c in cols],
+            F.explode(F.array_repeat(F.lit(1), F.col(WEIGHT).cast("int"))).alias("__pgt_copy"))
+        pre = f"{self.prefix}b_{source.relid}_{n}"
+        exploded.drop("__pgt_copy").createOrReplaceTempView(pre)
+        self._register(pre, source, cols)
+        return post, pre
+
+    def _delta_has_null(self, source: Source, column: str) -> bool:
+        buf = self._buffer_cols.get(source.relid, {}).get(column)
+        if buf is None:
+            return True
+        win = window_predicate(self.st.frontier or "", self._snapshot)
+        row = self.conn.execute(
+            sql.SQL("SELECT EXISTS (SELECT 1 FROM pgtrickle_changes.{b} WHERE {w} AND ("
+                    "(action IN ('I','U') AND {n} IS NULL) OR (action IN ('D','U') AND {o} IS NULL)))").format(
+                b=sql.Identifier(source.buffer_name), w=win, n=sql.Identifier("new_" + buf),
+                o=sql.Identifier("old_" + buf))).fetchone()
+        return bool(row and row[0])
+
+    def _core_delta(self, shape: AggregateShape, changed: dict[int, PendingChanges]):  # type: ignore[no-untyped-def]
+        template = weighted(agg_rules.core_query(shape))
+        return self._delta_df(template, changed)
+
+    def _algebraic(self, shape: AggregateShape, changed: dict[int, PendingChanges]) -> DeltaResult:
+        from pyspark.sql import functions as F  # noqa: N812
+
+        delta = self._core_delta(shape, changed)
+        if delta is None:
+            return DeltaResult([])
+        w = F.col(WEIGHT)
+        key_cols = [agg_rules.key_arg(k.index) for k in shape.keys]
+        states = {}
+        states[COUNT_COLUMN] = F.sum(w)
+        for spec in shape.aggs:
+            cond = F.lit(True)
+            if spec.filter is not None:
+                cond = F.coalesce(F.col(agg_rules.filter_arg(spec.index)), F.lit(False))
+            if spec.arg is not None:
+                x = F.col(agg_rules.value_arg(spec.index))
+                cond = cond & x.isNotNull()
+            if spec.kind in ("sum", "avg"):
+                states[spec.sum_column] = F.sum(F.when(cond, x * w))
+                states[spec.count_column] = F.sum(F.when(cond, w).otherwise(F.lit(0)))
+            elif spec.kind in ("count", "count_star"):
+                states[spec.count_column] = F.sum(F.when(cond, w).otherwise(F.lit(0)))
+        hidden_states = [c for c in shape.hidden_columns() if c in states]
+        grouped = delta.groupBy(*key_cols) if key_cols else delta.groupBy()
+        agg_df = grouped.agg(*[states[c].alias(c) for c in hidden_states])
+        if shape.scalar:
+            agg_df = agg_df.na.fill(0, subset=[c for c in hidden_states if not c.endswith("_sum")])
+        else:
+            # A group whose rows came and went inside the window changes nothing.
+            changes = [F.coalesce(F.col(c) != 0, F.lit(False)) for c in hidden_states]
+            any_change = changes[0]
+            for change in changes[1:]:
+                any_change = any_change | change
+            agg_df = agg_df.where(any_change)
+        out = finish_output(agg_df, len(key_cols), list(range(len(key_cols))))
+        return DeltaResult(self._collect(out))
+
+    def _rescan(self, shape: AggregateShape, changed: dict[int, PendingChanges]) -> DeltaResult:
+        delta = self._core_delta(shape, changed)
+        if delta is None:
+            return DeltaResult([])
+        key_cols = [agg_rules.key_arg(k.index) for k in shape.keys]
+        if not key_cols:
+            keys_df = delta.limit(1).select()  # a scalar aggregate: its one group
+        else:
+            keys_df = delta.select(*key_cols).distinct()
+        keys = self._collect(finish_output(keys_df, len(key_cols), list(range(len(key_cols))), dates=False))
+        if isinstance(keys, Staged):
+            self.conn.execute(f"DROP TABLE IF EXISTS {keys.table}")
+            raise FallbackToFull(f"the changes touch more than {COPY_MAX_ROWS:,} groups")
+        if not keys:
+            return DeltaResult([], [])
+        spark = self.r.spark
+        key_view = f"{self.prefix}keys"
+        raw_keys = [k[:-1] for k in keys]
+        spark.createDataFrame(raw_keys, schema=keys_df.schema).createOrReplaceTempView(key_view)
+        self._column_types[("pgt_dvm", key_view)] = {}
+        query = agg_rules.rescan_query(shape, f"pgt_dvm.{key_view}") if key_cols else agg_rules.state_query(shape)
+        rows = self._run_state_query(query, shape, extra_views={("pgt_dvm", key_view): key_view})
+        return DeltaResult(rows, keys)
+
+    def _run_state_query(self, query, shape: AggregateShape, extra_views) -> list[tuple]:  # type: ignore[no-untyped-def]
+        """The state query over the sources' state after the window (rescan of the listed groups)."""
+        table_map: dict[tuple[str, str], str] = dict(extra_views)
+        column_types: dict[tuple[str, str], dict[str, str]] = {}
+        for source in self.st.sources:
+            view = self._post_view(source, -1, frozenset(), {}, {})
+            table_map[(source.schema, source.name)] = view
+            column_types[(source.schema, source.name)] = self._column_types[("pgt_dvm", view)]
+        spark_sql = translate_to_spark(query.sql("postgres"), table_map, column_types)
+        df = self.r.spark.sql(spark_sql)
+        stored = self.layout.columns
+        if len(df.columns) != len(stored):
+            raise FallbackToFull(f"the state query has {len(df.columns)} columns, the stream table {len(stored)}")
+        out = finish_output(df, len(stored), self.layout.key_positions)
+        return self._collect(out)
+
+    # ------------------------------------------------------------- apply
+    def _apply(self, result: DeltaResult, history_id: int, snapshot: str, lsn: str,
+               request_ids: Sequence[int], spark_seconds: float) -> tuple[int, int]:
+        st = self.st
+        conn = self.conn
+        target = st.qualified
+        shape = self.analysis.shape
+        with conn.transaction():
+            commit.lock_for_apply(conn, st)
+            inserted = deleted = 0
+            if result.rows or result.keys:
+                buffer = _own_buffer(conn, st)
+                if isinstance(shape, (LinearShape, PartitionedShape)):
+                    inserted, deleted = self._apply_linear(result.rows, target, buffer)
+                elif shape.strategy == RESCAN:
+                    inserted, deleted = self._apply_rescan(shape, result, target, buffer)
+                else:
+                    inserted, deleted = self._apply_algebraic(shape, result.rows, target, buffer)
+            commit.complete(conn, st, snapshot=snapshot, lsn=lsn, history_id=history_id, inserted=inserted,
+                            deleted=deleted, spark_seconds=spark_seconds, request_ids=request_ids)
+        return inserted, deleted
+
+    def _load(self, table: str, columns: Sequence[str], rows: Sequence[tuple] | Staged,
+              like_columns: Sequence[str], extra: str = "", numbered: bool = False) -> None:
+        """Make temp ``table`` hold the delta under ``columns``.
+
+        Collected rows are COPYed into a temp table typed like the stream
+        table's ``like_columns`` (+ ``extra``); a staged delta becomes a temp
+        view over its staging table. ``numbered`` adds ``__pgt_seq``.
+        """
+        conn = self.conn
+        short = table.split(".")[-1]
+        kind = conn.execute("SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)", (table,)).fetchone()
+        if kind is not None:
+            conn.execute(f"DROP {'VIEW' if kind[0] == 'v' else 'TABLE'} {table}")
+        if isinstance(rows, Staged):
+            select = [f"{quote_ident(src)} AS {quote_ident(dst)}" for src, dst in zip(rows.columns, columns)]
+            if numbered:
+                select.append("(row_number() OVER ())::int AS __pgt_seq")
+            conn.execute(f"CREATE TEMP VIEW {short} AS SELECT {', '.join(select)} FROM {rows.table}")
+            return
+        select_like = ", ".join(quote_ident(c) for c in like_columns) or "1 AS __pgt_none"
+        conn.execute(f"CREATE TEMP TABLE {short} ON COMMIT DROP AS "
+                     f"SELECT {select_like} FROM {self.st.qualified} WITH NO DATA")
+        if extra:
+            conn.execute(f"ALTER TABLE {table} {extra}")
+        all_columns = [*columns, "__pgt_seq"] if numbered else list(columns)
+        col_list = ", ".join(quote_ident(c) for c in all_columns)
+        with conn.cursor().copy(f"COPY {table} ({col_list}) FROM STDIN") as copy:
+            for i, row in enumerate(rows):
+                copy.write_row((*row, i) if numbered else row)
+        conn.execute(f"ANALYZE {table}")
+
+    def _drop_staging(self, result: DeltaResult) -> None:
+        for data in (result.rows, result.keys):
+            if isinstance(data, Staged):
+                self.conn.execute(f"DROP VIEW IF EXISTS {DELTA_TABLE}")
+                self.conn.execute(f"DROP TABLE IF EXISTS {data.table}")
+
+    def _apply_linear(self, rows: list[tuple] | Staged, target: str, buffer: _Buffer | None) -> tuple[int, int]:
+        visible = [c.name for c in self.st.columns]
+        self._load(DELTA_TABLE, [*visible, WEIGHT, ROW_ID], rows, [*visible, ROW_ID],
+                   extra="ADD COLUMN __pgt_w bigint, ADD COLUMN __pgt_seq integer", numbered=True)
+        stmts = linear_statements(target, visible)
+        expected = int(self.conn.execute(stmts.expected_deletes).fetchone()[0])  # type: ignore[index]
+        deleted = self._run_captured(stmts.delete, buffer, "D")
+        if deleted != expected:
+            raise FallbackToFull(
+                f"the delta deletes {expected} rows but {deleted} matched the stream table")
+        inserted = self._run_captured(stmts.insert, buffer, "I")
+        return inserted, deleted
+
+    def _run_captured(self, statement: str, buffer: _Buffer | None, action: str) -> int:
+        """Run a DML ... RETURNING <visible columns>; record its rows in the own buffer; return the count."""
+        if buffer is None:
+            cur = self.conn.execute(f"WITH x AS ({statement}) SELECT count(*) FROM x")
+            return int(cur.fetchone()[0])  # type: ignore[index]
+        prefix = "new_" if action == "I" else "old_"
+        cols = [c.name for c in self.st.columns]
+        targets = ", ".join(quote_ident(prefix + buffer.columns[c]) for c in cols if c in buffer.columns)
+        values = ", ".join(f"x.{quote_ident(c)}" for c in cols if c in buffer.columns)
+        cur = self.conn.execute(
+            f"WITH x AS ({statement}), w AS (INSERT INTO {buffer.table} (xid, action{', ' + targets if targets else ''})"
+            f" SELECT pg_current_xact_id(), '{action}'{', ' + values if values else ''} FROM x RETURNING 1)"
+            " SELECT count(*) FROM w")
+        return int(cur.fetchone()[0])  # type: ignore[index]
+
+    def _snapshot_groups(self, buffer: _Buffer | None, match_table: str, match: str, action: str) -> None:
+        """Record the current rows of the affected groups in the own buffer (before: D, after: I)."""
+        if buffer is None:
+            return
+        prefix = "new_" if action == "I" else "old_"
+        cols = [c.name for c in self.st.columns if c.name in buffer.columns]
+        targets = ", ".join(quote_ident(prefix + buffer.columns[c]) for c in cols)
+        values = ", ".join(f"t.{quote_ident(c)}" for c in cols)
+        self.conn.execute(
+            f"INSERT INTO {buffer.table} (xid, action{', ' + targets if targets else ''})"
+            f" SELECT pg_current_xact_id(), '{action}'{', ' + values if values else ''}"
+            f" FROM {self.st.qualified} AS t WHERE EXISTS (SELECT 1 FROM {match_table} AS d WHERE {match})")
+
+    def _apply_algebraic(self, shape: AggregateShape, rows: list[tuple] | Staged, target: str,
+                         buffer: _Buffer | None) -> tuple[int, int]:
+        key_cols = [k.column for k in shape.keys]
+        hidden_states = [c for c in shape.hidden_columns() if c not in key_cols]
+        self._load(DELTA_TABLE, [*key_cols, *hidden_states, ROW_ID], rows, [*key_cols, *hidden_states, ROW_ID])
+        visible = [c.name for c in self.st.columns]
+        stmts = agg_rules.merge_statements(shape, target, visible)
+        match = agg_rules._match(shape, "t", "d") if not shape.scalar else "true"  # noqa: SLF001
+        self._snapshot_groups(buffer, DELTA_TABLE, match, "D")
+        deleted = self.conn.execute(stmts.delete).rowcount if stmts.delete else 0
+        updated = self.conn.execute(stmts.update).rowcount
+        inserted = self.conn.execute(stmts.insert).rowcount if stmts.insert else 0
+        groups = int(self.conn.execute(f"SELECT count(*) FROM {DELTA_TABLE}").fetchone()[0])  # type: ignore[index]
+        if deleted + updated + inserted != groups:
+            raise FallbackToFull(
+                f"{groups} changed groups but {deleted + updated + inserted} matched the stream table")
+        self._snapshot_groups(buffer, DELTA_TABLE, match, "I")
+        return inserted + updated, deleted + updated
+
+    def _apply_rescan(self, shape: AggregateShape, result: DeltaResult, target: str,
+                      buffer: _Buffer | None) -> tuple[int, int]:
+        key_cols = [k.column for k in shape.keys]
+        stored = self.layout.columns
+        self._load(DELTA_TABLE, [*stored, ROW_ID], result.rows, [*stored, ROW_ID])
+        if shape.scalar:
+            match_k = "true"
+            self.conn.execute(f"DROP TABLE IF EXISTS {KEYS_TABLE}")
+            self.conn.execute(f"CREATE TEMP TABLE {KEYS_TABLE.split('.')[-1]} ON COMMIT DROP AS SELECT "
+                              f"NULL::bigint AS {ROW_ID}")
+        else:
+            self._load(KEYS_TABLE, [*key_cols, ROW_ID], result.keys, [*key_cols, ROW_ID])
+            match_k = agg_rules._match(shape, "t", "d")  # noqa: SLF001
+        if shape.scalar:
+            self._snapshot_groups(buffer, KEYS_TABLE, "true", "D")
+            deleted = self.conn.execute(f"DELETE FROM {target}").rowcount
+            cols = ", ".join(quote_ident(c) for c in [*stored, ROW_ID])
+            inserted = self.conn.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {DELTA_TABLE}").rowcount
+            self._snapshot_groups(buffer, KEYS_TABLE, "true", "I")
+            return inserted, deleted
+        stmts = agg_rules.replace_statements(shape, target, stored)
+        self._snapshot_groups(buffer, KEYS_TABLE, match_k, "D")
+        deleted = self.conn.execute(stmts.delete).rowcount
+        updated = self.conn.execute(stmts.update).rowcount if stmts.update else 0
+        inserted = self.conn.execute(stmts.insert).rowcount
+        self._snapshot_groups(buffer, KEYS_TABLE, match_k, "I")
+        return inserted + updated, deleted + updated
+
+
+@dataclass
+class _Buffer:
+    """The stream table's own change buffer, when some stream table reads it."""
+
+    table: str
+    columns: dict[str, str]
+
+
+def _own_buffer(conn: psycopg.Connection, st: StreamTable) -> _Buffer | None:
+    row = conn.execute(
+        """
+        SELECT c.buffer_name, c.columns FROM pgtrickle.pgt_change_sources c
+         WHERE c.source_relid = %s
+           AND EXISTS (SELECT 1 FROM pgtrickle.pgt_dependencies d WHERE d.source_relid = c.source_relid)
+        """,
+        (st.relid,),
+    ).fetchone()
+    if row is None:
+        return None
+    columns = {c["name"]: c["buf"] for c in (row[1] or [])}
+    table = f"pgtrickle_changes.{quote_ident(row[0])}"
+    # The buffer carries the columns its consumers read (a consumer created
+    # before stream-table buffers had columns finds one missing and refreshes
+    # in full instead).
+    return _Buffer(table, columns)
+
+
+def _buffer_columns(conn: psycopg.Connection, relids: list[int]) -> dict[int, dict[str, str]]:
+    rows = conn.execute(
+        "SELECT source_relid::bigint, columns FROM pgtrickle.pgt_change_sources WHERE source_relid = ANY(%s::oid[])",
+        (relids,),
+    ).fetchall()
+    result = {}
+    for relid, cols in rows:
+        if isinstance(cols, str):
+            cols = json.loads(cols)
+        result[int(relid)] = {c["name"]: c["buf"] for c in cols or []}
+    return result
+
+
+def spark_name(name: str) -> str:
+    """A column name as a Spark column reference (backquoted)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def finish_output(df, n_data: int, hash_positions: Sequence[int], dates: bool = True):  # type: ignore[no-untyped-def]
+    """Name the first ``n_data`` columns c0.., keep the rest, append ``__pgt_row_id``.
+
+    The row identity is ``xxhash64`` of the columns at ``hash_positions``
+    (every visible column of a linear stream table; the group keys of an
+    aggregate), computed the same way for FULL and DIFFERENTIAL refreshes.
+    Timestamps are rendered with their offset for COPY.
+    """
+    from pyspark.sql import functions as F  # noqa: N812
+    from pyspark.sql.types import TimestampType
+
+    names = [f"c{i}" for i in range(n_data)] + list(df.columns[n_data:])
+    named = df.toDF(*names)
+    if hash_positions:
+        row_id = F.xxhash64(*[F.col(names[i]) for i in hash_positions])
+    else:
+        row_id = F.lit(0).cast("bigint")
+    cols = []
+    for field_ in named.schema.fields:
+        if dates and isinstance(field_.dataType, TimestampType):
+            cols.append(F.date_format(F.col(field_.name), "yyyy-MM-dd HH:mm:ss.SSSSSSXXX").alias(field_.name))
+        else:
+            cols.append(F.col(spark_name(field_.name)))
+    return named.select(*cols, row_id.alias(ROW_ID))
