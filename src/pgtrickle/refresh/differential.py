@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import sql
+from sqlglot import exp
 
 from pgtrickle.catalog.store import Source, StreamTable, quote_ident
 from pgtrickle.cdc.buffers import PendingChanges, pending_changes
@@ -37,6 +38,8 @@ from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.db.connection import connect
 from pgtrickle.dvm import aggregate as agg_rules
 from pgtrickle.dvm.aggregate import DELTA_TABLE, KEYS_TABLE, ROW_ID
+
+RAW_TABLE = "pg_temp.__pgt_raw"
 from pgtrickle.dvm.analysis import COUNT_COLUMN, RESCAN, AggregateShape, Analysis, LinearShape
 from pgtrickle.dvm.apply import linear_statements
 from pgtrickle.dvm.layout import Layout
@@ -187,10 +190,14 @@ class DifferentialRun:
                 return source
         raise FallbackToFull(f"the query reads {schema}.{table}, which is not a recorded source")
 
-    def _delta_df(self, template: Weighted, changed: dict[int, PendingChanges]):  # type: ignore[no-untyped-def]
-        """Union of every inclusion–exclusion term, each weighted by its sign."""
-        from pyspark.sql import functions as F  # noqa: N812
+    def _delta_sql(self, template: Weighted, changed: dict[int, PendingChanges],
+                   names: Sequence[str]) -> str | None:
+        """Spark SQL of every inclusion–exclusion term, signed, as columns ``names`` + ``__pgt_w``.
 
+        Composed as text so that one ``spark.sql`` call builds the whole job
+        (each DataFrame operation is a round trip to the JVM). Translations
+        are cached per term and view names across refreshes.
+        """
         occ_source = {o.index: self._source(o.schema, o.table) for o in template.occurrences}
         changed_occ = {i for i, s in occ_source.items() if s.relid in changed}
         links = equi_links(template)
@@ -198,7 +205,8 @@ class DifferentialRun:
             all_terms = terms(template, changed_occ)
         except NotDifferentiable as err:
             raise FallbackToFull(str(err)) from err
-        frames = []
+        columns = ", ".join(spark_name(n) for n in [*names, WEIGHT])
+        parts = []
         for deltas, sign in all_terms:
             views = {}
             for index, source in occ_source.items():
@@ -206,22 +214,31 @@ class DifferentialRun:
                     views[(index, True)] = self._delta_view(source)
                 else:
                     views[(index, False)] = self._post_view(source, index, deltas, occ_source, links)
-            query = term_query(template, deltas, views)
-            if query is None:
+            spark_sql = self._translated(("term", id(template.query), deltas, tuple(sorted(views.items()))),
+                                         lambda: term_query(template, deltas, views))
+            if spark_sql is None:
                 continue
-            table_map = {("pgt_dvm", v): v for v in views.values()}
-            column_types = {("pgt_dvm", v): self._column_types[("pgt_dvm", v)] for v in views.values()}
-            spark_sql = translate_to_spark(query.sql("postgres"), table_map, column_types)
-            df = self.r.spark.sql(spark_sql)
-            if sign < 0:
-                df = df.withColumn(WEIGHT, -F.col(WEIGHT))
-            frames.append(df)
-        if not frames:
+            outer = ", ".join(spark_name(n) for n in names)
+            parts.append(f"SELECT {outer}, {'-' if sign < 0 else ''}{WEIGHT} AS {WEIGHT} "
+                         f"FROM ({spark_sql}) AS __pgt_t({columns})")
+        if not parts:
             return None
-        result = frames[0]
-        for frame in frames[1:]:
-            result = result.unionAll(frame)
-        return result
+        return "\nUNION ALL\n".join(parts)
+
+    def _translated(self, key: tuple, build) -> str | None:  # type: ignore[no-untyped-def]
+        """Spark SQL of the PostgreSQL query ``build()`` returns over ``pgt_dvm`` views (cached)."""
+        cache = self.r.dvm_cache
+        full_key = (self.st.pgt_id, self.st.normalized_query, *key)
+        if full_key not in cache:
+            query = build()
+            if query is None:
+                cache[full_key] = None
+            else:
+                views = sorted({t.name for t in query.find_all(exp.Table) if t.text("db") == "pgt_dvm"})
+                cache[full_key] = translate_to_spark(
+                    query.sql("postgres"), {("pgt_dvm", v): v for v in views},
+                    {("pgt_dvm", v): self._column_types[("pgt_dvm", v)] for v in views})
+        return cache[full_key]
 
     def _delta_view(self, source: Source) -> str:
         key = ("delta", source.relid)
@@ -276,7 +293,7 @@ class DifferentialRun:
             key = ("post", source.relid, link.column, other.relid, link.other_column)
             if key in self._views:
                 return self._views[key]
-            name = f"{self.prefix}p_{source.relid}_{len(self._views)}"
+            name = self.r.view_name(self.st.pgt_id, key)
             other_type = dict(other.column_types)[link.other_column]
             literal = sql.Literal([k for k in keys]).as_string(self.conn)
             query = (f"SELECT * FROM {source.qualified} WHERE {quote_ident(link.column)} = "
@@ -300,11 +317,12 @@ class DifferentialRun:
         return name
 
     def _finish_post(self, df, name: str, source: Source) -> None:  # type: ignore[no-untyped-def]
-        from pyspark.sql import functions as F  # noqa: N812
-
+        """Register a state read as view ``name``: the columns read, each row weighted 1."""
         cols = self._columns_of(source)
-        df = df.select(*[F.col(spark_name(c)) for c in cols], F.lit(1).cast("bigint").alias(WEIGHT))
-        df.createOrReplaceTempView(name)
+        df.createOrReplaceTempView(f"{name}_raw")
+        select = ", ".join(spark_name(c) for c in cols)
+        self.r.spark.sql(f"CREATE OR REPLACE TEMP VIEW {name} AS "
+                         f"SELECT {select}{', ' if select else ''}CAST(1 AS BIGINT) AS {WEIGHT} FROM {name}_raw")
         self._register(name, source, cols)
 
     def _delta_keys(self, source: Source, column: str) -> list | None:
@@ -329,13 +347,28 @@ class DifferentialRun:
         return keys
 
     # ------------------------------------------------------- shape rules
-    def _collect(self, df) -> list[tuple] | Staged:  # type: ignore[no-untyped-def]
-        """Small results come back to the driver (then COPY); large ones are written by JDBC."""
+    def _collect(self, spark_sql: str) -> list[tuple] | Staged:
+        """Run the job. Small results come back to the driver (then COPY); large ones go by JDBC."""
+        df = self.r.spark.sql(spark_sql)
         rows = df.limit(COPY_MAX_ROWS + 1).collect()
         if len(rows) <= COPY_MAX_ROWS:
             return [tuple(r) for r in rows]
         del rows
         return self._stage(df)
+
+    def _output(self, source_sql: str, names: Sequence[str], pg_types: Sequence[str],
+                hash_positions: Sequence[int], extra: Sequence[str] = ()) -> str:
+        """SELECT c0.. (timestamps rendered for COPY), ``extra`` columns and ``__pgt_row_id``.
+
+        ``source_sql`` must expose ``names`` then ``extra``. The row identity
+        is xxhash64 of the columns at ``hash_positions``, exactly as a FULL
+        refresh computes it (:func:`finish_output`).
+        """
+        cols = [_for_copy(spark_name(n), t) + f" AS c{i}" for i, (n, t) in enumerate(zip(names, pg_types))]
+        cols += [spark_name(e) for e in extra]
+        row_id = (f"xxhash64({', '.join(spark_name(names[i]) for i in hash_positions)})"
+                  if hash_positions else "CAST(0 AS BIGINT)")
+        return f"SELECT {', '.join(cols)}, {row_id} AS {ROW_ID} FROM ({source_sql}) AS __pgt_o"
 
     def _stage(self, df) -> Staged:  # type: ignore[no-untyped-def]
         """Write a large delta by partitioned JDBC into an unlogged staging table."""
@@ -367,25 +400,21 @@ class DifferentialRun:
             data = list(self.layout.columns)
         return [data[int(c[1:])] if c.startswith("c") and c[1:].isdigit() else c for c in df_columns]
 
-    def _linear(self, shape: LinearShape, changed: dict[int, PendingChanges]) -> DeltaResult:
-        from pyspark.sql import functions as F  # noqa: N812
+    def _visible_types(self) -> list[str]:
+        return [c.type for c in self.st.columns]
 
-        template = weighted(shape.query)
-        delta = self._delta_df(template, changed)
+    def _linear(self, shape: LinearShape, changed: dict[int, PendingChanges]) -> DeltaResult:
+        template = self.r.cached(("weighted", self.st.pgt_id, self.st.normalized_query), lambda: weighted(shape.query))
+        names = [f"__pgt_c{i}" for i in range(len(self.st.columns))]
+        delta = self._delta_sql(template, changed, names)
         if delta is None:
             return DeltaResult([])
-        names = [f"c{i}" for i in range(len(delta.columns) - 1)]
-        if len(names) != len(self.st.columns):
-            raise FallbackToFull(f"the delta query has {len(names)} columns, the stream table {len(self.st.columns)}")
-        delta = delta.toDF(*names, WEIGHT)
-        consolidated = delta.groupBy(*names).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
-        out = finish_output(consolidated, len(names), list(range(len(names))))
+        # Consolidation (rows that cancel) happens in PostgreSQL, on the way in.
+        out = self._output(delta, names, self._visible_types(), list(range(len(names))), extra=[WEIGHT])
         return DeltaResult(self._collect(out))
 
     def _partitioned(self, shape: PartitionedShape, changed: dict[int, PendingChanges]) -> DeltaResult:
         """Q(state after | K) − Q(state before | K) over the join keys K the changes touch."""
-        from pyspark.sql import functions as F  # noqa: N812
-
         keys: set = set()
         with_null = False
         for keyed in shape.occurrences:
@@ -404,28 +433,25 @@ class DifferentialRun:
         for keyed in shape.occurrences:
             index = keyed.occurrence.index
             source = self._source(keyed.occurrence.schema, keyed.occurrence.table)
-            post, pre = self._keyed_states(source, keyed.key_column, sorted(keys), with_null,
+            post, pre = self._keyed_states(source, index, keyed.key_column, sorted(keys), with_null,
                                            source.relid in changed)
             post_views[index] = post
             pre_views[index] = pre
-        frames = []
-        for views, weight in ((post_views, 1), (pre_views, -1)):
-            query = bind_views(shape.query.copy(), views)
-            names = list(views.values())
-            spark_sql = translate_to_spark(query.sql("postgres"), {("pgt_dvm", v): v for v in names},
-                                           {("pgt_dvm", v): self._column_types[("pgt_dvm", v)] for v in names})
-            frames.append(self.r.spark.sql(spark_sql).withColumn(WEIGHT, F.lit(weight).cast("bigint")))
-        delta = frames[0].unionAll(frames[1])
-        names = [f"c{i}" for i in range(len(delta.columns) - 1)]
-        delta = delta.toDF(*names, WEIGHT)
-        consolidated = delta.groupBy(*names).agg(F.sum(WEIGHT).alias(WEIGHT)).where(F.col(WEIGHT) != 0)
-        return DeltaResult(self._collect(finish_output(consolidated, len(names), list(range(len(names))))))
+        names = [f"__pgt_c{i}" for i in range(len(self.st.columns))]
+        columns = ", ".join(spark_name(n) for n in names)
+        parts = []
+        for label, views, weight in (("after", post_views, 1), ("before", pre_views, -1)):
+            spark_sql = self._translated(("keyed", label, tuple(sorted(views.items()))),
+                                         lambda views=views: bind_views(shape.query.copy(), views))
+            parts.append(f"SELECT {columns}, CAST({weight} AS BIGINT) AS {WEIGHT} "
+                         f"FROM ({spark_sql}) AS __pgt_t({columns})")
+        out = self._output("\nUNION ALL\n".join(parts), names, self._visible_types(), list(range(len(names))),
+                           extra=[WEIGHT])
+        return DeltaResult(self._collect(out))
 
-    def _keyed_states(self, source: Source, column: str, keys: list, with_null: bool,
+    def _keyed_states(self, source: Source, index: int, column: str, keys: list, with_null: bool,
                       changed: bool) -> tuple[str, str]:
         """Views of ``source`` restricted to the keys: after the window, and before it (after − delta)."""
-        from pyspark.sql import functions as F  # noqa: N812
-
         cols = self._columns_of(source)
         col_type = dict(source.column_types)[column]
         literal = sql.Literal(keys).as_string(self.conn)
@@ -434,25 +460,24 @@ class DifferentialRun:
             condition = f"({condition} OR {quote_ident(column)} IS NULL)"
         post_df = jdbc.read_query(self.r.spark, self.r.target,
                                   f"SELECT * FROM {source.qualified} WHERE {condition}", self._snap_id)
-        post_df = post_df.select(*[F.col(spark_name(c)) for c in cols])
-        n = len(self._views)
-        post = f"{self.prefix}k_{source.relid}_{n}"
-        post_df.createOrReplaceTempView(post)
+        post = f"{self.prefix}k{index}_{source.relid}"
+        post_df.createOrReplaceTempView(f"{post}_raw")
+        select = ", ".join(spark_name(c) for c in cols)
+        self.r.spark.sql(f"CREATE OR REPLACE TEMP VIEW {post} AS SELECT {select} FROM {post}_raw")
         self._register(post, source, cols)
-        self._views[("keyed", source.relid, column, n)] = post
         self.timings["key_filtered_reads"] = self.timings.get("key_filtered_reads", 0) + 1
         if not changed:
             return post, post
-        delta = self.r.spark.table(self._delta_view(source))
-        weighted_post = post_df.withColumn(WEIGHT, F.lit(1).cast("bigint"))
-        before = weighted_post.unionAll(delta.select(*[F.col(spark_name(c)) for c in cols],
-                                                     (-F.col(WEIGHT)).alias(WEIGHT)))
-        counted = before.groupBy(*[F.col(spark_name(c)) for c in cols]).agg(F.sum(WEIGHT).alias(WEIGHT))
-        exploded = counted.where(F.col(WEIGHT) > 0).select(
-            *[F.col(spark_name(c)) for c in cols],
-            F.explode(F.array_repeat(F.lit(1), F.col(WEIGHT).cast("int"))).alias("__pgt_copy"))
-        pre = f"{self.prefix}b_{source.relid}_{n}"
-        exploded.drop("__pgt_copy").createOrReplaceTempView(pre)
+        delta = self._delta_view(source)
+        pre = f"{self.prefix}b{index}_{source.relid}"
+        self.r.spark.sql(
+            f"CREATE OR REPLACE TEMP VIEW {pre} AS SELECT {select} FROM ("
+            f"SELECT {select}{', ' if select else ''}SUM({WEIGHT}) AS {WEIGHT} FROM ("
+            f"SELECT {select}{', ' if select else ''}CAST(1 AS BIGINT) AS {WEIGHT} FROM {post} UNION ALL "
+            f"SELECT {select}{', ' if select else ''}-{WEIGHT} FROM {delta}) AS __pgt_u"
+            f"{' GROUP BY ' + select if select else ''}) AS __pgt_n "
+            f"LATERAL VIEW explode(array_repeat(1, CAST(__pgt_n.{WEIGHT} AS INT))) __pgt_e AS __pgt_copy "
+            f"WHERE __pgt_n.{WEIGHT} > 0")
         self._register(pre, source, cols)
         return post, pre
 
@@ -468,86 +493,132 @@ class DifferentialRun:
                 o=sql.Identifier("old_" + buf))).fetchone()
         return bool(row and row[0])
 
-    def _core_delta(self, shape: AggregateShape, changed: dict[int, PendingChanges]):  # type: ignore[no-untyped-def]
-        template = weighted(agg_rules.core_query(shape))
-        return self._delta_df(template, changed)
+    def _core_delta(self, shape: AggregateShape, changed: dict[int, PendingChanges]) -> tuple[str | None, list[str]]:
+        core = self.r.cached(("core", self.st.pgt_id, self.st.normalized_query),
+                             lambda: weighted(agg_rules.core_query(shape)))
+        names = [e.alias_or_name for e in core.query.expressions][:-1]
+        return self._delta_sql(core, changed, names), names
+
+    def _key_types(self, shape: AggregateShape) -> list[str]:
+        stored = self.r.cached(("stored", self.st.pgt_id, self.layout.columns), self._stored_types)
+        return [stored.get(k.column, "") for k in shape.keys]
 
     def _algebraic(self, shape: AggregateShape, changed: dict[int, PendingChanges]) -> DeltaResult:
-        from pyspark.sql import functions as F  # noqa: N812
-
-        delta = self._core_delta(shape, changed)
+        delta, _ = self._core_delta(shape, changed)
         if delta is None:
             return DeltaResult([])
-        w = F.col(WEIGHT)
-        key_cols = [agg_rules.key_arg(k.index) for k in shape.keys]
-        states = {}
-        states[COUNT_COLUMN] = F.sum(w)
+        w = WEIGHT
+        states: dict[str, str] = {COUNT_COLUMN: f"SUM({w})"}
         for spec in shape.aggs:
-            cond = F.lit(True)
+            conds = []
             if spec.filter is not None:
-                cond = F.coalesce(F.col(agg_rules.filter_arg(spec.index)), F.lit(False))
+                conds.append(f"coalesce({spark_name(agg_rules.filter_arg(spec.index))}, false)")
             if spec.arg is not None:
-                x = F.col(agg_rules.value_arg(spec.index))
-                cond = cond & x.isNotNull()
+                x = spark_name(agg_rules.value_arg(spec.index))
+                conds.append(f"{x} IS NOT NULL")
+            cond = " AND ".join(conds) or "true"
             if spec.kind in ("sum", "avg"):
-                states[spec.sum_column] = F.sum(F.when(cond, x * w))
-                states[spec.count_column] = F.sum(F.when(cond, w).otherwise(F.lit(0)))
+                states[spec.sum_column] = f"SUM(CASE WHEN {cond} THEN {x} * {w} END)"
+                states[spec.count_column] = f"SUM(CASE WHEN {cond} THEN {w} ELSE 0 END)"
             elif spec.kind in ("count", "count_star"):
-                states[spec.count_column] = F.sum(F.when(cond, w).otherwise(F.lit(0)))
-        hidden_states = [c for c in shape.hidden_columns() if c in states]
-        grouped = delta.groupBy(*key_cols) if key_cols else delta.groupBy()
-        agg_df = grouped.agg(*[states[c].alias(c) for c in hidden_states])
+                states[spec.count_column] = f"SUM(CASE WHEN {cond} THEN {w} ELSE 0 END)"
+        hidden = [c for c in shape.hidden_columns() if c in states]
+        keys = [spark_name(agg_rules.key_arg(k.index)) for k in shape.keys]
         if shape.scalar:
-            agg_df = agg_df.na.fill(0, subset=[c for c in hidden_states if not c.endswith("_sum")])
+            select = [f"coalesce({states[c]}, 0) AS {spark_name(c)}" if not c.endswith("_sum")
+                      else f"{states[c]} AS {spark_name(c)}" for c in hidden]
+            grouped = f"SELECT {', '.join(select)} FROM ({delta}) AS __pgt_d"
         else:
+            select = [*keys, *[f"{states[c]} AS {spark_name(c)}" for c in hidden]]
             # A group whose rows came and went inside the window changes nothing.
-            changes = [F.coalesce(F.col(c) != 0, F.lit(False)) for c in hidden_states]
-            any_change = changes[0]
-            for change in changes[1:]:
-                any_change = any_change | change
-            agg_df = agg_df.where(any_change)
-        out = finish_output(agg_df, len(key_cols), list(range(len(key_cols))))
+            changes = " OR ".join(f"coalesce({states[c]} <> 0, false)" for c in hidden)
+            grouped = (f"SELECT {', '.join(select)} FROM ({delta}) AS __pgt_d "
+                       f"GROUP BY {', '.join(keys)} HAVING {changes}")
+        key_names = [agg_rules.key_arg(k.index) for k in shape.keys]
+        out = self._output(grouped, key_names, self._key_types(shape), list(range(len(key_names))), extra=hidden)
         return DeltaResult(self._collect(out))
 
     def _rescan(self, shape: AggregateShape, changed: dict[int, PendingChanges]) -> DeltaResult:
-        delta = self._core_delta(shape, changed)
+        delta, _ = self._core_delta(shape, changed)
         if delta is None:
             return DeltaResult([])
-        key_cols = [agg_rules.key_arg(k.index) for k in shape.keys]
-        if not key_cols:
-            keys_df = delta.limit(1).select()  # a scalar aggregate: its one group
+        key_names = [agg_rules.key_arg(k.index) for k in shape.keys]
+        keys_view = f"{self.prefix}keys"
+        if key_names:
+            self.r.spark.sql(f"CREATE OR REPLACE TEMP VIEW {keys_view} AS SELECT DISTINCT "
+                             f"{', '.join(spark_name(k) for k in key_names)} FROM ({delta}) AS __pgt_d")
+            keys = self._collect(self._output(f"SELECT * FROM {keys_view}", key_names, [""] * len(key_names),
+                                              list(range(len(key_names)))))
         else:
-            keys_df = delta.select(*key_cols).distinct()
-        keys = self._collect(finish_output(keys_df, len(key_cols), list(range(len(key_cols))), dates=False))
+            keys = self._collect(f"SELECT 1 FROM ({delta}) AS __pgt_d LIMIT 1")
         if isinstance(keys, Staged):
             self.conn.execute(f"DROP TABLE IF EXISTS {keys.table}")
             raise FallbackToFull(f"the changes touch more than {COPY_MAX_ROWS:,} groups")
         if not keys:
             return DeltaResult([], [])
-        spark = self.r.spark
-        key_view = f"{self.prefix}keys"
-        raw_keys = [k[:-1] for k in keys]
-        spark.createDataFrame(raw_keys, schema=keys_df.schema).createOrReplaceTempView(key_view)
-        self._column_types[("pgt_dvm", key_view)] = {}
-        query = agg_rules.rescan_query(shape, f"pgt_dvm.{key_view}") if key_cols else agg_rules.state_query(shape)
-        rows = self._run_state_query(query, shape, extra_views={("pgt_dvm", key_view): key_view})
-        return DeltaResult(rows, keys)
+        self._column_types[("pgt_dvm", keys_view)] = {}
+        pushed = self._rescan_pushdown(shape, keys) if key_names else {}
+        rows = self._run_state_query(shape, bool(key_names), keys_view, pushed)
+        return DeltaResult(rows, keys if key_names else [])
 
-    def _run_state_query(self, query, shape: AggregateShape, extra_views) -> list[tuple]:  # type: ignore[no-untyped-def]
-        """The state query over the sources' state after the window (rescan of the listed groups)."""
-        table_map: dict[tuple[str, str], str] = dict(extra_views)
-        column_types: dict[tuple[str, str], dict[str, str]] = {}
+    def _rescan_pushdown(self, shape: AggregateShape, keys: list[tuple]) -> dict[int, str]:
+        """Views reading, for group keys that are plain columns of a table, only the touched groups."""
+        from pgtrickle.dvm.linear import from_items
+
+        try:
+            items, _ = from_items(shape.select)
+        except NotDifferentiable:
+            return {}
+        tables = {item.alias: item.node for item in items if isinstance(item.node, exp.Table)}
+        views: dict[int, str] = {}
+        for position, key in enumerate(shape.keys):
+            column = key.expr
+            while isinstance(column, exp.Paren):
+                column = column.this
+            if not isinstance(column, exp.Column) or not column.table or column.table not in tables:
+                continue
+            table = tables[column.table]
+            source = self._source(table.text("db"), table.name)
+            if source.relid in views or not should_push_down(self._stats[source.relid].reltuples, len(keys)):
+                continue
+            values = sorted({k[position] for k in keys if k[position] is not None}, key=repr)
+            has_null = any(k[position] is None for k in keys)
+            col_type = dict(source.column_types).get(column.name)
+            if col_type is None:
+                continue
+            condition = f"{quote_ident(column.name)} = ANY(CAST({sql.Literal(values).as_string(self.conn)} " \
+                        f"AS {col_type}[]))"
+            if has_null:
+                condition = f"({condition} OR {quote_ident(column.name)} IS NULL)"
+            df = jdbc.read_query(self.r.spark, self.r.target,
+                                 f"SELECT * FROM {source.qualified} WHERE {condition}", self._snap_id)
+            name = f"{self.prefix}r_{source.relid}"
+            self._finish_post(df, name, source)
+            self.timings["key_filtered_reads"] = self.timings.get("key_filtered_reads", 0) + 1
+            views[source.relid] = name
+        return views
+
+    def _run_state_query(self, shape: AggregateShape, restricted: bool, keys_view: str,
+                         pushed: dict[int, str]) -> list[tuple] | Staged:
+        """The state query over the sources' state after the window, for the touched groups only."""
+        table_map: dict[tuple[str, str], str] = {("pgt_dvm", keys_view): keys_view}
+        column_types: dict[tuple[str, str], dict[str, str]] = {("pgt_dvm", keys_view): {}}
         for source in self.st.sources:
-            view = self._post_view(source, -1, frozenset(), {}, {})
+            view = pushed.get(source.relid) or self._post_view(source, -1, frozenset(), {}, {})
             table_map[(source.schema, source.name)] = view
             column_types[(source.schema, source.name)] = self._column_types[("pgt_dvm", view)]
-        spark_sql = translate_to_spark(query.sql("postgres"), table_map, column_types)
-        df = self.r.spark.sql(spark_sql)
-        stored = self.layout.columns
-        if len(df.columns) != len(stored):
-            raise FallbackToFull(f"the state query has {len(df.columns)} columns, the stream table {len(stored)}")
-        out = finish_output(df, len(stored), self.layout.key_positions)
-        return self._collect(out)
+        cache = self.r.dvm_cache
+        key = (self.st.pgt_id, self.st.normalized_query, "rescan", restricted, tuple(sorted(table_map.items())))
+        if key not in cache:
+            query = (agg_rules.rescan_query(shape, f"pgt_dvm.{keys_view}") if restricted
+                     else agg_rules.state_query(shape))
+            cache[key] = translate_to_spark(query.sql("postgres"), table_map, column_types)
+        stored = list(self.layout.columns)
+        names = [f"__pgt_c{i}" for i in range(len(stored))]
+        types = self.r.cached(("stored", self.st.pgt_id, self.layout.columns), self._stored_types)
+        inner = f"SELECT * FROM ({cache[key]}) AS __pgt_s({', '.join(spark_name(n) for n in names)})"
+        return self._collect(self._output(inner, names, [types.get(c, "") for c in stored],
+                                          self.layout.key_positions))
 
     # ------------------------------------------------------------- apply
     def _apply(self, result: DeltaResult, history_id: int, snapshot: str, lsn: str,
@@ -572,12 +643,12 @@ class DifferentialRun:
         return inserted, deleted
 
     def _load(self, table: str, columns: Sequence[str], rows: Sequence[tuple] | Staged,
-              like_columns: Sequence[str], extra: str = "", numbered: bool = False) -> None:
+              like_columns: Sequence[str], extra: str = "") -> None:
         """Make temp ``table`` hold the delta under ``columns``.
 
         Collected rows are COPYed into a temp table typed like the stream
         table's ``like_columns`` (+ ``extra``); a staged delta becomes a temp
-        view over its staging table. ``numbered`` adds ``__pgt_seq``.
+        view over its staging table.
         """
         conn = self.conn
         short = table.split(".")[-1]
@@ -586,8 +657,6 @@ class DifferentialRun:
             conn.execute(f"DROP {'VIEW' if kind[0] == 'v' else 'TABLE'} {table}")
         if isinstance(rows, Staged):
             select = [f"{quote_ident(src)} AS {quote_ident(dst)}" for src, dst in zip(rows.columns, columns)]
-            if numbered:
-                select.append("(row_number() OVER ())::int AS __pgt_seq")
             conn.execute(f"CREATE TEMP VIEW {short} AS SELECT {', '.join(select)} FROM {rows.table}")
             return
         select_like = ", ".join(quote_ident(c) for c in like_columns) or "1 AS __pgt_none"
@@ -595,23 +664,31 @@ class DifferentialRun:
                      f"SELECT {select_like} FROM {self.st.qualified} WITH NO DATA")
         if extra:
             conn.execute(f"ALTER TABLE {table} {extra}")
-        all_columns = [*columns, "__pgt_seq"] if numbered else list(columns)
-        col_list = ", ".join(quote_ident(c) for c in all_columns)
+        col_list = ", ".join(quote_ident(c) for c in columns)
         with conn.cursor().copy(f"COPY {table} ({col_list}) FROM STDIN") as copy:
             for i, row in enumerate(rows):
-                copy.write_row((*row, i) if numbered else row)
+                copy.write_row(row)
         conn.execute(f"ANALYZE {table}")
 
     def _drop_staging(self, result: DeltaResult) -> None:
         for data in (result.rows, result.keys):
             if isinstance(data, Staged):
-                self.conn.execute(f"DROP VIEW IF EXISTS {DELTA_TABLE}")
+                for view in (DELTA_TABLE, RAW_TABLE):
+                    kind = self.conn.execute("SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)",
+                                             (view,)).fetchone()
+                    if kind is not None and kind[0] == "v":
+                        self.conn.execute(f"DROP VIEW {view}")
                 self.conn.execute(f"DROP TABLE IF EXISTS {data.table}")
 
     def _apply_linear(self, rows: list[tuple] | Staged, target: str, buffer: _Buffer | None) -> tuple[int, int]:
         visible = [c.name for c in self.st.columns]
-        self._load(DELTA_TABLE, [*visible, WEIGHT, ROW_ID], rows, [*visible, ROW_ID],
-                   extra="ADD COLUMN __pgt_w bigint, ADD COLUMN __pgt_seq integer", numbered=True)
+        self._load(RAW_TABLE, [*visible, WEIGHT, ROW_ID], rows, [*visible, ROW_ID], extra="ADD COLUMN __pgt_w bigint")
+        # Consolidate: rows that came and went in the window cancel; one row per distinct change.
+        cols = ", ".join(quote_ident(c) for c in [*visible, ROW_ID])
+        self.conn.execute(f"CREATE TEMP TABLE {DELTA_TABLE.split('.')[-1]} ON COMMIT DROP AS "
+                          f"SELECT {cols}, sum(__pgt_w)::bigint AS __pgt_w, (row_number() OVER ())::int AS __pgt_seq"
+                          f" FROM {RAW_TABLE} GROUP BY {cols} HAVING sum(__pgt_w) <> 0")
+        self.conn.execute(f"ANALYZE {DELTA_TABLE}")
         stmts = linear_statements(target, visible)
         expected = int(self.conn.execute(stmts.expected_deletes).fetchone()[0])  # type: ignore[index]
         deleted = self._run_captured(stmts.delete, buffer, "D")
@@ -655,7 +732,8 @@ class DifferentialRun:
         hidden_states = [c for c in shape.hidden_columns() if c not in key_cols]
         self._load(DELTA_TABLE, [*key_cols, *hidden_states, ROW_ID], rows, [*key_cols, *hidden_states, ROW_ID])
         visible = [c.name for c in self.st.columns]
-        stmts = agg_rules.merge_statements(shape, target, visible)
+        stmts = self.r.cached(("merge", self.st.pgt_id, self.st.normalized_query),
+                              lambda: agg_rules.merge_statements(shape, target, visible))
         match = agg_rules._match(shape, "t", "d") if not shape.scalar else "true"  # noqa: SLF001
         self._snapshot_groups(buffer, DELTA_TABLE, match, "D")
         deleted = self.conn.execute(stmts.delete).rowcount if stmts.delete else 0
@@ -735,6 +813,13 @@ def _buffer_columns(conn: psycopg.Connection, relids: list[int]) -> dict[int, di
             cols = json.loads(cols)
         result[int(relid)] = {c["name"]: c["buf"] for c in cols or []}
     return result
+
+
+def _for_copy(column: str, pg_type: str) -> str:
+    """A Spark column rendered for COPY into a column of ``pg_type`` (instants keep their offset)."""
+    if pg_type == "timestamp with time zone":
+        return f"date_format({column}, 'yyyy-MM-dd HH:mm:ss.SSSSSSXXX')"
+    return column
 
 
 def spark_name(name: str) -> str:

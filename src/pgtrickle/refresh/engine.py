@@ -77,6 +77,8 @@ class Refresher:
         self._cancel_requested = False
         self._analyses: dict[tuple[int, str], Analysis] = {}
         self._layouts: dict[int, tuple] = {}
+        self.dvm_cache: dict[tuple, object] = {}
+        """Differential plans that do not change between refreshes (translated SQL, view names, ...)."""
         self.conn = connect(dsn, application_name="pgtrickle-refresh")
 
     def close(self) -> None:
@@ -132,6 +134,18 @@ class Refresher:
             raise RefreshError(f"refresh of {st.display} failed: {message}") from exc
         outcome.seconds = time.monotonic() - started
         return outcome
+
+    def cached(self, key: tuple, build: Callable[[], object]):  # type: ignore[no-untyped-def]
+        """``build()``, computed once per key for the life of this refresher."""
+        if key not in self.dvm_cache:
+            self.dvm_cache[key] = build()
+        return self.dvm_cache[key]
+
+    def view_name(self, pgt_id: int, key: tuple) -> str:
+        """A stable Spark view name for a key-filtered read (so cached SQL keeps matching)."""
+        names = self.dvm_cache.setdefault(("view-names", pgt_id), {})
+        assert isinstance(names, dict)
+        return names.setdefault(key, f"pgt_{pgt_id}_p{len(names)}")
 
     # ------------------------------------------------------------- modes
     def analysis(self, st: StreamTable) -> Analysis:
