@@ -26,6 +26,7 @@ test-unit: setup
 bench: setup
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) benchmarks/full_refresh.py
+	$(PY) benchmarks/differential.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -239,3 +239,19 @@ def test_large_deltas_travel_by_jdbc_staging(db, shape: str, monkeypatch) -> Non
     assert outcome.action.value == expected, outcome.reason
     assert_oracle(db)
     assert db.scalar("SELECT count(*) FROM pg_class WHERE relname LIKE 'delta\\_%%'") == 0
+
+
+def test_history_records_differential_refreshes(db) -> None:  # type: ignore[no-untyped-def]
+    _setup(db)
+    create_st(db, "st_f", QUERIES["filter"])
+    refresh(db)
+    db.sql("UPDATE orders SET amount = amount + 100 WHERE id IN (1, 2, 3)")
+    db.sql("DELETE FROM orders WHERE id = 150")
+    refresh(db)
+    history = db.sql("SELECT action, status, rows_inserted, rows_deleted, delta_row_count, was_full_fallback"
+                     " FROM pgtrickle.get_refresh_history('st_f') ORDER BY refresh_id")
+    assert history[0][:2] == ("FULL", "COMPLETED")
+    # ids 1..3 move above the filter's threshold (3 in, updated rows of ids > 13 would be 3 out + 3 in), 150 goes
+    assert history[1][:2] == ("DIFFERENTIAL", "COMPLETED") and history[1][4] == 4 and history[1][5] is False
+    assert history[1][3] >= 1 and history[1][2] >= 3
+    assert_oracle(db)

@@ -155,7 +155,7 @@ def test_truncate_of_a_source_is_refreshed(shop: Database) -> None:
 
 
 def test_history_and_info_record_the_refresh(shop: Database) -> None:
-    create_st(shop, "st", "SELECT id FROM orders WHERE amount > 100")
+    create_st(shop, "st", "SELECT id FROM orders WHERE amount > 100", refresh_mode="FULL")
     refresh(shop, "st")
     churn(shop, 1)
     refresh(shop, "st")

@@ -52,6 +52,11 @@ def _index_name(st: StreamTable, kind: str) -> str:
     return f"pgt_{kind}_{st.relid}"
 
 
+def row_index_name(st: StreamTable) -> str:
+    """The index on ``__pgt_row_id`` a differentially maintained table has."""
+    return _index_name(st, "rowid")
+
+
 def ensure_layout(conn: psycopg.Connection, st: StreamTable, layout: Layout) -> bool:
     """Make the table match ``layout``; True when its contents must be recomputed (FULL)."""
     existing = dict(conn.execute(

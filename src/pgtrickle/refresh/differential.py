@@ -62,6 +62,8 @@ from pgtrickle.sql.translate import translate_to_spark
 PUSHDOWN_MIN_ROWS = 10_000
 """Tables smaller than this are read whole: a key filter would not pay for itself."""
 PUSHDOWN_MAX_KEYS = 100_000
+BROADCAST_MAX_BYTES = 10 * 1024 * 1024
+"""Whole tables read for a join up to this size (by relpages) are broadcast to the delta's side."""
 COPY_MAX_ROWS = 200_000
 """Deltas up to this many rows are collected and COPYed; larger ones go by partitioned JDBC."""
 
@@ -92,18 +94,10 @@ class Staged:
 
 @dataclass
 class DeltaResult:
+    """What the Spark side hands to the apply: the delta rows, and the touched group keys of a rescan."""
+
     rows: list[tuple] | Staged
-    keys: list[tuple] = field(default_factory=list)
-    delta_rows: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class AppliedDelta:
-    inserted: int
-    deleted: int
-    snapshot: str
-    lsn: str
+    keys: list[tuple] | Staged = field(default_factory=list)
 
 
 class DifferentialRun:
@@ -311,6 +305,12 @@ class DifferentialRun:
                                      self.r.spark.sparkContext.defaultParallelism)
         df = jdbc.read_table(self.r.spark, self.r.target, source.qualified, self._snap_id,
                              jdbc.ctid_predicates(stats, parts))
+        if stats.relpages * 8192 <= BROADCAST_MAX_BYTES:
+            # Spark cannot size a JDBC relation: say it is small, so the join with the delta
+            # broadcasts it instead of shuffling both sides.
+            from pyspark.sql import functions as F  # noqa: N812
+
+            df = F.broadcast(df)
         self.timings["whole_table_reads"] = self.timings.get("whole_table_reads", 0) + 1
         self._finish_post(df, name, source)
         self._views[key] = name
