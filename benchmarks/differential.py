@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -759,8 +760,15 @@ REVISION = revision()
 """Taken at start-up: the code this process measures."""
 
 
+def _stop_on_signal(signum: int, _frame: object) -> None:
+    """SIGTERM / SIGHUP: unwind, so the benchmark database is dropped and Spark stopped."""
+    raise SystemExit(f"stopped by signal {signal.Signals(signum).name}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop_on_signal)
     settings = Settings.from_env().with_overrides(dsn=args.dsn, spark_master=args.spark_master)
     admin_dsn = resolve_dsn(settings)
     given = sys.argv[1:] if argv is None else list(argv)
