@@ -407,10 +407,10 @@ def equi_links(template: Weighted) -> dict[int, list[EquiLink]]:
                 if index is not None:
                     alias_to_occ[item.alias] = index
         for condition in conditions:
-            for conjunct in _conjuncts(condition):
+            for conjunct in conjuncts(condition):
                 if not isinstance(conjunct, exp.EQ):
                     continue
-                left, right = _strip(conjunct.this), _strip(conjunct.expression)
+                left, right = strip_parens(conjunct.this), strip_parens(conjunct.expression)
                 if not (isinstance(left, exp.Column) and isinstance(right, exp.Column)):
                     continue
                 lo, ro = alias_to_occ.get(left.table), alias_to_occ.get(right.table)
@@ -421,16 +421,20 @@ def equi_links(template: Weighted) -> dict[int, list[EquiLink]]:
     return links
 
 
-def _strip(node: exp.Expr) -> exp.Expr:
+def strip_parens(node: exp.Expr) -> exp.Expr:
+    """``node`` without enclosing parentheses."""
     while isinstance(node, exp.Paren):
         node = node.this
     return node
 
 
-def _conjuncts(node: exp.Expr) -> Iterator[exp.Expr]:
-    node = _strip(node)
+def conjuncts(node: exp.Expr | None) -> Iterator[exp.Expr]:
+    """The AND-ed parts of a condition (none for a missing condition)."""
+    if node is None:
+        return
+    node = strip_parens(node)
     if isinstance(node, exp.And):
-        yield from _conjuncts(node.this)
-        yield from _conjuncts(node.expression)
+        yield from conjuncts(node.this)
+        yield from conjuncts(node.expression)
     else:
         yield node

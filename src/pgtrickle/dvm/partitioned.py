@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from pgtrickle.dvm.linear import OCC_SCHEMA, NotDifferentiable, Occurrence
+from pgtrickle.dvm.linear import OCC_SCHEMA, NotDifferentiable, Occurrence, conjuncts, strip_parens
 
 
 @dataclass(frozen=True)
@@ -39,23 +39,6 @@ class PartitionedShape:
     query: exp.Query
     """The query with every table renamed to ``pgt_occ.o<i>`` (aliased as before)."""
     occurrences: tuple[KeyedOccurrence, ...]
-
-
-def _strip(node: exp.Expr) -> exp.Expr:
-    while isinstance(node, exp.Paren):
-        node = node.this
-    return node
-
-
-def _conjuncts(node: exp.Expr | None) -> Iterator[exp.Expr]:
-    if node is None:
-        return
-    node = _strip(node)
-    if isinstance(node, exp.And):
-        yield from _conjuncts(node.this)
-        yield from _conjuncts(node.expression)
-    else:
-        yield node
 
 
 class _UnionFind:
@@ -74,7 +57,7 @@ class _UnionFind:
 
 
 def _column_key(node: exp.Expr) -> tuple[str, str] | None:
-    node = _strip(node)
+    node = strip_parens(node)
     if isinstance(node, exp.Column) and node.table:
         return (node.table, node.name)
     return None
@@ -83,16 +66,16 @@ def _column_key(node: exp.Expr) -> tuple[str, str] | None:
 def _selects(select: exp.Select) -> Iterator[exp.Select]:
     """``select`` and the SELECTs of its EXISTS / IN subqueries (checked to be simple)."""
     yield select
-    for conjunct in _conjuncts(select.args["where"].this if select.args.get("where") else None):
+    for conjunct in conjuncts(select.args["where"].this if select.args.get("where") else None):
         inner = _subquery_of(conjunct)
         if inner is not None:
             yield from _selects(inner)
 
 
 def _subquery_of(conjunct: exp.Expr) -> exp.Select | None:
-    node = _strip(conjunct)
+    node = strip_parens(conjunct)
     if isinstance(node, exp.Not):
-        node = _strip(node.this)
+        node = strip_parens(node.this)
         if isinstance(node, exp.In):
             raise NotDifferentiable("NOT IN (subquery)")
     if isinstance(node, exp.Exists):
@@ -135,8 +118,8 @@ def analyze_partitioned(select: exp.Select) -> PartitionedShape:
         if part.args.get("where") is not None:
             conditions.append(part.args["where"].this)
         for condition in conditions:
-            for conjunct in _conjuncts(condition):
-                node = _strip(conjunct)
+            for conjunct in conjuncts(condition):
+                node = strip_parens(conjunct)
                 if isinstance(node, exp.EQ):
                     left, right = _column_key(node.this), _column_key(node.expression)
                     if left and right and left[0] != right[0]:
