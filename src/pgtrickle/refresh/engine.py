@@ -77,6 +77,7 @@ class Refresher:
         self._cancel_requested = False
         self._analyses: dict[tuple[int, str], Analysis] = {}
         self._layouts: dict[int, tuple] = {}
+        self._recorded_modes: dict[int, tuple[str, str]] = {}
         self.dvm_cache: dict[tuple, object] = {}
         """Differential plans that do not change between refreshes (translated SQL, view names, ...)."""
         self.conn = connect(dsn, application_name="pgtrickle-refresh")
@@ -182,6 +183,10 @@ class Refresher:
         return analysis, differential, layout, changed
 
     def _record_mode(self, st: StreamTable, mode: str, reason: str) -> None:
+        # Recorded once per change, not on every refresh (this is the refresh path).
+        if self._recorded_modes.get(st.pgt_id) == (mode, reason):
+            return
+        self._recorded_modes[st.pgt_id] = (mode, reason)
         self.conn.execute(
             """
             UPDATE pgtrickle.pgt_stream_tables
