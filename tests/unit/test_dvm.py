@@ -6,7 +6,7 @@ import pytest
 from sqlglot import exp
 
 from pgtrickle.dvm import aggregate as agg_rules
-from pgtrickle.dvm.analysis import ALGEBRAIC, RESCAN, AggregateShape, LinearShape, analyze
+from pgtrickle.dvm.analysis import ALGEBRAIC, RESCAN, AggregateShape, LinearShape, RecomputeShape, analyze
 from pgtrickle.dvm.apply import linear_statements
 from pgtrickle.dvm.linear import (
     WEIGHT,
@@ -114,13 +114,48 @@ def test_supported_shapes(sql: str, shape: type) -> None:
     assert isinstance(analysis.shape, shape)
 
 
+@pytest.mark.parametrize("sql,source,many", [
+    ("SELECT t.x FROM public.t INTERSECT SELECT u.y FROM public.u", "INTERSECT", False),
+    ("SELECT t.x FROM public.t EXCEPT ALL SELECT u.y FROM public.u", "EXCEPT ALL", True),
+    ("SELECT t.x FROM public.t INTERSECT SELECT u.y FROM public.u EXCEPT SELECT v.z FROM public.v", "EXCEPT", False),
+])
+def test_intersect_except_recompute_the_touched_rows(sql: str, source: str, many: bool) -> None:
+    from pgtrickle.dvm import aggregate as agg_rules
+
+    analysis = analyze(sql)
+    shape = analysis.shape
+    assert isinstance(shape, AggregateShape) and shape.strategy == RESCAN, analysis.reason
+    assert shape.distinct_source == source and shape.many_rows_per_key is many
+    # the touched rows come from the delta of every branch, made UNION ALL ...
+    core = agg_rules.core_query(shape).sql("postgres")
+    assert "INTERSECT" not in core and "EXCEPT" not in core and core.count("UNION ALL") == sql.count("SELECT") - 1
+    # ... and are recomputed from the set operation itself, restricted to them
+    rescan = agg_rules.rescan_query(shape, "pgt_dvm.keys").sql("postgres")
+    assert source.split()[0] in rescan and "IS NOT DISTINCT FROM __pgt_k.__pgt_g0" in rescan
+
+
 @pytest.mark.parametrize("sql,construct", [
     ("SELECT t.x FROM public.t ORDER BY t.x LIMIT 3", "LIMIT"),
+    ("SELECT t.x FROM public.t ORDER BY t.x OFFSET 2", "LIMIT"),
     ("SELECT t.x, row_number() OVER (ORDER BY t.x) AS r FROM public.t", "without PARTITION BY"),
     ("SELECT t.x, rank() OVER (PARTITION BY t.g ORDER BY t.x) AS r, "
      "sum(t.x) OVER (PARTITION BY t.x) AS s FROM public.t", "different PARTITION BY"),
-    ("SELECT t.x FROM public.t INTERSECT SELECT u.y FROM public.u", "INTERSECT"),
-    ("SELECT t.x FROM public.t EXCEPT ALL SELECT u.y FROM public.u", "EXCEPT ALL"),
+    ("SELECT t.x FROM public.t EXCEPT ALL SELECT count(*) AS count FROM public.u", "EXCEPT ALL over aggregate"),
+    ("SELECT t.x FROM public.t WHERE t.x NOT IN (SELECT u.y FROM public.u)", "NOT IN"),
+    ("SELECT t.x, (SELECT max(u.y) AS max FROM public.u) AS m FROM public.t", "scalar subquery"),
+    ("SELECT t.x FROM public.t WHERE t.x > (SELECT avg(u.y) AS avg FROM public.u)", "scalar subquery"),
+])
+def test_recomputed_constructs_are_differential_and_say_why(sql: str, construct: str) -> None:
+    analysis = analyze(sql)
+    assert analysis.differential, analysis.reason
+    assert isinstance(analysis.shape, RecomputeShape)
+    assert construct in analysis.reason
+    assert "recomputed in Spark" in analysis.reason
+
+
+@pytest.mark.parametrize("sql,construct", [
+    ("SELECT t.x FROM public.t JOIN public.u ON t.x < u.y JOIN public.v ON v.z = u.y "
+     "LEFT JOIN public.w ON w.q = t.g", "not all joined on one key"),
     ("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT r.n + 1 FROM r WHERE r.n < 3) SELECT r.n FROM r",
      "RECURSIVE"),
     ("SELECT t.x, now() AS ts FROM public.t", "volatile"),

@@ -45,6 +45,9 @@ def filter_arg(j: int) -> str:
 def _base_select(shape: AggregateShape) -> exp.Select:
     select = shape.select.copy()
     select.set("order", None)
+    if shape.rescan_source is not None:
+        # SELECT __pgt_u.* FROM (<the set operation>) AS __pgt_u(...), not the UNION ALL of its branches
+        select.args["from_"].this.set("this", shape.rescan_source.copy())
     if shape.distinct_source in ("DISTINCT", "UNION"):
         select.set("distinct", None)
         select.set("group", exp.Group(expressions=[k.expr.copy() for k in shape.keys]))
@@ -257,7 +260,7 @@ def replace_statements(shape: AggregateShape, target: str, columns: Sequence[str
     d, k = DELTA_TABLE, KEYS_TABLE
     match_tk, match_dk, match_td = _match(shape, "t", "k"), _match(shape, "d", "k"), _match(shape, "t", "d")
     all_cols = [*columns, ROW_ID]
-    if shape.distinct_source == "WINDOW":
+    if shape.many_rows_per_key:
         delete = f"DELETE FROM {target} AS t USING {k} AS k WHERE {match_tk}"
         insert = (f"INSERT INTO {target} ({', '.join(quote_ident(c) for c in all_cols)}) "
                   f"SELECT {', '.join('d.' + quote_ident(c) for c in all_cols)} FROM {d} AS d")

@@ -16,6 +16,16 @@ Shapes
     (``algebraic``); any other aggregate, a DISTINCT aggregate or a HAVING
     clause recomputes only the groups the delta touches (``rescan``).
 
+``PartitionedShape``
+    outer joins, EXISTS / NOT EXISTS / IN tied by one key
+    (:mod:`pgtrickle.dvm.partitioned`): the touched keys are recomputed.
+``RecomputeShape``
+    constructs one change can affect everywhere — ORDER BY ... LIMIT
+    (top-k), a window without PARTITION BY, INTERSECT / EXCEPT [ALL], NOT IN
+    (a NULL in the subquery changes every row), scalar subqueries: when a
+    source changes the query is recomputed in Spark and only the difference
+    to the stream table is applied (explicit DELETE / INSERT).
+
 Everything else refreshes in full and :attr:`Analysis.reason` names the
 construct.
 """
@@ -26,7 +36,7 @@ from dataclasses import dataclass, field, replace
 
 from sqlglot import exp
 
-from pgtrickle.dvm.linear import NotDifferentiable, check_linear, check_linear_select, inline_ctes
+from pgtrickle.dvm.linear import NotDifferentiable, RecomputeOnly, check_linear, check_linear_select, inline_ctes
 from pgtrickle.dvm.partitioned import PartitionedShape, analyze_partitioned
 from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.sql.translate import is_volatile, parse_query, unsupported_reason
@@ -97,8 +107,17 @@ class AggregateShape:
     strategy: str
     strategy_reason: str
     distinct_source: str = ""
-    """How the shape arose: ``GROUP BY``, ``DISTINCT``, ``UNION`` or ``WINDOW`` (keys are
-    then the window partition: many rows per key, replaced together)."""
+    """How the shape arose: ``GROUP BY``, ``DISTINCT``, ``UNION``, ``WINDOW`` (keys are
+    then the window partition: many rows per key, replaced together), or the set
+    operation (``INTERSECT``, ``EXCEPT ALL``, ...: keys are the whole row)."""
+    rescan_source: exp.Query | None = None
+    """For INTERSECT / EXCEPT: the set operation the rows are recomputed from; ``select``
+    is then the UNION ALL of its branches, whose delta names the touched rows."""
+
+    @property
+    def many_rows_per_key(self) -> bool:
+        """Several stored rows can share a key (window partitions, INTERSECT ALL / EXCEPT ALL)."""
+        return self.distinct_source == "WINDOW" or self.distinct_source.endswith(" ALL")
 
     def hidden_columns(self) -> tuple[str, ...]:
         cols: list[str] = []
@@ -111,10 +130,17 @@ class AggregateShape:
 
 
 @dataclass(frozen=True)
+class RecomputeShape:
+    query: exp.Query
+    construct: str
+    """What makes the query need a recompute (named in the reason)."""
+
+
+@dataclass(frozen=True)
 class Analysis:
     differential: bool
     reason: str
-    shape: LinearShape | AggregateShape | PartitionedShape | None = field(default=None)
+    shape: LinearShape | AggregateShape | PartitionedShape | RecomputeShape | None = field(default=None)
 
 
 def analyze(pg_sql: str) -> Analysis:
@@ -131,6 +157,9 @@ def analyze(pg_sql: str) -> Analysis:
     try:
         query = inline_ctes(query)
         return _analyze(query)
+    except RecomputeOnly as err:
+        return Analysis(True, f"{err}: the query is recomputed in Spark when a source changes and only the "
+                        "difference is applied", RecomputeShape(query, str(err)))
     except NotDifferentiable as err:
         return Analysis(False, f"{err} is not maintained differentially")
 
@@ -140,11 +169,15 @@ def _analyze(query: exp.Query) -> Analysis:
         try:
             return _analyze_select(query)
         except NotDifferentiable as err:
-            if not any(word in str(err) for word in ("OUTER JOIN", "EXISTS / IN subquery")):
+            if not any(word in str(err) for word in ("OUTER JOIN", "subquery")):
                 raise
             try:
                 shape = analyze_partitioned(query)
+            except RecomputeOnly:
+                raise
             except NotDifferentiable as why:
+                if isinstance(err, RecomputeOnly):
+                    raise err from why
                 raise why from err
             return Analysis(True, f"{err}: the join keys the delta touches are recomputed", shape)
     return _analyze_set_operation(query)
@@ -152,11 +185,11 @@ def _analyze(query: exp.Query) -> Analysis:
 
 def _analyze_select(query: exp.Select) -> Analysis:
     if query.args.get("limit") or query.args.get("offset"):
-        raise NotDifferentiable("ORDER BY ... LIMIT (top-k)")
+        raise RecomputeOnly("ORDER BY ... LIMIT (top-k)")
     if query.args.get("distinct") and query.args["distinct"].args.get("on"):
         raise NotDifferentiable("DISTINCT ON")
     if any(node.find(exp.Subquery) for node in query.expressions):
-        raise NotDifferentiable("a scalar subquery in the SELECT list")
+        raise RecomputeOnly("a scalar subquery in the SELECT list")
     if any(node.find(exp.Window) for node in query.expressions):
         return _window(query)
     if query.args.get("distinct"):
@@ -171,16 +204,15 @@ def _analyze_select(query: exp.Select) -> Analysis:
 def _analyze_set_operation(query: exp.Query) -> Analysis:
     if isinstance(query, exp.Union):
         if query.args.get("limit") or query.args.get("offset"):
-            raise NotDifferentiable("ORDER BY ... LIMIT (top-k)")
+            raise RecomputeOnly("ORDER BY ... LIMIT (top-k)")
         if query.args.get("distinct"):
             check_linear(_union_all_copy(query))
             return _union_distinct(query)
         check_linear(query)
         return Analysis(True, "every operator has a delta rule (UNION ALL of linear queries)",
                         LinearShape(query))
-    if isinstance(query, exp.SetOperation):
-        name = type(query).__name__.upper()
-        raise NotDifferentiable(name + ("" if query.args.get("distinct") else " ALL"))
+    if isinstance(query, (exp.Intersect, exp.Except)):
+        return _intersect_except(query)
     raise NotDifferentiable(f"{type(query).__name__} query")
 
 
@@ -242,6 +274,44 @@ def _union_distinct(query: exp.Union) -> Analysis:
     return Analysis(True, "UNION over linear queries: maintained with multiplicity counts", shape)
 
 
+def _chain_as_union_all(node: exp.Expr) -> exp.Expr:
+    """Every set operation of the top chain made UNION ALL: its delta holds every touched row value."""
+    while isinstance(node, exp.Subquery) and not node.alias:
+        node = node.this
+    if isinstance(node, exp.SetOperation):
+        return exp.Union(this=_chain_as_union_all(node.this), expression=_chain_as_union_all(node.expression),
+                         distinct=False)
+    return node.copy()
+
+
+def _intersect_except(query: exp.SetOperation) -> Analysis:
+    """INTERSECT / EXCEPT [ALL]: a row's multiplicity depends only on that row value's multiplicities
+    in the branches, so the row values the branches' delta touches are recomputed and replaced."""
+    name = type(query).__name__.upper() + ("" if query.args.get("distinct") else " ALL")
+    branches = _chain_as_union_all(query)
+    try:
+        check_linear(branches)
+    except NotDifferentiable as err:
+        raise RecomputeOnly(f"{name} over {err}") from err
+    first: exp.Expr = query
+    while isinstance(first, (exp.SetOperation, exp.Subquery)):
+        first = first.this
+    assert isinstance(first, exp.Select)
+    names = [_output_name(node, i) for i, node in enumerate(first.expressions)]
+    alias = exp.TableAlias(this=exp.to_identifier("__pgt_u"), columns=[exp.to_identifier(n, quoted=True) for n in names])
+    select = exp.Select(expressions=[exp.column(n, table="__pgt_u", quoted=True) for n in names])
+    select.set("from_", exp.From(this=exp.Subquery(this=branches, alias=alias)))
+    source = query.copy()
+    source.set("order", None)
+    keys = tuple(GroupKey(i, exp.column(n, table="__pgt_u", quoted=True), n, hidden=False)
+                 for i, n in enumerate(names))
+    outputs = tuple(OutputCol(n, exp.column(n, table="__pgt_u", quoted=True), i) for i, n in enumerate(names))
+    why = "the row values the delta touches are recomputed"
+    shape = AggregateShape(select, keys, (), outputs, scalar=False, strategy=RESCAN, strategy_reason=why,
+                           distinct_source=name, rescan_source=source)
+    return Analysis(True, f"{name} over linear queries: {why}", shape)
+
+
 def _union_all_copy(node: exp.Expr) -> exp.Expr:
     """The chain of UNION [ALL] under a top-level UNION, all made ALL (the outer DISTINCT absorbs them).
 
@@ -264,22 +334,22 @@ def _union_all_copy(node: exp.Expr) -> exp.Expr:
 def _window(select: exp.Select) -> Analysis:
     """Window functions over one PARTITION BY: recompute the partitions the delta touches."""
     if select.args.get("windows"):
-        raise NotDifferentiable("a named WINDOW clause")
+        raise RecomputeOnly("a named WINDOW clause")
     if select.args.get("distinct") or select.args.get("group") or select.args.get("having"):
-        raise NotDifferentiable("window functions with GROUP BY / DISTINCT")
+        raise RecomputeOnly("window functions with GROUP BY / DISTINCT")
     windows = [w for node in select.expressions for w in node.find_all(exp.Window)]
     partitions = [tuple(unparen(p) for p in (w.args.get("partition_by") or [])) for w in windows]
     if not partitions[0]:
-        raise NotDifferentiable("a window function without PARTITION BY (the whole result depends on every row)")
+        raise RecomputeOnly("a window function without PARTITION BY (the whole result depends on every row)")
     if any(p != partitions[0] for p in partitions[1:]):
-        raise NotDifferentiable("window functions over different PARTITION BY lists")
+        raise RecomputeOnly("window functions over different PARTITION BY lists")
     stripped = select.copy()
     stripped.set("order", None)
     for node in stripped.expressions:
         for window in list(node.find_all(exp.Window)):
             window.replace(exp.Literal.number(0))
     if any(node.find(exp.AggFunc) for node in stripped.expressions):
-        raise NotDifferentiable("aggregates next to window functions")
+        raise RecomputeOnly("aggregates next to window functions")
     check_linear_select(stripped)
     outputs_raw = [(node.this if isinstance(node, exp.Alias) else node, _output_name(node, i))
                    for i, node in enumerate(select.expressions)]

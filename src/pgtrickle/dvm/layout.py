@@ -45,7 +45,7 @@ def plan_layout(st: StreamTable, analysis: Analysis, differential: bool) -> Layo
     if shape.strategy == ALGEBRAIC:
         finalize = agg_rules.finalize_statement(shape, st.qualified, visible)
     return Layout(agg_rules.state_query(shape).sql("postgres"), columns, hidden, positions, differential,
-                  unique_keys=shape.distinct_source != "WINDOW" and bool(shape.keys), finalize=finalize)
+                  unique_keys=not shape.many_rows_per_key and bool(shape.keys), finalize=finalize)
 
 
 def _index_name(st: StreamTable, kind: str) -> str:

@@ -42,6 +42,14 @@ class NotDifferentiable(Exception):
     """The query (or this part of it) has no delta rule; the message says which construct."""
 
 
+class RecomputeOnly(NotDifferentiable):
+    """A construct one change can affect everywhere (top-k, an unpartitioned window, ...).
+
+    The query is recomputed in Spark when a source changes and only the
+    difference to the stream table is applied (:class:`RecomputeShape`).
+    """
+
+
 @dataclass(frozen=True)
 class Occurrence:
     """One reference to a source table in the query (a self-join has two)."""
@@ -212,7 +220,7 @@ def check_linear_select(select: exp.Select) -> None:
     items, conditions = from_items(select)
     for node in [*select.expressions, *conditions]:
         for sub in node.find_all(exp.Subquery, exp.Exists):
-            raise NotDifferentiable("EXISTS / IN subquery")
+            raise NotDifferentiable("an EXISTS / IN / scalar subquery")
         if node.find(exp.Window):
             raise NotDifferentiable("window function")
     for item in items:

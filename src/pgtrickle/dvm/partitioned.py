@@ -1,8 +1,9 @@
-"""Delta rule for queries partitioned by one join key: outer joins, EXISTS, IN.
+"""Delta rule for queries partitioned by one join key: outer joins, EXISTS, IN, correlated scalar subqueries.
 
 When every table occurrence of a query is tied to the others by equalities
 on one key (``a.id = b.a_id`` in a LEFT JOIN, ``b.k = a.k`` in an EXISTS
-subquery, ``a.g IN (SELECT c.g …)``), each result row depends only on source
+subquery, ``a.g IN (SELECT c.g …)``, ``(SELECT count(*) FROM b WHERE
+b.k = a.k)``), each result row depends only on source
 rows with the same key value. The change of the result is then
 
     ΔQ = Q(state after | K) − Q(state before | K)
@@ -15,7 +16,7 @@ EXISTS, NOT EXISTS, IN), and a GROUP BY or DISTINCT on top as long as the
 key is grouped / output.
 
 NOT IN is excluded: a NULL anywhere in the subquery empties the result for
-every key. Pure: sqlglot trees only.
+every key (such queries are recomputed, see ``RecomputeShape``). Pure: sqlglot trees only.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from pgtrickle.dvm.linear import OCC_SCHEMA, NotDifferentiable, Occurrence, conjuncts, strip_parens
+from pgtrickle.dvm.linear import OCC_SCHEMA, NotDifferentiable, Occurrence, RecomputeOnly, conjuncts, strip_parens
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,28 @@ def _column_key(node: exp.Expr) -> tuple[str, str] | None:
 
 
 def _selects(select: exp.Select) -> Iterator[exp.Select]:
-    """``select`` and the SELECTs of its EXISTS / IN subqueries (checked to be simple)."""
+    """``select`` and the SELECTs of its EXISTS / IN and scalar subqueries (checked to be simple)."""
     yield select
     for conjunct in conjuncts(select.args["where"].this if select.args.get("where") else None):
         inner = _subquery_of(conjunct)
         if inner is not None:
             yield from _selects(inner)
+    for sub in _scalar_subqueries(select):
+        yield from _selects(sub.this)
+
+
+def _scalar_subqueries(select: exp.Select) -> Iterator[exp.Subquery]:
+    """Scalar subqueries of ``select``'s output list and WHERE clause (not nested deeper)."""
+    where = select.args.get("where")
+    for node in [*select.expressions, *([where.this] if where is not None else [])]:
+        for sub in node.find_all(exp.Subquery):
+            if sub.alias or isinstance(sub.parent, (exp.In, exp.Exists)) or isinstance(sub.this, exp.Subquery):
+                continue
+            if sub.find_ancestor(exp.Select) is not select:
+                continue
+            if not isinstance(sub.this, exp.Select):
+                raise RecomputeOnly("a scalar subquery over a set operation")
+            yield sub
 
 
 def _subquery_of(conjunct: exp.Expr) -> exp.Select | None:
@@ -77,7 +94,7 @@ def _subquery_of(conjunct: exp.Expr) -> exp.Select | None:
     if isinstance(node, exp.Not):
         node = strip_parens(node.this)
         if isinstance(node, exp.In):
-            raise NotDifferentiable("NOT IN (subquery)")
+            raise RecomputeOnly("NOT IN (subquery)")
     if isinstance(node, exp.Exists):
         inner = node.this
     elif isinstance(node, exp.In) and node.args.get("query") is not None:
@@ -94,11 +111,12 @@ def analyze_partitioned(select: exp.Select) -> PartitionedShape:
     """Raise NotDifferentiable unless the whole query is partitioned by one join key."""
     select = select.copy()
     if select.args.get("limit") or select.args.get("offset"):
-        raise NotDifferentiable("ORDER BY ... LIMIT (top-k)")
+        raise RecomputeOnly("ORDER BY ... LIMIT (top-k)")
     if any(node.find(exp.Window) for node in select.expressions):
-        raise NotDifferentiable("window functions with outer joins or subqueries")
+        raise RecomputeOnly("window functions with outer joins or subqueries")
     uf = _UnionFind()
     aliases: dict[str, exp.Table] = {}
+    scalar = {id(sub.this) for part in _selects(select) for sub in _scalar_subqueries(part)}
     for part in _selects(select):
         _qualify_single_table(part)
     for part in _selects(select):
@@ -133,8 +151,11 @@ def analyze_partitioned(select: exp.Select) -> PartitionedShape:
                         uf.union(outer, projected)
         for node in [*part.expressions, *conditions]:
             for sub in node.find_all(exp.Subquery):
-                if sub.find_ancestor(exp.Exists, exp.In) is None and not sub.alias:
-                    raise NotDifferentiable("a scalar subquery")
+                inner = sub.this
+                while isinstance(inner, exp.Subquery):
+                    inner = inner.this
+                if sub.find_ancestor(exp.Exists, exp.In) is None and not sub.alias and id(inner) not in scalar:
+                    raise RecomputeOnly("a scalar subquery")
     if not aliases:
         raise NotDifferentiable("a query without tables")
     classes: dict[tuple[str, str], dict[str, str]] = {}
@@ -143,6 +164,8 @@ def analyze_partitioned(select: exp.Select) -> PartitionedShape:
         classes.setdefault(root, {}).setdefault(alias, column)
     chosen = next((members for members in classes.values() if set(members) == set(aliases)), None)
     if chosen is None:
+        if scalar:
+            raise RecomputeOnly("a scalar subquery not tied to the rest of the query by one key")
         raise NotDifferentiable("an outer join or subquery whose tables are not all joined on one key")
     _check_top(select, chosen)
     occurrences = []
@@ -189,7 +212,8 @@ def _check_top(select: exp.Select, key_columns: dict[str, str]) -> None:
     """A GROUP BY must group by the key, a DISTINCT must output it (else groups mix keys)."""
     keys = {(alias, column) for alias, column in key_columns.items()}
     group = select.args.get("group")
-    has_agg = any(node.find(exp.AggFunc) for node in select.expressions)
+    has_agg = any(agg.find_ancestor(exp.Select) is select
+                  for node in select.expressions for agg in node.find_all(exp.AggFunc))
     if group is not None or has_agg:
         group_keys = {_column_key(g) for g in (group.expressions if group is not None else [])}
         if not group_keys & keys:

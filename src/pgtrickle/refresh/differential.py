@@ -40,7 +40,7 @@ from pgtrickle.dvm import aggregate as agg_rules
 from pgtrickle.dvm.aggregate import DELTA_TABLE, KEYS_TABLE, ROW_ID
 
 RAW_TABLE = "pg_temp.__pgt_raw"
-from pgtrickle.dvm.analysis import COUNT_COLUMN, RESCAN, AggregateShape, Analysis, LinearShape
+from pgtrickle.dvm.analysis import COUNT_COLUMN, RESCAN, AggregateShape, Analysis, LinearShape, RecomputeShape
 from pgtrickle.dvm.apply import linear_statements
 from pgtrickle.dvm.layout import Layout
 from pgtrickle.dvm.partitioned import PartitionedShape
@@ -170,6 +170,8 @@ class DifferentialRun:
                 return self._linear(shape, changed)
             if isinstance(shape, PartitionedShape):
                 return self._partitioned(shape, changed)
+            if isinstance(shape, RecomputeShape):
+                return self._recompute()
             assert isinstance(shape, AggregateShape)
             if shape.strategy == RESCAN:
                 return self._rescan(shape, changed)
@@ -392,7 +394,7 @@ class DifferentialRun:
     def _target_columns(self, df_columns: Sequence[str]) -> list[str]:
         """The stream-table column each delta column (c0.., then named ones) stands for."""
         shape = self.analysis.shape
-        if isinstance(shape, (LinearShape, PartitionedShape)):
+        if isinstance(shape, (LinearShape, PartitionedShape, RecomputeShape)):
             data = [c.name for c in self.st.columns]
         elif isinstance(shape, AggregateShape) and shape.strategy != RESCAN:
             data = [k.column for k in shape.keys]
@@ -448,6 +450,24 @@ class DifferentialRun:
         out = self._output("\nUNION ALL\n".join(parts), names, self._visible_types(), list(range(len(names))),
                            extra=[WEIGHT])
         return DeltaResult(self._collect(out))
+
+    def _recompute(self) -> DeltaResult:
+        """The whole query over the sources after the window; :meth:`_apply` subtracts the table."""
+        table_map: dict[tuple[str, str], str] = {}
+        column_types: dict[tuple[str, str], dict[str, str]] = {}
+        for source in self.st.sources:
+            view = self._post_view(source, -1, frozenset(), {}, {})
+            table_map[(source.schema, source.name)] = view
+            column_types[(source.schema, source.name)] = self._column_types[("pgt_dvm", view)]
+        cache = self.r.dvm_cache
+        key = (self.st.pgt_id, self.st.normalized_query, "recompute", tuple(sorted(table_map.items())))
+        if key not in cache:
+            cache[key] = translate_to_spark(self.st.normalized_query, table_map, column_types)
+        names = [f"__pgt_c{i}" for i in range(len(self.st.columns))]
+        inner = (f"SELECT *, CAST(1 AS BIGINT) AS {WEIGHT} "
+                 f"FROM ({cache[key]}) AS __pgt_s({', '.join(spark_name(n) for n in names)})")
+        out = self._output(inner, names, self._visible_types(), list(range(len(names))), extra=[WEIGHT])
+        return DeltaResult(self._collect(out), keys=[()])
 
     def _keyed_states(self, source: Source, index: int, column: str, keys: list, with_null: bool,
                       changed: bool) -> tuple[str, str]:
@@ -634,6 +654,8 @@ class DifferentialRun:
                 buffer = _own_buffer(conn, st)
                 if isinstance(shape, (LinearShape, PartitionedShape)):
                     inserted, deleted = self._apply_linear(result.rows, target, buffer)
+                elif isinstance(shape, RecomputeShape):
+                    inserted, deleted = self._apply_linear(result.rows, target, buffer, replaces=True)
                 elif shape.strategy == RESCAN:
                     inserted, deleted = self._apply_rescan(shape, result, target, buffer)
                 else:
@@ -680,14 +702,20 @@ class DifferentialRun:
                         self.conn.execute(f"DROP VIEW {view}")
                 self.conn.execute(f"DROP TABLE IF EXISTS {data.table}")
 
-    def _apply_linear(self, rows: list[tuple] | Staged, target: str, buffer: _Buffer | None) -> tuple[int, int]:
+    def _apply_linear(self, rows: list[tuple] | Staged, target: str, buffer: _Buffer | None,
+                      replaces: bool = False) -> tuple[int, int]:
+        """Apply weighted rows; with ``replaces`` the rows are the whole new result (minus the table's rows)."""
         visible = [c.name for c in self.st.columns]
         self._load(RAW_TABLE, [*visible, WEIGHT, ROW_ID], rows, [*visible, ROW_ID], extra="ADD COLUMN __pgt_w bigint")
         # Consolidate: rows that came and went in the window cancel; one row per distinct change.
         cols = ", ".join(quote_ident(c) for c in [*visible, ROW_ID])
+        raw = RAW_TABLE
+        if replaces:
+            raw = (f"(SELECT {cols}, __pgt_w FROM {RAW_TABLE} UNION ALL "
+                   f"SELECT {cols}, -1 FROM {target}) AS __pgt_r")
         self.conn.execute(f"CREATE TEMP TABLE {DELTA_TABLE.split('.')[-1]} ON COMMIT DROP AS "
                           f"SELECT {cols}, sum(__pgt_w)::bigint AS __pgt_w, (row_number() OVER ())::int AS __pgt_seq"
-                          f" FROM {RAW_TABLE} GROUP BY {cols} HAVING sum(__pgt_w) <> 0")
+                          f" FROM {raw} GROUP BY {cols} HAVING sum(__pgt_w) <> 0")
         self.conn.execute(f"ANALYZE {DELTA_TABLE}")
         stmts = linear_statements(target, visible)
         expected = int(self.conn.execute(stmts.expected_deletes).fetchone()[0])  # type: ignore[index]
