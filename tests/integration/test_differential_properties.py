@@ -121,12 +121,14 @@ SHAPES: dict[str, str] = {
     "except_agg": "SELECT k FROM a EXCEPT SELECT count(*)::int FROM b GROUP BY k",
     "not_in": "SELECT id FROM a WHERE k NOT IN (SELECT k FROM b)",
     "not_in_filtered": "SELECT id, g FROM a WHERE n NOT IN (SELECT w FROM b WHERE w IS NOT NULL AND k > 0)",
+    "not_in_no_nulls": "SELECT id, v FROM a WHERE id NOT IN (SELECT a_id FROM c WHERE x IS DISTINCT FROM 1)",
+    "not_equal_all": "SELECT id FROM a WHERE k <> ALL (SELECT w FROM b)",
     "scalar_in_where": "SELECT id, v FROM a WHERE v > (SELECT avg(v) FROM a)",
     "scalar_uncorrelated": "SELECT id, (SELECT max(w) FROM b) AS top_w FROM a WHERE k = 1",
 }
 
 
-RECOMPUTED = {"top_k", "top_k_offset", "window_unpartitioned", "window_two_partitions", "not_in", "not_in_filtered",
+RECOMPUTED = {"top_k", "top_k_offset", "window_unpartitioned", "window_two_partitions", "not_equal_all",
               "scalar_in_where", "scalar_uncorrelated", "except_agg"}
 """Shapes one change can affect everywhere: recomputed in Spark, only the difference applied."""
 

@@ -141,7 +141,8 @@ def test_intersect_except_recompute_the_touched_rows(sql: str, source: str, many
     ("SELECT t.x, rank() OVER (PARTITION BY t.g ORDER BY t.x) AS r, "
      "sum(t.x) OVER (PARTITION BY t.x) AS s FROM public.t", "different PARTITION BY"),
     ("SELECT t.x FROM public.t EXCEPT ALL SELECT count(*) AS count FROM public.u", "EXCEPT ALL over aggregate"),
-    ("SELECT t.x FROM public.t WHERE t.x NOT IN (SELECT u.y FROM public.u)", "NOT IN"),
+    ("SELECT t.x FROM public.t WHERE (t.x <> ALL (SELECT u.y FROM public.u))", "ANY / ALL"),
+    ("SELECT t.x FROM public.t WHERE NOT (t.x IN (SELECT u.y FROM public.u WHERE u.z = t.g))", "correlated"),
     ("SELECT t.x, (SELECT max(u.y) AS max FROM public.u) AS m FROM public.t", "scalar subquery"),
     ("SELECT t.x FROM public.t WHERE t.x > (SELECT avg(u.y) AS avg FROM public.u)", "scalar subquery"),
 ])
@@ -264,3 +265,17 @@ def test_window_functions_recompute_touched_partitions() -> None:
     assert stmts.update == "" and "DELETE FROM" in stmts.delete and "INSERT INTO" in stmts.insert
     rescan = agg_rules.rescan_query(analysis.shape, "pgt_dvm.keys").sql("postgres")
     assert "EXISTS" in rescan and "t.x > 0" in rescan
+
+
+def test_not_in_is_keyed_and_its_subquery_tables_are_null_sensitive() -> None:
+    from pgtrickle.dvm.partitioned import PartitionedShape
+
+    analysis = analyze("SELECT t.x FROM public.t WHERE NOT (t.x IN (SELECT u.y FROM public.u WHERE u.z > 1))")
+    shape = analysis.shape
+    assert isinstance(shape, PartitionedShape), analysis.reason
+    [sub] = shape.not_in
+    assert sub.sql == "SELECT u.y FROM public.u WHERE u.z > 1"  # real table names: "is it empty?" runs in PostgreSQL
+    by_table = {k.occurrence.table: k for k in shape.occurrences}
+    assert sub.occurrences == {by_table["u"].occurrence.index}
+    assert by_table["u"].null_sensitive and not by_table["t"].null_sensitive
+    assert (by_table["t"].key_column, by_table["u"].key_column) == ("x", "y")

@@ -15,8 +15,11 @@ the non-linear operators the linear rule cannot (LEFT / RIGHT / FULL JOIN,
 EXISTS, NOT EXISTS, IN), and a GROUP BY or DISTINCT on top as long as the
 key is grouped / output.
 
-NOT IN is excluded: a NULL anywhere in the subquery empties the result for
-every key (such queries are recomputed, see ``RecomputeShape``). Pure: sqlglot trees only.
+``x NOT IN (SELECT y …)`` (uncorrelated) is partitioned too, with NULL
+semantics: the subquery's tables are read with their NULL-key rows as well
+(one NULL ``y`` makes every ``x NOT IN`` unknown), and the refresh falls back
+to a recompute when the change itself involves a NULL key or may empty the
+subquery (:class:`NotInSubquery`). Pure: sqlglot trees only.
 """
 
 from __future__ import annotations
@@ -33,6 +36,15 @@ from pgtrickle.dvm.linear import OCC_SCHEMA, NotDifferentiable, Occurrence, Reco
 class KeyedOccurrence:
     occurrence: Occurrence
     key_column: str
+    null_sensitive: bool = False
+    """Inside a NOT IN subquery: its NULL-key rows matter to every key."""
+
+
+@dataclass(frozen=True)
+class NotInSubquery:
+    sql: str
+    """The subquery as PostgreSQL text over the real tables (uncorrelated): is it empty?"""
+    occurrences: frozenset[int]
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,7 @@ class PartitionedShape:
     query: exp.Query
     """The query with every table renamed to ``pgt_occ.o<i>`` (aliased as before)."""
     occurrences: tuple[KeyedOccurrence, ...]
+    not_in: tuple[NotInSubquery, ...] = ()
 
 
 class _UnionFind:
@@ -93,8 +106,6 @@ def _subquery_of(conjunct: exp.Expr) -> exp.Select | None:
     node = strip_parens(conjunct)
     if isinstance(node, exp.Not):
         node = strip_parens(node.this)
-        if isinstance(node, exp.In):
-            raise RecomputeOnly("NOT IN (subquery)")
     if isinstance(node, exp.Exists):
         inner = node.this
     elif isinstance(node, exp.In) and node.args.get("query") is not None:
@@ -117,6 +128,11 @@ def analyze_partitioned(select: exp.Select) -> PartitionedShape:
     uf = _UnionFind()
     aliases: dict[str, exp.Table] = {}
     scalar = {id(sub.this) for part in _selects(select) for sub in _scalar_subqueries(part)}
+    not_in = _not_in_subqueries(select)
+    parts = {id(part) for part in _selects(select)}
+    for inner in select.find_all(exp.Select):
+        if id(inner) not in parts and not (isinstance(inner.parent, exp.Subquery) and inner.parent.alias):
+            raise RecomputeOnly("a subquery compared with ANY / ALL")
     for part in _selects(select):
         _qualify_single_table(part)
     for part in _selects(select):
@@ -142,7 +158,9 @@ def analyze_partitioned(select: exp.Select) -> PartitionedShape:
                     left, right = _column_key(node.this), _column_key(node.expression)
                     if left and right and left[0] != right[0]:
                         uf.union(left, right)
-                elif isinstance(node, exp.In) and node.args.get("query") is not None:
+                elif isinstance(node, exp.Not) and isinstance(strip_parens(node.this), exp.In):
+                    node = strip_parens(node.this)
+                if isinstance(node, exp.In) and node.args.get("query") is not None:
                     inner = node.args["query"]
                     inner = inner.this if isinstance(inner, exp.Subquery) else inner
                     outer = _column_key(node.this)
@@ -168,15 +186,43 @@ def analyze_partitioned(select: exp.Select) -> PartitionedShape:
             raise RecomputeOnly("a scalar subquery not tied to the rest of the query by one key")
         raise NotDifferentiable("an outer join or subquery whose tables are not all joined on one key")
     _check_top(select, chosen)
+    not_in_sql = {id(inner): inner.sql("postgres") for inner in not_in}
+    not_in_aliases = {id(inner): {t.alias_or_name for t in inner.find_all(exp.Table)} for inner in not_in}
     occurrences = []
+    indexes: dict[str, int] = {}
     for index, (alias, table) in enumerate(sorted(aliases.items(), key=lambda kv: _position(kv[1]))):
-        occurrences.append(KeyedOccurrence(Occurrence(index, table.text("db"), table.name, alias), chosen[alias]))
+        sensitive = any(alias in names for names in not_in_aliases.values())
+        occurrences.append(KeyedOccurrence(Occurrence(index, table.text("db"), table.name, alias), chosen[alias],
+                                           sensitive))
+        indexes[alias] = index
         if not table.alias:
             table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name, quoted=table.this.quoted)))
         table.set("this", exp.to_identifier(f"o{index}"))
         table.set("db", exp.to_identifier(OCC_SCHEMA))
     select.set("order", None)
-    return PartitionedShape(select, tuple(occurrences))
+    subqueries = tuple(NotInSubquery(not_in_sql[key], frozenset(indexes[a] for a in names))
+                       for key, names in not_in_aliases.items())
+    return PartitionedShape(select, tuple(occurrences), subqueries)
+
+
+def _not_in_subqueries(select: exp.Select) -> list[exp.Select]:
+    """The subqueries of ``x NOT IN (SELECT …)`` conjuncts; each must be uncorrelated."""
+    found = []
+    for part in _selects(select):
+        for conjunct in conjuncts(part.args["where"].this if part.args.get("where") else None):
+            node = strip_parens(conjunct)
+            if not (isinstance(node, exp.Not) and isinstance(strip_parens(node.this), exp.In)):
+                continue
+            inner = _subquery_of(conjunct)
+            if inner is None:
+                continue
+            own = {t.alias_or_name for t in inner.find_all(exp.Table)}
+            if any(c.table and c.table not in own for c in inner.find_all(exp.Column)):
+                raise RecomputeOnly("NOT IN (a correlated subquery)")
+            if any(isinstance(s, (exp.Subquery, exp.Exists)) for s in inner.find_all(exp.Subquery, exp.Exists)):
+                raise RecomputeOnly("NOT IN (a subquery with its own subqueries)")
+            found.append(inner)
+    return found
 
 
 def _qualify_single_table(select: exp.Select) -> None:

@@ -98,6 +98,8 @@ class DeltaResult:
 
     rows: list[tuple] | Staged
     keys: list[tuple] | Staged = field(default_factory=list)
+    replaces: bool = False
+    """``rows`` are the whole new result (a recompute): the apply subtracts the table's rows."""
 
 
 class DifferentialRun:
@@ -111,6 +113,8 @@ class DifferentialRun:
         self.conn: psycopg.Connection = refresher.conn
         self.prefix = f"pgt_{st.pgt_id}_"
         self.timings: dict[str, float] = {}
+        self.recompute_reason = ""
+        """Set when this run recomputed the whole query (and why)."""
 
     # ---------------------------------------------------------------- main
     def run(self, history_id: int, request_ids: Sequence[int]) -> tuple[int, int, int, float]:
@@ -151,7 +155,7 @@ class DifferentialRun:
                  changed: dict[int, PendingChanges]) -> DeltaResult:
         spark = self.r.spark
         spark.sparkContext.setJobGroup(f"pgtrickle-{self.st.pgt_id}", f"refresh {self.st.display}", True)
-        self._snap_id, self._snapshot = snap_id, snapshot
+        self._snap_id, self._snapshot, self._coord = snap_id, snapshot, coord
         self._stats = jdbc.table_stats(coord, [s.relid for s in self.st.sources])
         self._buffer_cols = _buffer_columns(self.conn, [s.relid for s in self.st.sources])
         self._views: dict[tuple, str] = {}
@@ -171,7 +175,7 @@ class DifferentialRun:
             if isinstance(shape, PartitionedShape):
                 return self._partitioned(shape, changed)
             if isinstance(shape, RecomputeShape):
-                return self._recompute()
+                return self._recompute(shape.construct)
             assert isinstance(shape, AggregateShape)
             if shape.strategy == RESCAN:
                 return self._rescan(shape, changed)
@@ -428,6 +432,10 @@ class DifferentialRun:
                 raise FallbackToFull(f"the changes touch more than {PUSHDOWN_MAX_KEYS:,} join keys")
             keys.update(found)
             with_null = with_null or self._delta_has_null(source, keyed.key_column)
+        if shape.not_in:
+            why = self._not_in_is_global(shape, changed, with_null)
+            if why:
+                return self._recompute(why)
         if not keys and not with_null:
             return DeltaResult([])
         post_views: dict[int, str] = {}
@@ -435,8 +443,8 @@ class DifferentialRun:
         for keyed in shape.occurrences:
             index = keyed.occurrence.index
             source = self._source(keyed.occurrence.schema, keyed.occurrence.table)
-            post, pre = self._keyed_states(source, index, keyed.key_column, sorted(keys), with_null,
-                                           source.relid in changed)
+            post, pre = self._keyed_states(source, index, keyed.key_column, sorted(keys),
+                                           with_null or keyed.null_sensitive, source.relid in changed)
             post_views[index] = post
             pre_views[index] = pre
         names = [f"__pgt_c{i}" for i in range(len(self.st.columns))]
@@ -451,8 +459,33 @@ class DifferentialRun:
                            extra=[WEIGHT])
         return DeltaResult(self._collect(out))
 
-    def _recompute(self) -> DeltaResult:
+    def _not_in_is_global(self, shape: PartitionedShape, changed: dict[int, PendingChanges],
+                          with_null: bool) -> str:
+        """Why this change can affect every key of a NOT IN query ('' when keyed recompute is exact).
+
+        ``x NOT IN (S)`` is unknown for every x once S holds a NULL, and true for
+        every x (NULL included) while S is empty: a NULL key in the change, or S
+        possibly becoming empty or non-empty, reaches beyond the touched keys.
+        """
+        if with_null:
+            return "NOT IN (subquery) with a NULL key in the changes"
+        for sub in shape.not_in:
+            sources = [self._source(shape.occurrences[i].occurrence.schema, shape.occurrences[i].occurrence.table)
+                       for i in sub.occurrences]
+            touched = [changed[s.relid].rows for s in sources if s.relid in changed]
+            if not touched:
+                continue
+            # S had at least (rows now − rows inserted) rows before: non-empty on both sides if that is > 0.
+            inserted = sum(touched)
+            now = self._coord.execute(f"SELECT count(*) FROM ({sub.sql} LIMIT {inserted + 1}) AS s").fetchone()
+            if now is None or int(now[0]) <= inserted:
+                return "NOT IN (subquery) whose subquery may have become empty or non-empty"
+        return ""
+
+    def _recompute(self, why: str) -> DeltaResult:
         """The whole query over the sources after the window; :meth:`_apply` subtracts the table."""
+        self.timings["recompute"] = 1
+        self.recompute_reason = why
         table_map: dict[tuple[str, str], str] = {}
         column_types: dict[tuple[str, str], dict[str, str]] = {}
         for source in self.st.sources:
@@ -467,7 +500,7 @@ class DifferentialRun:
         inner = (f"SELECT *, CAST(1 AS BIGINT) AS {WEIGHT} "
                  f"FROM ({cache[key]}) AS __pgt_s({', '.join(spark_name(n) for n in names)})")
         out = self._output(inner, names, self._visible_types(), list(range(len(names))), extra=[WEIGHT])
-        return DeltaResult(self._collect(out), keys=[()])
+        return DeltaResult(self._collect(out), keys=[()], replaces=True)
 
     def _keyed_states(self, source: Source, index: int, column: str, keys: list, with_null: bool,
                       changed: bool) -> tuple[str, str]:
@@ -652,10 +685,8 @@ class DifferentialRun:
             inserted = deleted = 0
             if result.rows or result.keys:
                 buffer = _own_buffer(conn, st)
-                if isinstance(shape, (LinearShape, PartitionedShape)):
-                    inserted, deleted = self._apply_linear(result.rows, target, buffer)
-                elif isinstance(shape, RecomputeShape):
-                    inserted, deleted = self._apply_linear(result.rows, target, buffer, replaces=True)
+                if isinstance(shape, (LinearShape, PartitionedShape, RecomputeShape)):
+                    inserted, deleted = self._apply_linear(result.rows, target, buffer, replaces=result.replaces)
                 elif shape.strategy == RESCAN:
                     inserted, deleted = self._apply_rescan(shape, result, target, buffer)
                 else:

@@ -31,7 +31,7 @@ from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
 from pgtrickle.gates import breaker_gate
 from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError
-from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis, analyze, respect_sum_types
+from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis, RecomputeShape, analyze, respect_sum_types
 from pgtrickle.dvm.layout import Layout, ensure_layout, plan_layout, row_index_name, state_types
 from pgtrickle.refresh import commit
 from pgtrickle.refresh.plan import DEFAULT_FALLBACK_RATIO, Action, ModeContext, RefreshPlan, plan_refresh
@@ -240,7 +240,12 @@ class Refresher:
                 " mode_reason = %s WHERE refresh_id = %s", (reason, history_id))
             full_plan = RefreshPlan(Action.FULL, reason, plan.delta_rows, plan.delta_deletes, True)
             return self._full_refresh(st, full_plan, history_id, request_ids, layout)
-        return RefreshOutcome(st, Action.DIFFERENTIAL, plan.reason, rows_inserted=inserted, rows_deleted=deleted,
+        reason = plan.reason
+        if run.recompute_reason and not isinstance(analysis.shape, RecomputeShape):
+            reason = f"{reason}; recomputed the whole query: {run.recompute_reason}"
+            self.conn.execute("UPDATE pgtrickle.pgt_refresh_history SET mode_reason = %s WHERE refresh_id = %s",
+                              (reason, history_id))
+        return RefreshOutcome(st, Action.DIFFERENTIAL, reason, rows_inserted=inserted, rows_deleted=deleted,
                               delta_rows=delta_rows, spark_seconds=spark_seconds, timings=run.timings)
 
     def _plan_and_maybe_skip(self, st: StreamTable, request_ids: Sequence[int], initiated_by: str,
