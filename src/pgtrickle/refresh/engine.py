@@ -64,6 +64,11 @@ class Cancelled(PgTrickleError):
     """The refresh was abandoned on request (second SIGINT/SIGTERM)."""
 
 
+_SHARED_CACHES: dict[str, tuple[dict, dict, dict]] = {}
+"""Per database (DSN): query analyses, table layouts made, differential plans. Keys hold the
+stream table's id and query text, so a changed query or a recreated table misses."""
+
+
 class Refresher:
     """Refreshes stream tables; owns one catalog connection and uses the shared SparkSession."""
 
@@ -75,10 +80,13 @@ class Refresher:
         self.progress = progress or (lambda msg: None)
         self._spark_provider = spark_provider
         self._cancel_requested = False
-        self._analyses: dict[tuple[int, str], Analysis] = {}
-        self._layouts: dict[int, tuple] = {}
+        # Shared by every refresher of this process for the same database, so one-shot
+        # refreshes (`pgtrickle refresh`, refresh_sync) reuse the plans the last one made.
+        shared = _SHARED_CACHES.setdefault(dsn, ({}, {}, {}))
+        self._analyses: dict[tuple[int, str], Analysis] = shared[0]
+        self._layouts: dict[int, tuple] = shared[1]
         self._recorded_modes: dict[int, tuple[str, str]] = {}
-        self.dvm_cache: dict[tuple, object] = {}
+        self.dvm_cache: dict[tuple, object] = shared[2]
         """Differential plans that do not change between refreshes (translated SQL, view names, ...)."""
         self.conn = connect(dsn, application_name="pgtrickle-refresh")
 
