@@ -195,3 +195,10 @@ def test_stuck_alert_once_after_stale_after() -> None:
     assert wm.stuck_due(at(0), stale, at(30), alerted=False)
     assert not wm.stuck_due(at(0), stale, at(90), alerted=True), "once per stall"
     assert not wm.stuck_due(at(0), None, at(900), alerted=False), "no stale_after: no alerts"
+
+
+def test_interval_text_matches_postgresql() -> None:
+    assert wm.interval_text(timedelta(minutes=10)) == "00:10:00"
+    assert wm.interval_text(timedelta(0)) == "00:00:00"
+    assert wm.interval_text(timedelta(days=2, hours=1)) == "2 days 01:00:00"
+    assert wm.interval_text(timedelta(seconds=1.5)) == "00:00:01.5"

@@ -140,13 +140,25 @@ class GateDecision:
     effective_watermark: datetime | None
 
 
+def interval_text(value: timedelta) -> str:
+    """An interval as PostgreSQL prints it: ``00:10:00``, ``2 days 01:00:00``, ``-00:00:05``."""
+    sign = "-" if value < timedelta(0) else ""
+    value = abs(value)
+    days, rest = value.days, value.seconds
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    if value.microseconds:
+        clock += f".{value.microseconds:06d}".rstrip("0")
+    prefix = f"{days} day{'s' if days != 1 else ''} " if days else ""
+    return f"{sign}{prefix}{clock}"
+
+
 def _describe(group: Group, state: GroupState) -> str:
     if state.state == BOOTSTRAPPING:
         missing = len(group.sources) - len([s for s in group.sources if s in group.watermarks])
         return f"watermark group {group.name} is bootstrapping ({missing} source(s) without a watermark)"
     return (f"watermark group {group.name} is {state.state}: min {state.min_watermark.isoformat()}, "  # type: ignore[union-attr]
-            f"max {state.max_watermark.isoformat()}, lag {state.lag} "  # type: ignore[union-attr]
-            f"{'≤' if state.state == ALIGNED else '>'} tolerance {group.tolerance}")
+            f"max {state.max_watermark.isoformat()}, lag {interval_text(state.lag)} "  # type: ignore[union-attr,arg-type]
+            f"{'<=' if state.state == ALIGNED else '>'} tolerance {interval_text(group.tolerance)}")
 
 
 def gate_decision(mode: str, groups: Sequence[Group]) -> GateDecision:

@@ -247,7 +247,7 @@ def send_stale_alerts(conn: psycopg.Connection) -> int:
     """
     rows = conn.execute(
         """
-        SELECT g.group_id, g.group_name, m.source_relid, m.source_relid::regclass::text,
+        SELECT g.group_id, g.group_name, m.source_relid, pgtrickle._rel_display(m.source_relid),
                coalesce(w.advanced_at, g.created_at), w.watermark, g.stale_after,
                m.stuck_since IS NOT NULL, clock_timestamp()
           FROM pgtrickle.pgt_watermark_groups g

@@ -262,10 +262,12 @@ class Refresher:
         with self.conn.transaction():
             blocked = check.blocked if check else None
             hold_back = check is not None and check.hold_back
-            if check is not None and blocked and force and check.mode == "hold_back":
-                # Forced: read every source as it is now (and leave any earlier hold-back behind).
-                blocked, mark = None, WatermarkMark(None, None)
-                check = replace(check, mark=mark)
+            if check is not None and blocked and force:
+                blocked = None
+                if check.mode == "hold_back":
+                    # Forced: read every source as it is now (and leave any earlier hold-back behind).
+                    mark = WatermarkMark(None, None)
+                    check = replace(check, mark=mark)
             if hold_back and not blocked:
                 assert check is not None
                 window = watermark_gate.hold_back_window(self.conn, st, check, snapshot)
@@ -279,24 +281,26 @@ class Refresher:
                 pending = pending_changes(self.conn, st.sources, st.frontier, snapshot)
             else:
                 pending = []
-            if blocked and check is not None and (check.mode == "hold_back" or any(p.rows for p in pending)
-                                                  or st.frontier is None) and not force:
-                record_skip(self.conn, st, initiated_by, blocked, sum(p.rows for p in pending) or None,
-                            sum(p.deletes for p in pending) or None)
-                if request_ids:
-                    self.conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
-                                      (list(request_ids),))
-                return RefreshPlan(Action.SKIP, blocked, sum(p.rows for p in pending)), None
             if hold_back:
                 assert check is not None
                 plan = self._hold_back_plan(st, pending, check.reason)
             elif st.frontier is None:
-                return plan_refresh(st.refresh_mode, None, st.needs_reinit, None, mode), mark
+                plan = plan_refresh(st.refresh_mode, None, st.needs_reinit, None, mode)
             else:
                 if mode.differential and any(p.rows for p in pending):
                     source_rows, ratio = self._mode_figures(st, sum(p.rows for p in pending))
                     mode = ModeContext(mode.differential, mode.reason, source_rows, ratio, mode.layout_changed)
                 plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending, mode)
+            # A closed gate skips (with nothing to apply, a gated stream table just moves its frontier).
+            if blocked and (plan.action is not Action.NO_DATA or hold_back):
+                record_skip(self.conn, st, initiated_by, blocked, plan.delta_rows or None,
+                            plan.delta_deletes or None)
+                if request_ids:
+                    self.conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
+                                      (list(request_ids),))
+                return RefreshPlan(Action.SKIP, blocked, plan.delta_rows, plan.delta_deletes), None
+            if st.frontier is None:
+                return plan, mark
             if plan.action is not Action.NO_DATA and not force and st.frontier is not None:
                 gate = breaker_gate.check(self.conn, st, pending, st.frontier, snapshot, initiated_by)
                 if gate.blocked:
