@@ -657,3 +657,30 @@ def test_stale_watermark_alerts_once_and_resumes(shop: Database) -> None:
     finally:
         scheduler.close()
         listener.close()
+
+
+# ------------------------------------------------------------------------ CLI
+
+
+def test_cli_watermarks_status_and_refusal(shop: Database) -> None:
+    from typer.testing import CliRunner
+
+    from pgtrickle.cli.main import app
+
+    runner = CliRunner(env={"COLUMNS": "250"})
+
+    def invoke(*args: str):  # type: ignore[no-untyped-def]
+        return runner.invoke(app, ["--dsn", shop.dsn, *args], catch_exceptions=False)
+
+    load(shop, [add_orders(101, 150, 2)], "orders", t(5))
+    result = invoke("watermarks")
+    assert result.exit_code == 0, result.output
+    assert "order_pipeline" in result.output and "misaligned" in result.output
+    assert "public.order_lines" in result.output and "2026-03-01 12:05:00+0000" in result.output
+    result = invoke("status")
+    assert result.exit_code == 0 and "gate (inferred) closed" in result.output
+    result = invoke("refresh", "order_report")
+    assert result.exit_code == 1 and "watermark gating" in result.output and "--force" in result.output
+    result = invoke("refresh", "--force", "order_report")
+    assert result.exit_code == 0, result.output
+    assert_oracle(shop, "order_report")
