@@ -168,14 +168,13 @@ def gate_decision(mode: str, groups: Sequence[Group]) -> GateDecision:
     Bootstrapping groups never block. The effective watermark of an allowed
     gated refresh is the minimum of its groups' minimum watermarks.
     """
-    if mode not in ("gate", "hold_back") or not groups:
+    if mode != "gate" or not groups:
         return GateDecision(False, "no watermark gating" if mode == "none" else "no watermark group applies", None)
     states = [(g, group_state(g)) for g in groups]
     active = [(g, s) for g, s in states if s.state != BOOTSTRAPPING]
-    if mode == "gate":
-        misaligned = [(g, s) for g, s in active if s.state == MISALIGNED]
-        if misaligned:
-            return GateDecision(True, "gated: " + "; ".join(_describe(g, s) for g, s in misaligned), None)
+    misaligned = [(g, s) for g, s in active if s.state == MISALIGNED]
+    if misaligned:
+        return GateDecision(True, "gated: " + "; ".join(_describe(g, s) for g, s in misaligned), None)
     if not active:
         return GateDecision(False, "; ".join(_describe(g, s) for g, s in states) + " (it gates nothing yet)", None)
     effective = min(s.min_watermark for _, s in active)  # type: ignore[type-var]

@@ -301,7 +301,7 @@ class Refresher:
                 return RefreshPlan(Action.SKIP, blocked, plan.delta_rows, plan.delta_deletes), None
             if st.frontier is None:
                 return plan, mark
-            if plan.action is not Action.NO_DATA and not force and st.frontier is not None:
+            if plan.action is not Action.NO_DATA and not force:
                 gate = breaker_gate.check(self.conn, st, pending, st.frontier, snapshot, initiated_by)
                 if gate.blocked:
                     if request_ids:
