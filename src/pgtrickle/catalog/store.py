@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
@@ -57,6 +58,14 @@ class StreamTable:
     sources: tuple[Source, ...] = field(default=())
     diff_fallback_ratio: float | None = None
     """Per-table override of the ``differential_fallback_ratio`` setting."""
+    watermark_gating: str = "inferred"
+    """The watermark_gating setting: inferred | none | gate | hold_back."""
+    effective_watermark: datetime | None = None
+    """The minimum watermark of the applicable watermark groups at the last refresh."""
+    watermark_positions: dict | None = None
+    """hold_back: where each grouped source was read at the last refresh (see gates.watermark_gate)."""
+    watermark_mark: Any = None
+    """Set by the refresh engine for one refresh: the watermark state to commit with the frontier."""
 
     @property
     def qualified(self) -> str:
@@ -160,6 +169,9 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
             columns=tuple(Column(c["name"], c["type"]) for c in r["cols"]),
             sources=tuple(sources.get(r["pgt_id"], ())),
             diff_fallback_ratio=r.get("diff_fallback_ratio"),
+            watermark_gating=r.get("watermark_gating") or "inferred",
+            effective_watermark=r.get("effective_watermark"),
+            watermark_positions=r.get("watermark_positions"),
         )
     return result
 

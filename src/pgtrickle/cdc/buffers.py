@@ -66,26 +66,42 @@ def cleanup_buffers(conn: psycopg.Connection) -> int:
     A row is consumed by a stream table once its xid is below the xmin of the
     stream table's frontier (then it is visible in it). A source with a
     consumer that has no frontier yet (not initialized) keeps everything.
+    Watermarks keep more: a hold_back stream table rebuilds a grouped source
+    as of an older snapshot from the changes after it, so rows after the
+    snapshot a hold_back refresh last read the source at, and after each
+    group member's advancement at its group's last aligned point, stay too.
+    The horizon used is recorded (``cleaned_below``), so a hold-back can tell
+    whether the rows it needs are all there.
     """
     buffers = conn.execute(
         """
-        SELECT c.buffer_name,
-               min(pg_snapshot_xmin(s.frontier)::text::numeric)::text AS horizon,
+        SELECT c.source_relid, c.buffer_name,
+               least(min(pg_snapshot_xmin(s.frontier)::text::numeric),
+                     min(pg_snapshot_xmin((s.watermark_positions->'sources'->>c.source_relid::text)::pg_snapshot)
+                         ::text::numeric),
+                     (SELECT min(pg_snapshot_xmin(h.snapshot)::text::numeric)
+                        FROM pgtrickle.pgt_watermark_group_sources m
+                        JOIN pgtrickle.pgt_watermark_history h ON h.advancement_id = m.aligned_advancement
+                       WHERE m.source_relid = c.source_relid))::text AS horizon,
                bool_or(s.frontier IS NULL) AS any_uninitialized
           FROM pgtrickle.pgt_change_sources c
           JOIN pgtrickle.pgt_dependencies d USING (source_relid)
           JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)
-         GROUP BY c.buffer_name
+         GROUP BY c.source_relid, c.buffer_name
         """
     ).fetchall()
     deleted = 0
-    for buffer_name, horizon, any_uninitialized in buffers:
+    for relid, buffer_name, horizon, any_uninitialized in buffers:
         if any_uninitialized or horizon is None:
             continue
         cur = conn.execute(
             sql.SQL("DELETE FROM {} WHERE xid < %s::xid8").format(_buffer(buffer_name)), (horizon,)
         )
         deleted += cur.rowcount or 0
+        if cur.rowcount:
+            conn.execute(
+                "UPDATE pgtrickle.pgt_change_sources SET cleaned_below = greatest(cleaned_below, %s::xid8)"
+                " WHERE source_relid = %s", (horizon, relid))
     # Buffers of stream tables nobody reads hold only refresh markers: keep them empty.
     orphans = conn.execute(
         """

@@ -181,12 +181,13 @@ def refresh(
     names: Annotated[list[str] | None, typer.Argument(help="Stream tables to refresh.",
                                                        show_default=False)] = None,
     all_: Annotated[bool, typer.Option("--all", help="Refresh every stream table.")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Pass an open circuit breaker.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Pass an open circuit breaker and a closed watermark gate.")] = False,
 ) -> None:
     """Refresh stream tables now, upstream first, and wait for the result.
 
-    A stream table whose circuit breaker is open is refused unless --force
-    (with --all it is skipped and reported).
+    A stream table whose circuit breaker is open, or whose watermark gate is
+    closed, is refused unless --force (with --all it is skipped and reported).
     """
     from pgtrickle.scheduler.daemon import refresh_sync
 
@@ -261,16 +262,24 @@ def status(ctx: typer.Context) -> None:
             require_installed(conn)
             rows = conn.execute(
                 "SELECT name, status, effective_mode, schedule, last_refresh_at, staleness,"
-                " pending_requests, last_error FROM pgtrickle.stream_tables_info ORDER BY name"
+                " pending_requests, last_error, watermark_gating, watermark_gating_origin,"
+                " watermark_gate IS NOT NULL, effective_watermark"
+                " FROM pgtrickle.stream_tables_info ORDER BY name"
             ).fetchall()
         table = Table("stream table", "status", "mode", "schedule", "last refresh", "staleness",
-                      "queued", "last error", title=f"stream tables in {redact(dsn)}")
-        for name, st_status, mode, schedule, last, staleness, queued, error in rows:
+                      "queued", "watermark gating", "last error", title=f"stream tables in {redact(dsn)}")
+        for (name, st_status, mode, schedule, last, staleness, queued, error, gating, origin, gated,
+             effective) in rows:
             colour = {"ACTIVE": "green", "INITIALIZING": "cyan", "SUSPENDED": "yellow",
                       "ERROR": "red"}.get(st_status, "white")
+            gating_text = "-" if gating == "none" and origin == "inferred" else f"{gating} ({origin})"
+            if gated:
+                gating_text += " [yellow]closed[/]"
+            if effective is not None:
+                gating_text += f" @ {effective:%Y-%m-%d %H:%M:%S}"
             table.add_row(name, f"[{colour}]{st_status}[/]", mode, schedule,
                           last.strftime("%Y-%m-%d %H:%M:%S") if last else "never",
-                          _fmt_interval(staleness), str(queued), (error or "")[:60])
+                          _fmt_interval(staleness), str(queued), gating_text, (error or "")[:60])
         console.print(table)
         if not rows:
             console.print("no stream tables yet: SELECT pgtrickle.create_stream_table(name, query)")
@@ -357,6 +366,48 @@ def explain(
             if mode == "ERROR":
                 console.print("  refresh_mode DIFFERENTIAL cannot run this query; use AUTO or FULL.",
                               highlight=False)
+
+    _run(go)
+
+
+# ---------------------------------------------------------- watermarks
+
+
+@app.command()
+def watermarks(ctx: typer.Context) -> None:
+    """Show watermark groups (aligned or not, lag, effective watermark) and every source's watermark."""
+    from pgtrickle.catalog.install import require_installed
+
+    def ts(value) -> str:  # type: ignore[no-untyped-def]
+        return value.strftime("%Y-%m-%d %H:%M:%S%z") if value is not None else "-"
+
+    def go() -> None:
+        with connect(_dsn(ctx)) as conn:
+            require_installed(conn)
+            groups = conn.execute(
+                "SELECT group_name, state, min_watermark, max_watermark, lag, tolerance, effective_watermark,"
+                " lagging_sources, stuck_sources, stream_tables FROM pgtrickle.watermark_status()").fetchall()
+            sources = conn.execute(
+                "SELECT source, watermark, advanced_at, advanced_by, application_name, groups, stuck_in"
+                " FROM pgtrickle.watermarks()").fetchall()
+        if not groups and not sources:
+            console.print("no watermarks yet: SELECT pgtrickle.advance_watermark(source, watermark) after a load, "
+                          "and pgtrickle.create_watermark_group(name, sources) to align sources")
+            return
+        table = Table("group", "state", "min", "max", "lag", "tolerance", "effective", "lagging", "stuck",
+                      "stream tables", title="watermark groups")
+        for name, state, low, high, lag, tolerance, effective, lagging, stuck, sts in groups:
+            colour = {"aligned": "green", "misaligned": "yellow", "bootstrapping": "cyan"}[state]
+            table.add_row(name, f"[{colour}]{state}[/]", ts(low), ts(high), _fmt_interval(lag),
+                          _fmt_interval(tolerance), ts(effective), ", ".join(lagging),
+                          "[red]" + ", ".join(stuck) + "[/]" if stuck else "", ", ".join(sts))
+        console.print(table)
+        table = Table("source", "watermark", "advanced at", "by", "application", "groups", "stuck in",
+                      title="sources")
+        for source, watermark, at, by, application, in_groups, stuck_in in sources:
+            table.add_row(source, ts(watermark), ts(at), by, application or "", ", ".join(in_groups),
+                          "[red]" + ", ".join(stuck_in) + "[/]" if stuck_in else "")
+        console.print(table)
 
     _run(go)
 

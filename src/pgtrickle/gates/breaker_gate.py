@@ -17,6 +17,7 @@ from psycopg import sql
 
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import PendingChanges
+from pgtrickle.gates.skips import record_skip
 from pgtrickle.gates.circuit_breaker import BreakerConfig, TripDecision, Volume, should_trip
 
 QUARANTINE_MAX_ROWS = 1_000_000
@@ -109,17 +110,7 @@ def _store_baseline(conn: psycopg.Connection, pgt_id: int, decision: TripDecisio
 
 def _record_skip(conn: psycopg.Connection, st: StreamTable, initiated_by: str, volume: Volume,
                  reason: str) -> None:
-    conn.execute(
-        """
-        INSERT INTO pgtrickle.pgt_refresh_history
-            (pgt_id, action, status, initiated_by, rows_inserted, rows_deleted, delta_row_count,
-             delta_deletes, end_time, skip_reason)
-        VALUES (%s, 'SKIP', 'SKIPPED', %s, 0, 0, %s, %s, clock_timestamp(), %s)
-        """,
-        (st.pgt_id, initiated_by, volume.total, volume.deletes, reason),
-    )
-    conn.execute("UPDATE pgtrickle.pgt_stream_tables SET last_attempt_at = now() WHERE pgt_id = %s",
-                 (st.pgt_id,))
+    record_skip(conn, st, initiated_by, reason, volume.total, volume.deletes)
 
 
 def _trip(conn: psycopg.Connection, st: StreamTable, config: BreakerConfig, volume: Volume,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.errors import RefreshError
@@ -33,7 +34,13 @@ def lock_for_apply(conn: psycopg.Connection, st: StreamTable) -> None:
 
 def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: str, history_id: int,
              inserted: int, deleted: int, spark_seconds: float, request_ids: Sequence[int]) -> None:
-    """Advance the frontier, mark the table healthy, complete the history row, consume requests."""
+    """Advance the frontier, mark the table healthy, complete the history row, consume requests.
+
+    The refresh's watermark state (``st.watermark_mark``: the effective
+    watermark, and where a hold_back refresh read each grouped source) is
+    stored with the frontier.
+    """
+    mark = st.watermark_mark
     conn.execute(
         """
         UPDATE pgtrickle.pgt_stream_tables
@@ -41,19 +48,23 @@ def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: s
                data_timestamp = now(), last_refresh_at = now(), last_attempt_at = now(),
                needs_reinit = false, consecutive_errors = 0, last_error = NULL,
                status = CASE WHEN status IN ('INITIALIZING', 'ERROR') THEN 'ACTIVE' ELSE status END,
+               effective_watermark = CASE WHEN %(wm)s THEN %(ew)s ELSE effective_watermark END,
+               watermark_positions = CASE WHEN %(wm)s THEN %(pos)s ELSE watermark_positions END,
                updated_at = now()
          WHERE pgt_id = %(id)s
         """,
-        {"s": snapshot, "lsn": lsn, "id": st.pgt_id},
+        {"s": snapshot, "lsn": lsn, "id": st.pgt_id, "wm": mark is not None,
+         "ew": mark.effective_watermark if mark else None,
+         "pos": Jsonb(mark.positions) if mark and mark.positions else None},
     )
     conn.execute(
         """
         UPDATE pgtrickle.pgt_refresh_history
            SET status = 'COMPLETED', end_time = clock_timestamp(), rows_inserted = %s,
-               rows_deleted = %s, frontier = %s::pg_snapshot, spark_seconds = %s
+               rows_deleted = %s, frontier = %s::pg_snapshot, spark_seconds = %s, effective_watermark = %s
          WHERE refresh_id = %s
         """,
-        (inserted, deleted, snapshot, spark_seconds, history_id),
+        (inserted, deleted, snapshot, spark_seconds, mark.effective_watermark if mark else None, history_id),
     )
     if request_ids:
         conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",

@@ -19,21 +19,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
-from pgtrickle.gates import breaker_gate
+from pgtrickle.gates import breaker_gate, watermark_gate
+from pgtrickle.gates.skips import record_skip
+from pgtrickle.gates.watermark_gate import WatermarkMark
 from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError
 from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis, RecomputeShape, analyze, respect_sum_types
 from pgtrickle.dvm.layout import Layout, ensure_layout, plan_layout, row_index_name, state_types
-from pgtrickle.refresh import commit
+from pgtrickle.refresh import as_of, commit
 from pgtrickle.refresh.plan import DEFAULT_FALLBACK_RATIO, Action, ModeContext, RefreshPlan, plan_refresh
 from pgtrickle.spark import jdbc
 from pgtrickle.refresh.differential import finish_output
@@ -119,16 +122,18 @@ class Refresher:
                 record_no_data: bool = False, force: bool = False) -> RefreshOutcome:
         """Bring ``st`` up to date. Raises RefreshError (history records it) on failure.
 
-        ``force`` passes the gates (an open circuit breaker) for this refresh.
+        ``force`` passes the gates (an open circuit breaker, a closed watermark
+        gate, a hold-back that cannot be honoured) for this refresh.
         """
         started = time.monotonic()
         self._cancel_requested = False
         analysis, differential, layout, layout_changed = self._prepare(st, initiated_by)
         mode = ModeContext(differential=differential, reason=analysis.reason,
                            layout_changed=layout_changed)
-        plan = self._plan_and_maybe_skip(st, request_ids, initiated_by, record_no_data, force, mode)
+        plan, mark = self._plan_and_maybe_skip(st, request_ids, initiated_by, record_no_data, force, mode)
         if plan.action in (Action.NO_DATA, Action.SKIP):
             return RefreshOutcome(st, plan.action, plan.reason, seconds=time.monotonic() - started)
+        st = replace(st, watermark_mark=mark)  # committed with the frontier
         history_id = self._start_history(st, plan, initiated_by)
         try:
             if plan.action is Action.DIFFERENTIAL:
@@ -258,36 +263,80 @@ class Refresher:
 
     def _plan_and_maybe_skip(self, st: StreamTable, request_ids: Sequence[int], initiated_by: str,
                              record_no_data: bool, force: bool = False,
-                             mode: ModeContext | None = None) -> RefreshPlan:
+                             mode: ModeContext | None = None) -> tuple[RefreshPlan, WatermarkMark | None]:
         mode = mode or ModeContext()
-        if st.frontier is None:
-            return plan_refresh(st.refresh_mode, None, st.needs_reinit, None, mode)
+        check = watermark_gate.evaluate(self.conn, st)
+        mark = check.mark if check else None
+        if st.frontier is None and (check is None or not (check.blocked or check.hold_back)):
+            return plan_refresh(st.refresh_mode, None, st.needs_reinit, None, mode), mark
         snapshot = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
         if any(s.kind == "TABLE" for s in st.sources) and self._wal_capture_set_up():
             wait_for_decoder(self.conn, self.dsn)
         with self.conn.transaction():
-            pending = pending_changes(self.conn, st.sources, st.frontier, snapshot)
-            if mode.differential and any(p.rows for p in pending):
-                source_rows, ratio = self._mode_figures(st, sum(p.rows for p in pending))
-                mode = ModeContext(mode.differential, mode.reason, source_rows, ratio, mode.layout_changed)
-            plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending, mode)
+            blocked = check.blocked if check else None
+            hold_back = check is not None and check.hold_back
+            if check is not None and blocked and force:
+                blocked = None
+                if check.mode == "hold_back":
+                    # Forced: read every source as it is now (and leave any earlier hold-back behind).
+                    mark = WatermarkMark(None, None)
+                    check = replace(check, mark=mark)
+            if hold_back and not blocked:
+                assert check is not None
+                window = watermark_gate.hold_back_window(self.conn, st, check, snapshot)
+                if window.skip_reason and force:
+                    mark = WatermarkMark(None, None)
+                    check = replace(check, mark=mark)
+                    window = watermark_gate.hold_back_window(self.conn, st, check, snapshot)
+                blocked = window.skip_reason
+                pending = window.pending
+            elif st.frontier is not None:
+                pending = pending_changes(self.conn, st.sources, st.frontier, snapshot)
+            else:
+                pending = []
+            if hold_back:
+                assert check is not None
+                plan = self._hold_back_plan(st, pending, check.reason)
+            elif st.frontier is None:
+                plan = plan_refresh(st.refresh_mode, None, st.needs_reinit, None, mode)
+            else:
+                if mode.differential and any(p.rows for p in pending):
+                    source_rows, ratio = self._mode_figures(st, sum(p.rows for p in pending))
+                    mode = ModeContext(mode.differential, mode.reason, source_rows, ratio, mode.layout_changed)
+                plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending, mode)
+            # A closed gate skips (with nothing to apply, a gated stream table just moves its frontier).
+            if blocked and (plan.action is not Action.NO_DATA or hold_back):
+                record_skip(self.conn, st, initiated_by, blocked, plan.delta_rows or None,
+                            plan.delta_deletes or None)
+                if request_ids:
+                    self.conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
+                                      (list(request_ids),))
+                return RefreshPlan(Action.SKIP, blocked, plan.delta_rows, plan.delta_deletes), None
+            if st.frontier is None:
+                return plan, mark
             if plan.action is not Action.NO_DATA and not force:
                 gate = breaker_gate.check(self.conn, st, pending, st.frontier, snapshot, initiated_by)
                 if gate.blocked:
                     if request_ids:
                         self.conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
                                           (list(request_ids),))
-                    return RefreshPlan(Action.SKIP, gate.reason, plan.delta_rows, plan.delta_deletes)
+                    return RefreshPlan(Action.SKIP, gate.reason, plan.delta_rows, plan.delta_deletes), None
             if plan.action is Action.NO_DATA:
+                # A closed gate with nothing to apply keeps the effective watermark it had.
+                keep = mark is None or bool(blocked)
                 cur = self.conn.execute(
                     """
                     UPDATE pgtrickle.pgt_stream_tables
                        SET frontier = %(s)s::pg_snapshot, frontier_lsn = pg_current_wal_lsn(),
                            data_timestamp = now(), last_refresh_at = now(), last_attempt_at = now(),
-                           status = CASE WHEN status = 'INITIALIZING' THEN 'ACTIVE' ELSE status END
+                           status = CASE WHEN status = 'INITIALIZING' THEN 'ACTIVE' ELSE status END,
+                           effective_watermark = CASE WHEN %(keep)s THEN effective_watermark ELSE %(ew)s END,
+                           watermark_positions = CASE WHEN %(keep)s THEN watermark_positions ELSE %(pos)s END
                      WHERE pgt_id = %(id)s AND frontier::text = %(f)s
                     """,
-                    {"s": snapshot, "id": st.pgt_id, "f": st.frontier},
+                    {"s": snapshot, "id": st.pgt_id, "f": st.frontier, "keep": keep,
+                     "ew": mark.effective_watermark if mark else None,
+                     "pos": Jsonb(mark.positions) if mark and mark.positions else None},
                 )
                 if cur.rowcount and request_ids:
                     self.conn.execute(
@@ -299,13 +348,28 @@ class Refresher:
                         """
                         INSERT INTO pgtrickle.pgt_refresh_history
                             (pgt_id, action, status, initiated_by, rows_inserted, rows_deleted,
-                             delta_row_count, end_time, mode_reason, frontier)
+                             delta_row_count, end_time, mode_reason, frontier, effective_watermark)
                         VALUES (%s, 'NO_DATA', 'COMPLETED', %s, 0, 0, 0, clock_timestamp(), %s,
-                                %s::pg_snapshot)
+                                %s::pg_snapshot, %s)
                         """,
-                        (st.pgt_id, initiated_by, plan.reason, snapshot),
+                        (st.pgt_id, initiated_by, plan.reason, snapshot,
+                         mark.effective_watermark if mark and not keep else None),
                     )
-        return plan
+        return plan, mark
+
+    @staticmethod
+    def _hold_back_plan(st: StreamTable, pending: Sequence, reason: str) -> RefreshPlan:
+        """A hold_back refresh reads capped sources as of their caps: FULL (the differential path
+        reads every source at the refresh snapshot and cannot), or nothing when nothing moved."""
+        delta = sum(p.rows for p in pending)
+        deletes = sum(p.deletes for p in pending)
+        if st.frontier is None:
+            return RefreshPlan(Action.FULL, f"initial population; {reason}", 0)
+        if st.needs_reinit:
+            return RefreshPlan(Action.FULL, f"reinitialization requested; {reason}", delta, deletes)
+        if delta == 0 and not any(p.truncated for p in pending):
+            return RefreshPlan(Action.NO_DATA, "no pending changes up to the watermark", 0)
+        return RefreshPlan(Action.FULL, reason, delta, deletes)
 
     def _wal_capture_set_up(self) -> bool:
         row = self.conn.execute("SELECT EXISTS (SELECT 1 FROM pgtrickle.pgt_decoder_state)").fetchone()
@@ -372,6 +436,9 @@ class Refresher:
                                      jdbc.ctid_predicates(stats[source.relid], parts))
                 if source.kind == "STREAM_TABLE":
                     df = df.drop(*[c for c in df.columns if c.startswith("__pgt_")])
+                cap = st.watermark_mark.caps.get(source.relid) if st.watermark_mark else None
+                if cap is not None:  # hold_back: the source as it was at its watermark's snapshot
+                    df = as_of.read_as_of(spark, self.conn, self.target, self.dsn, source, df, cap, snapshot)
                 df.createOrReplaceTempView(view)
                 table_map[(source.schema, source.name)] = view
             column_types = {(s.schema, s.name): dict(s.column_types) for s in st.sources}

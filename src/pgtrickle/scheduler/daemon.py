@@ -33,6 +33,7 @@ from pgtrickle.cdc.wal import DecoderThread, decoder_slot, wait_for_decoder
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect
 from pgtrickle.errors import PgTrickleError, ScheduleError
+from pgtrickle.gates import watermark_gate
 from pgtrickle.refresh.engine import Cancelled, RefreshOutcome, Refresher
 from pgtrickle.scheduler.dag import StreamTableNode, resolve_calculated, topological_order
 from pgtrickle.scheduler.policy import DueReason, DueState, due_reason
@@ -217,6 +218,7 @@ class Scheduler:
 
     def _maintenance(self, force: bool = False) -> None:
         self._check_slot_lag()
+        watermark_gate.send_stale_alerts(self.conn)
         if not force and time.monotonic() - self._last_maintenance < MAINTENANCE_EVERY_SECONDS:
             return
         self._last_maintenance = time.monotonic()
@@ -229,6 +231,17 @@ class Scheduler:
             DELETE FROM pgtrickle.pgt_refresh_history
              WHERE end_time < now() - (SELECT value::interval FROM pgtrickle.pgt_settings
                                         WHERE name = 'history_retention')
+            """
+        )
+        # Watermark advancements: the latest per source and each group's aligned point are kept.
+        self.conn.execute(
+            """
+            DELETE FROM pgtrickle.pgt_watermark_history h
+             WHERE advanced_at < now() - (SELECT value::interval FROM pgtrickle.pgt_settings
+                                           WHERE name = 'watermark_history_retention')
+               AND NOT EXISTS (SELECT 1 FROM pgtrickle.pgt_watermarks w WHERE w.advancement_id = h.advancement_id)
+               AND NOT EXISTS (SELECT 1 FROM pgtrickle.pgt_watermark_group_sources m
+                                WHERE m.aligned_advancement = h.advancement_id)
             """
         )
 
@@ -354,6 +367,13 @@ def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
                     f"the circuit breaker of stream table {name} is open ({why}); inspect it with "
                     "pgtrickle.inspect_circuit_breaker, reset it with pgtrickle.reset_circuit_breaker, "
                     "or refresh anyway with --force")
+            if names is not None:
+                for pgt_id in sorted(wanted):
+                    gated = watermark_gate.gated_reason(scheduler.conn, sts[pgt_id])
+                    if gated:
+                        raise PgTrickleError(
+                            f"stream table {sts[pgt_id].display} is held back by watermark gating ({gated}); "
+                            "pgtrickle watermarks shows which source lags; refresh anyway with --force")
         outcomes = []
         for pgt_id in ordered(sts):
             if pgt_id not in wanted:
