@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -49,7 +50,10 @@ from pgtrickle.dvm.linear import (
     NotDifferentiable,
     Weighted,
     bind_views,
+    conjuncts,
     equi_links,
+    from_items,
+    strip_parens,
     term_query,
     terms,
     weighted,
@@ -615,34 +619,59 @@ class DifferentialRun:
         return DeltaResult(rows, keys if key_names else [])
 
     def _rescan_pushdown(self, shape: AggregateShape, keys: list[tuple]) -> dict[int, str]:
-        """Views reading, for group keys that are plain columns of a table, only the touched groups."""
-        from pgtrickle.dvm.linear import from_items
+        """Views reading only the touched groups' rows of the tables the rescan joins.
 
+        A table whose column is a group key is read with ``col = ANY(keys)``; a
+        table joined to an already filtered one by an equality is read with a
+        semi-join on it (``x IN (SELECT y FROM <filtered table> WHERE …)``), run
+        by PostgreSQL — inner joins only, so a row outside it joins nothing that
+        reaches a touched group. Tables used twice (self-joins) are read whole.
+        """
         try:
-            items, _ = from_items(shape.select)
+            items, conditions = from_items(shape.select)
         except NotDifferentiable:
             return {}
-        tables = {item.alias: item.node for item in items if isinstance(item.node, exp.Table)}
-        views: dict[int, str] = {}
+        once = Counter((t.text("db"), t.name) for t in shape.select.find_all(exp.Table))
+        tables = {item.alias: item.node for item in items
+                  if isinstance(item.node, exp.Table) and once[(item.node.text("db"), item.node.name)] == 1}
+        sources = {alias: self._source(t.text("db"), t.name) for alias, t in tables.items()}
+        filters: dict[str, str] = {}
         for position, key in enumerate(shape.keys):
-            column = key.expr
-            while isinstance(column, exp.Paren):
-                column = column.this
-            if not isinstance(column, exp.Column) or not column.table or column.table not in tables:
+            column = strip_parens(key.expr)
+            if not isinstance(column, exp.Column) or column.table not in tables or column.table in filters:
                 continue
-            table = tables[column.table]
-            source = self._source(table.text("db"), table.name)
-            if source.relid in views or not should_push_down(self._stats[source.relid].reltuples, len(keys)):
-                continue
-            values = sorted({k[position] for k in keys if k[position] is not None}, key=repr)
-            has_null = any(k[position] is None for k in keys)
-            col_type = dict(source.column_types).get(column.name)
+            col_type = dict(sources[column.table].column_types).get(column.name)
             if col_type is None:
                 continue
+            values = sorted({k[position] for k in keys if k[position] is not None}, key=repr)
             condition = f"{quote_ident(column.name)} = ANY(CAST({sql.Literal(values).as_string(self.conn)} " \
                         f"AS {col_type}[]))"
-            if has_null:
+            if any(k[position] is None for k in keys):
                 condition = f"({condition} OR {quote_ident(column.name)} IS NULL)"
+            filters[column.table] = condition
+        links = []
+        for condition in conditions:
+            for conjunct in conjuncts(condition):
+                conjunct = strip_parens(conjunct)
+                if isinstance(conjunct, exp.EQ):
+                    left, right = strip_parens(conjunct.this), strip_parens(conjunct.expression)
+                    if (isinstance(left, exp.Column) and isinstance(right, exp.Column)
+                            and left.table in tables and right.table in tables and left.table != right.table):
+                        links += [(left.table, left.name, right.table, right.name),
+                                  (right.table, right.name, left.table, left.name)]
+        grown = bool(filters)
+        while grown:
+            grown = False
+            for have, have_col, other, other_col in links:
+                if have in filters and other not in filters:
+                    filters[other] = (f"{quote_ident(other_col)} IN (SELECT {quote_ident(have_col)} FROM "
+                                      f"{sources[have].qualified} WHERE {filters[have]})")
+                    grown = True
+        views: dict[int, str] = {}
+        for alias, condition in filters.items():
+            source = sources[alias]
+            if not should_push_down(self._stats[source.relid].reltuples, len(keys)):
+                continue
             df = jdbc.read_query(self.r.spark, self.r.target,
                                  f"SELECT * FROM {source.qualified} WHERE {condition}", self._snap_id)
             name = f"{self.prefix}r_{source.relid}"
