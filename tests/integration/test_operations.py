@@ -449,3 +449,16 @@ def test_status_watch_updates_a_bounded_number_of_times(nums: Database) -> None:
 def test_run_refuses_a_bad_metrics_port(nums: Database) -> None:
     result = runner.invoke(app, ["--dsn", nums.dsn, "run", "--once", "--metrics-port", "70000"])
     assert result.exit_code == 1 and "metrics port" in result.output
+
+
+def test_an_unparseable_schedule_alerts_stream_table_error(nums: Database, listener: psycopg.Connection) -> None:
+    nums.sql("UPDATE pgtrickle.pgt_stream_tables SET schedule = '0 0 31 2 *'")  # never fires
+    scheduler = Scheduler(nums.settings, nums.dsn)
+    try:
+        scheduler.tick()
+        scheduler.tick()
+    finally:
+        scheduler.close()
+    [alert] = [a for a in received(listener) if a["event"] == "stream_table_error"]
+    assert alert["previous_status"] == "ACTIVE" and "0 0 31 2 *" in alert["error"]
+    assert len(logged(nums, "stream_table_error")) == 1

@@ -1429,8 +1429,8 @@ BEGIN
 END
 $$;
 
-DROP TRIGGER IF EXISTS pgt_st_change_alerts ON pgtrickle.pgt_stream_tables;
-CREATE TRIGGER pgt_st_change_alerts
+DROP TRIGGER IF EXISTS status_change_alerts ON pgtrickle.pgt_stream_tables;
+CREATE TRIGGER status_change_alerts
     AFTER UPDATE OF status, needs_reinit ON pgtrickle.pgt_stream_tables
     FOR EACH ROW
     WHEN ((NEW.status = 'ERROR' AND OLD.status IS DISTINCT FROM 'ERROR')
