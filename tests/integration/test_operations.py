@@ -4,9 +4,15 @@ pgtrickle.alerts), refresh history and its retention, staleness, metrics, status
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -462,3 +468,33 @@ def test_an_unparseable_schedule_alerts_stream_table_error(nums: Database, liste
     [alert] = [a for a in received(listener) if a["event"] == "stream_table_error"]
     assert alert["previous_status"] == "ACTIVE" and "0 0 31 2 *" in alert["error"]
     assert len(logged(nums, "stream_table_error")) == 1
+
+
+def test_pgtrickle_run_serves_metrics_on_the_given_port(nums: Database, tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PGTRICKLE_DSN=nums.dsn, PGTRICKLE_DATA_DIR=str(tmp_path),
+               PGTRICKLE_SPARK_MASTER="local[1]", PGTRICKLE_TICK_SECONDS="0.5")
+    env.pop("PGTRICKLE_METRICS_PORT", None)
+    proc = subprocess.Popen([sys.executable, "-m", "pgtrickle", "run", "--metrics-port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # nothing is due (schedule 1h), so no Spark session is needed
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                got = scrape(port)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the metrics server did not come up"
+                time.sleep(0.3)
+        assert got[("pgtrickle_stream_table_status", (("st", "public.nums"), ("status", "ACTIVE")))] == 1
+        assert got[("pgtrickle_consecutive_errors", (("st", "public.nums"),))] == 0
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output
+    assert f"Prometheus metrics on http://127.0.0.1:{port}/metrics" in output
