@@ -498,3 +498,23 @@ def test_pgtrickle_run_serves_metrics_on_the_given_port(nums: Database, tmp_path
             proc.kill()
     assert proc.returncode == 0, output
     assert f"Prometheus metrics on http://127.0.0.1:{port}/metrics" in output
+
+
+def test_a_cancelled_refresh_is_abandoned_not_counted_as_a_failure(nums: Database) -> None:
+    from pgtrickle.catalog.store import load_stream_tables
+    from pgtrickle.refresh.engine import Cancelled, Refresher
+
+    nums.sql("UPDATE src SET s = '5' WHERE id = 1")
+    before = nums.sql("SELECT * FROM nums ORDER BY id")
+    refresher = Refresher(nums.settings, nums.dsn, progress=lambda msg: refresher.cancel())
+    try:
+        [st] = load_stream_tables(nums.conn).values()
+        with pytest.raises(Cancelled):
+            refresher.refresh(st, "MANUAL")
+    finally:
+        refresher.close()
+    assert status_of(nums, "nums") == ("ACTIVE", 0)
+    assert nums.sql("SELECT status, error_message FROM pgtrickle.pgt_refresh_history ORDER BY refresh_id DESC "
+                    "LIMIT 1") == [("ABANDONED", "abandoned on request (second stop signal)")]
+    assert nums.scalar("SELECT count(*) FROM pgtrickle.alerts") == 0
+    assert nums.sql("SELECT * FROM nums ORDER BY id") == before
