@@ -61,6 +61,14 @@ def _parse_spark_conf(raw: str | None) -> dict[str, str]:
     return conf
 
 
+def _metrics_port() -> int | None:
+    """PGTRICKLE_METRICS_PORT: unset, empty or ``off`` leaves the metrics server off."""
+    raw = _env("METRICS_PORT")
+    if raw is None or raw.lower() == "off":
+        return None
+    return int(_env_number("METRICS_PORT", 0, int))
+
+
 @dataclass(frozen=True)
 class Settings:
     """All of pgtrickle's settings in one immutable value."""
@@ -81,6 +89,16 @@ class Settings:
     jdbc_partition_rows: int = 500_000
     """Sources larger than this (by pg_class.reltuples) are read with parallel JDBC partitions."""
 
+    metrics_port: int | None = None
+    """Port the daemon serves Prometheus metrics on (``/metrics``); ``None``: off (the default); 0: any free port."""
+
+    metrics_address: str = "127.0.0.1"
+    """Address the metrics server listens on (``0.0.0.0`` to let a Prometheus on another host scrape it)."""
+
+    def __post_init__(self) -> None:
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"the metrics port must be between 0 and 65535, got {self.metrics_port}")
+
     @classmethod
     def from_env(cls) -> Settings:
         data_dir = _env("DATA_DIR")
@@ -93,6 +111,8 @@ class Settings:
             jdbc_jar=_env("JDBC_JAR") or DEFAULT_JDBC_JAR,
             tick_seconds=_env_number("TICK_SECONDS", 1.0, float),
             jdbc_partition_rows=int(_env_number("JDBC_PARTITION_ROWS", 500_000, int)),
+            metrics_port=_metrics_port(),
+            metrics_address=_env("METRICS_ADDRESS") or "127.0.0.1",
         )
 
     def with_overrides(self, **overrides: object) -> Settings:

@@ -1,7 +1,9 @@
 """Install or upgrade pgtrickle's objects in a database, idempotently.
 
 Tables change only through numbered migrations (``sql/migrations/NNN_*.sql``),
-each applied once and recorded in ``pgtrickle.pgt_schema_version``. Functions
+each applied once and recorded in ``pgtrickle.pgt_schema_version``. A
+migration not recorded yet is applied even when a higher one is (numbers are
+reserved by work in parallel branches, so one may arrive after a later one). Functions
 and views (``sql/api.sql``) are re-created on every install, so an upgrade
 replaces them. Everything runs in one transaction under an advisory lock, so
 two concurrent installs cannot interleave and a failed one changes nothing.
@@ -48,13 +50,20 @@ def migrations() -> list[Migration]:
             found.append(Migration(int(match.group(1)), match.group(2), entry.read_text()))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise CatalogError(f"migration files are not numbered 001..{len(found):03d}: {versions}")
+    if len(set(versions)) != len(versions) or (versions and versions[0] != 1):
+        raise CatalogError(f"migration files must be numbered uniquely from 001: {versions}")
     return found
 
 
 def latest_version() -> int:
-    return len(migrations())
+    return max(m.version for m in migrations())
+
+
+def applied_versions(conn: psycopg.Connection) -> set[int]:
+    """The migrations recorded in the database (empty when not installed)."""
+    if installed_version(conn) is None:
+        return set()
+    return {int(v) for (v,) in conn.execute("SELECT version FROM pgtrickle.pgt_schema_version").fetchall()}
 
 
 def installed_version(conn: psycopg.Connection) -> int | None:
@@ -79,13 +88,14 @@ def install(conn: psycopg.Connection, up_to: int | None = None) -> InstallResult
             " applied_at timestamptz NOT NULL DEFAULT now())"
         )
         current = installed_version(conn) or 0
+        done = applied_versions(conn)
         if current > latest_version():
             raise CatalogError(
                 f"the database has pgtrickle catalog version {current}, newer than this "
                 f"pgtrickle ({latest_version()}); upgrade pgtrickle"
             )
         for migration in migrations():
-            if migration.version <= current or (up_to is not None and migration.version > up_to):
+            if migration.version in done or (up_to is not None and migration.version > up_to):
                 continue
             conn.execute(migration.sql)  # type: ignore[arg-type]
             conn.execute(
@@ -94,7 +104,8 @@ def install(conn: psycopg.Connection, up_to: int | None = None) -> InstallResult
             )
             applied.append(f"{migration.version:03d}_{migration.name}")
         if up_to is not None and up_to < latest_version():
-            return InstallResult(applied, up_to, False)
+            return InstallResult(applied, max(done | {m.version for m in migrations() if m.version <= up_to}),
+                                 False)
         conn.execute((_sql_dir() / "api.sql").read_text())  # type: ignore[arg-type]
         event_triggers = _install_event_triggers(conn)
     return InstallResult(applied, latest_version(), event_triggers)
@@ -124,7 +135,7 @@ def require_installed(conn: psycopg.Connection) -> None:
         raise CatalogError(
             "pgtrickle is not installed in this database; run `pgtrickle install`"
         )
-    if version < latest_version():
+    if version < latest_version() or {m.version for m in migrations()} - applied_versions(conn):
         raise CatalogError(
             f"the pgtrickle catalog is at version {version}, this pgtrickle needs "
             f"{latest_version()}; run `pgtrickle install` to upgrade"

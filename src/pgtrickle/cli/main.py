@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
 
 import psycopg
 import typer
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
 
+from pgtrickle.catalog.install import require_installed
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, redact, resolve_dsn
 from pgtrickle.errors import PgTrickleError
@@ -212,13 +215,19 @@ def run(
     once: Annotated[bool, typer.Option(help="Run one scheduler tick and exit.")] = False,
     tick: Annotated[float | None, typer.Option(help="Seconds between ticks when nothing is notified.",
                                                show_default=False)] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        help="Serve Prometheus metrics on this port at /metrics ($PGTRICKLE_METRICS_PORT; default: off).",
+        show_default=False)] = None,
+    metrics_address: Annotated[str | None, typer.Option(
+        help="Address of the metrics server ($PGTRICKLE_METRICS_ADDRESS, default 127.0.0.1).",
+        show_default=False)] = None,
 ) -> None:
     """Run the daemon: refresh due stream tables in dependency order until stopped."""
     from pgtrickle.scheduler.daemon import Scheduler
 
-    settings = _settings(ctx).with_overrides(tick_seconds=tick)
-
     def go() -> None:
+        settings = _settings(ctx).with_overrides(tick_seconds=tick, metrics_port=metrics_port,
+                                                 metrics_address=metrics_address)
         dsn = _dsn(ctx)
         scheduler = Scheduler(
             settings, dsn,
@@ -229,6 +238,10 @@ def run(
         console.print(f"pgtrickle daemon on {redact(dsn)}, Spark master {settings.spark_master}; "
                       "Ctrl-C to stop")
         try:
+            port = scheduler.start_metrics()
+            if port is not None:
+                console.print(f"Prometheus metrics on http://{settings.metrics_address}:{port}/metrics",
+                              highlight=False)
             scheduler.run(max_ticks=1 if once else None)
         finally:
             scheduler.close()
@@ -251,51 +264,88 @@ def _fmt_interval(value: timedelta | None) -> str:
     return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
 
 
+def status_view(dsn: str, *, alerts_shown: int = 5) -> Group:
+    """Everything ``pgtrickle status`` shows, as one renderable (read now from the catalog)."""
+    with connect(dsn) as conn:
+        require_installed(conn)
+        rows = conn.execute(
+            "SELECT name, status, effective_mode, schedule, last_refresh_at, staleness,"
+            " pending_requests, consecutive_errors, last_error, watermark_gating, watermark_gating_origin,"
+            " watermark_gate IS NOT NULL, effective_watermark FROM pgtrickle.stream_tables_info ORDER BY name"
+        ).fetchall()
+        health = conn.execute(
+            "SELECT source, cdc_mode, cdc_mode_setting, slot_active, lag_bytes, pending_rows,"
+            " oldest_pending_age, problems FROM pgtrickle.check_cdc_health()").fetchall() if rows else []
+        recent = conn.execute(
+            "SELECT at, event, coalesce(pgtrickle._display_name(st_schema, st_name), payload->>'slot',"
+            " payload->>'source', payload->>'group', ''), payload FROM pgtrickle.alerts"
+            " ORDER BY alert_id DESC LIMIT %s", (alerts_shown,)).fetchall() if alerts_shown > 0 else []
+        now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    parts: list = []
+    table = Table("stream table", "status", "mode", "schedule", "last refresh", "staleness",
+                  "queued", "watermark gating", "errors", "last error",
+                  title=f"stream tables in {redact(dsn)} at {now.strftime('%Y-%m-%d %H:%M:%S %Z')}")
+    for (name, st_status, mode, schedule, last, staleness, queued, errors, error, gating, origin, gated,
+         effective) in rows:
+        colour = {"ACTIVE": "green", "INITIALIZING": "cyan", "SUSPENDED": "yellow",
+                  "ERROR": "red"}.get(st_status, "white")
+        gating_text = "-" if gating == "none" and origin == "inferred" else f"{gating} ({origin})"
+        if gated:
+            gating_text += " [yellow]closed[/]"
+        if effective is not None:
+            gating_text += f" @ {effective:%Y-%m-%d %H:%M:%S}"
+        table.add_row(name, f"[{colour}]{st_status}[/]", mode, schedule,
+                      last.strftime("%Y-%m-%d %H:%M:%S") if last else "never",
+                      _fmt_interval(staleness), str(queued), gating_text, str(errors) if errors else "",
+                      (error or "")[:60])
+    parts.append(table)
+    if not rows:
+        parts.append("no stream tables yet: SELECT pgtrickle.create_stream_table(name, query)")
+        return Group(*parts)
+    cdc = Table("source", "capture", "setting", "decoder", "slot lag", "pending", "oldest",
+                "problems", title="change capture")
+    for source, mode, setting, active, lag, pending, oldest, problems in health:
+        decoder = "-" if mode == "trigger" else ("attached" if active else "[red]none[/]")
+        cdc.add_row(source, mode, setting, decoder, "-" if lag is None else f"{int(lag):,} B",
+                    f"{pending:,}", _fmt_interval(oldest),
+                    "[red]" + "; ".join(problems) + "[/]" if problems else "[green]ok[/]")
+    parts.append(cdc)
+    if recent:
+        alert_table = Table("at", "event", "about", "details", title="recent alerts")
+        for at, event, about, payload in recent:
+            details = {k: v for k, v in payload.items()
+                       if k not in ("event", "st_name", "schema", "at", "alert_id")}
+            alert_table.add_row(at.strftime("%Y-%m-%d %H:%M:%S"), event, about,
+                                ", ".join(f"{k}={v}" for k, v in details.items())[:80])
+        parts.append(alert_table)
+    return Group(*parts)
+
+
 @app.command()
-def status(ctx: typer.Context) -> None:
-    """Show every stream table: status, mode, schedule, freshness."""
-    from pgtrickle.catalog.install import require_installed
+def status(
+    ctx: typer.Context,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Keep the view on screen, refreshed live.")] = False,
+    interval: Annotated[float, typer.Option(help="Seconds between updates with --watch.", min=0.1)] = 2.0,
+    count: Annotated[int | None, typer.Option(
+        help="With --watch: stop after this many updates (default: until Ctrl-C).", min=1,
+        show_default=False)] = None,
+) -> None:
+    """Show every stream table: status, mode, schedule, freshness, errors; change capture; recent alerts."""
 
     def go() -> None:
         dsn = _dsn(ctx)
-        with connect(dsn) as conn:
-            require_installed(conn)
-            rows = conn.execute(
-                "SELECT name, status, effective_mode, schedule, last_refresh_at, staleness,"
-                " pending_requests, last_error, watermark_gating, watermark_gating_origin,"
-                " watermark_gate IS NOT NULL, effective_watermark"
-                " FROM pgtrickle.stream_tables_info ORDER BY name"
-            ).fetchall()
-        table = Table("stream table", "status", "mode", "schedule", "last refresh", "staleness",
-                      "queued", "watermark gating", "last error", title=f"stream tables in {redact(dsn)}")
-        for (name, st_status, mode, schedule, last, staleness, queued, error, gating, origin, gated,
-             effective) in rows:
-            colour = {"ACTIVE": "green", "INITIALIZING": "cyan", "SUSPENDED": "yellow",
-                      "ERROR": "red"}.get(st_status, "white")
-            gating_text = "-" if gating == "none" and origin == "inferred" else f"{gating} ({origin})"
-            if gated:
-                gating_text += " [yellow]closed[/]"
-            if effective is not None:
-                gating_text += f" @ {effective:%Y-%m-%d %H:%M:%S}"
-            table.add_row(name, f"[{colour}]{st_status}[/]", mode, schedule,
-                          last.strftime("%Y-%m-%d %H:%M:%S") if last else "never",
-                          _fmt_interval(staleness), str(queued), gating_text, (error or "")[:60])
-        console.print(table)
-        if not rows:
-            console.print("no stream tables yet: SELECT pgtrickle.create_stream_table(name, query)")
+        if not watch:
+            console.print(status_view(dsn))
             return
-        with connect(dsn) as conn:
-            health = conn.execute(
-                "SELECT source, cdc_mode, cdc_mode_setting, slot_active, lag_bytes, pending_rows,"
-                " oldest_pending_age, problems FROM pgtrickle.check_cdc_health()").fetchall()
-        cdc = Table("source", "capture", "setting", "decoder", "slot lag", "pending", "oldest",
-                    "problems", title="change capture")
-        for source, mode, setting, active, lag, pending, oldest, problems in health:
-            decoder = "-" if mode == "trigger" else ("attached" if active else "[red]none[/]")
-            cdc.add_row(source, mode, setting, decoder, "-" if lag is None else f"{int(lag):,} B",
-                        f"{pending:,}", _fmt_interval(oldest),
-                        "[red]" + "; ".join(problems) + "[/]" if problems else "[green]ok[/]")
-        console.print(cdc)
+        shown = 1
+        with Live(status_view(dsn), console=console, refresh_per_second=4, screen=False) as live:
+            try:
+                while count is None or shown < count:
+                    time.sleep(interval)
+                    live.update(status_view(dsn))
+                    shown += 1
+            except KeyboardInterrupt:
+                pass
 
     _run(go)
 

@@ -8,7 +8,6 @@ plan already made (shared with the refresh plan, counted once).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ from psycopg import sql
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import PendingChanges
 from pgtrickle.gates.skips import record_skip
+from pgtrickle.ops import alerts
 from pgtrickle.gates.circuit_breaker import BreakerConfig, TripDecision, Volume, should_trip
 
 QUARANTINE_MAX_ROWS = 1_000_000
@@ -145,12 +145,11 @@ def _trip(conn: psycopg.Connection, st: StreamTable, config: BreakerConfig, volu
         )
         budget -= cur.rowcount or 0
     base = decision.baseline
-    payload = {
-        "event": "circuit_breaker_tripped", "st_name": st.name, "schema": st.schema,
+    fields = {
         "mode": config.mode, "delta_row_count": volume.total, "delete_count": volume.deletes,
         "baseline_mean": round(base.mean, 3) if base else None,
         "baseline_stddev": round(base.stddev, 3) if base else None,
         "ceiling": config.ceiling, "computed_threshold": decision.threshold,
         "trip_reason": decision.reason,
     }
-    conn.execute("SELECT pg_notify('pg_trickle_alert', %s)", (json.dumps(payload),))
+    alerts.send_alert(conn, "circuit_breaker_tripped", fields, schema=st.schema, st_name=st.name)

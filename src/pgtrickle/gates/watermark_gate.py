@@ -270,6 +270,6 @@ def send_stale_alerts(conn: psycopg.Connection) -> int:
                        "watermark": watermark.isoformat() if watermark else None,
                        "last_advanced_at": last.isoformat(), "stale_after": str(stale_after),
                        "at": now.isoformat()}
-            conn.execute("SELECT pg_notify('pg_trickle_alert', %s)", (json.dumps(payload),))
+            conn.execute("SELECT pgtrickle._send_alert(%s::jsonb)", (json.dumps(payload),))
             sent += 1
     return sent

@@ -33,6 +33,7 @@ from pgtrickle.db.connection import connect, jdbc_target
 from pgtrickle.gates import breaker_gate, watermark_gate
 from pgtrickle.gates.skips import record_skip
 from pgtrickle.gates.watermark_gate import WatermarkMark
+from pgtrickle.ops import alerts, health
 from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError
 from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis, RecomputeShape, analyze, respect_sum_types
 from pgtrickle.dvm.layout import Layout, ensure_layout, plan_layout, row_index_name, state_types
@@ -127,10 +128,23 @@ class Refresher:
         """
         started = time.monotonic()
         self._cancel_requested = False
-        analysis, differential, layout, layout_changed = self._prepare(st, initiated_by)
-        mode = ModeContext(differential=differential, reason=analysis.reason,
-                           layout_changed=layout_changed)
-        plan, mark = self._plan_and_maybe_skip(st, request_ids, initiated_by, record_no_data, force, mode)
+        try:
+            analysis, differential, layout, layout_changed = self._prepare(st, initiated_by)
+            mode = ModeContext(differential=differential, reason=analysis.reason,
+                               layout_changed=layout_changed)
+            plan, mark = self._plan_and_maybe_skip(st, request_ids, initiated_by, record_no_data, force, mode)
+        except _AlreadyRecorded as done:
+            raise done.error from None
+        except Exception as exc:
+            # Failed before any Spark job (analysis, layout, planning): a failed refresh all the same.
+            message = _describe(exc)
+            attempted = Action.DIFFERENTIAL if st.refresh_mode == "DIFFERENTIAL" else Action.FULL
+            history_id = self._start_history(
+                st, RefreshPlan(attempted, "failed while preparing the refresh", 0), initiated_by)
+            self._record_failure(st, history_id, message, fatal=health.is_fatal(exc))
+            if isinstance(exc, PgTrickleError):
+                raise
+            raise RefreshError(f"refresh of {st.display} failed: {message}") from exc
         if plan.action in (Action.NO_DATA, Action.SKIP):
             return RefreshOutcome(st, plan.action, plan.reason, seconds=time.monotonic() - started)
         st = replace(st, watermark_mark=mark)  # committed with the frontier
@@ -140,9 +154,12 @@ class Refresher:
                 outcome = self._differential_or_fallback(st, plan, history_id, request_ids, analysis, layout)
             else:
                 outcome = self._full_refresh(st, plan, history_id, request_ids, layout)
+        except Cancelled:
+            self._record_abandoned(history_id)
+            raise
         except Exception as exc:
             message = _describe(exc)
-            self._record_failure(st, history_id, message, fatal=isinstance(exc, UnsupportedQueryError))
+            self._record_failure(st, history_id, message, fatal=health.is_fatal(exc))
             if isinstance(exc, PgTrickleError):
                 raise
             raise RefreshError(f"refresh of {st.display} failed: {message}") from exc
@@ -183,7 +200,7 @@ class Refresher:
             plan = RefreshPlan(Action.FULL, message, 0)
             history_id = self._start_history(st, plan, initiated_by)
             self._record_failure(st, history_id, message, fatal=True)
-            raise UnsupportedQueryError(message)
+            raise _AlreadyRecorded(UnsupportedQueryError(message))
         differential = analysis.differential and st.refresh_mode != "FULL"
         self._record_mode(st, "DIFFERENTIAL" if differential else "FULL",
                           analysis.reason if st.refresh_mode != "FULL" else "refresh_mode is FULL")
@@ -390,25 +407,59 @@ class Refresher:
         return int(row[0])
 
     def _record_failure(self, st: StreamTable, history_id: int, message: str, fatal: bool) -> None:
+        """Record a failed refresh: history row, error count, status (auto-suspension / ERROR), alerts.
+
+        One transaction, so the status and its alerts never disagree. The
+        decision is :func:`pgtrickle.ops.health.after_failure`.
+        """
         try:
             with self.conn.transaction():
-                self.conn.execute(
+                hist = self.conn.execute(
                     "UPDATE pgtrickle.pgt_refresh_history SET status = 'FAILED', end_time = clock_timestamp(),"
-                    " error_message = %s WHERE refresh_id = %s",
+                    " error_message = %s WHERE refresh_id = %s RETURNING action, initiated_by",
                     (message, history_id),
-                )
+                ).fetchone()
+                row = self.conn.execute(
+                    "SELECT status, consecutive_errors + 1 FROM pgtrickle.pgt_stream_tables"
+                    " WHERE pgt_id = %s FOR UPDATE", (st.pgt_id,)).fetchone()
+                if row is None:
+                    return  # dropped meanwhile
+                status, errors = str(row[0]), int(row[1])
+                threshold = int(alerts.setting(self.conn, "auto_suspend_after", health.DEFAULT_AUTO_SUSPEND_AFTER))
+                verdict = health.after_failure(status, errors, threshold, fatal)
                 self.conn.execute(
                     """
                     UPDATE pgtrickle.pgt_stream_tables
-                       SET consecutive_errors = consecutive_errors + 1, last_error = %s,
-                           last_attempt_at = now(),
-                           status = CASE WHEN %s THEN 'ERROR' ELSE status END
+                       SET consecutive_errors = %s, last_error = %s, last_attempt_at = now(), status = %s
                      WHERE pgt_id = %s
                     """,
-                    (message, fatal, st.pgt_id),
+                    (errors, message, verdict.status, st.pgt_id),
                 )
+                for event in verdict.events:
+                    if event == "refresh_failed":
+                        fields: dict[str, object] = {
+                            "error": message, "consecutive_errors": errors, "fatal": fatal,
+                            "status": verdict.status, "refresh_id": history_id,
+                            "action": hist[0] if hist else None, "initiated_by": hist[1] if hist else None}
+                    else:  # auto_suspended
+                        fields = {"consecutive_errors": errors, "threshold": threshold, "last_error": message,
+                                  "previous_status": status}
+                    alerts.send_alert(self.conn, event, fields, schema=st.schema, st_name=st.name)
+                if verdict.status == "SUSPENDED" and status != "SUSPENDED":
+                    log.warning("%s: suspended after %d consecutive failed refreshes; "
+                                "resume with pgtrickle.resume_stream_table", st.display, errors)
         except psycopg.Error:
             log.exception("could not record the failure of %s", st.display)
+
+    def _record_abandoned(self, history_id: int) -> None:
+        """A refresh cancelled on request: not the stream table's failure (no error count)."""
+        try:
+            self.conn.execute(
+                "UPDATE pgtrickle.pgt_refresh_history SET status = 'ABANDONED', end_time = clock_timestamp(),"
+                " error_message = 'abandoned on request (second stop signal)' WHERE refresh_id = %s",
+                (history_id,))
+        except psycopg.Error:
+            log.exception("could not record an abandoned refresh")
 
     # ---------------------------------------------------------- FULL path
     def _full_refresh(self, st: StreamTable, plan: RefreshPlan, history_id: int,
@@ -553,6 +604,14 @@ class Refresher:
                     sql.SQL(", ").join(sql.Identifier(k) for k in keys)))
         except psycopg.Error as err:
             log.info("%s: no unique index on the group key (%s)", st.display, err)
+
+
+class _AlreadyRecorded(Exception):  # noqa: N818 - a carrier, not an error of its own
+    """Carries an error whose failure was recorded where it was raised."""
+
+    def __init__(self, error: PgTrickleError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _describe(exc: BaseException) -> str:

@@ -14,7 +14,6 @@ nothing is applied — the stream table keeps its previous contents).
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -34,6 +33,8 @@ from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect
 from pgtrickle.errors import PgTrickleError, ScheduleError
 from pgtrickle.gates import watermark_gate
+from pgtrickle.ops import alerts
+from pgtrickle.ops.metrics import Metrics
 from pgtrickle.refresh.engine import Cancelled, RefreshOutcome, Refresher
 from pgtrickle.scheduler.dag import StreamTableNode, resolve_calculated, topological_order
 from pgtrickle.scheduler.policy import DueReason, DueState, due_reason
@@ -108,11 +109,21 @@ class Scheduler:
         self.decoder: DecoderThread | None = None
         self.capture = CaptureManager(self.conn, self.ensure_decoder)
         self._slot_lag_alerted = False
+        self.metrics = Metrics()
 
     def close(self) -> None:
+        self.metrics.close()
         self.stop_decoder()
         self.refresher.close()
         self.conn.close()
+
+    def start_metrics(self) -> int | None:
+        """Serve Prometheus metrics when a port is configured; returns the port (``None``: off)."""
+        if self.settings.metrics_port is None or self.metrics.port is not None:
+            return self.metrics.port
+        port = self.metrics.serve(self.settings.metrics_port, self.settings.metrics_address)
+        self.metrics.update_from_catalog(self.conn)
+        return port
 
     # ---------------------------------------------------------- WAL decoder
     def ensure_decoder(self) -> None:
@@ -178,8 +189,15 @@ class Scheduler:
         if not self.stop_requested:
             for name, move, why in self.capture.reconcile():
                 log.warning("%s: change capture %s (%s)", name, move.value, why)
+        self._check_staleness(schedules)
         self._maintenance()
         return report
+
+    def _check_staleness(self, schedules: dict[int, Schedule]) -> None:
+        try:
+            alerts.check_staleness(self.conn, schedules, self._db_now())
+        except psycopg.Error:  # an alert must not stop the daemon
+            log.exception("checking stream tables for stale data failed")
 
     def _refresh_one(self, st: StreamTable, reason: DueReason, request_ids: Sequence[int],
                      report: TickReport, force: bool = False) -> None:
@@ -196,15 +214,18 @@ class Scheduler:
             outcome = self.refresher.refresh(fresh, initiated_by, request_ids,
                                              record_no_data=reason is DueReason.REQUESTED, force=force)
             report.refreshed.append(outcome)
+            self.metrics.observe_outcome(outcome)
             self.on_outcome(outcome)
         except Cancelled:
             raise
         except PgTrickleError as exc:
             log.error("refresh of %s failed: %s", st.display, exc)
             report.failed.append((st, str(exc)))
+            self.metrics.observe_failure(st.display)
         except Exception as exc:  # noqa: BLE001 - one stream table must not stop the daemon
             log.exception("refresh of %s failed unexpectedly", st.display)
             report.failed.append((st, f"{type(exc).__name__}: {exc}"))
+            self.metrics.observe_failure(st.display)
         finally:
             self.locks.unlock(st.pgt_id)
 
@@ -219,6 +240,8 @@ class Scheduler:
     def _maintenance(self, force: bool = False) -> None:
         self._check_slot_lag()
         watermark_gate.send_stale_alerts(self.conn)
+        if self.metrics.port is not None and (force or self.metrics.due_for_update()):
+            self.metrics.update_from_catalog(self.conn)
         if not force and time.monotonic() - self._last_maintenance < MAINTENANCE_EVERY_SECONDS:
             return
         self._last_maintenance = time.monotonic()
@@ -226,13 +249,9 @@ class Scheduler:
         deleted = cleanup_buffers(self.conn)
         if deleted:
             log.info("removed %d consumed change buffer rows", deleted)
-        self.conn.execute(
-            """
-            DELETE FROM pgtrickle.pgt_refresh_history
-             WHERE end_time < now() - (SELECT value::interval FROM pgtrickle.pgt_settings
-                                        WHERE name = 'history_retention')
-            """
-        )
+        history, alert_rows = alerts.prune(self.conn)
+        if history or alert_rows:
+            log.info("pruned %d refresh history rows and %d alerts past their retention", history, alert_rows)
         # Watermark advancements: the latest per source and each group's aligned point are kept.
         self.conn.execute(
             """
@@ -259,9 +278,8 @@ class Scheduler:
         slot, lag, limit = row
         if lag > limit and not self._slot_lag_alerted:
             self._slot_lag_alerted = True
-            payload = {"event": "slot_lag_warning", "slot": slot, "lag_bytes": int(lag),
-                       "threshold_bytes": int(limit)}
-            self.conn.execute("SELECT pg_notify('pg_trickle_alert', %s)", (json.dumps(payload),))
+            alerts.send_alert(self.conn, "slot_lag_warning",
+                              {"slot": slot, "lag_bytes": int(lag), "threshold_bytes": int(limit)})
             log.warning("replication slot %s retains %d bytes of WAL (alert above %d)", slot, lag, limit)
         elif lag <= limit:
             self._slot_lag_alerted = False
@@ -304,6 +322,7 @@ class Scheduler:
         listener = connect(self.dsn, application_name="pgtrickle-listener")
         listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
         self.abandon_stale_history()
+        self.start_metrics()
         ticks = 0
         try:
             while not self.stop_requested:

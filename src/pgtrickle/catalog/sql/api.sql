@@ -1010,9 +1010,9 @@ BEGIN
                FROM pgtrickle.pgt_watermark_groups wg
               WHERE m.source_relid = p_relid AND m.stuck_since IS NOT NULL AND wg.group_id = m.group_id
              RETURNING wg.group_name, m.group_id LOOP
-        PERFORM pg_notify('pg_trickle_alert', jsonb_build_object(
+        PERFORM pgtrickle._send_alert(jsonb_build_object(
             'event', 'watermark_resumed', 'group', g.group_name, 'source', v_name,
-            'watermark', p_watermark, 'previous_watermark', cur.watermark, 'at', v_now)::text);
+            'watermark', p_watermark, 'previous_watermark', cur.watermark, 'at', v_now));
     END LOOP;
     -- Wake the daemon (delivered at commit): gating is re-evaluated on its next tick.
     PERFORM pg_notify('pgtrickle_refresh', 'watermark');
@@ -1705,11 +1705,42 @@ $$;
 
 -- --------------------------------------------------------- circuit breaker
 
+-- Send one alert: a row in pgtrickle.alerts and a NOTIFY on pg_trickle_alert, both at
+-- commit. The payload needs "event"; "at" is added when missing, "alert_id" always.
+-- (Every alert goes through here, so the table and the channel never disagree.)
+CREATE OR REPLACE FUNCTION pgtrickle._send_alert(p_payload jsonb)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_payload jsonb;
+    v_id bigint;
+    v_text text;
+BEGIN
+    IF p_payload IS NULL OR jsonb_typeof(p_payload) <> 'object' OR coalesce(p_payload->>'event', '') = '' THEN
+        RAISE EXCEPTION 'an alert payload must be a JSON object with an "event"'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_payload := jsonb_build_object('at', clock_timestamp()) || p_payload;
+    INSERT INTO pgtrickle.alerts (event, st_schema, st_name, payload)
+    VALUES (v_payload->>'event', v_payload->>'schema', v_payload->>'st_name', v_payload)
+    RETURNING alert_id INTO v_id;
+    v_payload := v_payload || jsonb_build_object('alert_id', v_id);
+    UPDATE pgtrickle.alerts SET payload = v_payload WHERE alert_id = v_id;
+    v_text := v_payload::text;
+    IF octet_length(v_text) > 7800 THEN
+        -- NOTIFY payloads are limited to 8000 bytes: send the essentials, the row has it all.
+        v_text := (jsonb_build_object('truncated', true) || jsonb_strip_nulls(jsonb_build_object(
+            'event', v_payload->'event', 'st_name', v_payload->'st_name', 'schema', v_payload->'schema',
+            'at', v_payload->'at', 'alert_id', v_id)))::text;
+    END IF;
+    PERFORM pg_notify('pg_trickle_alert', v_text);
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgtrickle._alert(p_event text, st pgtrickle.pgt_stream_tables, p_fields jsonb)
 RETURNS void LANGUAGE sql AS $$
-    SELECT pg_notify('pg_trickle_alert', (jsonb_build_object(
+    SELECT pgtrickle._send_alert(jsonb_build_object(
         'event', p_event, 'st_name', st.pgt_name, 'schema', st.pgt_schema, 'at', clock_timestamp())
-        || coalesce(p_fields, '{}'))::text)
+        || coalesce(p_fields, '{}'))
 $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle.reset_circuit_breaker(name text, action text DEFAULT 'apply')
@@ -1838,3 +1869,90 @@ $$;
 
 COMMENT ON FUNCTION pgtrickle.explain_refresh_mode(text) IS
 'Which refresh mode runs for a stream table (FULL or DIFFERENTIAL) and why, as analysed by the refresh engine.';
+
+-- --------------------------------------------------------------- operations
+
+CREATE OR REPLACE FUNCTION pgtrickle.resume_stream_table(name text)
+RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+    v_status text;
+BEGIN
+    st := pgtrickle._find_st(name);
+    SELECT * INTO st FROM pgtrickle.pgt_stream_tables WHERE pgt_id = st.pgt_id FOR UPDATE;
+    IF st.status NOT IN ('SUSPENDED', 'ERROR') THEN
+        RAISE EXCEPTION 'stream table % is %, not SUSPENDED or in ERROR: there is nothing to resume',
+            pgtrickle._display_name(st.pgt_schema, st.pgt_name), st.status
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'pgtrickle.refresh_stream_table(name) refreshes it now.';
+    END IF;
+    v_status := CASE WHEN st.frontier IS NULL THEN 'INITIALIZING' ELSE 'ACTIVE' END;
+    UPDATE pgtrickle.pgt_stream_tables
+       SET status = v_status, consecutive_errors = 0, updated_at = now()
+     WHERE pgt_id = st.pgt_id;
+    -- Refresh at once rather than at the next scheduled time: resuming is an explicit ask.
+    INSERT INTO pgtrickle.pgt_refresh_requests (pgt_id, kind) VALUES (st.pgt_id, 'REFRESH');
+    PERFORM pgtrickle._alert('resumed', st, jsonb_build_object(
+        'previous_status', st.status, 'status', v_status, 'consecutive_errors', st.consecutive_errors,
+        'last_error', st.last_error, 'resumed_by', session_user));
+    PERFORM pg_notify('pgtrickle_refresh', st.pgt_id::text);
+END
+$$;
+
+COMMENT ON FUNCTION pgtrickle.resume_stream_table(text) IS
+'Resume a SUSPENDED (or ERROR) stream table: status ACTIVE, error count reset, a refresh queued, alert resumed.';
+
+CREATE OR REPLACE FUNCTION pgtrickle.get_staleness(name text)
+RETURNS interval LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_variable
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+BEGIN
+    st := pgtrickle._find_st(name);
+    -- NULL: never refreshed, so there is no data to be stale.
+    RETURN now() - st.data_timestamp;
+END
+$$;
+
+COMMENT ON FUNCTION pgtrickle.get_staleness(text) IS
+'How old a stream table''s data is: now() minus the time of the snapshot it reflects; NULL when never refreshed.';
+
+-- Alerts that follow from catalog changes, whoever makes them (the refresh
+-- engine, DDL event triggers, the SQL API): into ERROR, needing reinitialization.
+CREATE OR REPLACE FUNCTION pgtrickle._st_change_alerts()
+RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.status = 'ERROR' AND OLD.status IS DISTINCT FROM 'ERROR' THEN
+        PERFORM pgtrickle._alert('stream_table_error', NEW, jsonb_build_object(
+            'previous_status', OLD.status, 'error', NEW.last_error));
+    END IF;
+    -- (A stream table going into ERROR needs re-creating, not reinitializing: one alert is enough.)
+    IF NEW.needs_reinit AND NOT OLD.needs_reinit AND NEW.status <> 'ERROR' THEN
+        PERFORM pgtrickle._alert('reinitialize_needed', NEW, jsonb_build_object(
+            'status', NEW.status, 'error', NEW.last_error));
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS status_change_alerts ON pgtrickle.pgt_stream_tables;
+CREATE TRIGGER status_change_alerts
+    AFTER UPDATE OF status, needs_reinit ON pgtrickle.pgt_stream_tables
+    FOR EACH ROW
+    WHEN ((NEW.status = 'ERROR' AND OLD.status IS DISTINCT FROM 'ERROR')
+          OR (NEW.needs_reinit AND NOT OLD.needs_reinit AND NEW.status <> 'ERROR'))
+    EXECUTE FUNCTION pgtrickle._st_change_alerts();
+
+-- Prune refresh history and alerts past their retention; returns (history rows, alert rows) deleted.
+CREATE OR REPLACE FUNCTION pgtrickle._prune(OUT history_deleted bigint, OUT alerts_deleted bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM pgtrickle.pgt_refresh_history
+     WHERE end_time < now() - coalesce(pgtrickle._setting('history_retention'), '7 days')::interval;
+    GET DIAGNOSTICS history_deleted = ROW_COUNT;
+    DELETE FROM pgtrickle.alerts
+     WHERE at < now() - coalesce(pgtrickle._setting('alert_retention'), '7 days')::interval;
+    GET DIAGNOSTICS alerts_deleted = ROW_COUNT;
+END
+$$;
