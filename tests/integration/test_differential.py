@@ -254,6 +254,8 @@ def test_rescanned_groups_are_read_by_key_through_joins(db) -> None:  # type: ig
     # a self-join must not get one occurrence's key filter applied to the other
     create_st(db, "same_bucket", "SELECT x.customer, max(y.id) AS last_id FROM ords x JOIN ords y "
                                  "ON y.customer % 7 = x.customer % 7 AND y.id < 300 GROUP BY x.customer")
+    # INTERSECT: each branch is read for the touched row values only
+    create_st(db, "busy", "SELECT customer AS c FROM ords INTERSECT ALL SELECT qty FROM lines WHERE product < 30")
     refresh(db)
     db.sql("UPDATE lines SET qty = 9 WHERE id IN (5, 6)")
     db.sql("DELETE FROM lines WHERE id = 7")
@@ -266,6 +268,9 @@ def test_rescanned_groups_are_read_by_key_through_joins(db) -> None:  # type: ig
     assert outcome.timings.get("key_filtered_reads") == 4, outcome.timings
     assert "whole_table_reads" not in outcome.timings
     assert outcomes["same_bucket"].action.value == "DIFFERENTIAL"
+    busy = outcomes["busy"]
+    assert busy.action.value == "DIFFERENTIAL", busy.reason
+    assert busy.timings.get("key_filtered_reads") == 2 and "whole_table_reads" not in busy.timings, busy.timings
     assert_oracle(db)
 
 

@@ -351,6 +351,12 @@ def term_query(template: Weighted, deltas: frozenset[int],
     return bind_views(pruned, {i: view_for[(i, i in deltas)] for i in present})
 
 
+def term_occurrences(template: Weighted, deltas: frozenset[int]) -> frozenset[int]:
+    """The occurrences the term over ``deltas`` reads (UNION ALL branches without its changes drop out)."""
+    pruned = _prune(template.query.copy(), deltas)
+    return frozenset() if pruned is None else frozenset(_occurrences_under(pruned))
+
+
 def bind_views(query: exp.Expr, views: Mapping[int, str]) -> exp.Expr:
     """Point every placeholder occurrence ``pgt_occ.o<i>`` at the relation ``pgt_dvm.<views[i]>`` (in place)."""
     for table in list(query.find_all(exp.Table)):

@@ -54,6 +54,7 @@ from pgtrickle.dvm.linear import (
     equi_links,
     from_items,
     strip_parens,
+    term_occurrences,
     term_query,
     terms,
     weighted,
@@ -213,7 +214,11 @@ class DifferentialRun:
         parts = []
         for deltas, sign in all_terms:
             views = {}
+            read = self.r.cached(("term-occurrences", self.st.pgt_id, self.st.normalized_query, id(template), deltas),
+                                 lambda deltas=deltas: term_occurrences(template, deltas))
             for index, source in occ_source.items():
+                if index not in read:
+                    continue
                 if index in deltas:
                     views[(index, True)] = self._delta_view(source)
                 else:
@@ -625,22 +630,51 @@ class DifferentialRun:
         table joined to an already filtered one by an equality is read with a
         semi-join on it (``x IN (SELECT y FROM <filtered table> WHERE …)``), run
         by PostgreSQL — inner joins only, so a row outside it joins nothing that
-        reaches a touched group. Tables used twice (self-joins) are read whole.
+        reaches a touched group. For INTERSECT / EXCEPT each branch is filtered
+        by the row values its outputs must have. Tables used twice are read whole.
         """
+        query = shape.rescan_source if shape.rescan_source is not None else shape.select
+        once = Counter((t.text("db"), t.name) for t in query.find_all(exp.Table))
+        if shape.rescan_source is None:
+            scopes = [(shape.select, [(k.index, k.expr) for k in shape.keys])]
+        else:
+            scopes = [(branch, list(enumerate(node.this if isinstance(node, exp.Alias) else node
+                                              for node in branch.expressions)))
+                      for branch in _set_branches(shape.rescan_source)]
+        conditions: dict[int, tuple[Source, str]] = {}
+        for select, outputs in scopes:
+            conditions.update(self._scope_filters(select, outputs, keys, once))
+        views: dict[int, str] = {}
+        for relid, (source, condition) in conditions.items():
+            if not should_push_down(self._stats[relid].reltuples, len(keys)):
+                continue
+            df = jdbc.read_query(self.r.spark, self.r.target,
+                                 f"SELECT * FROM {source.qualified} WHERE {condition}", self._snap_id)
+            name = f"{self.prefix}r_{relid}"
+            self._finish_post(df, name, source)
+            self.timings["key_filtered_reads"] = self.timings.get("key_filtered_reads", 0) + 1
+            views[relid] = name
+        return views
+
+    def _scope_filters(self, select: exp.Select, outputs: list[tuple[int, exp.Expr]], keys: list[tuple],
+                       once: Counter) -> dict[int, tuple[Source, str]]:
+        """PostgreSQL predicates restricting the tables of one SELECT to the touched keys (by relid)."""
         try:
-            items, conditions = from_items(shape.select)
+            items, conditions = from_items(select)
         except NotDifferentiable:
             return {}
-        once = Counter((t.text("db"), t.name) for t in shape.select.find_all(exp.Table))
         tables = {item.alias: item.node for item in items
                   if isinstance(item.node, exp.Table) and once[(item.node.text("db"), item.node.name)] == 1}
         sources = {alias: self._source(t.text("db"), t.name) for alias, t in tables.items()}
         filters: dict[str, str] = {}
-        for position, key in enumerate(shape.keys):
-            column = strip_parens(key.expr)
-            if not isinstance(column, exp.Column) or column.table not in tables or column.table in filters:
+        for position, expr in outputs:
+            column = strip_parens(expr)
+            if not isinstance(column, exp.Column):
                 continue
-            col_type = dict(sources[column.table].column_types).get(column.name)
+            alias = column.table or (next(iter(tables)) if len(items) == 1 and tables else "")
+            if alias not in tables or alias in filters:
+                continue
+            col_type = dict(sources[alias].column_types).get(column.name)
             if col_type is None:
                 continue
             values = sorted({k[position] for k in keys if k[position] is not None}, key=repr)
@@ -648,7 +682,7 @@ class DifferentialRun:
                         f"AS {col_type}[]))"
             if any(k[position] is None for k in keys):
                 condition = f"({condition} OR {quote_ident(column.name)} IS NULL)"
-            filters[column.table] = condition
+            filters[alias] = condition
         links = []
         for condition in conditions:
             for conjunct in conjuncts(condition):
@@ -667,18 +701,7 @@ class DifferentialRun:
                     filters[other] = (f"{quote_ident(other_col)} IN (SELECT {quote_ident(have_col)} FROM "
                                       f"{sources[have].qualified} WHERE {filters[have]})")
                     grown = True
-        views: dict[int, str] = {}
-        for alias, condition in filters.items():
-            source = sources[alias]
-            if not should_push_down(self._stats[source.relid].reltuples, len(keys)):
-                continue
-            df = jdbc.read_query(self.r.spark, self.r.target,
-                                 f"SELECT * FROM {source.qualified} WHERE {condition}", self._snap_id)
-            name = f"{self.prefix}r_{source.relid}"
-            self._finish_post(df, name, source)
-            self.timings["key_filtered_reads"] = self.timings.get("key_filtered_reads", 0) + 1
-            views[source.relid] = name
-        return views
+        return {sources[alias].relid: (sources[alias], condition) for alias, condition in filters.items()}
 
     def _run_state_query(self, shape: AggregateShape, restricted: bool, keys_view: str,
                          pushed: dict[int, str]) -> list[tuple] | Staged:
@@ -908,6 +931,15 @@ def _for_copy(column: str, pg_type: str) -> str:
     if pg_type == "timestamp with time zone":
         return f"date_format({column}, 'yyyy-MM-dd HH:mm:ss.SSSSSSXXX')"
     return column
+
+
+def _set_branches(node: exp.Expr) -> list[exp.Select]:
+    """The SELECT branches of a chain of set operations."""
+    while isinstance(node, exp.Subquery) and not node.alias:
+        node = node.this
+    if isinstance(node, exp.SetOperation):
+        return _set_branches(node.this) + _set_branches(node.expression)
+    return [node] if isinstance(node, exp.Select) else []
 
 
 def spark_name(name: str) -> str:
