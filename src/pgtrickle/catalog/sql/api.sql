@@ -1956,3 +1956,27 @@ BEGIN
     GET DIAGNOSTICS alerts_deleted = ROW_COUNT;
 END
 $$;
+
+-- ------------------------------------------------- user triggers, publishing
+
+CREATE OR REPLACE FUNCTION pgtrickle.set_user_triggers(name text, mode text)
+RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+    v_mode text := lower(btrim(mode));
+BEGIN
+    st := pgtrickle._find_st(name);
+    IF v_mode IS NOT NULL AND v_mode NOT IN ('auto', 'on', 'off', 'default') THEN
+        RAISE EXCEPTION 'invalid user_triggers %', quote_literal(left(mode, 80))
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use ''auto'', ''on'', ''off'', or ''default'' / NULL (the user_triggers setting).';
+    END IF;
+    UPDATE pgtrickle.pgt_stream_tables
+       SET user_triggers = CASE WHEN v_mode = 'default' THEN NULL ELSE v_mode END, updated_at = now()
+     WHERE pgt_id = st.pgt_id;
+END
+$$;
+
+COMMENT ON FUNCTION pgtrickle.set_user_triggers(text, text) IS
+'How refreshes of one stream table treat its user triggers: auto | on | off, or default / NULL for the user_triggers setting.';
