@@ -1,5 +1,5 @@
 -- pgtrickle catalog, version 8: user triggers on stream tables during refreshes.
--- (Functions are in api.sql: pgtrickle.set_user_triggers.)
+-- (Functions are in api.sql: pgtrickle.set_user_triggers, pgtrickle.publish_stream_table.)
 
 ALTER TABLE pgtrickle.pgt_stream_tables
     -- per-table override of the user_triggers setting; NULL follows the setting
