@@ -60,7 +60,7 @@ from pgtrickle.dvm.linear import (
     weighted,
 )
 from pgtrickle.errors import PgTrickleError
-from pgtrickle.refresh import commit
+from pgtrickle.refresh import commit, user_triggers
 from pgtrickle.spark import jdbc
 from pgtrickle.sql.translate import translate_to_spark
 
@@ -734,6 +734,7 @@ class DifferentialRun:
         shape = self.analysis.shape
         with conn.transaction():
             commit.lock_for_apply(conn, st)
+            triggers = user_triggers.begin(conn, st, "DIFFERENTIAL")
             inserted = deleted = 0
             if result.rows or result.keys:
                 buffer = _own_buffer(conn, st)
@@ -745,6 +746,7 @@ class DifferentialRun:
                     inserted, deleted = self._apply_algebraic(shape, result.rows, target, buffer)
             commit.complete(conn, st, snapshot=snapshot, lsn=lsn, history_id=history_id, inserted=inserted,
                             deleted=deleted, spark_seconds=spark_seconds, request_ids=request_ids)
+            user_triggers.finish(conn, st, triggers, inserted, deleted, history_id)
         return inserted, deleted
 
     def _load(self, table: str, columns: Sequence[str], rows: Sequence[tuple] | Staged,

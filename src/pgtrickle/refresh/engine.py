@@ -37,7 +37,7 @@ from pgtrickle.ops import alerts, health
 from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError
 from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis, RecomputeShape, analyze, respect_sum_types
 from pgtrickle.dvm.layout import Layout, ensure_layout, plan_layout, row_index_name, state_types
-from pgtrickle.refresh import as_of, commit
+from pgtrickle.refresh import as_of, commit, user_triggers
 from pgtrickle.refresh.plan import DEFAULT_FALLBACK_RATIO, Action, ModeContext, RefreshPlan, plan_refresh
 from pgtrickle.spark import jdbc
 from pgtrickle.refresh.differential import finish_output
@@ -553,6 +553,7 @@ class Refresher:
             [sql.Identifier(c) for c in layout.columns] + [sql.Identifier("__pgt_row_id")])
         with self.conn.transaction():
             commit.lock_for_apply(self.conn, st)
+            triggers = user_triggers.begin(self.conn, st, "FULL")
             deleted = self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(target)).fetchone()[0]  # type: ignore[index]
             self.conn.execute(sql.SQL("TRUNCATE {}").format(target))
             if rows is not None:
@@ -588,6 +589,7 @@ class Refresher:
             commit.complete(self.conn, st, snapshot=snapshot, lsn=lsn, history_id=history_id,
                             inserted=int(inserted), deleted=int(deleted), spark_seconds=spark_seconds,
                             request_ids=request_ids)
+            user_triggers.finish(self.conn, st, triggers, int(inserted), int(deleted), history_id)
         return int(inserted), int(deleted)
 
 

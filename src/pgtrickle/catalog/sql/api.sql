@@ -1956,3 +1956,58 @@ BEGIN
     GET DIAGNOSTICS alerts_deleted = ROW_COUNT;
 END
 $$;
+
+-- ------------------------------------------------- user triggers, publishing
+
+CREATE OR REPLACE FUNCTION pgtrickle.set_user_triggers(name text, mode text)
+RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+    v_mode text := lower(btrim(mode));
+BEGIN
+    st := pgtrickle._find_st(name);
+    IF v_mode IS NOT NULL AND v_mode NOT IN ('auto', 'on', 'off', 'default') THEN
+        RAISE EXCEPTION 'invalid user_triggers %', quote_literal(left(mode, 80))
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Use ''auto'', ''on'', ''off'', or ''default'' / NULL (the user_triggers setting).';
+    END IF;
+    UPDATE pgtrickle.pgt_stream_tables
+       SET user_triggers = CASE WHEN v_mode = 'default' THEN NULL ELSE v_mode END, updated_at = now()
+     WHERE pgt_id = st.pgt_id;
+END
+$$;
+
+COMMENT ON FUNCTION pgtrickle.set_user_triggers(text, text) IS
+'How refreshes of one stream table treat its user triggers: auto | on | off, or default / NULL for the user_triggers setting.';
+
+-- Publish a stream table for logical replication: REPLICA IDENTITY FULL (its
+-- rows may have no unique key: duplicates of a linear query share their
+-- __pgt_row_id), then CREATE PUBLICATION ... FOR TABLE, or add it to an
+-- existing publication.
+CREATE OR REPLACE FUNCTION pgtrickle.publish_stream_table(name text, publication text)
+RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+    v_table text;
+    v_pub pg_publication;
+BEGIN
+    st := pgtrickle._find_st(name);
+    IF publication IS NULL OR btrim(publication) = '' THEN
+        RAISE EXCEPTION 'publication name must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    v_table := format('%I.%I', st.pgt_schema, st.pgt_name);
+    EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', v_table);
+    SELECT * INTO v_pub FROM pg_publication p WHERE p.pubname = publication;
+    IF NOT FOUND THEN
+        EXECUTE format('CREATE PUBLICATION %I FOR TABLE %s', publication, v_table);
+    ELSIF NOT v_pub.puballtables AND NOT EXISTS (
+            SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = v_pub.oid AND r.prrelid = st.pgt_relid) THEN
+        EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s', publication, v_table);
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION pgtrickle.publish_stream_table(text, text) IS
+'Publish a stream table for logical replication: REPLICA IDENTITY FULL, and CREATE PUBLICATION ... FOR TABLE (or ADD TABLE to an existing one).';
