@@ -609,6 +609,11 @@ def test_dollar_brace_is_refused_because_spark_would_substitute_it() -> None:
         (" SELECT regexp_replace(orders.customer, 'a'::text, 'b'::text, 'x'::text) AS x\n   FROM public.orders;", "flags"),
         (" SELECT EXTRACT(century FROM orders.ts) AS x\n   FROM public.orders;", "century"),
         (" SELECT '10:00'::time without time zone AS x;", "time"),
+        (
+            " SELECT o.customer,\n    count(*) AS n,\n    ( SELECT max(l.qty) AS max\n           FROM public.order_lines l\n"
+            "          WHERE l.order_id = o.customer) AS top\n   FROM public.orders o\n  GROUP BY o.customer;",
+            "correlated scalar subquery in the output list of a GROUP BY",
+        ),
     ],
 )
 def test_unsupported_reason_names_the_construct(text: str, expected: str) -> None:
@@ -622,6 +627,11 @@ def test_unsupported_reason_names_the_construct(text: str, expected: str) -> Non
 
 def test_unsupported_reason_is_none_for_supported_queries() -> None:
     assert unsupported_reason(" SELECT orders.id\n   FROM public.orders\n  WHERE orders.qty > 1;") is None
+    # uncorrelated, or correlated outside a GROUP BY: Spark runs them
+    assert unsupported_reason(" SELECT o.customer, count(*) AS n, ( SELECT max(l.qty) AS max FROM public.order_lines l)"
+                              " AS top FROM public.orders o GROUP BY o.customer") is None
+    assert unsupported_reason(" SELECT o.id, ( SELECT max(l.qty) AS max FROM public.order_lines l"
+                              " WHERE l.order_id = o.id) AS top FROM public.orders o") is None
 
 
 def test_unsupported_reason_reports_parse_failures() -> None:

@@ -620,6 +620,24 @@ def _find_unsupported(query: exp.Expr) -> str | None:
     return None
 
 
+def _grouped_correlated_reason(select: exp.Select) -> str | None:
+    """Spark refuses a correlated scalar subquery in the output list of a grouped SELECT."""
+    grouped = select.args.get("group") is not None or any(
+        agg.find_ancestor(exp.Select) is select for node in select.expressions for agg in node.find_all(exp.AggFunc))
+    if not grouped:
+        return None
+    for node in select.expressions:
+        for sub in node.find_all(exp.Subquery):
+            if sub.alias or not isinstance(sub.this, exp.Select) or sub.find_ancestor(exp.Select) is not select:
+                continue
+            own = {t.alias_or_name for t in sub.this.find_all(exp.Table)}
+            if any(c.table and c.table not in own for c in sub.this.find_all(exp.Column)):
+                return ("a correlated scalar subquery in the output list of a GROUP BY query is not supported "
+                        "on Spark; group in a derived table first: SELECT g.k, g.n, (SELECT ... WHERE b.k = g.k) "
+                        "FROM (SELECT k, count(*) AS n FROM a GROUP BY k) g")
+    return None
+
+
 def _node_reason(node: exp.Expr) -> str | None:  # noqa: C901 - one branch per construct
     """Return why ``node`` cannot be translated, or ``None``."""
     if isinstance(node, exp.With) and node.args.get("recursive"):
@@ -629,7 +647,7 @@ def _node_reason(node: exp.Expr) -> str | None:  # noqa: C901 - one branch per c
             return "FOR UPDATE / FOR SHARE row locking is not supported in a stream table query"
         if node.args.get("into"):
             return "SELECT ... INTO is not a query"
-        return None
+        return _grouped_correlated_reason(node)
     if isinstance(node, exp.Lateral) or (
         isinstance(node, (exp.Subquery, exp.Table, exp.Join)) and node.args.get("lateral")
     ):
