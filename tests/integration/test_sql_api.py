@@ -7,6 +7,8 @@ capture functions) exactly as it was.
 
 from __future__ import annotations
 
+import os
+
 import psycopg
 import pytest
 
@@ -108,6 +110,40 @@ def test_drop_refuses_with_dependents_unless_cascade(shop: Database) -> None:
     shop.sql("SELECT pgtrickle.drop_stream_table('a', cascade => true)")
     assert shop.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables") == 0
     assert shop.scalar("SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'pgt_%'") == 0
+
+
+def test_creating_needs_select_on_every_source(shop: Database) -> None:
+    """The daemon fills a stream table with its own rights: a role that may not read a source may not
+    create a stream table over it (else the stream table would show it what it may not read)."""
+    shop.sql("CREATE TABLE secret (id int PRIMARY KEY, pin text, owner_name text)")
+    shop.sql("INSERT INTO secret VALUES (1, '0000', 'a')")
+    role = f"mallory_{os.getpid()}"
+    shop.sql(f"DROP ROLE IF EXISTS {role}")
+    shop.sql(f"CREATE ROLE {role}")
+    try:
+        # Everything pgtrickle itself needs, and the orders table — but nothing of secret's contents.
+        shop.sql(f"GRANT ALL ON SCHEMA pgtrickle, pgtrickle_changes, public TO {role}")
+        shop.sql(f"GRANT ALL ON ALL TABLES IN SCHEMA pgtrickle TO {role}")
+        shop.sql(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA pgtrickle TO {role}")
+        shop.sql(f"GRANT SELECT, TRIGGER ON orders TO {role}")
+        shop.sql(f"GRANT TRIGGER, REFERENCES ON secret TO {role}")
+        shop.sql(f"GRANT SELECT (id) ON secret TO {role}")
+        before = catalog_fingerprint(shop)
+        for query, column in (("SELECT id, pin FROM secret", "pin"), ("SELECT count(*) AS n FROM secret", None),
+                              ("SELECT o.id FROM orders o JOIN secret s ON s.id = o.id WHERE s.pin = '0000'", "pin")):
+            shop.sql(f"SET ROLE {role}")
+            try:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege) as info:
+                    shop.sql("SELECT pgtrickle.create_stream_table('leak', %s)", (query,))
+            finally:
+                shop.sql("RESET ROLE")
+            assert f"role {role} may not read public.secret" in str(info.value), (query, str(info.value))
+            assert f"GRANT SELECT ON public.secret TO {role}" in (info.value.diag.message_hint or "")
+            assert catalog_fingerprint(shop) == before, (query, column)
+        assert shop.scalar("SELECT count(*) FROM pg_class WHERE relname = 'leak'") == 0
+    finally:
+        shop.sql(f"DROP OWNED BY {role}")
+        shop.sql(f"DROP ROLE {role}")
 
 
 def test_dropping_a_source_is_refused_and_cascade_marks_error(shop: Database) -> None:

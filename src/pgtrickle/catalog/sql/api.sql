@@ -613,6 +613,16 @@ BEGIN
             RAISE EXCEPTION 'source %.% of stream table % is a temporary table', quote_ident(dep.nspname),
                 quote_ident(dep.relname), v_display USING ERRCODE = 'feature_not_supported';
         END IF;
+        -- The daemon fills the table with its own rights: the caller must be allowed to read what it shows.
+        IF NOT pg_catalog.has_table_privilege(dep.relid, 'SELECT')
+           AND (dep.cols IS NULL OR EXISTS (SELECT 1 FROM unnest(dep.cols) AS c(col)
+                                             WHERE NOT pg_catalog.has_column_privilege(dep.relid, c.col, 'SELECT'))) THEN
+            RAISE EXCEPTION 'permission denied: role % may not read %.%, which the defining query of % reads',
+                current_user, quote_ident(dep.nspname), quote_ident(dep.relname), v_display
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = format('A stream table shows what its query reads. GRANT SELECT ON %I.%I TO %I first.',
+                                    dep.nspname, dep.relname, current_user);
+        END IF;
     END LOOP;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid
                     WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass AND r.ev_class = v_view
