@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from pgtrickle.dvm.linear import OCC_SCHEMA, NotDifferentiable, Occurrence, RecomputeOnly, conjuncts, strip_parens
+from pgtrickle.sql.translate import is_correlated
 
 
 @dataclass(frozen=True)
@@ -216,8 +217,7 @@ def _not_in_subqueries(select: exp.Select) -> list[exp.Select]:
             inner = _subquery_of(conjunct)
             if inner is None:
                 continue
-            own = {t.alias_or_name for t in inner.find_all(exp.Table)}
-            if any(c.table and c.table not in own for c in inner.find_all(exp.Column)):
+            if is_correlated(inner):
                 raise RecomputeOnly("NOT IN (a correlated subquery)")
             if any(isinstance(s, (exp.Subquery, exp.Exists)) for s in inner.find_all(exp.Subquery, exp.Exists)):
                 raise RecomputeOnly("NOT IN (a subquery with its own subqueries)")

@@ -304,10 +304,9 @@ class DifferentialRun:
                 return self._views[key]
             name = self.r.view_name(self.st.pgt_id, key)
             other_type = dict(other.column_types)[link.other_column]
-            literal = sql.Literal([k for k in keys]).as_string(self.conn)
-            query = (f"SELECT * FROM {source.qualified} WHERE {quote_ident(link.column)} = "
-                     f"ANY(CAST({literal} AS {other_type}[]))")
-            df = jdbc.read_query(self.r.spark, self.r.target, query, self._snap_id)
+            condition = self._key_condition(link.column, other_type, keys, with_null=False)
+            df = jdbc.read_query(self.r.spark, self.r.target, f"SELECT * FROM {source.qualified} WHERE {condition}",
+                                 self._snap_id)
             self.timings["key_filtered_reads"] = self.timings.get("key_filtered_reads", 0) + 1
             self._finish_post(df, name, source)
             self._views[key] = name
@@ -515,11 +514,7 @@ class DifferentialRun:
                       changed: bool) -> tuple[str, str]:
         """Views of ``source`` restricted to the keys: after the window, and before it (after − delta)."""
         cols = self._columns_of(source)
-        col_type = dict(source.column_types)[column]
-        literal = sql.Literal(keys).as_string(self.conn)
-        condition = f"{quote_ident(column)} = ANY(CAST({literal} AS {col_type}[]))"
-        if with_null:
-            condition = f"({condition} OR {quote_ident(column)} IS NULL)"
+        condition = self._key_condition(column, dict(source.column_types)[column], keys, with_null)
         post_df = jdbc.read_query(self.r.spark, self.r.target,
                                   f"SELECT * FROM {source.qualified} WHERE {condition}", self._snap_id)
         post = f"{self.prefix}k{index}_{source.relid}"
@@ -542,6 +537,12 @@ class DifferentialRun:
             f"WHERE __pgt_n.{WEIGHT} > 0")
         self._register(pre, source, cols)
         return post, pre
+
+    def _key_condition(self, column: str, col_type: str, values: Sequence, with_null: bool) -> str:
+        """``column = ANY(values)`` (and ``OR column IS NULL``) as PostgreSQL text, pushed into a JDBC read."""
+        literal = sql.Literal(list(values)).as_string(self.conn)
+        condition = f"{quote_ident(column)} = ANY(CAST({literal} AS {col_type}[]))"
+        return f"({condition} OR {quote_ident(column)} IS NULL)" if with_null else condition
 
     def _delta_has_null(self, source: Source, column: str) -> bool:
         buf = self._buffer_cols.get(source.relid, {}).get(column)
@@ -678,11 +679,8 @@ class DifferentialRun:
             if col_type is None:
                 continue
             values = sorted({k[position] for k in keys if k[position] is not None}, key=repr)
-            condition = f"{quote_ident(column.name)} = ANY(CAST({sql.Literal(values).as_string(self.conn)} " \
-                        f"AS {col_type}[]))"
-            if any(k[position] is None for k in keys):
-                condition = f"({condition} OR {quote_ident(column.name)} IS NULL)"
-            filters[alias] = condition
+            filters[alias] = self._key_condition(column.name, col_type, values,
+                                                 any(k[position] is None for k in keys))
         links = []
         for condition in conditions:
             for conjunct in conjuncts(condition):

@@ -440,6 +440,12 @@ def unsupported_reason(pg_sql: str) -> str | None:
     return _find_unsupported(query)
 
 
+def is_correlated(subquery: exp.Select) -> bool:
+    """Whether ``subquery`` refers to a column of a table outside it (an outer query's)."""
+    own = {t.alias_or_name for t in subquery.find_all(exp.Table)}
+    return any(c.table and c.table not in own for c in subquery.find_all(exp.Column))
+
+
 def is_volatile(pg_sql: str) -> bool:
     """Tell whether the query's result can change although its sources did not.
 
@@ -630,8 +636,7 @@ def _grouped_correlated_reason(select: exp.Select) -> str | None:
         for sub in node.find_all(exp.Subquery):
             if sub.alias or not isinstance(sub.this, exp.Select) or sub.find_ancestor(exp.Select) is not select:
                 continue
-            own = {t.alias_or_name for t in sub.this.find_all(exp.Table)}
-            if any(c.table and c.table not in own for c in sub.this.find_all(exp.Column)):
+            if is_correlated(sub.this):
                 return ("a correlated scalar subquery in the output list of a GROUP BY query is not supported "
                         "on Spark; group in a derived table first: SELECT g.k, g.n, (SELECT ... WHERE b.k = g.k) "
                         "FROM (SELECT k, count(*) AS n FROM a GROUP BY k) g")
