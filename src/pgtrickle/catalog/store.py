@@ -60,6 +60,8 @@ class StreamTable:
     """Per-table override of the ``differential_fallback_ratio`` setting."""
     watermark_gating: str = "inferred"
     """The watermark_gating setting: inferred | none | gate | hold_back."""
+    diamond_consistency: str = "atomic"
+    """atomic | none: whether a diamond ending at this stream table refreshes as one group."""
     effective_watermark: datetime | None = None
     """The minimum watermark of the applicable watermark groups at the last refresh."""
     watermark_positions: dict | None = None
@@ -170,6 +172,7 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
             sources=tuple(sources.get(r["pgt_id"], ())),
             diff_fallback_ratio=r.get("diff_fallback_ratio"),
             watermark_gating=r.get("watermark_gating") or "inferred",
+            diamond_consistency=r.get("diamond_consistency") or "atomic",
             effective_watermark=r.get("effective_watermark"),
             watermark_positions=r.get("watermark_positions"),
         )
@@ -190,3 +193,11 @@ def upstream_ids(sts: dict[int, StreamTable]) -> dict[int, frozenset[int]]:
         st.pgt_id: frozenset(by_relid[s.relid] for s in st.sources if s.relid in by_relid)
         for st in sts.values()
     }
+
+
+def load_refresh_groups(conn: psycopg.Connection) -> dict[str, list[int]]:
+    """Explicit refresh groups: name → member pgt_ids."""
+    rows = conn.execute(
+        "SELECT g.group_name, array_agg(m.pgt_id ORDER BY m.pgt_id) FROM pgtrickle.pgt_refresh_groups g"
+        " JOIN pgtrickle.pgt_refresh_group_members m USING (group_id) GROUP BY g.group_name").fetchall()
+    return {str(name): [int(i) for i in ids] for name, ids in rows}

@@ -266,6 +266,9 @@ def _fmt_interval(value: timedelta | None) -> str:
 
 def status_view(dsn: str, *, alerts_shown: int = 5) -> Group:
     """Everything ``pgtrickle status`` shows, as one renderable (read now from the catalog)."""
+    from pgtrickle.catalog.store import load_stream_tables
+    from pgtrickle.scheduler.daemon import effective_groups
+
     with connect(dsn) as conn:
         require_installed(conn)
         rows = conn.execute(
@@ -281,6 +284,8 @@ def status_view(dsn: str, *, alerts_shown: int = 5) -> Group:
             " payload->>'source', payload->>'group', ''), payload FROM pgtrickle.alerts"
             " ORDER BY alert_id DESC LIMIT %s", (alerts_shown,)).fetchall() if alerts_shown > 0 else []
         now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        sts = load_stream_tables(conn) if rows else {}
+        groups = [(g.name, [sts[m].display for m in sorted(g.members)]) for g in effective_groups(conn, sts)]
     parts: list = []
     table = Table("stream table", "status", "mode", "schedule", "last refresh", "staleness",
                   "queued", "watermark gating", "errors", "last error",
@@ -310,6 +315,11 @@ def status_view(dsn: str, *, alerts_shown: int = 5) -> Group:
                     f"{pending:,}", _fmt_interval(oldest),
                     "[red]" + "; ".join(problems) + "[/]" if problems else "[green]ok[/]")
     parts.append(cdc)
+    if groups:
+        group_table = Table("atomic group", "members (one snapshot, one transaction)", title="refresh groups")
+        for name, members in groups:
+            group_table.add_row(name, ", ".join(members))
+        parts.append(group_table)
     if recent:
         alert_table = Table("at", "event", "about", "details", title="recent alerts")
         for at, event, about, payload in recent:

@@ -36,7 +36,6 @@ from sqlglot import exp
 from pgtrickle.catalog.store import Source, StreamTable, quote_ident
 from pgtrickle.cdc.buffers import PendingChanges, pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
-from pgtrickle.db.connection import connect
 from pgtrickle.dvm import aggregate as agg_rules
 from pgtrickle.dvm.aggregate import DELTA_TABLE, KEYS_TABLE, ROW_ID
 
@@ -125,12 +124,10 @@ class DifferentialRun:
     def run(self, history_id: int, request_ids: Sequence[int]) -> tuple[int, int, int, float]:
         """Returns (inserted, deleted, delta rows, spark seconds)."""
         st = self.st
-        with connect(self.r.dsn, autocommit=False, application_name="pgtrickle-coordinator") as coord:
-            coord.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            snap_id, snapshot, lsn = coord.execute(
-                "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
-            ).fetchone()  # type: ignore[misc]
-            if any(s.kind == "TABLE" and s.cdc_mode == "wal" for s in st.sources) or self.r._wal_capture_set_up():  # noqa: SLF001
+        coordinator, snap_id, snapshot, lsn = self.r.coordinator()
+        with coordinator as coord:
+            if self.r.group is None and (any(s.kind == "TABLE" and s.cdc_mode == "wal" for s in st.sources)
+                                         or self.r._wal_capture_set_up()):  # noqa: SLF001
                 wait_for_decoder(self.conn, self.r.dsn)
             assert st.frontier is not None
             pending = pending_changes(self.conn, st.sources, st.frontier, snapshot)
@@ -144,11 +141,13 @@ class DifferentialRun:
             else:
                 result = DeltaResult([])
             spark_seconds = time.monotonic() - t0
-            coord.rollback()
+            if self.r.group is None:
+                coord.rollback()
         self.r._check_cancel()  # noqa: SLF001
         t1 = time.monotonic()
         try:
-            inserted, deleted = self._apply(result, history_id, snapshot, lsn, request_ids, spark_seconds)
+            inserted, deleted = self._apply(result, history_id, self.r.commit_snapshot(snapshot), lsn,
+                                            request_ids, spark_seconds)
         finally:
             self._drop_staging(result)
         self.timings["apply"] = time.monotonic() - t1
@@ -392,8 +391,9 @@ class DifferentialRun:
         target_cols = self._target_columns(df.columns)
         cols = [sql.SQL("{} {}").format(sql.Identifier(df_col), sql.SQL(stored.get(t, "bigint")))
                 for df_col, t in zip(df.columns, target_cols)]
-        self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
-        self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, sql.SQL(", ").join(cols)))
+        with self.r.staging_conn() as conn:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+            conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, sql.SQL(", ").join(cols)))
         self.r.progress(f"{self.st.display}: large delta: writing it by JDBC into a staging table")
         jdbc.write_append(df, self.r.target, f'pgtrickle_changes."{name}"')
         return Staged(f"pgtrickle_changes.{quote_ident(name)}", list(df.columns))
@@ -745,7 +745,16 @@ class DifferentialRun:
             commit.complete(conn, st, snapshot=snapshot, lsn=lsn, history_id=history_id, inserted=inserted,
                             deleted=deleted, spark_seconds=spark_seconds, request_ids=request_ids)
             user_triggers.finish(conn, st, triggers, inserted, deleted, history_id)
+            if self.r.group is not None:
+                self._drop_temps()  # the group's transaction goes on: the next member makes its own
         return inserted, deleted
+
+    def _drop_temps(self) -> None:
+        for name in (DELTA_TABLE, KEYS_TABLE, RAW_TABLE):
+            kind = self.conn.execute("SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)",
+                                     (name,)).fetchone()
+            if kind is not None:
+                self.conn.execute(f"DROP {'VIEW' if kind[0] == 'v' else 'TABLE'} {name}")
 
     def _load(self, table: str, columns: Sequence[str], rows: Sequence[tuple] | Staged,
               like_columns: Sequence[str], extra: str = "") -> None:

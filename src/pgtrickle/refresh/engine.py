@@ -19,7 +19,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -43,6 +45,11 @@ from pgtrickle.spark import jdbc
 from pgtrickle.refresh.differential import finish_output
 from pgtrickle.sql.translate import translate_to_spark
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from pgtrickle.refresh.group import GroupContext
+
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[str], None]
@@ -62,6 +69,16 @@ class RefreshOutcome:
     seconds: float = 0.0
     spark_seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A refresh analysed and planned, ready to run."""
+
+    analysis: Analysis
+    layout: Layout
+    plan: RefreshPlan
+    mark: WatermarkMark | None
 
 
 class Cancelled(PgTrickleError):
@@ -93,6 +110,8 @@ class Refresher:
         self.dvm_cache: dict[tuple, object] = shared[2]
         """Differential plans that do not change between refreshes (translated SQL, view names, ...)."""
         self.conn = connect(dsn, application_name="pgtrickle-refresh")
+        self.group: GroupContext | None = None
+        """Set while an atomic group refreshes: its shared snapshot, transaction and member views."""
 
     def close(self) -> None:
         self.conn.close()
@@ -128,11 +147,28 @@ class Refresher:
         """
         started = time.monotonic()
         self._cancel_requested = False
+        prepared = self.prepare(st, request_ids, initiated_by, record_no_data, force)
+        plan = prepared.plan
+        if plan.action in (Action.NO_DATA, Action.SKIP):
+            return RefreshOutcome(st, plan.action, plan.reason, seconds=time.monotonic() - started)
+        st = replace(st, watermark_mark=prepared.mark)  # committed with the frontier
+        history_id = self._start_history(st, plan, initiated_by)
+        outcome = self.execute(st, plan, history_id, request_ids, prepared)
+        outcome.seconds = time.monotonic() - started
+        return outcome
+
+    def prepare(self, st: StreamTable, request_ids: Sequence[int], initiated_by: str, record_no_data: bool,
+                force: bool = False, snapshot: str | None = None, defer_no_data: bool = False) -> Prepared:
+        """Analyse, lay out and plan a refresh of ``st`` (see :meth:`_plan_and_maybe_skip`).
+
+        A failure here is recorded (history, error count, alerts) and raised.
+        """
         try:
             analysis, differential, layout, layout_changed = self._prepare(st, initiated_by)
             mode = ModeContext(differential=differential, reason=analysis.reason,
                                layout_changed=layout_changed)
-            plan, mark = self._plan_and_maybe_skip(st, request_ids, initiated_by, record_no_data, force, mode)
+            plan, mark = self._plan_and_maybe_skip(st, request_ids, initiated_by, record_no_data, force, mode,
+                                                   snapshot=snapshot, defer_no_data=defer_no_data)
         except _AlreadyRecorded as done:
             raise done.error from None
         except Exception as exc:
@@ -145,26 +181,31 @@ class Refresher:
             if isinstance(exc, PgTrickleError):
                 raise
             raise RefreshError(f"refresh of {st.display} failed: {message}") from exc
-        if plan.action in (Action.NO_DATA, Action.SKIP):
-            return RefreshOutcome(st, plan.action, plan.reason, seconds=time.monotonic() - started)
-        st = replace(st, watermark_mark=mark)  # committed with the frontier
-        history_id = self._start_history(st, plan, initiated_by)
+        return Prepared(analysis, layout, plan, mark)
+
+    def execute(self, st: StreamTable, plan: RefreshPlan, history_id: int, request_ids: Sequence[int],
+                prepared: Prepared) -> RefreshOutcome:
+        """Run a planned FULL or DIFFERENTIAL refresh whose history row exists.
+
+        A failure is recorded and raised — except inside an atomic group, whose
+        transaction is rolled back and which records the failure itself.
+        """
         try:
             if plan.action is Action.DIFFERENTIAL:
-                outcome = self._differential_or_fallback(st, plan, history_id, request_ids, analysis, layout)
-            else:
-                outcome = self._full_refresh(st, plan, history_id, request_ids, layout)
+                return self._differential_or_fallback(st, plan, history_id, request_ids, prepared.analysis,
+                                                      prepared.layout)
+            return self._full_refresh(st, plan, history_id, request_ids, prepared.layout)
         except Cancelled:
-            self._record_abandoned(history_id)
+            if self.group is None:
+                self._record_abandoned(history_id)
             raise
         except Exception as exc:
             message = _describe(exc)
-            self._record_failure(st, history_id, message, fatal=health.is_fatal(exc))
+            if self.group is None:
+                self._record_failure(st, history_id, message, fatal=health.is_fatal(exc))
             if isinstance(exc, PgTrickleError):
                 raise
             raise RefreshError(f"refresh of {st.display} failed: {message}") from exc
-        outcome.seconds = time.monotonic() - started
-        return outcome
 
     def cached(self, key: tuple, build: Callable[[], object]):  # type: ignore[no-untyped-def]
         """``build()``, computed once per key for the life of this refresher."""
@@ -280,15 +321,24 @@ class Refresher:
 
     def _plan_and_maybe_skip(self, st: StreamTable, request_ids: Sequence[int], initiated_by: str,
                              record_no_data: bool, force: bool = False,
-                             mode: ModeContext | None = None) -> tuple[RefreshPlan, WatermarkMark | None]:
+                             mode: ModeContext | None = None, snapshot: str | None = None,
+                             defer_no_data: bool = False) -> tuple[RefreshPlan, WatermarkMark | None]:
+        """Plan the refresh at ``snapshot`` (default: now), passing the gates.
+
+        A NO_DATA plan moves the frontier at once, unless ``defer_no_data``
+        (an atomic group does it in its own transaction, with
+        :meth:`advance_no_data`; the mark returned is then ``None`` when the
+        effective watermark must be kept).
+        """
         mode = mode or ModeContext()
         check = watermark_gate.evaluate(self.conn, st)
         mark = check.mark if check else None
         if st.frontier is None and (check is None or not (check.blocked or check.hold_back)):
             return plan_refresh(st.refresh_mode, None, st.needs_reinit, None, mode), mark
-        snapshot = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
-        if any(s.kind == "TABLE" for s in st.sources) and self._wal_capture_set_up():
-            wait_for_decoder(self.conn, self.dsn)
+        if snapshot is None:
+            snapshot = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
+            if any(s.kind == "TABLE" for s in st.sources) and self._wal_capture_set_up():
+                wait_for_decoder(self.conn, self.dsn)
         with self.conn.transaction():
             blocked = check.blocked if check else None
             hold_back = check is not None and check.hold_back
@@ -322,7 +372,8 @@ class Refresher:
                     mode = ModeContext(mode.differential, mode.reason, source_rows, ratio, mode.layout_changed)
                 plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending, mode)
             # A closed gate skips (with nothing to apply, a gated stream table just moves its frontier).
-            if blocked and (plan.action is not Action.NO_DATA or hold_back):
+            # (In a group a member may be recomputed for its upstream members' changes: a closed gate skips.)
+            if blocked and (plan.action is not Action.NO_DATA or hold_back or defer_no_data):
                 record_skip(self.conn, st, initiated_by, blocked, plan.delta_rows or None,
                             plan.delta_deletes or None)
                 if request_ids:
@@ -340,39 +391,78 @@ class Refresher:
                     return RefreshPlan(Action.SKIP, gate.reason, plan.delta_rows, plan.delta_deletes), None
             if plan.action is Action.NO_DATA:
                 # A closed gate with nothing to apply keeps the effective watermark it had.
-                keep = mark is None or bool(blocked)
-                cur = self.conn.execute(
-                    """
-                    UPDATE pgtrickle.pgt_stream_tables
-                       SET frontier = %(s)s::pg_snapshot, frontier_lsn = pg_current_wal_lsn(),
-                           data_timestamp = now(), last_refresh_at = now(), last_attempt_at = now(),
-                           status = CASE WHEN status = 'INITIALIZING' THEN 'ACTIVE' ELSE status END,
-                           effective_watermark = CASE WHEN %(keep)s THEN effective_watermark ELSE %(ew)s END,
-                           watermark_positions = CASE WHEN %(keep)s THEN watermark_positions ELSE %(pos)s END
-                     WHERE pgt_id = %(id)s AND frontier::text = %(f)s
-                    """,
-                    {"s": snapshot, "id": st.pgt_id, "f": st.frontier, "keep": keep,
-                     "ew": mark.effective_watermark if mark else None,
-                     "pos": Jsonb(mark.positions) if mark and mark.positions else None},
-                )
-                if cur.rowcount and request_ids:
-                    self.conn.execute(
-                        "DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
-                        (list(request_ids),),
-                    )
-                if cur.rowcount and record_no_data:
-                    self.conn.execute(
-                        """
-                        INSERT INTO pgtrickle.pgt_refresh_history
-                            (pgt_id, action, status, initiated_by, rows_inserted, rows_deleted,
-                             delta_row_count, end_time, mode_reason, frontier, effective_watermark)
-                        VALUES (%s, 'NO_DATA', 'COMPLETED', %s, 0, 0, 0, clock_timestamp(), %s,
-                                %s::pg_snapshot, %s)
-                        """,
-                        (st.pgt_id, initiated_by, plan.reason, snapshot,
-                         mark.effective_watermark if mark and not keep else None),
-                    )
+                if defer_no_data:
+                    return plan, None if blocked else mark
+                self.advance_no_data(st, plan, None if blocked else mark, snapshot, request_ids,
+                                     record_no_data, initiated_by)
         return plan, mark
+
+    def advance_no_data(self, st: StreamTable, plan: RefreshPlan, mark: WatermarkMark | None, snapshot: str,
+                        request_ids: Sequence[int], record_no_data: bool, initiated_by: str) -> bool:
+        """Nothing to apply: move the frontier to ``snapshot`` (``mark`` None keeps the effective
+        watermark). Returns False when the frontier moved meanwhile (nothing done)."""
+        keep = mark is None
+        cur = self.conn.execute(
+            """
+            UPDATE pgtrickle.pgt_stream_tables
+               SET frontier = %(s)s::pg_snapshot, frontier_lsn = pg_current_wal_lsn(),
+                   data_timestamp = now(), last_refresh_at = now(), last_attempt_at = now(),
+                   status = CASE WHEN status = 'INITIALIZING' THEN 'ACTIVE' ELSE status END,
+                   effective_watermark = CASE WHEN %(keep)s THEN effective_watermark ELSE %(ew)s END,
+                   watermark_positions = CASE WHEN %(keep)s THEN watermark_positions ELSE %(pos)s END
+             WHERE pgt_id = %(id)s AND frontier::text = %(f)s
+            """,
+            {"s": snapshot, "id": st.pgt_id, "f": st.frontier, "keep": keep,
+             "ew": mark.effective_watermark if mark else None,
+             "pos": Jsonb(mark.positions) if mark and mark.positions else None},
+        )
+        if cur.rowcount and request_ids:
+            self.conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
+                              (list(request_ids),))
+        if cur.rowcount and record_no_data:
+            self.conn.execute(
+                """
+                INSERT INTO pgtrickle.pgt_refresh_history
+                    (pgt_id, action, status, initiated_by, rows_inserted, rows_deleted,
+                     delta_row_count, end_time, mode_reason, frontier, effective_watermark)
+                VALUES (%s, 'NO_DATA', 'COMPLETED', %s, 0, 0, 0, clock_timestamp(), %s, %s::pg_snapshot, %s)
+                """,
+                (st.pgt_id, initiated_by, plan.reason, snapshot, mark.effective_watermark if mark else None),
+            )
+        return bool(cur.rowcount)
+
+    @contextmanager
+    def staging_conn(self) -> Iterator[psycopg.Connection]:
+        """Where to create a staging table Spark writes into: inside an atomic group's open
+        transaction a table would be invisible to Spark's connections, so a short one of its own."""
+        if self.group is None:
+            yield self.conn
+            return
+        with connect(self.dsn, application_name="pgtrickle-staging") as conn:
+            yield conn
+
+    def coordinator(self):  # type: ignore[no-untyped-def]
+        """The read transaction of a refresh: (connection context, exported snapshot id, snapshot, lsn).
+
+        An atomic group shares its own; otherwise a new REPEATABLE READ transaction exports one.
+        """
+        if self.group is not None:
+            g = self.group
+            return nullcontext(g.coord), g.snap_id, g.snapshot, g.lsn
+        coord = connect(self.dsn, autocommit=False, application_name="pgtrickle-coordinator")
+        try:
+            coord.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            snap_id, snapshot, lsn = coord.execute(
+                "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
+            ).fetchone()  # type: ignore[misc]
+        except BaseException:
+            coord.close()
+            raise
+        return coord, snap_id, snapshot, lsn
+
+    def commit_snapshot(self, snapshot: str) -> str:
+        """The frontier to commit for a refresh that read at ``snapshot`` (a group's includes its own xid)."""
+        return self.group.commit_snapshot if self.group is not None else snapshot
 
     @staticmethod
     def _hold_back_plan(st: StreamTable, pending: Sequence, reason: str) -> RefreshPlan:
@@ -471,16 +561,18 @@ class Refresher:
         timings["spark_session"] = time.monotonic() - t0
         self._check_cancel()
         staging = f"stage_{st.pgt_id}"
-        with connect(self.dsn, autocommit=False, application_name="pgtrickle-coordinator") as coord:
-            coord.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            snap_id, snapshot, lsn = coord.execute(
-                "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
-            ).fetchone()  # type: ignore[misc]
+        coordinator, snap_id, snapshot, lsn = self.coordinator()
+        with coordinator as coord:
             stats = jdbc.table_stats(coord, [s.relid for s in st.sources])
             self.progress(f"{st.display}: reading {len(st.sources)} source(s) at snapshot {snapshot}")
             table_map = {}
             for source in st.sources:
                 view = f"pgt_src_{source.relid}"
+                if self.group is not None and source.relid in self.group.by_relid:
+                    # An upstream member of an atomic group: its new contents, computed in this job.
+                    self.group.view_of(self, source.relid).createOrReplaceTempView(view)
+                    table_map[(source.schema, source.name)] = view
+                    continue
                 parts = jdbc.partition_count(stats[source.relid], self.settings.jdbc_partition_rows,
                                              spark.sparkContext.defaultParallelism)
                 df = jdbc.read_table(spark, self.target, source.qualified, snap_id,
@@ -521,10 +613,11 @@ class Refresher:
                     self._create_staging(st, staging, layout)
                     jdbc.write_append(result, self.target, f'pgtrickle_changes."{staging}"')
             timings["spark_job"] = time.monotonic() - t1
-            coord.rollback()
+            if self.group is None:
+                coord.rollback()
         self._check_cancel()
         t2 = time.monotonic()
-        inserted, deleted = self._apply_full(st, plan, history_id, snapshot, lsn, rows, staging,
+        inserted, deleted = self._apply_full(st, plan, history_id, self.commit_snapshot(snapshot), lsn, rows, staging,
                                              request_ids, timings["spark_job"], layout)
         timings["apply"] = time.monotonic() - t2
         if rows is None:
@@ -541,9 +634,10 @@ class Refresher:
         cols = [sql.SQL("{} {}").format(sql.Identifier(f"c{i}"), sql.SQL(types[c]))
                 for i, c in enumerate(layout.columns)]
         cols.append(sql.SQL("__pgt_row_id bigint"))
-        self.conn.execute(sql.SQL("DROP TABLE IF EXISTS pgtrickle_changes.{}").format(sql.Identifier(staging)))
-        self.conn.execute(sql.SQL("CREATE UNLOGGED TABLE pgtrickle_changes.{} ({})").format(
-            sql.Identifier(staging), sql.SQL(", ").join(cols)))
+        with self.staging_conn() as conn:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS pgtrickle_changes.{}").format(sql.Identifier(staging)))
+            conn.execute(sql.SQL("CREATE UNLOGGED TABLE pgtrickle_changes.{} ({})").format(
+                sql.Identifier(staging), sql.SQL(", ").join(cols)))
 
     def _apply_full(self, st: StreamTable, plan: RefreshPlan, history_id: int, snapshot: str, lsn: str,
                     rows: list[tuple] | None, staging: str, request_ids: Sequence[int],

@@ -25,7 +25,13 @@ from datetime import datetime
 import psycopg
 
 from pgtrickle.catalog.install import require_installed
-from pgtrickle.catalog.store import StreamTable, load_requests, load_stream_tables, upstream_ids
+from pgtrickle.catalog.store import (
+    StreamTable,
+    load_refresh_groups,
+    load_requests,
+    load_stream_tables,
+    upstream_ids,
+)
 from pgtrickle.cdc.buffers import cleanup_buffers
 from pgtrickle.cdc.modes import CaptureManager
 from pgtrickle.cdc.wal import DecoderThread, decoder_slot, wait_for_decoder
@@ -36,7 +42,9 @@ from pgtrickle.gates import watermark_gate
 from pgtrickle.ops import alerts
 from pgtrickle.ops.metrics import Metrics
 from pgtrickle.refresh.engine import Cancelled, RefreshOutcome, Refresher
+from pgtrickle.refresh.group import refresh_group
 from pgtrickle.scheduler.dag import StreamTableNode, resolve_calculated, topological_order
+from pgtrickle.scheduler.groups import GroupNode, RefreshGroup, in_group_upstream, refresh_groups
 from pgtrickle.scheduler.policy import DueReason, DueState, due_reason
 from pgtrickle.scheduler.schedule import IntervalSchedule, Schedule, parse_schedule
 
@@ -85,6 +93,21 @@ def _schedules(sts: dict[int, StreamTable], default: Schedule, now: datetime
     return resolve_calculated(nodes, now, default=default), broken
 
 
+def group_nodes(sts: dict[int, StreamTable]) -> dict[int, GroupNode]:
+    ups = upstream_ids(sts)
+    return {i: GroupNode(i, st.display, frozenset(s.relid for s in st.sources if s.kind == "TABLE"), ups[i],
+                         st.diamond_consistency == "atomic") for i, st in sts.items()}
+
+
+def effective_groups(conn: psycopg.Connection, sts: dict[int, StreamTable]) -> list[RefreshGroup]:
+    """The atomic refresh groups in force: diamonds (of ``atomic`` fan-ins) and explicit groups."""
+    return refresh_groups(group_nodes(sts), load_refresh_groups(conn))
+
+
+class LockedElsewhere(PgTrickleError):
+    """A stream table (or a member of its group) is being refreshed by another process."""
+
+
 def ordered(sts: dict[int, StreamTable]) -> list[int]:
     ups = upstream_ids(sts)
     nodes = [StreamTableNode(i, sts[i].display, IntervalSchedule(60), ups[i]) for i in sts]
@@ -110,6 +133,7 @@ class Scheduler:
         self.capture = CaptureManager(self.conn, self.ensure_decoder)
         self._slot_lag_alerted = False
         self.metrics = Metrics()
+        self._sts_cache: dict[int, StreamTable] = {}
 
     def close(self) -> None:
         self.metrics.close()
@@ -172,20 +196,32 @@ class Scheduler:
         schedules, broken = _schedules(sts, self.default_schedule(), now)
         for pgt_id, message in broken.items():
             self._mark_error(sts[pgt_id], message)
-        for pgt_id in ordered(sts):
-            if self.stop_requested:
-                break
+
+        def due(pgt_id: int) -> DueReason | None:
             st = sts[pgt_id]
             if pgt_id in broken:
+                return None
+            return due_reason(DueState(st.status, st.frontier is not None, st.last_refresh_at, st.last_attempt_at,
+                                       pgt_id in requested, st.created_at), schedules[pgt_id], now)
+
+        order = ordered(sts)
+        group_of = {m: g for g in effective_groups(self.conn, sts) for m in g.members}
+        for position, pgt_id in enumerate(order):
+            if self.stop_requested:
+                break
+            group = group_of.get(pgt_id)
+            if group is not None:
+                # A group refreshes once, where its last member comes in dependency order.
+                if any(m in group.members for m in order[position + 1:]):
+                    continue
+                reasons = {m: due(m) for m in group.members}
+                if any(reasons.values()):
+                    self._refresh_group(group, order, reasons, requested, forced, report)
                 continue
-            reason = due_reason(
-                DueState(st.status, st.frontier is not None, st.last_refresh_at, st.last_attempt_at,
-                         pgt_id in requested, st.created_at),
-                schedules[pgt_id], now,
-            )
+            reason = due(pgt_id)
             if reason is None:
                 continue
-            self._refresh_one(st, reason, requested.get(pgt_id, []), report, force=pgt_id in forced)
+            self._refresh_one(sts[pgt_id], reason, requested.get(pgt_id, []), report, force=pgt_id in forced)
         if not self.stop_requested:
             for name, move, why in self.capture.reconcile():
                 log.warning("%s: change capture %s (%s)", name, move.value, why)
@@ -228,6 +264,60 @@ class Scheduler:
             self.metrics.observe_failure(st.display)
         finally:
             self.locks.unlock(st.pgt_id)
+
+    def _refresh_group(self, group: RefreshGroup, order: Sequence[int], reasons: dict[int, DueReason | None],
+                       requested: dict[int, list[int]], forced: set[int], report: TickReport) -> None:
+        members = [m for m in order if m in group.members]
+        try:
+            outcomes = self.refresh_group_locked(
+                group, members,
+                lambda st: ("INITIAL" if st.frontier is None else
+                            "MANUAL" if reasons.get(st.pgt_id) is DueReason.REQUESTED else "SCHEDULER"),
+                requested, force=any(m in forced for m in members),
+                record_no_data=any(r is DueReason.REQUESTED for r in reasons.values()))
+        except LockedElsewhere:
+            return
+        except Cancelled:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one group must not stop the daemon
+            if not isinstance(exc, PgTrickleError):
+                log.exception("refresh of atomic group %s failed unexpectedly", group.name)
+            else:
+                log.error("%s", exc)
+            report.failed.append((self._sts_cache[members[-1]], str(exc)))
+            self.metrics.observe_failure(self._sts_cache[members[-1]].display)
+            return
+        for outcome in outcomes:
+            report.refreshed.append(outcome)
+            self.metrics.observe_outcome(outcome)
+            self.on_outcome(outcome)
+
+    def refresh_group_locked(self, group: RefreshGroup, members: Sequence[int],
+                             initiated_by: Callable[[StreamTable], str], requested: dict[int, list[int]],
+                             force: bool = False, record_no_data: bool = False) -> list[RefreshOutcome]:
+        """Refresh ``group`` (``members`` upstream first) under every member's advisory lock.
+
+        Raises LockedElsewhere when another process holds one of the locks.
+        """
+        locked: list[int] = []
+        try:
+            for pgt_id in members:
+                if not self.locks.try_lock(pgt_id):
+                    raise LockedElsewhere(
+                        f"atomic group {group.name}: a member is being refreshed by another process; try again")
+                locked.append(pgt_id)
+            fresh = load_stream_tables(self.conn)
+            self._sts_cache = fresh
+            if any(m not in fresh for m in members):
+                return []  # dropped meanwhile
+            sts = {m: fresh[m] for m in members}
+            return refresh_group(self.refresher, group, members, sts, in_group_upstream(group_nodes(fresh), group),
+                                 {m: initiated_by(sts[m]) for m in members},
+                                 {m: requested.get(m, []) for m in members}, record_no_data=record_no_data,
+                                 force=force)
+        finally:
+            for pgt_id in locked:
+                self.locks.unlock(pgt_id)
 
     def _mark_error(self, st: StreamTable, message: str) -> None:
         if st.status == "ERROR" and st.last_error == message:
@@ -394,7 +484,19 @@ def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
                             f"stream table {sts[pgt_id].display} is held back by watermark gating ({gated}); "
                             "pgtrickle watermarks shows which source lags; refresh anyway with --force")
         outcomes = []
-        for pgt_id in ordered(sts):
+        order = ordered(sts)
+        group_of = {m: g for g in effective_groups(scheduler.conn, sts) for m in g.members}
+        for position, pgt_id in enumerate(order):
+            group = group_of.get(pgt_id)
+            if group is not None:
+                # A member asked for refreshes its whole atomic group, where its last member comes.
+                if not group.members & wanted or any(m in group.members for m in order[position + 1:]):
+                    continue
+                members = [m for m in order if m in group.members]
+                outcomes.extend(scheduler.refresh_group_locked(
+                    group, members, lambda st: "INITIAL" if st.frontier is None else "MANUAL", requested,
+                    force=force or any(m in forced for m in members), record_no_data=True))
+                continue
             if pgt_id not in wanted:
                 continue
             if not scheduler.locks.try_lock(pgt_id):

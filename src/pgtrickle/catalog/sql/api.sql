@@ -678,6 +678,8 @@ DROP FUNCTION IF EXISTS pgtrickle.alter_stream_table(text, text, text, text, tex
                                                        double precision, integer, text);
 DROP FUNCTION IF EXISTS pgtrickle.alter_stream_table(text, text, text, text, text, bigint, double precision,
                                                        double precision, integer, text, double precision);
+DROP FUNCTION IF EXISTS pgtrickle.alter_stream_table(text, text, text, text, text, bigint, double precision,
+                                                       double precision, integer, text, double precision, text);
 CREATE OR REPLACE FUNCTION pgtrickle.alter_stream_table(
     name text,
     schedule text DEFAULT NULL,
@@ -690,7 +692,8 @@ CREATE OR REPLACE FUNCTION pgtrickle.alter_stream_table(
     circuit_breaker_window integer DEFAULT NULL,
     circuit_breaker_baseline text DEFAULT NULL,
     differential_fallback_ratio double precision DEFAULT NULL,
-    watermark_gating text DEFAULT NULL)
+    watermark_gating text DEFAULT NULL,
+    diamond_consistency text DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
@@ -698,6 +701,7 @@ DECLARE
     v_status text;
     v_cb text;
     v_wm text;
+    v_dc text;
 BEGIN
     st := pgtrickle._find_st(name);
     SELECT * INTO st FROM pgtrickle.pgt_stream_tables WHERE pgt_id = st.pgt_id FOR UPDATE;
@@ -767,9 +771,18 @@ BEGIN
                       HINT = 'Use ''none'', ''gate'', ''hold_back'', or ''inferred'' (gate when the stream table depends on two or more sources of one watermark group).';
         END IF;
     END IF;
+    IF diamond_consistency IS NOT NULL THEN
+        v_dc := lower(btrim(diamond_consistency));
+        IF v_dc NOT IN ('atomic', 'none') THEN
+            RAISE EXCEPTION 'invalid diamond_consistency %', quote_literal(left(diamond_consistency, 80))
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Use ''atomic'' (a diamond ending here refreshes as one group) or ''none''.';
+        END IF;
+    END IF;
     UPDATE pgtrickle.pgt_stream_tables s
        SET diff_fallback_ratio = coalesce(differential_fallback_ratio, s.diff_fallback_ratio),
            watermark_gating = coalesce(v_wm, s.watermark_gating),
+           diamond_consistency = coalesce(v_dc, s.diamond_consistency),
            cb_mode = coalesce(v_cb, s.cb_mode),
            cb_ceiling = coalesce(circuit_breaker_ceiling, s.cb_ceiling),
            cb_max_ratio = coalesce(circuit_breaker_max_ratio, s.cb_max_ratio),
@@ -1879,6 +1892,84 @@ $$;
 
 COMMENT ON FUNCTION pgtrickle.explain_refresh_mode(text) IS
 'Which refresh mode runs for a stream table (FULL or DIFFERENTIAL) and why, as analysed by the refresh engine.';
+
+-- ----------------------------------------------------------- refresh groups
+
+CREATE OR REPLACE FUNCTION pgtrickle.create_refresh_group(name text, members text[])
+RETURNS bigint LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    v_name text := btrim(name);
+    v_group bigint;
+    v_ids bigint[] := '{}';
+    v_member text;
+    st pgtrickle.pgt_stream_tables;
+BEGIN
+    IF v_name IS NULL OR v_name = '' THEN
+        RAISE EXCEPTION 'a refresh group needs a name' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF length(v_name) > 63 THEN
+        RAISE EXCEPTION 'refresh group name % is longer than 63 characters', quote_literal(left(v_name, 80))
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF members IS NULL OR cardinality(members) < 2 THEN
+        RAISE EXCEPTION 'a refresh group needs at least two member stream tables, got %',
+            coalesce(cardinality(members), 0)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Example: pgtrickle.create_refresh_group(''reports'', ARRAY[''by_day'', ''by_region'']).';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgtrickle.pgt_refresh_groups g WHERE g.group_name = v_name) THEN
+        RAISE EXCEPTION 'refresh group % already exists', quote_literal(v_name)
+            USING ERRCODE = 'duplicate_object', HINT = 'Drop it first with pgtrickle.drop_refresh_group.';
+    END IF;
+    FOREACH v_member IN ARRAY members LOOP
+        IF v_member IS NULL THEN
+            RAISE EXCEPTION 'refresh group members cannot be NULL' USING ERRCODE = 'null_value_not_allowed';
+        END IF;
+        st := pgtrickle._find_st(v_member);
+        IF st.pgt_id = ANY (v_ids) THEN
+            RAISE EXCEPTION 'stream table % is listed twice', pgtrickle._display_name(st.pgt_schema, st.pgt_name)
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        v_ids := v_ids || st.pgt_id;
+    END LOOP;
+    INSERT INTO pgtrickle.pgt_refresh_groups (group_name) VALUES (v_name) RETURNING group_id INTO v_group;
+    INSERT INTO pgtrickle.pgt_refresh_group_members (group_id, pgt_id) SELECT v_group, unnest(v_ids);
+    PERFORM pg_notify('pgtrickle_refresh', v_ids[1]::text);
+    RETURN v_group;
+END
+$$;
+
+COMMENT ON FUNCTION pgtrickle.create_refresh_group(text, text[]) IS
+'Make stream tables refresh as one atomic group: one snapshot, one transaction, all or none.';
+
+CREATE OR REPLACE FUNCTION pgtrickle.drop_refresh_group(name text)
+RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+BEGIN
+    DELETE FROM pgtrickle.pgt_refresh_groups g WHERE g.group_name = btrim(name);
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'refresh group % does not exist', coalesce(quote_literal(name), 'NULL')
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'SELECT * FROM pgtrickle.refresh_groups lists them.';
+    END IF;
+END
+$$;
+
+COMMENT ON FUNCTION pgtrickle.drop_refresh_group(text) IS
+'Drop an explicit refresh group (its members refresh on their own again; diamonds stay atomic).';
+
+CREATE OR REPLACE VIEW pgtrickle.refresh_groups AS
+SELECT g.group_name,
+       array_agg(pgtrickle._display_name(s.pgt_schema, s.pgt_name) ORDER BY s.pgt_id) AS members,
+       g.created_at, g.created_by
+  FROM pgtrickle.pgt_refresh_groups g
+  JOIN pgtrickle.pgt_refresh_group_members m USING (group_id)
+  JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)
+ GROUP BY g.group_id, g.group_name, g.created_at, g.created_by;
+
+COMMENT ON VIEW pgtrickle.refresh_groups IS
+'Explicit refresh groups and their members (diamonds are grouped automatically and shown by pgtrickle status).';
 
 -- --------------------------------------------------------------- operations
 

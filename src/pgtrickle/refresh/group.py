@@ -1,0 +1,228 @@
+"""Refreshing an atomic group: one snapshot, one transaction, all members or none.
+
+1. One coordinator transaction exports snapshot S; every member is planned
+   at S (gates included). A member whose gate is closed (circuit breaker,
+   watermark) or that is SUSPENDED / ERROR skips the whole group.
+2. The members run upstream first inside one PostgreSQL transaction on the
+   refresher's connection (each member's apply is a savepoint in it). A
+   *root* member (no upstream member) refreshes in its own mode (FULL or
+   DIFFERENTIAL) reading its sources at S. A member that reads another
+   member cannot read that member's new contents from PostgreSQL (they are
+   not committed yet), so Spark computes them in the same job from the
+   upstream members' queries over their sources at S, and the member is
+   recomputed (FULL) from those.
+3. Every member commits the frontier S plus the group's own transaction id,
+   so a downstream member does not later take, as changes still to apply,
+   what its upstream members wrote into their change buffers here.
+
+A failure anywhere rolls back every member: each keeps its previous
+contents and frontier. The failing member's failure is recorded (error
+count, auto-suspension, alerts) and the others get a SKIPPED history row
+naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import psycopg
+
+from pgtrickle.catalog.store import StreamTable
+from pgtrickle.cdc.wal import wait_for_decoder
+from pgtrickle.db.connection import connect
+from pgtrickle.errors import PgTrickleError, RefreshError
+from pgtrickle.gates.skips import record_skip
+from pgtrickle.ops import health
+from pgtrickle.refresh.engine import Cancelled, Prepared, RefreshOutcome, Refresher, _describe
+from pgtrickle.refresh.group_plan import frontier_with_own_xid, member_actions
+from pgtrickle.refresh.plan import Action, RefreshPlan
+from pgtrickle.scheduler.groups import RefreshGroup
+from pgtrickle.spark import jdbc
+from pgtrickle.sql.translate import translate_to_spark
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupContext:
+    """What the members of a group refreshing now share (see :attr:`Refresher.group`)."""
+
+    name: str
+    coord: psycopg.Connection
+    snap_id: str
+    snapshot: str
+    lsn: str
+    members: Mapping[int, StreamTable]
+    by_relid: dict[int, int]
+    """The members' table oids, mapped to their pgt_ids."""
+    commit_snapshot: str = ""
+    _views: dict[int, object] = field(default_factory=dict)
+
+    def view_of(self, refresher: Refresher, relid: int):  # type: ignore[no-untyped-def]
+        """A Spark DataFrame of the new contents (visible columns) of the member whose table is ``relid``:
+        its defining query over its sources at the group's snapshot (upstream members likewise)."""
+        pgt_id = self.by_relid[relid]
+        if pgt_id in self._views:
+            return self._views[pgt_id]
+        st = self.members[pgt_id]
+        spark = refresher.spark
+        stats = jdbc.table_stats(self.coord, [s.relid for s in st.sources if s.relid not in self.by_relid])
+        table_map = {}
+        for source in st.sources:
+            view = f"pgt_grp_{pgt_id}_{source.relid}"
+            if source.relid in self.by_relid:
+                df = self.view_of(refresher, source.relid)
+            else:
+                parts = jdbc.partition_count(stats[source.relid], refresher.settings.jdbc_partition_rows,
+                                             spark.sparkContext.defaultParallelism)
+                df = jdbc.read_table(spark, refresher.target, source.qualified, self.snap_id,
+                                     jdbc.ctid_predicates(stats[source.relid], parts))
+                if source.kind == "STREAM_TABLE":
+                    df = df.drop(*[c for c in df.columns if c.startswith("__pgt_")])
+            df.createOrReplaceTempView(view)
+            table_map[(source.schema, source.name)] = view
+        column_types = {(s.schema, s.name): dict(s.column_types) for s in st.sources}
+        df = spark.sql(translate_to_spark(st.normalized_query, table_map, column_types))
+        df = df.toDF(*[c.name for c in st.columns])
+        self._views[pgt_id] = df
+        return df
+
+
+def refresh_group(refresher: Refresher, group: RefreshGroup, order: Sequence[int],
+                  members: Mapping[int, StreamTable], in_group_upstream: Mapping[int, frozenset[int]],
+                  initiated_by: Mapping[int, str], request_ids: Mapping[int, Sequence[int]],
+                  record_no_data: bool = False, force: bool = False) -> list[RefreshOutcome]:
+    """Refresh the members of ``group`` (``order``: upstream first) atomically.
+
+    ``members`` must have been read under the members' advisory locks. ``record_no_data``
+    says the refresh was asked for (a request, ``pgtrickle refresh``).
+    Raises RefreshError when a member fails (nothing is applied then).
+    """
+    started = time.monotonic()
+    refresher._cancel_requested = False  # noqa: SLF001 - the engine's own flag
+    # An explicit request refreshes a SUSPENDED / ERROR stream table (and so its group); a schedule does not.
+    stopped = None if record_no_data or force else next(
+        (members[m] for m in order if members[m].status in ("SUSPENDED", "ERROR")), None)
+    if stopped is not None:
+        reason = (f"atomic group {group.name}: member {stopped.display} is {stopped.status}; "
+                  "resume it, or take it out of the group")
+        return _skip_all(refresher, order, members, initiated_by, reason, request_ids, except_id=None)
+    coord = connect(refresher.dsn, autocommit=False, application_name="pgtrickle-group-coordinator")
+    try:
+        coord.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        snap_id, snapshot, lsn = coord.execute(
+            "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
+        ).fetchone()  # type: ignore[misc]
+        if refresher._wal_capture_set_up():  # noqa: SLF001
+            wait_for_decoder(refresher.conn, refresher.dsn)
+        prepared: dict[int, Prepared] = {}
+        for pgt_id in order:
+            st = members[pgt_id]
+            try:
+                prepared[pgt_id] = refresher.prepare(st, request_ids.get(pgt_id, ()), initiated_by[pgt_id],
+                                                     record_no_data, force, snapshot=snapshot, defer_no_data=True)
+            except PgTrickleError as exc:
+                _skip_all(refresher, order, members, initiated_by,
+                          f"atomic group {group.name}: not refreshed because {st.display} failed: {exc}",
+                          request_ids, except_id=pgt_id)
+                raise RefreshError(f"atomic group {group.name}: {exc}; no member was changed") from exc
+            plan, mark = prepared[pgt_id].plan, prepared[pgt_id].mark
+            blocked = plan.reason if plan.action is Action.SKIP else None
+            if blocked is None and mark is not None and mark.caps:
+                blocked = "watermark hold_back cannot be honoured inside an atomic group (use 'gate')"
+                record_skip(refresher.conn, st, initiated_by[pgt_id], blocked, plan.delta_rows or None, None)
+            if blocked is not None:
+                return _skip_all(refresher, order, members, initiated_by,
+                                 f"atomic group {group.name}: {st.display} skipped: {blocked}",
+                                 request_ids, except_id=pgt_id, skipped=st)
+        actions = member_actions(order, in_group_upstream, {m: p.plan.action for m, p in prepared.items()})
+        if all(a is Action.NO_DATA for a in actions.values()):
+            with refresher.conn.transaction():
+                for pgt_id in order:
+                    p = prepared[pgt_id]
+                    refresher.advance_no_data(members[pgt_id], p.plan, p.mark, snapshot,
+                                              request_ids.get(pgt_id, ()), record_no_data, initiated_by[pgt_id])
+            return [RefreshOutcome(members[m], Action.NO_DATA, prepared[m].plan.reason) for m in order]
+        ctx = GroupContext(group.name, coord, snap_id, snapshot, lsn, members,
+                           {members[m].relid: m for m in order})
+        return _run(refresher, ctx, group, order, actions, prepared, members, initiated_by, request_ids,
+                    record_no_data, started)
+    finally:
+        coord.close()
+
+
+def _run(refresher: Refresher, ctx: GroupContext, group: RefreshGroup, order: Sequence[int],
+         actions: Mapping[int, Action], prepared: Mapping[int, Prepared], members: Mapping[int, StreamTable],
+         initiated_by: Mapping[int, str], request_ids: Mapping[int, Sequence[int]], record_no_data: bool,
+         started: float) -> list[RefreshOutcome]:
+    outcomes: list[RefreshOutcome] = []
+    current = order[0]
+    current_plan = prepared[current].plan
+    refresher.progress(f"atomic group {group.name}: refreshing {len(order)} stream tables at one snapshot")
+    try:
+        with refresher.conn.transaction():
+            xid = refresher.conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]  # type: ignore[index]
+            ctx.commit_snapshot = frontier_with_own_xid(ctx.snapshot, int(xid))
+            refresher.group = ctx
+            for current in order:
+                st, p, action = members[current], prepared[current], actions[current]
+                reqs = request_ids.get(current, ())
+                if action is Action.NO_DATA:
+                    refresher.advance_no_data(st, p.plan, p.mark, ctx.commit_snapshot, reqs, record_no_data,
+                                              initiated_by[current])
+                    outcomes.append(RefreshOutcome(st, Action.NO_DATA, p.plan.reason))
+                    continue
+                plan = current_plan = p.plan
+                if action is not plan.action:
+                    plan = RefreshPlan(Action.FULL, f"atomic group {group.name}: recomputed from its upstream "
+                                       "members' new contents at the group's snapshot",
+                                       plan.delta_rows, plan.delta_deletes)
+                    current_plan = plan
+                st = replace(st, watermark_mark=p.mark)
+                history_id = refresher._start_history(st, plan, initiated_by[current])  # noqa: SLF001
+                outcomes.append(refresher.execute(st, plan, history_id, reqs, p))
+    except Cancelled:
+        raise
+    except Exception as exc:
+        message = _describe(exc)
+        failed = members[current]
+        log.error("atomic group %s: %s failed, nothing applied: %s", group.name, failed.display, message)
+        _record_member_failure(refresher, failed, current_plan, initiated_by[current], exc, message)
+        _skip_all(refresher, order, members, initiated_by,
+                  f"atomic group {group.name}: not applied because {failed.display} failed: {message}",
+                  request_ids, except_id=current)
+        raise RefreshError(f"atomic group {group.name}: refresh of {failed.display} failed: {message}; "
+                           "no member was changed") from exc
+    finally:
+        refresher.group = None
+    elapsed = time.monotonic() - started
+    for outcome in outcomes:
+        outcome.seconds = elapsed
+    return outcomes
+
+
+def _record_member_failure(refresher: Refresher, st: StreamTable, plan: RefreshPlan, initiated_by: str,
+                           exc: BaseException, message: str) -> None:
+    cause = exc.__cause__ if isinstance(exc, RefreshError) and exc.__cause__ is not None else exc
+    history_id = refresher._start_history(st, plan, initiated_by)  # noqa: SLF001
+    refresher._record_failure(st, history_id, message, fatal=health.is_fatal(cause))  # noqa: SLF001
+
+
+def _skip_all(refresher: Refresher, order: Sequence[int], members: Mapping[int, StreamTable],
+              initiated_by: Mapping[int, str], reason: str, request_ids: Mapping[int, Sequence[int]],
+              except_id: int | None, skipped: StreamTable | None = None) -> list[RefreshOutcome]:
+    """A SKIPPED history row for every member but ``except_id`` (which recorded its own)."""
+    outcomes = []
+    for pgt_id in order:
+        st = members[pgt_id]
+        if pgt_id != except_id:
+            record_skip(refresher.conn, st, initiated_by[pgt_id], reason, None, None)
+        if skipped is not None and request_ids.get(pgt_id):
+            refresher.conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
+                                   (list(request_ids[pgt_id]),))
+        outcomes.append(RefreshOutcome(st, Action.SKIP, reason))
+    log.warning("%s", reason)
+    return outcomes
