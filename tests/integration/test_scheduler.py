@@ -48,7 +48,7 @@ def test_tick_refreshes_due_tables_upstream_first_then_waits_for_schedules(chain
     scheduler = Scheduler(chain.settings, chain.dsn)
     try:
         report = scheduler.tick()
-        assert names(report) == ["a", "b", "c"]
+        assert names(report) == ["a", "b", "c"], (report.failed, report.locked_elsewhere)
         assert all(o.action is Action.FULL for o in report.refreshed)
         assert_oracle(chain)
         assert names(scheduler.tick()) == [], "nothing is due right after a refresh"
