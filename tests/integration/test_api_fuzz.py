@@ -38,6 +38,9 @@ schedules = st.one_of(st.none(), st.sampled_from(["30s", "5m", "1h", "*/5 * * * 
 good_modes = st.sampled_from(["AUTO", "FULL", "DIFFERENTIAL", "full"])
 modes = st.one_of(good_modes, good_modes, st.none(), text, st.sampled_from(["bogus", ""]))
 statuses = st.one_of(st.none(), text, st.sampled_from(["ACTIVE", "SUSPENDED", "ERROR", "INITIALIZING", "paused"]))
+consistencies = st.one_of(st.none(), text, st.sampled_from(["atomic", "none", " ATOMIC ", "both"]))
+members = st.one_of(st.none(), st.lists(st.one_of(names, st.sampled_from(["s", "t", "public.t"])), max_size=4),
+                    st.sampled_from([["s", "t"], ["t", "s"], ["s", "public.t"]]))
 
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -82,21 +85,23 @@ def test_create_stream_table_with_arbitrary_arguments(shop) -> None:  # type: ig
 
 
 @FUZZ
-@given(name=names, schedule=schedules, mode=modes, status=statuses)
-def test_alter_stream_table_with_arbitrary_arguments(shop, name, schedule, mode, status) -> None:  # type: ignore[no-untyped-def]
+@given(name=names, schedule=schedules, mode=modes, status=statuses, consistency=consistencies)
+def test_alter_stream_table_with_arbitrary_arguments(shop, name, schedule, mode, status,  # type: ignore[no-untyped-def]
+                                                     consistency) -> None:
     if not shop.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables"):
         shop.sql("SELECT pgtrickle.create_stream_table('s', 'SELECT customer, count(*) AS n FROM orders "
                  "GROUP BY customer', schedule => '1m', initialize => false)")
     before = catalog_fingerprint(shop)
-    error = _call(shop, "SELECT pgtrickle.alter_stream_table(%s, schedule => %s, refresh_mode => %s, status => %s)",
-                  (name, schedule, mode, status))
+    error = _call(shop, "SELECT pgtrickle.alter_stream_table(%s, schedule => %s, refresh_mode => %s, status => %s,"
+                        " diamond_consistency => %s)", (name, schedule, mode, status, consistency))
     if error is not None:
         assert catalog_fingerprint(shop) == before
     else:
         # Whatever it changed, the stream table is still one coherent catalog row.
-        row = shop.sql("SELECT refresh_mode, status FROM pgtrickle.pgt_stream_tables")
+        row = shop.sql("SELECT refresh_mode, status, diamond_consistency FROM pgtrickle.pgt_stream_tables")
         assert len(row) == 1 and row[0][0] in ("AUTO", "FULL", "DIFFERENTIAL")
         assert row[0][1] in ("INITIALIZING", "ACTIVE", "SUSPENDED", "ERROR")
+        assert row[0][2] in ("atomic", "none")
 
 
 @FUZZ
@@ -110,3 +115,27 @@ def test_refresh_and_drop_with_arbitrary_names(shop, name) -> None:  # type: ign
             assert catalog_fingerprint(shop) == before
         else:
             return  # a real name ('s'): the call did its job
+
+
+def test_refresh_groups_with_arbitrary_arguments(shop) -> None:  # type: ignore[no-untyped-def]
+    shop.sql("SELECT pgtrickle.create_stream_table('s', 'SELECT id FROM orders', initialize => false)")
+    shop.sql("SELECT pgtrickle.create_stream_table('t', 'SELECT count(*) AS n FROM orders', initialize => false)")
+    made: list[str] = []
+
+    def state():  # type: ignore[no-untyped-def]
+        return catalog_fingerprint(shop), shop.sql("SELECT * FROM pgtrickle.refresh_groups ORDER BY 1")
+
+    @FUZZ
+    @given(name=names, group_members=members)
+    def run(name, group_members) -> None:  # type: ignore[no-untyped-def]
+        before = state()
+        if _call(shop, "SELECT pgtrickle.create_refresh_group(%s, %s)", (name, group_members)) is None:
+            assert len(shop.sql("SELECT * FROM pgtrickle.refresh_groups")) == 1
+            made.append(name)
+            shop.sql("SELECT pgtrickle.drop_refresh_group(%s)", (name,))
+        assert state() == before
+        assert _call(shop, "SELECT pgtrickle.drop_refresh_group(%s)", (name,)) is not None
+        assert state() == before
+
+    run()
+    assert made, "no example created a refresh group: the strategies only try failures"
