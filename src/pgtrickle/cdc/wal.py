@@ -37,6 +37,7 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
+from pgtrickle import faults
 from pgtrickle.cdc import pgoutput
 from pgtrickle.errors import PgTrickleError
 
@@ -302,7 +303,9 @@ class WalDecoder:
             " changes_total = changes_total + %s, updated_at = now() WHERE slot_name = %s",
             (pgoutput.lsn_to_str(self._progress), self._batch_changes, self.slot),
         )
+        faults.point("wal.before_flush")
         conn.commit()
+        faults.point("wal.after_flush")
         self.flushed_lsn = self._progress
         self.changes_written += self._batch_changes
         self._batch_changes = 0

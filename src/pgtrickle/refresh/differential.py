@@ -59,6 +59,7 @@ from pgtrickle.dvm.linear import (
     terms,
     weighted,
 )
+from pgtrickle import faults
 from pgtrickle.errors import PgTrickleError
 from pgtrickle.refresh import commit, user_triggers
 from pgtrickle.spark import jdbc
@@ -140,6 +141,7 @@ class DifferentialRun:
             changed = {p.source.relid: p for p in pending if p.rows > 0}
             t0 = time.monotonic()
             if changed:
+                faults.point("refresh.spark_job")
                 result = self._compute(coord, snap_id, snapshot, changed)
             else:
                 result = DeltaResult([])
@@ -745,6 +747,8 @@ class DifferentialRun:
             commit.complete(conn, st, snapshot=snapshot, lsn=lsn, history_id=history_id, inserted=inserted,
                             deleted=deleted, spark_seconds=spark_seconds, request_ids=request_ids)
             user_triggers.finish(conn, st, triggers, inserted, deleted, history_id)
+            faults.point("refresh.before_commit")
+        faults.point("refresh.after_commit")
         return inserted, deleted
 
     def _load(self, table: str, columns: Sequence[str], rows: Sequence[tuple] | Staged,

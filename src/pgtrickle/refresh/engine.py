@@ -28,6 +28,7 @@ from psycopg.types.json import Jsonb
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
+from pgtrickle import faults
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
 from pgtrickle.gates import breaker_gate, watermark_gate
@@ -503,6 +504,7 @@ class Refresher:
             result = finish_output(result, len(layout.columns), layout.key_positions)
             estimate = sum(stats[s.relid].reltuples for s in st.sources)
             spark.sparkContext.setJobGroup(f"pgtrickle-{st.pgt_id}", f"refresh {st.display}", True)
+            faults.point("refresh.spark_job")
             t1 = time.monotonic()
             rows: list[tuple] | None = None
             if estimate <= COPY_THRESHOLD_ROWS:
@@ -590,6 +592,8 @@ class Refresher:
                             inserted=int(inserted), deleted=int(deleted), spark_seconds=spark_seconds,
                             request_ids=request_ids)
             user_triggers.finish(self.conn, st, triggers, int(inserted), int(deleted), history_id)
+            faults.point("refresh.before_commit")
+        faults.point("refresh.after_commit")
         return int(inserted), int(deleted)
 
 
