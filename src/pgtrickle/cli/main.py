@@ -238,6 +238,12 @@ def run(
         console.print(f"pgtrickle daemon on {redact(dsn)}, Spark master {settings.spark_master}; "
                       "Ctrl-C to stop")
         try:
+            # Start Spark now: a master or Java that cannot work is a clear error here, not a failed
+            # (and eventually suspended) refresh of every stream table later.
+            from pgtrickle.spark.session import get_spark
+
+            with console.status(f"Starting Spark (master {settings.spark_master})…"):
+                get_spark(settings)
             port = scheduler.start_metrics()
             if port is not None:
                 console.print(f"Prometheus metrics on http://{settings.metrics_address}:{port}/metrics",
