@@ -384,14 +384,21 @@ class DecoderThread:
     def start(self) -> None:
         self.thread.start()
 
+    HEALTHY_SECONDS = 60.0
+    """A run that streamed this long before failing starts the backoff over (a new incident)."""
+
     def _main(self) -> None:
         backoff = 0.5
         while not self.stop_event.is_set():
+            started = time.monotonic()
             try:
                 self.decoder.run(self.stop_event)
                 return
             except Exception as exc:  # noqa: BLE001 - reported, then retried
+                if time.monotonic() - started >= self.HEALTHY_SECONDS:
+                    backoff = 0.5
                 self.on_error(exc)
+                log.warning("WAL decoder: retrying in %.1fs", backoff)
                 self.stop_event.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
                 self.decoder = WalDecoder(self.decoder.dsn, self.decoder.slot)

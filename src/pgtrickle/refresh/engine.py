@@ -98,6 +98,14 @@ class Refresher:
     def close(self) -> None:
         self.conn.close()
 
+    def reconnect(self) -> None:
+        """A new catalog connection (after PostgreSQL was lost); the old one is closed."""
+        try:
+            self.conn.close()
+        except psycopg.Error:
+            pass
+        self.conn = connect(self.dsn, application_name="pgtrickle-refresh")
+
     # ------------------------------------------------------------- spark
     @property
     def spark(self):  # type: ignore[no-untyped-def]
@@ -449,8 +457,12 @@ class Refresher:
                 if verdict.status == "SUSPENDED" and status != "SUSPENDED":
                     log.warning("%s: suspended after %d consecutive failed refreshes; "
                                 "resume with pgtrickle.resume_stream_table", st.display, errors)
-        except psycopg.Error:
-            log.exception("could not record the failure of %s", st.display)
+        except psycopg.Error as exc:
+            if self.conn.broken or self.conn.closed:  # PostgreSQL went away: the daemon reconnects
+                log.warning("could not record the failure of %s: the connection to PostgreSQL is lost (%s)",
+                            st.display, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            else:
+                log.exception("could not record the failure of %s", st.display)
 
     def _record_abandoned(self, history_id: int) -> None:
         """A refresh cancelled on request: not the stream table's failure (no error count)."""
@@ -621,6 +633,16 @@ class _AlreadyRecorded(Exception):  # noqa: N818 - a carrier, not an error of it
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    first = text.splitlines()[0] if text else type(exc).__name__
+    """The first line of an error, for history and logs; for a failed Spark job, the JVM's reason.
+
+    py4j's first line only names the call ("An error occurred while calling
+    o86.collectToPython."); the line after it says why (e.g. "Job aborted due
+    to stage failure: Task 3 in stage 2.0 failed 2 times ... ExecutorLostFailure").
+    """
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    first = lines[0]
+    if first.startswith("An error occurred while calling") and len(lines) > 1:
+        first = lines[1].lstrip(": ")
     return first[:2000]
