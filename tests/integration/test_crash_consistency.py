@@ -32,15 +32,19 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from pgtrickle.refresh.plan import Action
 from pgtrickle.scheduler.daemon import Scheduler
 from tests.conftest import Database
 from tests.integration.faultkit import (
+    SRC,
     DaemonProcess,
     Writers,
     assert_windows_consumed_once,
@@ -48,7 +52,7 @@ from tests.integration.faultkit import (
     populate,
     wait_caught_up,
 )
-from tests.integration.helpers import assert_oracle
+from tests.integration.helpers import assert_oracle, create_st, refresh
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
 
@@ -141,3 +145,36 @@ def test_sigkill_at_refresh_points_and_random_moments_keeps_every_stream_table_e
     print(f"\n{total} kills survived ({dict(kills)}), {caught_up_by_daemon} recoveries by a restarted daemon, "
           f"{writers.committed} writer transactions committed, {completed} refreshes completed, "
           f"{abandoned} abandoned, {time.monotonic() - started:.0f}s")
+
+
+def test_a_layout_change_cut_off_by_a_crash_still_ends_in_a_full_refresh(db: Database) -> None:
+    """FULL → DIFFERENTIAL adds empty hidden state columns (committed at once); only a FULL refresh fills them.
+
+    Regression: that FULL was decided in memory only. ``pgtrickle refresh``
+    killed after the columns were added (before its Spark job) left the next
+    refresh — in any process — to run DIFFERENTIAL over the empty state.
+    """
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
+    db.sql("CREATE TABLE t (id int PRIMARY KEY, k int NOT NULL, v int NOT NULL)")
+    db.sql("INSERT INTO t SELECT g, g % 7, g FROM generate_series(1, 200) g")
+    create_st(db, "per_k", "SELECT k, count(*) AS n, sum(v) AS total FROM t GROUP BY k",
+              refresh_mode="FULL", schedule="1h")
+    refresh(db, "per_k")
+    db.sql("SELECT pgtrickle.alter_stream_table('per_k', refresh_mode => 'DIFFERENTIAL')")
+    db.sql("UPDATE t SET v = v + 1 WHERE id % 3 = 0")
+    env = dict(os.environ, PYTHONPATH=SRC, PGTRICKLE_DSN=db.dsn, PGTRICKLE_SPARK_MASTER="local[1]",
+               PGTRICKLE_JDBC_JAR=db.settings.jdbc_jar, PGTRICKLE_FAULT_POINT="refresh.spark_job")
+    done = subprocess.run([sys.executable, "-m", "pgtrickle", "refresh", "per_k"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == -signal.SIGKILL, done.stdout[-2000:] + done.stderr[-2000:]
+    hidden = db.scalar("SELECT count(*) FROM pg_attribute WHERE attrelid = 'per_k'::regclass"
+                       " AND attname LIKE '\\_\\_pgt\\_%' AND attname <> '__pgt_row_id' AND NOT attisdropped")
+    assert hidden, "the killed refresh did not get as far as adding the state columns"
+    db.sql("INSERT INTO t SELECT g, g % 7, 1 FROM generate_series(201, 230) g")
+    [outcome] = refresh(db, "per_k")
+    assert outcome.action is Action.FULL, outcome.reason
+    assert_oracle(db, "per_k")
+    db.sql("DELETE FROM t WHERE id % 5 = 0")
+    [outcome] = refresh(db, "per_k")
+    assert outcome.action is Action.DIFFERENTIAL, outcome.reason
+    assert_oracle(db, "per_k")
