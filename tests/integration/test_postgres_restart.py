@@ -133,7 +133,10 @@ def test_daemon_rides_through_fast_and_immediate_restarts(own_server: EmbeddedPo
             assert_windows_consumed_once(db)
             # The decoder resumed from its slot: it streams again past where it was before the restart.
             assert db.scalar("SELECT flushed_lsn > %s::pg_lsn FROM pgtrickle.pgt_decoder_state", (str(flushed),))
-            assert db.scalar("SELECT active FROM pg_replication_slots WHERE slot_name LIKE 'pgtrickle_%'")
+            # ... and the daemon's decoder thread is attached to the slot again (after its own backoff;
+            # meanwhile a refresh decodes what it needs itself).
+            poll(lambda: db.scalar("SELECT active FROM pg_replication_slots WHERE slot_name LIKE 'pgtrickle_%'")
+                 is True, "the decoder thread to attach to the slot again", 90, daemon.check_alive)
             if cut_apply:
                 cut += 1
                 now_abandoned = db.scalar(
