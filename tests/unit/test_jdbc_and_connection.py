@@ -52,11 +52,11 @@ def test_snapshot_statement_refuses_anything_but_a_snapshot_id() -> None:
 
 def test_jdbc_target_from_uri_and_keywords() -> None:
     t = jdbc_target("postgresql://u:p%40ss@db.example:6543/my%20db?sslmode=require")
-    assert t.url == "jdbc:postgresql://db.example:6543/my%20db"
+    assert t.url == "jdbc:postgresql://db.example:6543/my%20db?ApplicationName=pgtrickle-spark"
     assert t.properties["user"] == "u" and t.properties["password"] == "p@ss"
     assert t.properties["sslmode"] == "require"
     t = jdbc_target("host=::1 port=5432 dbname=x user=y")
-    assert t.url == "jdbc:postgresql://[::1]:5432/x"
+    assert t.url == "jdbc:postgresql://[::1]:5432/x?ApplicationName=pgtrickle-spark"
 
 
 def test_unix_socket_dsn_is_refused_for_spark() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from pgtrickle.scheduler.policy import DueReason, DueState, due_reason
 from pgtrickle.scheduler.schedule import CronSchedule, IntervalSchedule
 
@@ -51,3 +53,13 @@ def test_cron_fires_after_the_fire_time() -> None:
     every5 = CronSchedule("*/5 * * * *")
     assert due_reason(state(last=datetime(2026, 1, 1, 11, 56, tzinfo=UTC)), every5, NOW) is DueReason.SCHEDULED
     assert due_reason(state(last=datetime(2026, 1, 1, 12, 0, tzinfo=UTC)), every5, NOW) is None
+
+
+def test_reconnect_backoff_doubles_from_half_a_second_and_is_capped() -> None:
+    from pgtrickle.scheduler.policy import reconnect_delay
+
+    assert [reconnect_delay(a) for a in range(8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert reconnect_delay(10_000) == 30.0
+    assert reconnect_delay(3, first=1.0, cap=5.0) == 5.0
+    with pytest.raises(ValueError):
+        reconnect_delay(-1)

@@ -37,6 +37,7 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
+from pgtrickle import faults
 from pgtrickle.cdc import pgoutput
 from pgtrickle.errors import PgTrickleError
 
@@ -302,7 +303,9 @@ class WalDecoder:
             " changes_total = changes_total + %s, updated_at = now() WHERE slot_name = %s",
             (pgoutput.lsn_to_str(self._progress), self._batch_changes, self.slot),
         )
+        faults.point("wal.before_flush")
         conn.commit()
+        faults.point("wal.after_flush")
         self.flushed_lsn = self._progress
         self.changes_written += self._batch_changes
         self._batch_changes = 0
@@ -381,14 +384,21 @@ class DecoderThread:
     def start(self) -> None:
         self.thread.start()
 
+    HEALTHY_SECONDS = 60.0
+    """A run that streamed this long before failing starts the backoff over (a new incident)."""
+
     def _main(self) -> None:
         backoff = 0.5
         while not self.stop_event.is_set():
+            started = time.monotonic()
             try:
                 self.decoder.run(self.stop_event)
                 return
             except Exception as exc:  # noqa: BLE001 - reported, then retried
+                if time.monotonic() - started >= self.HEALTHY_SECONDS:
+                    backoff = 0.5
                 self.on_error(exc)
+                log.warning("WAL decoder: retrying in %.1fs", backoff)
                 self.stop_event.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
                 self.decoder = WalDecoder(self.decoder.dsn, self.decoder.slot)

@@ -13,6 +13,7 @@ import psycopg
 import typer
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from pgtrickle.catalog.install import require_installed
@@ -68,7 +69,7 @@ def main(
 
 
 def _fail(message: str, code: int = 1) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -232,12 +233,18 @@ def run(
         scheduler = Scheduler(
             settings, dsn,
             on_outcome=lambda o: console.print(
-                f"{o.st.display}: {o.action.value} ({o.reason}) +{o.rows_inserted:,} -{o.rows_deleted:,} "
-                f"in {o.seconds:.2f}s", highlight=False),
+                escape(f"{o.st.display}: {o.action.value} ({o.reason}) +{o.rows_inserted:,} "
+                       f"-{o.rows_deleted:,} in {o.seconds:.2f}s"), highlight=False),
         )
-        console.print(f"pgtrickle daemon on {redact(dsn)}, Spark master {settings.spark_master}; "
-                      "Ctrl-C to stop")
+        console.print(escape(f"pgtrickle daemon on {redact(dsn)}, Spark master {settings.spark_master}; "
+                             "Ctrl-C to stop"), highlight=False)
         try:
+            # Start Spark now: a master or Java that cannot work is a clear error here, not a failed
+            # (and eventually suspended) refresh of every stream table later.
+            from pgtrickle.spark.session import get_spark
+
+            with console.status(escape(f"Starting Spark (master {settings.spark_master})…")):
+                get_spark(settings)
             port = scheduler.start_metrics()
             if port is not None:
                 console.print(f"Prometheus metrics on http://{settings.metrics_address}:{port}/metrics",
@@ -381,10 +388,10 @@ def verify(
             for name in wanted:
                 result = do_verify(conn, name)
                 if result.ok:
-                    console.print(f"[green]✓[/] {name}", highlight=False)
+                    console.print(f"[green]✓[/] {escape(name)}", highlight=False)
                 else:
                     ok = False
-                    console.print(f"[red]✗[/] {name}: {result.missing} rows missing, "
+                    console.print(f"[red]✗[/] {escape(name)}: {result.missing} rows missing, "
                                   f"{result.extra} rows extra", highlight=False)
         return ok
 
@@ -421,8 +428,9 @@ def explain(
                 conn.execute(
                     "UPDATE pgtrickle.pgt_stream_tables SET mode_effective = %s, mode_reason = %s,"
                     " mode_analyzed_at = now() WHERE pgt_id = %s", (mode, reason, st.pgt_id))
-            console.print(f"{st.display}: refresh_mode {st.refresh_mode} → [bold]{mode}[/]", highlight=False)
-            console.print(f"  {reason}", highlight=False)
+            console.print(f"{escape(st.display)}: refresh_mode {st.refresh_mode} → [bold]{mode}[/]",
+                          highlight=False)
+            console.print(f"  {escape(reason)}", highlight=False)
             if mode == "ERROR":
                 console.print("  refresh_mode DIFFERENTIAL cannot run this query; use AUTO or FULL.",
                               highlight=False)

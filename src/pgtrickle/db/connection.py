@@ -55,6 +55,10 @@ def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgtri
         raise ConfigError(f"cannot connect to PostgreSQL at {redact(dsn)}: {message}") from None
 
 
+SPARK_APPLICATION_NAME = "pgtrickle-spark"
+"""``application_name`` of Spark's JDBC sessions (reads and writes), as ``pg_stat_activity`` shows it."""
+
+
 @dataclass(frozen=True)
 class JdbcTarget:
     """Where Spark's JDBC reader and writer connect."""
@@ -80,7 +84,6 @@ def jdbc_target(dsn: str) -> JdbcTarget:
     props: dict[str, str] = {
         "user": str(params.get("user") or ""),
         "password": str(params.get("password") or ""),
-        "ApplicationName": "pgtrickle-spark",
         # Let PostgreSQL convert strings Spark sends into the column types.
         "stringtype": "unspecified",
         "reWriteBatchedInserts": "true",
@@ -88,5 +91,7 @@ def jdbc_target(dsn: str) -> JdbcTarget:
     if params.get("sslmode"):
         props["sslmode"] = str(params["sslmode"])
     host_part = f"[{host}]" if ":" in host else host
-    url = f"jdbc:postgresql://{host_part}:{port}/{quote(dbname, safe='')}"
+    # In the URL, not the properties: Spark lower-cases option names, and the driver ignores an
+    # "applicationname" property (the sessions showed up as "PostgreSQL JDBC Driver").
+    url = f"jdbc:postgresql://{host_part}:{port}/{quote(dbname, safe='')}?ApplicationName={SPARK_APPLICATION_NAME}"
     return JdbcTarget(url=url, properties=props)

@@ -276,3 +276,22 @@ class EmbeddedPostgres:
             timeout=timeout + 10,
         )
         return True
+
+    def restart(self, mode: str = "fast", timeout: float = 60) -> None:
+        """``pg_ctl restart -m mode``: ``fast`` rolls back and disconnects every session,
+        ``immediate`` is a crash (no checkpoint; the server recovers from its WAL)."""
+        if mode not in ("smart", "fast", "immediate"):
+            raise EmbeddedPostgresError(f"shutdown mode must be smart, fast or immediate, got {mode!r}")
+        self._check(
+            [*self._run_as(), str(self._bin_dir() / "pg_ctl"), "-D", str(self.pgdata),
+             "-l", str(self.log_file), "-o", f"-p {self.port}", "-m", mode, "-w", "-t", str(int(timeout)),
+             "restart"],
+            f"restarting PostgreSQL (log: {self.log_file})",
+            timeout=timeout + 10,
+        )
+        deadline = time.monotonic() + timeout
+        while not self._accepting():
+            if time.monotonic() > deadline:
+                raise EmbeddedPostgresError(
+                    f"PostgreSQL did not accept connections on port {self.port} after a restart; see {self.log_file}")
+            time.sleep(0.1)

@@ -87,6 +87,12 @@ def ensure_layout(conn: psycopg.Connection, st: StreamTable, layout: Layout) -> 
             conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(row_index))
         if changed:
             conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(key_index))
+            if st.frontier is not None:
+                # The new hidden columns are empty: only a FULL refresh fills them. Say so in the
+                # catalog, with the change: a refresh that fails, is skipped by a gate or dies
+                # before it completes must not leave the next one to go DIFFERENTIAL over them.
+                conn.execute("UPDATE pgtrickle.pgt_stream_tables SET needs_reinit = true WHERE pgt_id = %s",
+                             (st.pgt_id,))
     return changed
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg.types.json import Jsonb
 
+from pgtrickle import faults
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.errors import RefreshError
 
@@ -40,6 +41,7 @@ def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: s
     watermark, and where a hold_back refresh read each grouped source) is
     stored with the frontier.
     """
+    faults.point("refresh.apply")
     mark = st.watermark_mark
     conn.execute(
         """

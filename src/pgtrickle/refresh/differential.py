@@ -58,6 +58,7 @@ from pgtrickle.dvm.linear import (
     terms,
     weighted,
 )
+from pgtrickle import faults
 from pgtrickle.errors import PgTrickleError
 from pgtrickle.refresh import commit, user_triggers
 from pgtrickle.spark import jdbc
@@ -137,6 +138,7 @@ class DifferentialRun:
             changed = {p.source.relid: p for p in pending if p.rows > 0}
             t0 = time.monotonic()
             if changed:
+                faults.point("refresh.spark_job")
                 result = self._compute(coord, snap_id, snapshot, changed)
             else:
                 result = DeltaResult([])
@@ -747,6 +749,8 @@ class DifferentialRun:
             user_triggers.finish(conn, st, triggers, inserted, deleted, history_id)
             if self.r.group is not None:
                 self._drop_temps()  # the group's transaction goes on: the next member makes its own
+            faults.point("refresh.before_commit")
+        faults.point("refresh.after_commit")
         return inserted, deleted
 
     def _drop_temps(self) -> None:

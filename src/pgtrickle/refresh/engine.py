@@ -30,6 +30,7 @@ from psycopg.types.json import Jsonb
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
+from pgtrickle import faults
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
 from pgtrickle.gates import breaker_gate, watermark_gate
@@ -115,6 +116,14 @@ class Refresher:
 
     def close(self) -> None:
         self.conn.close()
+
+    def reconnect(self) -> None:
+        """A new catalog connection (after PostgreSQL was lost); the old one is closed."""
+        try:
+            self.conn.close()
+        except psycopg.Error:
+            pass
+        self.conn = connect(self.dsn, application_name="pgtrickle-refresh")
 
     # ------------------------------------------------------------- spark
     @property
@@ -538,8 +547,12 @@ class Refresher:
                 if verdict.status == "SUSPENDED" and status != "SUSPENDED":
                     log.warning("%s: suspended after %d consecutive failed refreshes; "
                                 "resume with pgtrickle.resume_stream_table", st.display, errors)
-        except psycopg.Error:
-            log.exception("could not record the failure of %s", st.display)
+        except psycopg.Error as exc:
+            if self.conn.broken or self.conn.closed:  # PostgreSQL went away: the daemon reconnects
+                log.warning("could not record the failure of %s: the connection to PostgreSQL is lost (%s)",
+                            st.display, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            else:
+                log.exception("could not record the failure of %s", st.display)
 
     def _record_abandoned(self, history_id: int) -> None:
         """A refresh cancelled on request: not the stream table's failure (no error count)."""
@@ -595,6 +608,7 @@ class Refresher:
             result = finish_output(result, len(layout.columns), layout.key_positions)
             estimate = sum(stats[s.relid].reltuples for s in st.sources)
             spark.sparkContext.setJobGroup(f"pgtrickle-{st.pgt_id}", f"refresh {st.display}", True)
+            faults.point("refresh.spark_job")
             t1 = time.monotonic()
             rows: list[tuple] | None = None
             if estimate <= COPY_THRESHOLD_ROWS:
@@ -684,6 +698,8 @@ class Refresher:
                             inserted=int(inserted), deleted=int(deleted), spark_seconds=spark_seconds,
                             request_ids=request_ids)
             user_triggers.finish(self.conn, st, triggers, int(inserted), int(deleted), history_id)
+            faults.point("refresh.before_commit")
+        faults.point("refresh.after_commit")
         return int(inserted), int(deleted)
 
 
@@ -711,6 +727,16 @@ class _AlreadyRecorded(Exception):  # noqa: N818 - a carrier, not an error of it
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    first = text.splitlines()[0] if text else type(exc).__name__
+    """The first line of an error, for history and logs; for a failed Spark job, the JVM's reason.
+
+    py4j's first line only names the call ("An error occurred while calling
+    o86.collectToPython."); the line after it says why (e.g. "Job aborted due
+    to stage failure: Task 3 in stage 2.0 failed 2 times ... ExecutorLostFailure").
+    """
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    first = lines[0]
+    if first.startswith("An error occurred while calling") and len(lines) > 1:
+        first = lines[1].lstrip(": ")
     return first[:2000]

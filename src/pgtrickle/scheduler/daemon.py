@@ -7,6 +7,14 @@ refresh is requested or a stream table is created. A per-stream-table
 advisory lock keeps two daemons (or a daemon and ``pgtrickle refresh``) from
 refreshing the same stream table at once.
 
+Losing PostgreSQL (a restart, a network cut): the daemon logs it and
+reconnects with exponential backoff (0.5 s doubling to 30 s, for as long as
+it takes; :func:`~pgtrickle.scheduler.policy.reconnect_delay`). A refresh
+cut off by the loss is rolled back by PostgreSQL; its history row, left
+``RUNNING``, is marked ``ABANDONED`` after reconnecting, and the stream table
+is refreshed again on its next turn. The WAL decoder thread reconnects on
+its own and resumes from its slot.
+
 Stopping: the first SIGINT/SIGTERM lets the refresh in progress finish and
 then exits; a second one abandons it (its Spark jobs are cancelled and
 nothing is applied — the stream table keeps its previous contents).
@@ -45,7 +53,7 @@ from pgtrickle.refresh.engine import Cancelled, RefreshOutcome, Refresher
 from pgtrickle.refresh.group import refresh_group
 from pgtrickle.scheduler.dag import StreamTableNode, resolve_calculated, topological_order
 from pgtrickle.scheduler.groups import GroupNode, RefreshGroup, in_group_upstream, refresh_groups
-from pgtrickle.scheduler.policy import DueReason, DueState, due_reason
+from pgtrickle.scheduler.policy import DueReason, DueState, due_reason, reconnect_delay
 from pgtrickle.scheduler.schedule import IntervalSchedule, Schedule, parse_schedule
 
 log = logging.getLogger(__name__)
@@ -133,13 +141,67 @@ class Scheduler:
         self.capture = CaptureManager(self.conn, self.ensure_decoder)
         self._slot_lag_alerted = False
         self.metrics = Metrics()
-        self._sts_cache: dict[int, StreamTable] = {}
 
     def close(self) -> None:
         self.metrics.close()
         self.stop_decoder()
         self.refresher.close()
         self.conn.close()
+
+    # ------------------------------------------------------- connection loss
+    def connection_lost(self, *others: psycopg.Connection | None) -> bool:
+        """Whether the catalog, refresh (or one of ``others``) connection to PostgreSQL is gone."""
+        return any(c is not None and (c.broken or c.closed) for c in (self.conn, self.refresher.conn, *others))
+
+    def reconnect(self) -> None:
+        """New catalog and refresh connections (raises when PostgreSQL is still unreachable).
+
+        Session advisory locks died with the old connections, so refreshes
+        the loss cut off are marked ``ABANDONED`` right away.
+        """
+        for old in (self.conn, self.refresher.conn):
+            try:
+                old.close()
+            except psycopg.Error:
+                pass
+        self.conn = connect(self.dsn, application_name="pgtrickle-scheduler")
+        require_installed(self.conn)
+        self.locks = StreamTableLocks(self.conn)
+        self.capture = CaptureManager(self.conn, self.ensure_decoder)
+        self.refresher.reconnect()
+        abandoned = self.abandon_stale_history()
+        if abandoned:
+            log.warning("%d refresh(es) cut off by the connection loss marked ABANDONED", abandoned)
+
+    def _wait_for_postgres(self, exc: BaseException) -> psycopg.Connection | None:
+        """After a lost connection: back off, reconnect, repeat until connected (returns the new
+        listener connection) or stopped (``None``)."""
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        attempt = 0
+        lost_at = time.monotonic()
+        while not self.stop_requested:
+            delay = reconnect_delay(attempt)
+            attempt += 1
+            log.warning("lost the connection to PostgreSQL (%s); reconnecting in %.1fs (attempt %d)",
+                        first_line, delay, attempt)
+            self._sleep(delay)
+            if self.stop_requested:
+                return None
+            try:
+                self.reconnect()
+                listener = self._listen()
+            except (PgTrickleError, psycopg.Error) as again:
+                first_line = (str(again).strip().splitlines() or [type(again).__name__])[0]
+                continue
+            log.warning("reconnected to PostgreSQL after %d attempt(s), %.1fs", attempt,
+                        time.monotonic() - lost_at)
+            return listener
+        return None
+
+    def _sleep(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stop_requested and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
     def start_metrics(self) -> int | None:
         """Serve Prometheus metrics when a port is configured; returns the port (``None``: off)."""
@@ -216,7 +278,7 @@ class Scheduler:
                     continue
                 reasons = {m: due(m) for m in group.members}
                 if any(reasons.values()):
-                    self._refresh_group(group, order, reasons, requested, forced, report)
+                    self._refresh_group(group, order, sts, reasons, requested, forced, report)
                 continue
             reason = due(pgt_id)
             if reason is None:
@@ -265,8 +327,9 @@ class Scheduler:
         finally:
             self.locks.unlock(st.pgt_id)
 
-    def _refresh_group(self, group: RefreshGroup, order: Sequence[int], reasons: dict[int, DueReason | None],
-                       requested: dict[int, list[int]], forced: set[int], report: TickReport) -> None:
+    def _refresh_group(self, group: RefreshGroup, order: Sequence[int], sts: dict[int, StreamTable],
+                       reasons: dict[int, DueReason | None], requested: dict[int, list[int]], forced: set[int],
+                       report: TickReport) -> None:
         members = [m for m in order if m in group.members]
         try:
             outcomes = self.refresh_group_locked(
@@ -284,8 +347,8 @@ class Scheduler:
                 log.exception("refresh of atomic group %s failed unexpectedly", group.name)
             else:
                 log.error("%s", exc)
-            report.failed.append((self._sts_cache[members[-1]], str(exc)))
-            self.metrics.observe_failure(self._sts_cache[members[-1]].display)
+            report.failed.append((sts[members[-1]], str(exc)))
+            self.metrics.observe_failure(sts[members[-1]].display)
             return
         for outcome in outcomes:
             report.refreshed.append(outcome)
@@ -307,7 +370,6 @@ class Scheduler:
                         f"atomic group {group.name}: a member is being refreshed by another process; try again")
                 locked.append(pgt_id)
             fresh = load_stream_tables(self.conn)
-            self._sts_cache = fresh
             if any(m not in fresh for m in members):
                 return []  # dropped meanwhile
             sts = {m: fresh[m] for m in members}
@@ -409,24 +471,34 @@ class Scheduler:
         """Tick until stopped. Wakes on NOTIFY, else every ``tick_seconds``."""
         if install_signal_handlers:
             self._install_signal_handlers()
-        listener = connect(self.dsn, application_name="pgtrickle-listener")
-        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        listener: psycopg.Connection | None = self._listen()
         self.abandon_stale_history()
         self.start_metrics()
         ticks = 0
         try:
-            while not self.stop_requested:
+            while not self.stop_requested and listener is not None:
                 try:
                     self.tick()
+                    ticks += 1
+                    if max_ticks is not None and ticks >= max_ticks:
+                        break
+                    for _ in listener.notifies(timeout=self.settings.tick_seconds, stop_after=1):
+                        pass
                 except Cancelled:
                     break
-                ticks += 1
-                if max_ticks is not None and ticks >= max_ticks:
-                    break
-                for _ in listener.notifies(timeout=self.settings.tick_seconds, stop_after=1):
-                    pass
+                except Exception as exc:
+                    if not self.connection_lost(listener):
+                        raise
+                    listener.close()
+                    listener = self._wait_for_postgres(exc)
         finally:
-            listener.close()
+            if listener is not None:
+                listener.close()
+
+    def _listen(self) -> psycopg.Connection:
+        listener = connect(self.dsn, application_name="pgtrickle-listener")
+        listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        return listener
 
     def _install_signal_handlers(self) -> None:
         def handler(signum: int, _frame: object) -> None:

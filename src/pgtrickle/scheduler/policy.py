@@ -49,3 +49,19 @@ def due_reason(state: DueState, schedule: Schedule, now: datetime) -> DueReason 
     if is_due(schedule, last, now):
         return DueReason.SCHEDULED
     return None
+
+
+RECONNECT_FIRST_DELAY = 0.5
+RECONNECT_MAX_DELAY = 30.0
+
+
+def reconnect_delay(attempt: int, first: float = RECONNECT_FIRST_DELAY, cap: float = RECONNECT_MAX_DELAY) -> float:
+    """Seconds to wait before reconnection attempt ``attempt`` (0 = the first) after losing PostgreSQL.
+
+    Exponential (0.5, 1, 2, 4, … s) and capped at ``cap``, so a server that
+    stays down is retried every ``cap`` seconds for as long as it takes,
+    never in a tight loop.
+    """
+    if attempt < 0:
+        raise ValueError(f"attempt must be 0 or more, got {attempt}")
+    return min(cap, first * 2.0 ** min(attempt, 32))

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
+import socket
 import threading
 import time
 from pathlib import Path
@@ -57,6 +60,61 @@ def check_jdbc_jar(settings: Settings) -> Path:
     return jar
 
 
+_MASTER_FORMS = (
+    r"local", r"local\[(\*|[1-9]\d*)(,[1-9]\d*)?\]", r"local-cluster\[\s*[1-9]\d*\s*,\s*[1-9]\d*\s*,\s*[1-9]\d*\s*\]",
+    r"spark://[^/\s]+(,[^/\s]+)*", r"yarn", r"k8s://\S+",
+)
+
+
+def check_master(master: str) -> None:
+    """Refuse a master URL Spark cannot parse, saying which forms there are (pure).
+
+    Spark itself only reports "Java gateway process exited" for one.
+    """
+    if not any(re.fullmatch(form, master) for form in _MASTER_FORMS):
+        raise SparkError(
+            f"{master!r} is not a Spark master URL; use local, local[N], local[*], local-cluster[N,cores,MB], "
+            "spark://host:port, yarn or k8s://https://host:port (--spark-master / PGTRICKLE_SPARK_MASTER)")
+
+
+def reach_master(master: str, timeout: float = 5.0) -> None:
+    """For a standalone master (``spark://host:port[,host:port]``), fail clearly when none answers.
+
+    Spark would start anyway, retry registering for a minute, and fail the
+    first job with "SparkContext was shut down".
+    """
+    if not master.startswith("spark://"):
+        return
+    problems = []
+    for address in master[len("spark://"):].split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return
+        except (OSError, ValueError) as exc:
+            problems.append(f"{address}: {exc}")
+    raise SparkError(f"no Spark master answers at {master} ({'; '.join(problems)}); is the master running, "
+                     "and is --spark-master / PGTRICKLE_SPARK_MASTER right?")
+
+
+def check_java() -> str:
+    """The ``java`` Spark will launch (``$JAVA_HOME/bin/java``, else the one on ``PATH``), or a clear error."""
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        java = Path(java_home) / "bin" / "java"
+        if not os.access(java, os.X_OK):
+            raise SparkError(
+                f"Spark needs Java (17 or 21), and JAVA_HOME={java_home} has no bin/java; point JAVA_HOME "
+                "at a Java installation or unset it to use the java on PATH")
+        return str(java)
+    found = shutil.which("java")
+    if found is None:
+        raise SparkError(
+            "Spark needs Java (17 or 21) and none was found: JAVA_HOME is not set and there is no java on "
+            "PATH; install one (Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
+    return found
+
+
 def get_spark(settings: Settings):  # type: ignore[no-untyped-def]
     """The process's SparkSession, created on first use."""
     global _session, _startup_seconds
@@ -64,6 +122,9 @@ def get_spark(settings: Settings):  # type: ignore[no-untyped-def]
         if _session is not None:
             return _session
         jar = check_jdbc_jar(settings)
+        check_master(settings.spark_master)
+        check_java()
+        reach_master(settings.spark_master)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         settings.spark_local_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -81,8 +142,10 @@ def get_spark(settings: Settings):  # type: ignore[no-untyped-def]
         try:
             session = builder.getOrCreate()
         except Exception as exc:  # noqa: BLE001 - Spark raises many kinds
+            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise SparkError(
-                f"Spark could not start with master {settings.spark_master!r}: {exc}"
+                f"Spark could not start with master {settings.spark_master!r}: {detail}; check the master "
+                "(--spark-master / PGTRICKLE_SPARK_MASTER) and any PGTRICKLE_SPARK_CONF settings"
             ) from exc
         session.sparkContext.setLogLevel("ERROR")
         _startup_seconds = time.monotonic() - started
