@@ -222,8 +222,10 @@ def headlines(out: Path) -> list[str]:
         i = s["idle"]
         lines.append(f"scheduler, {i['stream_tables']} stream tables: idle tick {i['nothing_due_tick_ms']['median']:.1f} ms; "
                      f"all due without changes {i['all_due_no_changes_tick_ms']['per_stream_table_ms']:.1f} ms per "
-                     f"stream table; daemon CPU idle {100 * i['daemon_cpu_share']['python']:.1f} % (Python) + "
-                     f"{100 * i['daemon_cpu_share']['jvm']:.1f} % (JVM) of a core; propagation chain of 10 "
+                     f"stream table; daemon CPU with nothing due {100 * i['daemon_cpu_share']['nothing_due']['python']:.1f} % "
+                     f"(Python) + {100 * i['daemon_cpu_share']['nothing_due']['jvm']:.1f} % (JVM) of a core, on 1 s "
+                     f"schedules {100 * i['daemon_cpu_share']['schedules_1s']['python']:.1f} % + "
+                     f"{100 * i['daemon_cpu_share']['schedules_1s']['jvm']:.1f} %; propagation chain of 10 "
                      f"{s['chain']['latency_median_s']:.1f} s, 3×20 fan {s['fan']['latency_median_s']:.1f} s")
     k = load(out / "cluster.json")
     if k:
