@@ -62,6 +62,7 @@ def main() -> None:
 def run(settings: Settings, dsn: str, rows: int, repeat: int) -> dict[str, object]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         install(conn)
+        host = machine(conn)
         print(f"loading {rows:,} rows…", flush=True)
         conn.execute("CREATE TABLE events (id bigint PRIMARY KEY, grp int, v numeric(12,2), qty int)")
         conn.execute(
@@ -100,7 +101,7 @@ def run(settings: Settings, dsn: str, rows: int, repeat: int) -> dict[str, objec
             "SELECT grp, n, total, avg_qty FROM events_st)) d").fetchone()[0]  # type: ignore[index]
     mv, st = statistics.median(mv_times), statistics.median(st_times)
     figures = {
-        "machine": machine(conn),
+        "machine": host,
         "rows": rows,
         "groups": 1000,
         "spark_master": settings.spark_master,
