@@ -98,7 +98,8 @@ def ensure_dataset(admin_dsn: str, sf: float, char_columns: bool = False) -> tup
     if database_exists(admin_dsn, db):
         with psycopg.connect(bench_dsn(admin_dsn, db), autocommit=True) as conn:
             if scalar(conn, "SELECT to_regclass('public.bench_dataset')") is not None and \
-                    scalar(conn, "SELECT value FROM bench_dataset WHERE key = 'complete'") == "true":
+                    scalar(conn, "SELECT value FROM bench_dataset WHERE key = 'complete'") == "true" and \
+                    scalar(conn, "SELECT value FROM bench_dataset WHERE key = 'char_columns'") == str(char_columns):
                 return db, 0.0
     print(f"  generating TPC-H data at SF {sf:g} into {db}…", flush=True)
     started = time.monotonic()
@@ -106,7 +107,8 @@ def ensure_dataset(admin_dsn: str, sf: float, char_columns: bool = False) -> tup
     with psycopg.connect(bench_dsn(admin_dsn, db), autocommit=True) as conn:
         steps = tpch_data.load(conn, sf, progress=lambda line: print(line, flush=True), char_columns=char_columns)
         conn.execute("CREATE TABLE bench_dataset (key text PRIMARY KEY, value text)")
-        conn.execute("INSERT INTO bench_dataset VALUES ('sf', %s), ('complete', 'true')", (f"{sf:g}",))
+        conn.execute("INSERT INTO bench_dataset VALUES ('sf', %s), ('char_columns', %s), ('complete', 'true')",
+                     (f"{sf:g}", str(char_columns)))
     seconds = time.monotonic() - started
     print(f"  generated in {seconds:.0f}s {steps}", flush=True)
     return db, seconds
