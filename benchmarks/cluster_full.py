@@ -85,9 +85,9 @@ def worker(dsn: str, master: str, names: list[str], repeat: int) -> dict[str, An
 
 
 def run_worker(dsn: str, master: str, names: list[str], repeat: int) -> dict[str, Any]:
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    cmd = [sys.executable, __file__, "--worker", master, "--dsn", dsn, "--names", ",".join(names),
-           "--repeat", str(repeat)]
+    # The DSN (it may hold a password) goes through the environment, not the command line (ps shows that).
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PGTRICKLE_DSN=dsn)
+    cmd = [sys.executable, __file__, "--worker", master, "--names", ",".join(names), "--repeat", str(repeat)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=7200)
     if done.returncode != 0:
         raise RuntimeError(f"worker on {master} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--names", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.dsn, args.worker, args.names.split(","), args.repeat)))
+        dsn = os.environ["PGTRICKLE_DSN"]
+        print(json.dumps(worker(dsn, args.worker, args.names.split(","), args.repeat)))
         return 0
     stop_on_signals()
     settings = Settings.from_env().with_overrides(dsn=args.dsn)
