@@ -92,10 +92,10 @@ PYSPARK_OVER_FULL = 0.8
 DIFF_S_PER_CHANGE = 30e-6  # join-shaped 100k changes ≈ 3–7 s; aggregates less
 
 
-def commands(preset: str, out: Path, dsn: str | None) -> dict[str, list[str]]:
+def commands(preset: str, out: Path) -> dict[str, list[str]]:
     p = PRESETS[preset]
     py = sys.executable
-    common = ["--preset", preset] + (["--dsn", dsn] if dsn else [])
+    common = ["--preset", preset]
     d, t, tc, c, s, k = (p[x] for x in PIECES)
     return {
         "differential": [py, "benchmarks/differential.py", "--sizes", ",".join(map(str, d["sizes"])),
@@ -263,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown pieces {unknown}; choose from {', '.join(PIECES)}")
     pieces = [p for p in PIECES if p in only and p not in skip]
     out = RESULTS / f"suite-{args.preset}-{stamp()}"
-    cmds = commands(args.preset, out.relative_to(ROOT), args.dsn)
+    cmds = commands(args.preset, out.relative_to(ROOT))
+    if args.dsn:  # to the pieces through the environment: a DSN may hold a password, argv is visible in ps
+        os.environ["PGTRICKLE_DSN"] = args.dsn
     given = sys.argv[1:] if argv is None else list(argv)
     command = " ".join([".venv/bin/python benchmarks/suite.py", *given])
     print(f"preset {args.preset}: " + ", ".join(pieces))

@@ -36,7 +36,7 @@ def test_docs_sections_are_replaced_and_prose_is_kept(tmp_path: Path) -> None:
 
 def test_every_preset_has_a_command_for_every_piece() -> None:
     for preset in suite.PRESETS:
-        cmds = suite.commands(preset, Path("benchmarks/results/x"), None)
+        cmds = suite.commands(preset, Path("benchmarks/results/x"))
         assert set(cmds) == set(suite.PIECES)
         assert all(f"suite-{name}" in " ".join(cmd) for name, cmd in cmds.items())
         assert suite.estimates(preset)[-1].startswith("total")
