@@ -255,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="", help="comma-separated pieces to leave out")
     parser.add_argument("--dsn", default=None)
     parser.add_argument("--dry-run", action="store_true", help="print the commands and estimates, run nothing")
+    parser.add_argument("--into", type=Path, default=None,
+                        help="an earlier run's results directory (same preset): (re-)run the chosen pieces into it "
+                             "and rewrite the summary from all of its pieces")
     args = parser.parse_args(argv)
     only = [p for p in args.only.split(",") if p] or list(PIECES)
     skip = {p for p in args.skip.split(",") if p}
@@ -262,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown pieces {unknown}; choose from {', '.join(PIECES)}")
     pieces = [p for p in PIECES if p in only and p not in skip]
-    out = RESULTS / f"suite-{args.preset}-{stamp()}"
+    out = (ROOT / args.into).resolve() if args.into else RESULTS / f"suite-{args.preset}-{stamp()}"
     cmds = commands(args.preset, out.relative_to(ROOT))
     if args.dsn:  # to the pieces through the environment: a DSN may hold a password, argv is visible in ps
         os.environ["PGTRICKLE_DSN"] = args.dsn
@@ -279,9 +282,16 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     host = machine()
     status: dict[str, Any] = {}
+    earlier = load(out / "suite.json") if args.into else None
+    if earlier:
+        if earlier["preset"] != args.preset:
+            parser.error(f"{out} holds a {earlier['preset']} run, not {args.preset}")
+        status = {k: v for k, v in earlier["pieces"].items() if k not in pieces}
+        command = earlier["command"] + " && " + command
     for name in pieces:
         code, seconds = run_piece(name, cmds[name], out / f"{name}.log")
         status[name] = {"exit": code, "seconds": round(seconds, 1), "command": " ".join(cmds[name])}
+    status = {k: status[k] for k in PIECES if k in status}
     (out / "suite.json").write_text(json.dumps({"preset": args.preset, "command": command, "machine": host,
                                                 "revision": revision(), "pieces": status}, indent=2))
     write_section("suite-summary", summary_section(args.preset, command, host, out, status))
