@@ -7,7 +7,7 @@ the cached events dataset (``benchmarks/datasets.py``) are refreshed FULL from a
 master (``pgtrickle refresh`` style: one SparkSession per process): one warm-up refresh, then
 ``--repeat`` timed refreshes, each after a one-row UPDATE so there is something to refresh. Two
 queries: ``aggregate`` (GROUP BY over events into 1000 groups: JDBC read dominated) and ``join``
-(events ⋈ dims, every row written back: read, shuffle-free join with a broadcast dimension, write).
+(events ⋈ dims: every row read, joined and written back).
 The masters alternate run by run (local, cluster, local, cluster, …) so drift hits both.
 
     .venv/bin/python benchmarks/cluster_full.py [--rows 10000000] [--repeat 3] [--queries aggregate,join]
@@ -57,12 +57,8 @@ def worker(dsn: str, master: str, names: list[str], repeat: int) -> dict[str, An
     started = time.monotonic()
     spark = spark_session.get_spark(settings)
     startup = time.monotonic() - started
-    try:
-        executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()  # driver + executors
-    except Exception:  # noqa: BLE001 - informational
-        executors = -1
-    out: dict[str, Any] = {"master": master, "startup_s": round(startup, 2), "block_managers": int(executors),
-                           "refresh_s": {}, "spark_s": {}, "first_s": {}}
+    out: dict[str, Any] = {"master": master, "startup_s": round(startup, 2), "refresh_s": {}, "spark_s": {},
+                           "first_s": {}}
     with psycopg.connect(dsn, autocommit=True) as conn:
         for name in names:
             times, spark_times = [], []
@@ -80,6 +76,10 @@ def worker(dsn: str, master: str, names: list[str], repeat: int) -> dict[str, An
                     spark_times.append(round(outcome.spark_seconds, 3))
             out["refresh_s"][name] = times
             out["spark_s"][name] = spark_times
+    try:  # after the jobs, when every executor has registered: driver + executors
+        out["block_managers"] = int(spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size())
+    except Exception:  # noqa: BLE001 - informational
+        out["block_managers"] = -1
     spark_session.stop_spark()
     return out
 
