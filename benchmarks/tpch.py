@@ -240,7 +240,7 @@ def strategy(reason: str) -> str:
     text = reason.lower()
     for key, label in (("recomputed in spark", "recompute"), ("keyed", "keyed recompute"),
                        ("rescan by row", "rescan by row"), ("rescan", "rescan"), ("partition", "partitions"),
-                       ("algebraic", "algebraic"), ("hidden state", "algebraic aggregate"), ("group by", "aggregate"), ("linear", "linear")):
+                       ("algebraic", "algebraic"), ("hidden state", "algebraic aggregate"), ("having", "group rescan (HAVING)"), ("group by", "aggregate"), ("linear", "linear")):
         if key in text:
             return label
     return reason[:40]
