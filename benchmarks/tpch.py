@@ -83,8 +83,8 @@ class QueryResult:
 
         d, f, m = med(self.diff_s), med(self.full_s), med(self.matview_s)
         return {"diff_s": d, "full_s": f, "matview_s": m,
-                "full_over_diff": round(f / d, 2) if d and f else None,
-                "matview_over_diff": round(m / d, 2) if d and m else None}
+                "full_over_diff": round(f / d, 4) if d and f else None,
+                "matview_over_diff": round(m / d, 4) if d and m else None}
 
 
 # ------------------------------------------------------------------ data
