@@ -38,9 +38,9 @@ CHUNK_ROWS = 5_000_000
 EVENTS_BYTES_PER_ROW = 130
 """events heap + primary key per row: measured 87 bytes (1M rows: 94 MB database); 130 leaves room for
 WAL and free space while loading."""
-LOAD_ROWS_PER_SECOND = 140_000
-"""Load speed for estimates (heap insert + PK build + VACUUM): measured 1M rows in 7 s on the 2-core
-machine at load average 15 (inserts alone 206k rows/s)."""
+LOAD_ROWS_PER_SECOND = 105_000
+"""Load speed for estimates (heap insert + PK build + VACUUM): measured 10M rows in 94 s on the 2-core
+machine at load average 9 (inserts alone 143k rows/s); 1M in 7 s. 100M: ~16 min, once."""
 
 
 def events_db(rows: int) -> str:
