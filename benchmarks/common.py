@@ -236,6 +236,8 @@ def write_json(report: dict[str, Any], path: Path | None, default_name: str) -> 
 def fmt_ratio(ratio: float | None) -> str:
     if ratio is None:
         return "–"
+    if ratio < 0.1:
+        return f"×{ratio:.3f}"
     return f"×{ratio:.2f}" if ratio < 1 else f"×{ratio:.1f}"
 
 

@@ -395,13 +395,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plot", type=Path, default=PLOT)
     parser.add_argument("--preset", default=None)
     parser.add_argument("--keep", action="store_true", help="keep the run's database")
+    parser.add_argument("--render", type=Path, default=None,
+                        help="rewrite the docs section and plot from an earlier run's JSON, run nothing")
     parser.add_argument("--char-columns", action="store_true",
                         help="use the specification's char(n) columns (default varchar(n): see tpch_data.schema)")
     return parser.parse_args(argv)
 
 
+def render(path: Path, section: str, plot_path: Path) -> int:
+    """The docs section (and plot) of an earlier run, from its JSON."""
+    import json
+
+    report = json.loads(path.read_text())
+    results = {name: QueryResult(**fields) for name, fields in report["queries"].items()}
+    report.setdefault("precision_notes", precision_notes(results))
+    if report["rounds"]:
+        plot(results, plot_path)
+    write_section(section, docs_section(report, results, plot_path))
+    print(f"{DOCS.name} section {section} rewritten from {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render:
+        return render(args.render, args.section, args.plot)
     stop_on_signals()
     settings = Settings.from_env().with_overrides(dsn=args.dsn, spark_master=args.spark_master)
     admin_dsn = resolve_dsn(settings)
