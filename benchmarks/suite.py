@@ -250,6 +250,20 @@ def summary_section(preset: str, command: str, host: dict[str, Any], out: Path, 
     return "\n".join(lines)
 
 
+def machine_with_server() -> dict[str, Any]:
+    """The machine, with the PostgreSQL version when the server can be reached."""
+    try:
+        import psycopg
+
+        from pgtrickle.config import Settings
+        from pgtrickle.db.connection import resolve_dsn
+
+        with psycopg.connect(resolve_dsn(Settings.from_env()), autocommit=True) as conn:
+            return machine(conn)
+    except Exception:  # noqa: BLE001 - informational only
+        return machine()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
@@ -282,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {' '.join(cmds[name][1:])}")
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    host = machine()
+    host = machine_with_server()
     status: dict[str, Any] = {}
     earlier = load(out / "suite.json") if args.into else None
     if earlier:
