@@ -1,27 +1,28 @@
-"""DIFFERENTIAL refresh next to pgtrickle FULL and REFRESH MATERIALIZED VIEW.
+"""DIFFERENTIAL refresh next to pgtrickle FULL, REFRESH MATERIALIZED VIEW and a plain PySpark job.
 
-For each table size N and each change rate r, one transaction applies
-round(r·N) changes to ``events`` (≈50 % UPDATE of v/qty, 25 % INSERT, 25 %
-DELETE) and ``VACUUM ANALYZE events`` runs (untimed); then three things over
-the same tables are refreshed one at a time, each seeing the same changes: a
-stream table in refresh_mode AUTO (which must run DIFFERENTIAL), a stream
-table in refresh_mode FULL, and a PostgreSQL materialized view. Five query
-shapes: scan, filter, aggregate, join, join_aggregate. Medians of
-``--repeat`` rounds, after one warm-up round per size; the SparkSession
-start-up is reported on its own. Ratios matter, not absolute seconds (the
-machines are noisy).
+For each table size N and each change level (``--rates``: a share of N, or ``--changes``: the same
+number of changes at every size), one transaction applies the changes to ``events`` (≈50 % UPDATE of
+v/qty, 25 % INSERT, 25 % DELETE) and ``VACUUM ANALYZE events`` runs (untimed); then, one at a time and
+each seeing the same changes: a stream table in refresh_mode AUTO (which must run DIFFERENTIAL), a
+stream table in refresh_mode FULL, a PostgreSQL materialized view, and the batch job a user would write
+without pgtrickle (partitioned ``spark.read.jdbc``, the same query in Spark SQL, ``write.jdbc`` with
+overwrite + truncate; ``--no-baseline`` leaves it out). Five query shapes: scan, filter, aggregate,
+join, join_aggregate. Medians of ``--repeat`` rounds, after one warm-up round per size; the
+SparkSession start-up is reported on its own. Ratios matter, not absolute seconds (the machines are
+noisy).
 
-    .venv/bin/python benchmarks/differential.py [--sizes 1000000,10000000] [--rates 0.001,0.01,0.1]
-        [--repeat 3] [--queries scan,filter,aggregate,join,join_aggregate] [--dsn ...]
-        [--spark-master local[*]] [--json PATH] [--no-docs] [--keep] [--no-verify]
+    .venv/bin/python benchmarks/differential.py [--sizes 1000000,10000000] [--rates 0.001,0.01,0.1 |
+        --changes 1000,10000] [--repeat 3] [--queries scan,filter,aggregate,join,join_aggregate] [--dsn ...]
+        [--spark-master local[*]] [--no-baseline] [--json PATH] [--no-docs] [--section NAME] [--plot PATH]
+        [--preset NAME] [--keep] [--no-verify]
 
-Uses the embedded PostgreSQL unless --dsn is given; works in one database per
-size, ``pgtrickle_bench_diff_<N>_<pid>`` (created, and dropped at the end
-unless --keep). Writes JSON (default benchmarks/results/differential-<timestamp>.json)
-and, unless --no-docs, the section between ``<!-- differential:begin -->``
-and ``<!-- differential:end -->`` of docs/BENCHMARKS.md and
-docs/img/differential.png. Exits with status 1 when an AUTO stream table did
-not refresh DIFFERENTIAL or a result differs from its materialized view.
+Uses the embedded PostgreSQL unless --dsn is given. The data come from the cached dataset of each size
+(``benchmarks/datasets.py``: built once in ``pgtrickle_bench_events_<N>``), copied into
+``pgtrickle_bench_diff_<N>_<pid>`` for the run (dropped at the end unless --keep). Writes JSON (default
+benchmarks/results/differential-<timestamp>.json) and, unless --no-docs, the section between
+``<!-- <section>:begin -->`` and ``<!-- <section>:end -->`` of docs/BENCHMARKS.md (default
+``differential``) and the plot (default docs/img/differential.png). Exits with status 1 when an AUTO
+stream table did not refresh DIFFERENTIAL or a result differs from its materialized view.
 """
 
 from __future__ import annotations
