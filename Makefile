@@ -23,10 +23,12 @@ test: setup
 test-unit: setup
 	$(PY) -m pytest tests/unit
 
+# The benchmark suite: `make bench` (quick), `make bench PRESET=standard`, `make bench PRESET=full`
+# (100M rows: hours and ~60 GiB; see `$(PY) benchmarks/suite.py --preset full --dry-run`).
+PRESET ?= quick
 bench: setup
 	$(PY) -m pip install --quiet -e '.[bench]'
-	$(PY) benchmarks/full_refresh.py
-	$(PY) benchmarks/differential.py
+	$(PY) benchmarks/suite.py --preset $(PRESET) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

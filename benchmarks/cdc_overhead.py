@@ -48,20 +48,24 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pgtrickle.catalog.install import install
-from pgtrickle.cdc.modes import CaptureManager
-from pgtrickle.cdc.wal import DecoderThread, decoder_slot, wait_for_decoder
-from pgtrickle.config import Settings
-from pgtrickle.db.connection import resolve_dsn
+import psycopg  # noqa: E402
+from psycopg import sql  # noqa: E402
+from psycopg.conninfo import make_conninfo  # noqa: E402
+
+from common import command_line, header_lines, machine, now_text, revision, write_section  # noqa: E402
+from pgtrickle.catalog.install import install  # noqa: E402
+from pgtrickle.cdc.modes import CaptureManager  # noqa: E402
+from pgtrickle.cdc.wal import DecoderThread, decoder_slot, wait_for_decoder  # noqa: E402
+from pgtrickle.config import Settings  # noqa: E402
+from pgtrickle.db.connection import resolve_dsn  # noqa: E402
 
 DATABASE = "pgtrickle_cdc_bench"
 VARIANTS = ("none", "row_trigger", "statement_trigger", "wal")
@@ -394,9 +398,14 @@ def main() -> None:
     parser.add_argument("--decoder-always-on", action="store_true",
                         help="keep the WAL decoder running while the other variants are measured too")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--section", default=None,
+                        help="also rewrite this generated section of docs/BENCHMARKS.md (e.g. suite-cdc)")
+    parser.add_argument("--preset", default=None, help="the suite preset this run belongs to (a label)")
     args = parser.parse_args()
 
     admin_dsn = resolve_dsn(Settings.from_env().with_overrides(dsn=args.dsn))
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        host = machine(admin)
     drop_database(admin_dsn)
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
@@ -437,6 +446,17 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
+    if args.section:
+        report = {"command": command_line("benchmarks/cdc_overhead.py", None), "date": now_text(),
+                  "preset": args.preset, "machine": host, "revision": revision()}
+        lines = header_lines("Change capture: write overhead and decoder throughput", report,
+                             "benchmarks/cdc_overhead.py")
+        lines += [f"{args.rows:,} rows per statement, median of {args.repeat} run(s); variants and method as "
+                  "described in the hand-written section above (`none`, a row-level trigger, pgtrickle's "
+                  "statement-level triggers, pgtrickle's WAL capture).", "", markdown(table), ""]
+        lines += [f"- {verdict['result']}: {key} = {verdict['measured']:,} (target {verdict['target']})"
+                  for key, verdict in verdicts.items()]
+        write_section(args.section, "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -1,66 +1,65 @@
-"""DIFFERENTIAL refresh next to pgtrickle FULL and REFRESH MATERIALIZED VIEW.
+"""DIFFERENTIAL refresh next to pgtrickle FULL, REFRESH MATERIALIZED VIEW and a plain PySpark job.
 
-For each table size N and each change rate r, one transaction applies
-round(r·N) changes to ``events`` (≈50 % UPDATE of v/qty, 25 % INSERT, 25 %
-DELETE) and ``VACUUM ANALYZE events`` runs (untimed); then three things over
-the same tables are refreshed one at a time, each seeing the same changes: a
-stream table in refresh_mode AUTO (which must run DIFFERENTIAL), a stream
-table in refresh_mode FULL, and a PostgreSQL materialized view. Five query
-shapes: scan, filter, aggregate, join, join_aggregate. Medians of
-``--repeat`` rounds, after one warm-up round per size; the SparkSession
-start-up is reported on its own. Ratios matter, not absolute seconds (the
-machines are noisy).
+For each table size N and each change level (``--rates``: a share of N, or ``--changes``: the same
+number of changes at every size), one transaction applies the changes to ``events`` (≈50 % UPDATE of
+v/qty, 25 % INSERT, 25 % DELETE) and ``VACUUM ANALYZE events`` runs (untimed); then, one at a time and
+each seeing the same changes: a stream table in refresh_mode AUTO (which must run DIFFERENTIAL), a
+stream table in refresh_mode FULL, a PostgreSQL materialized view, and the batch job a user would write
+without pgtrickle (partitioned ``spark.read.jdbc``, the same query in Spark SQL, ``write.jdbc`` with
+overwrite + truncate; ``--no-baseline`` leaves it out). Five query shapes: scan, filter, aggregate,
+join, join_aggregate. Medians of ``--repeat`` rounds, after one warm-up round per size; the
+SparkSession start-up is reported on its own. Ratios matter, not absolute seconds (the machines are
+noisy).
 
-    .venv/bin/python benchmarks/differential.py [--sizes 1000000,10000000] [--rates 0.001,0.01,0.1]
-        [--repeat 3] [--queries scan,filter,aggregate,join,join_aggregate] [--dsn ...]
-        [--spark-master local[*]] [--json PATH] [--no-docs] [--keep] [--no-verify]
+    .venv/bin/python benchmarks/differential.py [--sizes 1000000,10000000] [--rates 0.001,0.01,0.1 |
+        --changes 1000,10000] [--repeat 3] [--queries scan,filter,aggregate,join,join_aggregate] [--dsn ...]
+        [--spark-master local[*]] [--no-baseline] [--json PATH] [--no-docs] [--section NAME] [--plot PATH]
+        [--preset NAME] [--keep] [--no-verify]
 
-Uses the embedded PostgreSQL unless --dsn is given; works in one database per
-size, ``pgtrickle_bench_diff_<N>_<pid>`` (created, and dropped at the end
-unless --keep). Writes JSON (default benchmarks/results/differential-<timestamp>.json)
-and, unless --no-docs, the section between ``<!-- differential:begin -->``
-and ``<!-- differential:end -->`` of docs/BENCHMARKS.md and
-docs/img/differential.png. Exits with status 1 when an AUTO stream table did
-not refresh DIFFERENTIAL or a result differs from its materialized view.
+Uses the embedded PostgreSQL unless --dsn is given. The data come from the cached dataset of each size
+(``benchmarks/datasets.py``: built once in ``pgtrickle_bench_events_<N>``), copied into
+``pgtrickle_bench_diff_<N>_<pid>`` for the run (dropped at the end unless --keep). Writes JSON (default
+benchmarks/results/differential-<timestamp>.json) and, unless --no-docs, the section between
+``<!-- <section>:begin -->`` and ``<!-- <section>:end -->`` of docs/BENCHMARKS.md (default
+``differential``) and the plot (default docs/img/differential.png). Exits with status 1 when an AUTO
+stream table did not refresh DIFFERENTIAL or a result differs from its materialized view.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import functools
-import json
+import math
 import os
-import platform
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psycopg
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pgtrickle.catalog.install import install
-from pgtrickle.cdc.buffers import cleanup_buffers
-from pgtrickle.config import Settings
-from pgtrickle.db.connection import resolve_dsn
-from pgtrickle.refresh import differential as diff_module
-from pgtrickle.refresh import engine as engine_module
-from pgtrickle.refresh.engine import RefreshOutcome
-from pgtrickle.scheduler.daemon import refresh_sync
-from pgtrickle.spark import session as spark_session
+import psycopg  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-DOCS = ROOT / "docs" / "BENCHMARKS.md"
-PLOT = ROOT / "docs" / "img" / "differential.png"
-RESULTS = ROOT / "benchmarks" / "results"
-BEGIN, END = "<!-- differential:begin -->", "<!-- differential:end -->"
+from common import (  # noqa: E402
+    DOCS, IMG, bench_dsn, command_line, drop_database, fmt_rate, fmt_ratio, fmt_size, free_disk_gib, header_lines,
+    machine, now_text, pyplot, revision, spark_running, stop_on_signals, write_json, write_section,
+)
+from datasets import EVENT_VALUES, EVENTS_BYTES_PER_ROW, copy_events, estimate  # noqa: E402
+from pgtrickle.catalog.install import install  # noqa: E402
+from pgtrickle.cdc.buffers import cleanup_buffers  # noqa: E402
+from pgtrickle.config import Settings  # noqa: E402
+from pgtrickle.db.connection import jdbc_target, resolve_dsn  # noqa: E402
+from pgtrickle.refresh import differential as diff_module  # noqa: E402
+from pgtrickle.refresh import engine as engine_module  # noqa: E402
+from pgtrickle.refresh.engine import RefreshOutcome  # noqa: E402
+from pgtrickle.scheduler.daemon import refresh_sync  # noqa: E402
+from pgtrickle.spark import session as spark_session  # noqa: E402
+
+PLOT = IMG / "differential.png"
+SECTION = "differential"
 
 QUERIES: dict[str, str] = {
     "scan": "SELECT id, grp, v FROM events",
@@ -77,13 +76,11 @@ TARGET_SHAPES = ("aggregate", "join", "join_aggregate")
 """The shapes the speed-up targets are judged on (scan and filter are shown for information)."""
 TARGET_SIZE, TARGET_RATE = 10_000_000, 0.001
 TARGET_FULL_OVER_DIFF, TARGET_MV_OVER_DIFF, TARGET_SCALING = 20.0, 3.0, 1.5
-BYTES_PER_ROW_ESTIMATE = 1_000
-"""Generous disk need per source row: events, 2 STs + 1 matview per shape, change buffers, staging, WAL."""
-
-EVENT_VALUES = (
-    "mod({id}, 1000), 1 + floor(random() * 1000)::int, round((random() * 1000)::numeric, 2),"
-    " CASE WHEN random() < 0.05 THEN NULL ELSE floor(random() * 13)::int END, 'note ' || {id}"
-)
+ISSUE_TARGET_SIZE, ISSUE_TARGET_CHANGES, ISSUE_TARGET_MV_OVER_DIFF = 100_000_000, 10_000, 25.0
+"""Issue 9: at 100M rows and 10k changes, DIFFERENTIAL ≥ 25× faster than REFRESH MATERIALIZED VIEW."""
+RESULT_BYTES_PER_SOURCE_ROW = {"scan": 70, "filter": 16, "aggregate": 0, "join": 80, "join_aggregate": 0}
+"""Disk per events row of one copy of each shape's result (heap + row-id index); each shape has 3 copies
+(DIFF and FULL stream tables, matview) plus the plain PySpark job's table."""
 
 
 # ------------------------------------------------------------------ results
@@ -109,18 +106,21 @@ class Row:
     matview_s: float
     full_over_diff: float
     matview_over_diff: float
+    pyspark_s: float | None
+    pyspark_over_diff: float | None
     diff_timings: dict[str, float]
     full_timings: dict[str, float]
     diff_actions: list[str]
     not_differential: list[str]
     samples: dict[str, list[float]]
-    """Every round's wall seconds per contender (diff, full, matview), for judging the noise."""
+    """Every round's wall seconds per contender (diff, full, matview, pyspark), for judging the noise."""
 
 
 @dataclass
 class SizeRun:
     size: int
     load_s: float
+    copy_s: float
     create_s: dict[str, float]
     warmup_s: float
     change_apply_s: dict[str, float]
@@ -172,37 +172,6 @@ class Profile:
 
 
 # ------------------------------------------------------------------ database
-def bench_dsn(admin_dsn: str, db: str) -> str:
-    base, _, _ = admin_dsn.rpartition("/")
-    return f"{base}/{db}" if "://" in admin_dsn else f"{admin_dsn} dbname={db}"
-
-
-def recreate_database(admin_dsn: str, db: str) -> None:
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {db}")
-
-
-def drop_database(admin_dsn: str, db: str) -> None:
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-
-
-def load_data(conn: psycopg.Connection, rows: int) -> float:
-    """events (N rows) and dims (1000 rows), generated in PostgreSQL; returns seconds."""
-    started = time.monotonic()
-    conn.execute("SELECT setseed(0.42)")
-    conn.execute("CREATE TABLE dims (id int PRIMARY KEY, name text, category int)")
-    conn.execute("INSERT INTO dims SELECT g, 'dim ' || g, g % 20 FROM generate_series(1, 1000) g")
-    conn.execute("CREATE TABLE events (id bigint PRIMARY KEY, grp int, dim_id int, v numeric(12,2),"
-                 " qty int, note text)")
-    conn.execute(f"INSERT INTO events SELECT g, {EVENT_VALUES.format(id='g')} FROM generate_series(1, %s) g",
-                 (rows,))
-    conn.execute("VACUUM ANALYZE dims")
-    conn.execute("VACUUM ANALYZE events")
-    return time.monotonic() - started
-
-
 def create_contenders(conn: psycopg.Connection, settings: Settings, dsn: str,
                       shapes: Sequence[str]) -> dict[str, float]:
     """Per shape: st_<shape>_diff (AUTO), st_<shape>_full (FULL), mv_<shape>; returns seconds each."""
@@ -289,13 +258,41 @@ class RoundSamples:
     diff: list[Sample] = field(default_factory=list)
     full: list[Sample] = field(default_factory=list)
     matview: list[Sample] = field(default_factory=list)
+    pyspark: list[Sample] = field(default_factory=list)
     diff_actions: list[str] = field(default_factory=list)
     not_differential: list[str] = field(default_factory=list)
 
 
+def pyspark_batch(settings: Settings, dsn: str, shape: str) -> Sample:
+    """The batch job a user would write without pgtrickle: read by JDBC, same query in Spark SQL, overwrite.
+
+    ``events`` is read with a partitioned ``spark.read.jdbc`` (partition column ``id`` between its min and
+    max, one partition per 2M rows and at least two per core, ``fetchsize`` 10000 so an executor streams
+    rows instead of holding a partition in memory), ``dims`` in one read; the query runs unchanged in
+    Spark SQL on temporary views; the result replaces ``pys_<shape>`` with ``mode("overwrite")`` and
+    ``truncate=true`` (the table keeps its definition; readers see it empty while it is rewritten, and
+    the reads are not one snapshot — which is what pgtrickle adds). Same warm SparkSession as pgtrickle.
+    """
+    spark = spark_session.get_spark(settings)
+    target = jdbc_target(dsn)
+    props = {**target.properties, "driver": "org.postgresql.Driver", "fetchsize": "10000"}
+    started = time.monotonic()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        lo, hi = conn.execute("SELECT min(id), max(id) FROM events").fetchone()  # type: ignore[misc]
+        rows = int(conn.execute("SELECT reltuples FROM pg_class WHERE oid = 'events'::regclass"
+                                ).fetchone()[0])  # type: ignore[index]
+    parts = max(2 * (os.cpu_count() or 2), math.ceil(max(rows, 0) / 2_000_000))
+    spark.read.jdbc(target.url, "events", column="id", lowerBound=int(lo), upperBound=int(hi),
+                    numPartitions=parts, properties=props).createOrReplaceTempView("events")
+    spark.read.jdbc(target.url, "dims", properties=props).createOrReplaceTempView("dims")
+    result = spark.sql(QUERIES[shape])
+    result.write.jdbc(target.url, f"pys_{shape}", mode="overwrite", properties={**props, "truncate": "true"})
+    return Sample(time.monotonic() - started)
+
+
 def refresh_round(conn: psycopg.Connection, settings: Settings, dsn: str, shapes: Sequence[str],
-                  samples: dict[str, RoundSamples] | None) -> None:
-    """Refresh every contender once (DIFFERENTIAL, FULL, matview per shape); record unless warming up.
+                  samples: dict[str, RoundSamples] | None, baseline: bool = True) -> None:
+    """Refresh every contender once (DIFFERENTIAL, FULL, matview, PySpark job per shape); record unless warming up.
 
     Then, untimed, delete the consumed change-buffer rows as the daemon's
     maintenance does (``refresh_sync`` alone never does) and vacuum the
@@ -306,17 +303,21 @@ def refresh_round(conn: psycopg.Connection, settings: Settings, dsn: str, shapes
         diff, outcome = refresh_st(settings, dsn, f"st_{shape}_diff", "DIFFERENTIAL")
         full, _ = refresh_st(settings, dsn, f"st_{shape}_full", "FULL")
         matview = refresh_matview(conn, shape)
+        batch = pyspark_batch(settings, dsn, shape) if baseline else None
         if samples is None:
             continue
         got = samples.setdefault(shape, RoundSamples())
         got.diff.append(diff)
         got.full.append(full)
         got.matview.append(matview)
+        if batch is not None:
+            got.pyspark.append(batch)
         got.diff_actions.append(outcome.action.value)
         if outcome.action.value != "DIFFERENTIAL":
             got.not_differential.append(f"{outcome.action.value}: {outcome.reason}")
-        print(f"    {shape:15s} diff {diff.wall:8.3f}s  full {full.wall:8.3f}s  matview {matview.wall:8.3f}s",
-              flush=True)
+        extra = f"  pyspark {batch.wall:8.3f}s" if batch is not None else ""
+        print(f"    {shape:15s} diff {diff.wall:8.3f}s  full {full.wall:8.3f}s  matview {matview.wall:8.3f}s"
+              f"{extra}", flush=True)
     cleanup_buffers(conn)
     for (buffer,) in conn.execute("SELECT buffer_name FROM pgtrickle.pgt_change_sources").fetchall():
         conn.execute(f'VACUUM pgtrickle_changes."{buffer}"')
@@ -331,13 +332,18 @@ def summarise(size: int, rate: float, changes: int, shape: str, got: RoundSample
     diff = statistics.median(s.wall for s in got.diff)
     full = statistics.median(s.wall for s in got.full)
     matview = statistics.median(s.wall for s in got.matview)
+    batch = statistics.median(s.wall for s in got.pyspark) if got.pyspark else None
     return Row(size=size, shape=shape, rate=rate, changes=changes, diff_s=round(diff, 4),
                full_s=round(full, 4), matview_s=round(matview, 4), full_over_diff=round(full / diff, 2),
-               matview_over_diff=round(matview / diff, 2), diff_timings=median_timings(got.diff),
+               matview_over_diff=round(matview / diff, 2),
+               pyspark_s=None if batch is None else round(batch, 4),
+               pyspark_over_diff=None if batch is None else round(batch / diff, 2),
+               diff_timings=median_timings(got.diff),
                full_timings=median_timings(got.full), diff_actions=got.diff_actions,
                not_differential=got.not_differential,
                samples={name: [round(s.wall, 4) for s in got_samples] for name, got_samples in
-                        (("diff", got.diff), ("full", got.full), ("matview", got.matview))})
+                        (("diff", got.diff), ("full", got.full), ("matview", got.matview),
+                         ("pyspark", got.pyspark))})
 
 
 def _same_value(column: str, kind: str) -> str:
@@ -349,8 +355,8 @@ def _same_value(column: str, kind: str) -> str:
     return f"({equal} OR ({s} IS NULL AND {m} IS NULL))"
 
 
-def differing_rows(conn: psycopg.Connection, shape: str) -> dict[str, dict[str, int]]:
-    """How many rows of each stream table differ from the matview.
+def differing_rows(conn: psycopg.Connection, shape: str, baseline: bool = True) -> dict[str, dict[str, int]]:
+    """How many rows of each stream table (and of the PySpark job's table) differ from the matview.
 
     ``exact``: rows in the symmetric difference of the stored values.
     ``tolerant``: rows missing on either side of a join on the shape's unique
@@ -367,8 +373,8 @@ def differing_rows(conn: psycopg.Connection, shape: str) -> dict[str, dict[str, 
     cols = ", ".join(name for name, _ in types)
     same = " AND ".join(_same_value(c, kind) for c, kind in types if c != key) or "true"
     result: dict[str, dict[str, int]] = {}
-    for suffix in ("diff", "full"):
-        st = f"st_{shape}_{suffix}"
+    tables = [f"st_{shape}_diff", f"st_{shape}_full"] + ([f"pys_{shape}"] if baseline else [])
+    for st in tables:
         exact = conn.execute(
             f"SELECT count(*) FROM ((SELECT {cols} FROM {st} EXCEPT ALL SELECT {cols} FROM {mv})"
             f" UNION ALL (SELECT {cols} FROM {mv} EXCEPT ALL SELECT {cols} FROM {st})) d").fetchone()
@@ -381,57 +387,70 @@ def differing_rows(conn: psycopg.Connection, shape: str) -> dict[str, dict[str, 
 
 
 # ------------------------------------------------------------------ one size
-def check_disk(settings: Settings, size: int) -> None:
-    need = size * BYTES_PER_ROW_ESTIMATE
-    for path in (settings.data_dir, Path("/tmp")):
-        if not path.exists():
-            continue
-        free = shutil.disk_usage(path).free
-        print(f"free space on {path}: {free / 2**30:.1f} GiB (this size needs up to ~{need / 2**30:.1f} GiB)")
-        if free < need:
-            raise SystemExit(f"not enough free disk space for {size:,} rows under {path}; "
-                             "run fewer --queries (scan and join are the largest) or smaller --sizes")
+def disk_need_gib(size: int, shapes: Sequence[str], cached: bool) -> float:
+    """Rough disk need of one size: the run's copy of events (plus the cache when not built yet) and results."""
+    events = size * EVENTS_BYTES_PER_ROW * (1 if cached else 2)
+    results = sum(4 * RESULT_BYTES_PER_SOURCE_ROW[s] * size for s in shapes)
+    return (events + results) * 1.2 / 2**30  # + change buffers, staging, WAL
+
+
+def check_disk(settings: Settings, admin_dsn: str, size: int, shapes: Sequence[str]) -> None:
+    from datasets import database_exists, events_db
+
+    need = disk_need_gib(size, shapes, database_exists(admin_dsn, events_db(size)))
+    free = free_disk_gib(settings.data_dir)
+    print(f"free space under {settings.data_dir}: {free:.1f} GiB (this size needs ~{need:.1f} GiB)", flush=True)
+    if free < need:
+        raise SystemExit(f"not enough free disk space for {size:,} rows under {settings.data_dir}; "
+                         "run fewer --queries (scan and join are the largest) or smaller --sizes")
+
+
+def change_plan(size: int, rates: Sequence[float], changes: Sequence[int]) -> list[tuple[float, int]]:
+    """(rate, number of changes) per change level: --changes (absolute) if given, else --rates of size."""
+    if changes:
+        return [(c / size, c) for c in changes]
+    return [(rate, max(1, round(rate * size))) for rate in rates]
 
 
 def run_size(settings: Settings, admin_dsn: str, size: int, rates: Sequence[float], repeat: int,
-             shapes: Sequence[str], keep: bool, verify: bool) -> SizeRun:
-    check_disk(settings, size)
+             shapes: Sequence[str], keep: bool, verify: bool, changes: Sequence[int] = (),
+             baseline: bool = True) -> SizeRun:
+    check_disk(settings, admin_dsn, size, shapes)
     db = f"pgtrickle_bench_diff_{size}_{os.getpid()}"  # concurrent runs must not drop each other's
-    recreate_database(admin_dsn, db)
+    print(f"\n== {size:,} rows: the cached dataset, copied…", flush=True)
+    load_s, copy_s = copy_events(admin_dsn, size, db)
+    print(f"  copied in {copy_s:.1f}s", flush=True)
     dsn = bench_dsn(admin_dsn, db)
     size_settings = settings.with_overrides(dsn=dsn)
+    levels = change_plan(size, rates, changes)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             install(conn)
-            print(f"\n== {size:,} rows: loading…", flush=True)
-            load_s = load_data(conn, size)
-            print(f"  loaded in {load_s:.1f}s", flush=True)
             create_s = create_contenders(conn, size_settings, dsn, shapes)
-            next_id = size + 1
+            next_id = int(conn.execute("SELECT max(id) FROM events").fetchone()[0]) + 1  # type: ignore[index]
             print("  warm-up round", flush=True)
             started = time.monotonic()
-            next_id = apply_changes(conn, max(1, round(min(rates) * size)), next_id, 0.5)
-            refresh_round(conn, size_settings, dsn, shapes, None)
+            next_id = apply_changes(conn, min(c for _, c in levels), next_id, 0.5)
+            refresh_round(conn, size_settings, dsn, shapes, None, baseline)
             warmup_s = time.monotonic() - started
             rows, change_apply_s = [], {}
-            for r_index, rate in enumerate(rates):
-                changes = max(1, round(rate * size))
+            for r_index, (rate, count) in enumerate(levels):
                 per_shape: dict[str, RoundSamples] = {}
                 applied = []
                 for i in range(repeat):
                     started = time.monotonic()
-                    next_id = apply_changes(conn, changes, next_id, (r_index * 97 + i + 1) / 1000)
+                    next_id = apply_changes(conn, count, next_id, (r_index * 97 + i + 1) / 1000)
                     applied.append(time.monotonic() - started)
-                    print(f"  rate {rate:g} ({changes:,} changes) round {i + 1}/{repeat}: "
+                    print(f"  {count:,} changes ({fmt_rate(rate)}) round {i + 1}/{repeat}: "
                           f"changes applied in {applied[-1]:.2f}s", flush=True)
-                    refresh_round(conn, size_settings, dsn, shapes, per_shape)
-                change_apply_s[str(rate)] = round(statistics.median(applied), 3)
-                rows.extend(summarise(size, rate, changes, shape, per_shape[shape]) for shape in shapes)
+                    refresh_round(conn, size_settings, dsn, shapes, per_shape, baseline)
+                change_apply_s[str(count)] = round(statistics.median(applied), 3)
+                rows.extend(summarise(size, rate, count, shape, per_shape[shape]) for shape in shapes)
             differing = {}
             if verify:
-                print("  verifying the stream tables against the materialized views…", flush=True)
+                print("  verifying the results against the materialized views…", flush=True)
                 for shape in shapes:
-                    differing.update(differing_rows(conn, shape))
+                    differing.update(differing_rows(conn, shape, baseline))
                 counts = ", ".join(f"{k}={v['exact']}/{v['tolerant']}" for k, v in differing.items())
                 print(f"  differing rows (exact/tolerant): {counts}", flush=True)
     finally:
@@ -439,8 +458,8 @@ def run_size(settings: Settings, admin_dsn: str, size: int, rates: Sequence[floa
             print(f"  kept database {db}", flush=True)
         else:
             drop_database(admin_dsn, db)
-    return SizeRun(size, round(load_s, 2), {k: round(v, 3) for k, v in create_s.items()}, round(warmup_s, 2),
-                   change_apply_s, rows, differing)
+    return SizeRun(size, round(load_s, 2), round(copy_s, 2), {k: round(v, 3) for k, v in create_s.items()},
+                   round(warmup_s, 2), change_apply_s, rows, differing)
 
 
 # ------------------------------------------------------------------ analysis
@@ -483,8 +502,17 @@ def targets(rows: Sequence[Row], scale: Sequence[dict[str, Any]],
     def judge(value: float | None, ok: Callable[[float], bool]) -> str:
         return "not measured" if value is None else ("met" if ok(value) else "missed")
 
+    sizes = {r.size for r in rows}
     for shape in TARGET_SHAPES:
-        if shape not in shapes:
+        if shape not in shapes or ISSUE_TARGET_SIZE not in sizes:
+            continue
+        row = find(rows, ISSUE_TARGET_SIZE, shape, ISSUE_TARGET_CHANGES / ISSUE_TARGET_SIZE)
+        mod = row.matview_over_diff if row else None
+        out.append({"target": f"{shape}: DIFFERENTIAL ≥ {ISSUE_TARGET_MV_OVER_DIFF:g}× faster than REFRESH "
+                              "MATERIALIZED VIEW (100M rows, 10k changes)", "value": mod,
+                    "status": judge(mod, lambda v: v >= ISSUE_TARGET_MV_OVER_DIFF)})
+    for shape in TARGET_SHAPES:
+        if shape not in shapes or TARGET_SIZE not in sizes:
             continue
         row = find(rows, TARGET_SIZE, shape, TARGET_RATE)
         fod = row.full_over_diff if row else None
@@ -506,53 +534,18 @@ def targets(rows: Sequence[Row], scale: Sequence[dict[str, Any]],
 
 
 # ------------------------------------------------------------------ output
-def revision() -> str:
-    """The git commit of the code measured, with ``+dirty`` when src/ has uncommitted changes."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
-def machine() -> dict[str, Any]:
-    mem_kib = 0
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_kib = int(line.split()[1])
-    except OSError:
-        pass
-    return {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "memory_gib": round(mem_kib / 2**20, 1), "python": platform.python_version()}
-
-
-def fmt_rate(rate: float) -> str:
-    return f"{rate * 100:g} %"
-
-
-def fmt_ratio(ratio: float) -> str:
-    return f"×{ratio:.2f}" if ratio < 1 else f"×{ratio:.1f}"
-
-
-def fmt_size(size: int) -> str:
-    return f"{size / 1e6:g}M" if size >= 1_000_000 else f"{size / 1e3:g}k"
-
-
 def results_table(rows: Sequence[Row]) -> list[str]:
-    head = ["rows", "shape", "changes", "DIFF s", "FULL s", "matview s", "FULL/DIFF", "matview/DIFF",
-            "DIFF Spark s", "DIFF apply s"]
+    head = ["rows", "shape", "changes", "DIFF s", "FULL s", "matview s", "PySpark job s", "FULL/DIFF",
+            "matview/DIFF", "PySpark/DIFF", "DIFF Spark s", "DIFF apply s"]
     align = ["---"] * 2 + ["---:"] * (len(head) - 2)
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
     for r in rows:
         flag = "" if not r.not_differential else " ⚠"
+        pys = "–" if r.pyspark_s is None else f"{r.pyspark_s:.3f}"
         lines.append(
             f"| {fmt_size(r.size)} | {r.shape}{flag} | {r.changes:,} ({fmt_rate(r.rate)}) | {r.diff_s:.3f} | "
-            f"{r.full_s:.3f} | {r.matview_s:.3f} | {fmt_ratio(r.full_over_diff)} | "
-            f"{fmt_ratio(r.matview_over_diff)} | "
+            f"{r.full_s:.3f} | {r.matview_s:.3f} | {pys} | {fmt_ratio(r.full_over_diff)} | "
+            f"{fmt_ratio(r.matview_over_diff)} | {fmt_ratio(r.pyspark_over_diff)} | "
             f"{r.diff_timings.get('spark_job', 0):.3f} | {r.diff_timings.get('apply', 0):.3f} |")
     return lines
 
@@ -596,63 +589,57 @@ def print_report(report: dict[str, Any], rows: Sequence[Row]) -> None:
     print("\n".join(breakdown_table(rows)))
     if report["scaling"]:
         print("\n" + "\n".join(scaling_table(report["scaling"])))
-    print("\n" + "\n".join(targets_table(report["targets"])))
+    if report["targets"]:
+        print("\n" + "\n".join(targets_table(report["targets"])))
     print(f"\nSparkSession start-up {report['spark_startup_s']:.2f}s")
 
 
 def plot(rows: Sequence[Row], shapes: Sequence[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(shapes), figsize=(3.6 * len(shapes), 4.2), sharey=True, squeeze=False)
-    colors = {"DIFFERENTIAL": "#2a9d8f", "pgtrickle FULL": "#e76f51", "REFRESH MATERIALIZED VIEW": "#8d99ae"}
-    width = 0.27
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(shapes), figsize=(3.8 * len(shapes), 4.4), sharey=True, squeeze=False)
+    colors = {"DIFFERENTIAL": "#2a9d8f", "pgtrickle FULL": "#e76f51", "REFRESH MATERIALIZED VIEW": "#8d99ae",
+              "plain PySpark job": "#e9c46a"}
+    width = 0.2
     for ax, shape in zip(axes[0], shapes):
         mine = [r for r in rows if r.shape == shape]
-        labels = [f"{fmt_size(r.size)}\n{fmt_rate(r.rate)}" for r in mine]
+        labels = [f"{fmt_size(r.size)}\n{r.changes:,}" for r in mine]
         xs = range(len(mine))
-        for offset, (label, values) in enumerate((
-                ("DIFFERENTIAL", [r.diff_s for r in mine]), ("pgtrickle FULL", [r.full_s for r in mine]),
-                ("REFRESH MATERIALIZED VIEW", [r.matview_s for r in mine]))):
-            ax.bar([x + (offset - 1) * width for x in xs], values, width, label=label, color=colors[label])
+        series = [("DIFFERENTIAL", [r.diff_s for r in mine]), ("pgtrickle FULL", [r.full_s for r in mine]),
+                  ("REFRESH MATERIALIZED VIEW", [r.matview_s for r in mine])]
+        if any(r.pyspark_s is not None for r in mine):
+            series.append(("plain PySpark job", [r.pyspark_s or 0.0 for r in mine]))
+        for offset, (label, values) in enumerate(series):
+            ax.bar([x + (offset - (len(series) - 1) / 2) * width for x in xs], values, width, label=label,
+                   color=colors[label])
         ax.set_yscale("log")
         ax.set_title(shape)
         ax.set_xticks(list(xs), labels, fontsize=7)
         ax.grid(axis="y", which="both", alpha=0.3)
     axes[0][0].set_ylabel("refresh seconds (median, log scale)")
     axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.suptitle("Refresh time after a batch of changes: rows of events / share of rows changed", fontsize=10)
+    fig.suptitle("Refresh time after a batch of changes: rows of events / rows changed", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def docs_section(report: dict[str, Any], rows: Sequence[Row]) -> str:
-    m = report["machine"]
-    lines = [
-        BEGIN,
-        "## DIFFERENTIAL refresh vs FULL vs `REFRESH MATERIALIZED VIEW`",
-        "",
-        "```sh",
-        report["command"],
-        "```",
-        "",
-        f"Machine: {m['platform']}, {m['cpus']} CPUs, {m['memory_gib']} GiB; "
-        f"Spark `{report['spark_master']}`; "
-        f"run {report['date']} on pgtrickle `{report['revision']}`. Generated by "
-        "`benchmarks/differential.py` (this section is rewritten by it).",
-        "",
-        "`events(id, grp, dim_id, v, qty, note)` with N rows and `dims(id, name, category)` with 1000 rows. "
+def docs_section(report: dict[str, Any], rows: Sequence[Row], plot_path: Path) -> str:
+    baseline = report.get("baseline", True)
+    lines = header_lines("DIFFERENTIAL refresh vs FULL vs `REFRESH MATERIALIZED VIEW`"
+                         + (" vs a plain PySpark job" if baseline else ""), report, "benchmarks/differential.py")
+    lines += [
+        "`events(id, grp, dim_id, v, qty, note)` with N rows and `dims(id, name, category)` with 1000 rows "
+        "(a cached dataset, copied for the run: `benchmarks/datasets.py`). "
         "Each round commits one transaction of changes to `events` (≈50 % UPDATE of `v`/`qty`, "
         "25 % INSERT, 25 % DELETE) and runs `VACUUM ANALYZE events` (untimed), then refreshes, "
-        "one at a time, a stream table in `AUTO` mode (refreshing DIFFERENTIAL), one in `FULL` mode "
-        "and a materialized view of the same query. Medians of "
-        f"{report['repeat']} round(s) after a warm-up round; seconds are the wall time of `refresh_sync` "
-        "(resp. `REFRESH MATERIALIZED VIEW`). SparkSession start-up, once per process: "
-        f"{report['spark_startup_s']:.1f} s.",
+        "one at a time, a stream table in `AUTO` mode (refreshing DIFFERENTIAL), one in `FULL` mode, "
+        "a materialized view of the same query"
+        + (", and runs the batch job a user would write without pgtrickle (partitioned `spark.read.jdbc`, "
+           "the same query in Spark SQL, `write.jdbc(mode=\"overwrite\", truncate=true)`; same warm "
+           "SparkSession)" if baseline else "") + ". Medians of "
+        f"{report['repeat']} round(s) after a warm-up round; seconds are wall time. SparkSession start-up, "
+        f"once per process: {report['spark_startup_s']:.1f} s.",
         "",
         "Queries: " + "; ".join(f"**{s}** `{QUERIES[s]}`" for s in report["queries"]) + ".",
         "",
@@ -662,36 +649,24 @@ def docs_section(report: dict[str, Any], rows: Sequence[Row]) -> str:
         "",
         *(scaling_table(report["scaling"]) if report["scaling"] else ["(one size only)"]),
         "",
-        "Targets (speed-ups judged at 10M rows and 0.1 % changes for the aggregate and join shapes):",
-        "",
-        *targets_table(report["targets"]),
-        "",
+    ]
+    if report["targets"]:
+        lines += ["Targets:", "", *targets_table(report["targets"]), ""]
+    lines += [
         "Where DIFFERENTIAL time goes (medians, seconds; `spark_job` includes `pushdown_keys` and "
         "`spark_collect`, which includes the JDBC reads; `apply` includes `apply_load_delta`; "
         "`outside_engine` is `refresh_sync`'s own connections and catalog reads):",
         "",
         *breakdown_table(rows),
         "",
-        "![refresh times](img/differential.png)",
+        f"![refresh times](img/{plot_path.name})",
     ]
     if report["problems"]:
         lines += ["", "Problems seen in this run:", ""] + [f"- {p}" for p in report["problems"]]
     if report["precision_notes"]:
         lines += ["", "Precision (results checked against the materialized views after the last round):", ""]
         lines += [f"- {n}" for n in report["precision_notes"]]
-    lines.append(END)
     return "\n".join(lines)
-
-
-def write_docs(section: str) -> None:
-    text = DOCS.read_text()
-    if BEGIN in text and END in text:
-        head, _, rest = text.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        text = head + section + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    DOCS.write_text(text)
 
 
 # ------------------------------------------------------------------ main
@@ -701,36 +676,36 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sizes", default="1000000,10000000", help="comma-separated row counts of events")
     parser.add_argument("--rates", default="0.001,0.01,0.1",
                         help="comma-separated shares of rows changed per round")
+    parser.add_argument("--changes", default="",
+                        help="comma-separated numbers of changes per round, the same at every size "
+                             "(replaces --rates)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--queries", default=",".join(QUERIES), help="comma-separated: " + ", ".join(QUERIES))
     parser.add_argument("--dsn", default=None)
     parser.add_argument("--spark-master", default="local[*]")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the plain PySpark batch job")
     parser.add_argument("--json", type=Path, default=None, help="where to write the figures")
     parser.add_argument("--no-docs", action="store_true",
                         help="do not rewrite docs/BENCHMARKS.md and the plot")
+    parser.add_argument("--section", default=SECTION,
+                        help="the marker name of the docs section to rewrite (default: %(default)s)")
+    parser.add_argument("--plot", type=Path, default=PLOT, help="where to draw the plot")
+    parser.add_argument("--preset", default=None, help="the suite preset this run belongs to (a label)")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark databases")
     parser.add_argument("--no-verify", action="store_true", help="skip comparing results with the matviews")
     args = parser.parse_args(argv)
     args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    args.changes = [int(c) for c in args.changes.split(",") if c.strip()]
     args.queries = [q.strip() for q in args.queries.split(",") if q.strip()]
     unknown = [q for q in args.queries if q not in QUERIES]
     if unknown:
         parser.error(f"unknown --queries {', '.join(unknown)}; choose from {', '.join(QUERIES)}")
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if any(c >= min(args.sizes) for c in args.changes):
+        parser.error("every --changes must be smaller than the smallest of --sizes")
     return args
-
-
-@contextmanager
-def spark_running(settings: Settings) -> Iterator[float]:
-    """Start the SparkSession (yielding its start-up seconds) and stop it at the end."""
-    started = time.monotonic()
-    spark_session.get_spark(settings)
-    try:
-        yield time.monotonic() - started
-    finally:
-        spark_session.stop_spark()
 
 
 def problems_of(runs: Sequence[SizeRun]) -> list[str]:
@@ -760,35 +735,37 @@ REVISION = revision()
 """Taken at start-up: the code this process measures."""
 
 
-def _stop_on_signal(signum: int, _frame: object) -> None:
-    """SIGTERM / SIGHUP: unwind, so the benchmark database is dropped and Spark stopped."""
-    raise SystemExit(f"stopped by signal {signal.Signals(signum).name}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _stop_on_signal)
+    stop_on_signals()
     settings = Settings.from_env().with_overrides(dsn=args.dsn, spark_master=args.spark_master)
     admin_dsn = resolve_dsn(settings)
-    given = sys.argv[1:] if argv is None else list(argv)
-    command = " ".join([".venv/bin/python benchmarks/differential.py", *given])
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        host = machine(conn)
+    command = command_line("benchmarks/differential.py", argv)
+    for size in args.sizes:
+        e = estimate(size)
+        print(f"{fmt_size(size)} rows: cached dataset ~{e['disk_gib']:.1f} GiB (~{e['build_s'] / 60:.0f} min to "
+              "build once)", flush=True)
     runs: list[SizeRun] = []
     with spark_running(settings) as spark_start:
         print(f"SparkSession start-up: {spark_start:.2f}s", flush=True)
         for size in args.sizes:
             runs.append(run_size(settings, admin_dsn, size, args.rates, args.repeat, args.queries, args.keep,
-                                 not args.no_verify))
+                                 not args.no_verify, args.changes, not args.no_baseline))
     rows = [row for run in runs for row in run.rows]
-    scale = scaling(rows, args.sizes, args.rates, args.queries)
+    scale_rates = [rate for rate, _ in change_plan(max(args.sizes), args.rates, args.changes)]
+    scale = scaling(rows, args.sizes, scale_rates, args.queries)
     report: dict[str, Any] = {
-        "command": command.strip(),
-        "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "machine": machine(),
+        "command": command,
+        "date": now_text(),
+        "preset": args.preset,
+        "machine": host,
         "revision": REVISION,
         "spark_master": settings.spark_master,
         "spark_startup_s": round(spark_start, 3),
-        "sizes": args.sizes, "rates": args.rates, "repeat": args.repeat, "queries": args.queries,
+        "sizes": args.sizes, "rates": args.rates, "changes": args.changes, "repeat": args.repeat,
+        "queries": args.queries, "baseline": not args.no_baseline,
         "scaling": scale,
         "targets": targets(rows, scale, args.queries),
         "problems": problems_of(runs),
@@ -796,14 +773,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": [asdict(run) for run in runs],
     }
     print_report(report, rows)
-    json_path = args.json or RESULTS / f"differential-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(report, indent=2))
-    print(f"figures written to {json_path}")
+    write_json(report, args.json, "differential")
     if not args.no_docs:
-        plot(rows, args.queries, PLOT)
-        write_docs(docs_section(report, rows))
-        print(f"{DOCS.relative_to(ROOT)} and {PLOT.relative_to(ROOT)} updated")
+        plot(rows, args.queries, args.plot)
+        write_section(args.section, docs_section(report, rows, args.plot))
+        print(f"{DOCS.name} section {args.section} and {args.plot.name} updated", flush=True)
     for note in report["precision_notes"]:
         print(f"note: {note}", file=sys.stderr)
     for problem in report["problems"]:

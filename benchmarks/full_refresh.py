@@ -16,18 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
-import psycopg
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pgtrickle.catalog.install import install
-from pgtrickle.config import Settings
-from pgtrickle.db.connection import resolve_dsn
-from pgtrickle.scheduler.daemon import refresh_sync
-from pgtrickle.spark import session as spark_session
+import psycopg  # noqa: E402
+
+from common import bench_dsn, drop_database, machine, recreate_database  # noqa: E402
+from pgtrickle.catalog.install import install  # noqa: E402
+from pgtrickle.config import Settings  # noqa: E402
+from pgtrickle.db.connection import resolve_dsn  # noqa: E402
+from pgtrickle.scheduler.daemon import refresh_sync  # noqa: E402
+from pgtrickle.spark import session as spark_session  # noqa: E402
 
 QUERY = "SELECT grp, count(*) AS n, sum(v) AS total, avg(qty) AS avg_qty FROM events GROUP BY grp"
 
@@ -43,18 +46,14 @@ def main() -> None:
 
     settings = Settings.from_env().with_overrides(dsn=args.dsn, spark_master=args.spark_master)
     admin_dsn = resolve_dsn(settings)
-    base, _, _ = admin_dsn.rpartition("/")
-    with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        admin.execute("DROP DATABASE IF EXISTS pgtrickle_bench WITH (FORCE)")
-        admin.execute("CREATE DATABASE pgtrickle_bench")
-    dsn = f"{base}/pgtrickle_bench" if "://" in admin_dsn else f"{admin_dsn} dbname=pgtrickle_bench"
+    recreate_database(admin_dsn, "pgtrickle_bench")
+    dsn = bench_dsn(admin_dsn, "pgtrickle_bench")
     settings = settings.with_overrides(dsn=dsn)
     try:
         figures = run(settings, dsn, args.rows, args.repeat)
     finally:
         spark_session.stop_spark()
-        with psycopg.connect(admin_dsn, autocommit=True) as admin:
-            admin.execute("DROP DATABASE IF EXISTS pgtrickle_bench WITH (FORCE)")
+        drop_database(admin_dsn, "pgtrickle_bench")
     print(json.dumps(figures, indent=2))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
@@ -63,6 +62,7 @@ def main() -> None:
 def run(settings: Settings, dsn: str, rows: int, repeat: int) -> dict[str, object]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         install(conn)
+        host = machine(conn)
         print(f"loading {rows:,} rows…", flush=True)
         conn.execute("CREATE TABLE events (id bigint PRIMARY KEY, grp int, v numeric(12,2), qty int)")
         conn.execute(
@@ -101,7 +101,7 @@ def run(settings: Settings, dsn: str, rows: int, repeat: int) -> dict[str, objec
             "SELECT grp, n, total, avg_qty FROM events_st)) d").fetchone()[0]  # type: ignore[index]
     mv, st = statistics.median(mv_times), statistics.median(st_times)
     figures = {
-        "machine": f"{platform.machine()} {platform.processor() or ''} cores={__import__('os').cpu_count()}",
+        "machine": host,
         "rows": rows,
         "groups": 1000,
         "spark_master": settings.spark_master,

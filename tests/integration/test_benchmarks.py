@@ -1,0 +1,67 @@
+"""The benchmark suite cannot rot: its TPC-H generator, one query under its changes with the oracle,
+the docs-section writer and the presets' commands.
+
+Fast (well under a minute): TPC-H at the generator's minimum size (1500 orders), one query.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Database
+from tests.integration.helpers import assert_oracle, create_st, refresh
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import common  # noqa: E402
+import suite  # noqa: E402
+import tpch_data  # noqa: E402
+
+
+def test_docs_sections_are_replaced_and_prose_is_kept(tmp_path: Path) -> None:
+    docs = tmp_path / "BENCHMARKS.md"
+    docs.write_text("# Benchmarks\n\nhand-written prose\n")
+    common.write_section("suite-x", "## first", docs)
+    common.write_section("suite-y", "## other", docs)
+    common.write_section("suite-x", "## second", docs)
+    text = docs.read_text()
+    assert "hand-written prose" in text and "## other" in text and "## second" in text
+    assert "## first" not in text
+    assert text.count("<!-- suite-x:begin -->") == 1
+
+
+def test_every_preset_has_a_command_for_every_piece() -> None:
+    for preset in suite.PRESETS:
+        cmds = suite.commands(preset, Path("benchmarks/results/x"))
+        assert set(cmds) == set(suite.PIECES)
+        assert all(f"suite-{name}" in " ".join(cmd) for name, cmd in cmds.items())
+        assert suite.estimates(preset)[-1].startswith("total")
+    assert 100_000_000 in suite.PRESETS["full"]["differential"]["sizes"]
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("spark")
+def test_tpch_generator_and_a_query_stays_exact_under_its_changes(db: Database) -> None:
+    sf = 0.001  # the generator's floor: 1500 orders, ~6000 lines
+    tpch_data.load(db.conn, sf, progress=lambda _line: None)
+    counts = {t: db.scalar(f"SELECT count(*) FROM {t}") for t in tpch_data.TABLES}
+    assert counts["region"] == 5 and counts["nation"] == 25 and counts["orders"] == 1500
+    assert 1500 <= counts["lineitem"] <= 7 * 1500
+    # every line's (part, supplier) is offered in partsupp, as TPC-H's supplier formula guarantees
+    assert db.scalar("SELECT count(*) FROM lineitem l WHERE NOT EXISTS (SELECT 1 FROM partsupp"
+                     " WHERE ps_partkey = l_partkey AND ps_suppkey = l_suppkey)") == 0
+    assert db.scalar("SELECT count(*) FROM orders WHERE o_totalprice <= 0") == 0
+    queries = tpch_data.queries(sf)
+    assert len(queries) == 22
+    create_st(db, "q06", queries["q06"], refresh_mode="DIFFERENTIAL")
+    refresh(db, "q06")
+    changed = tpch_data.apply_changes(db.conn, sf, 10, 0.1)
+    assert changed["orders_inserted"] == 10 and changed["orders_deleted"] == 10
+    assert changed["lineitems_updated"] == 10
+    [outcome] = refresh(db, "q06")
+    assert outcome.action.value == "DIFFERENTIAL"
+    assert_oracle(db, "q06")
