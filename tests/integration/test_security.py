@@ -8,8 +8,11 @@ connection (pgtrickle acts for the role set), except where a real login matters.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -371,3 +374,49 @@ def test_a_writer_without_pgtrickle_rights_is_still_captured(
     buffer = shop.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_relid = 'orders'::regclass")
     assert shop.sql(f"SELECT action, new_id FROM pgtrickle_changes.{buffer} ORDER BY change_id") == [
         ("I", 42), ("U", 42)]
+
+
+# ------------------------------------------------------------------ passwords
+
+
+def _cli(dsn: str, *args: str, tmp: str) -> subprocess.CompletedProcess[str]:
+    """``pgtrickle`` in a process of its own, so its stderr includes the Spark JVM's."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
+           "PGTRICKLE_DATA_DIR": tmp, "PGTRICKLE_SPARK_MASTER": "local[1]", "COLUMNS": "250"}
+    env.pop("PGTRICKLE_DSN", None)
+    return subprocess.run([sys.executable, "-m", "pgtrickle", "--verbose", "--dsn", dsn, *args],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp, check=False)
+
+
+def test_passwords_never_appear_in_output_logs_errors_or_the_catalog(shop: Database, tmp_path: Path) -> None:
+    params = conninfo_to_dict(shop.dsn)
+    password = str(params["password"])
+    assert len(password) >= 8
+    # 1. A wrong password: psycopg's connection error.
+    wrong = "Wr0ng-" + password[::-1]
+    result = _cli(make_conninfo("", **{**params, "password": wrong}), "status", tmp=str(tmp_path))
+    assert result.returncode == 1
+    assert "password authentication failed" in result.stderr
+    assert wrong not in result.stdout + result.stderr
+    # 2. A DSN that reaches PostgreSQL (hostaddr) while Spark's JDBC connection fails (host does not
+    #    resolve): the failure travels through the JVM, Py4J, the refresh engine, the catalog, the logs.
+    create_st(shop, "s", "SELECT id, amount FROM orders")
+    jdbc_breaking = make_conninfo("", **{**params, "host": "pgtrickle-no-such-host.invalid", "hostaddr": "127.0.0.1"})
+    result = _cli(jdbc_breaking, "refresh", "s", tmp=str(tmp_path))
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "refresh of public.s failed" in output
+    assert "FAILED_JDBC.CONNECTION" in output, output[-3000:]  # it did reach Spark's JDBC connection
+    assert password not in output
+    status = _cli(jdbc_breaking, "status", tmp=str(tmp_path))
+    assert status.returncode == 0 and "public.s" in status.stdout
+    assert password not in status.stdout + status.stderr
+    recorded = shop.sql("SELECT coalesce(last_error, '') FROM pgtrickle.pgt_stream_tables"
+                        " UNION ALL SELECT coalesce(error_message, '') FROM pgtrickle.pgt_refresh_history"
+                        " UNION ALL SELECT payload::text FROM pgtrickle.alerts")
+    assert any(r[0] for r in recorded)
+    assert all(password not in r[0] for r in recorded)
+    # Spark's own work files and logs in the data directory do not hold it either.
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and path.stat().st_size < 5_000_000:
+            assert password not in path.read_text(errors="replace"), path

@@ -30,6 +30,7 @@ from pgtrickle.cdc.buffers import pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
+from pgtrickle.db.redaction import scrub
 from pgtrickle.gates import breaker_gate, watermark_gate
 from pgtrickle.gates.skips import record_skip
 from pgtrickle.gates.watermark_gate import WatermarkMark
@@ -617,6 +618,6 @@ class _AlreadyRecorded(Exception):  # noqa: N818 - a carrier, not an error of it
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
+    text = scrub(exc).strip() or type(exc).__name__
     first = text.splitlines()[0] if text else type(exc).__name__
     return first[:2000]
