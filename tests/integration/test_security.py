@@ -236,8 +236,19 @@ def test_a_pgtrickle_user_owns_its_stream_table_and_reading_follows_grants(
     alice, bob = roles["alice"], roles["bob"]
     with acting_as(shop, alice):
         create_st(shop, "alice_totals", "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer")
-    assert shop.sql("SELECT tableowner FROM pg_tables WHERE tablename = 'alice_totals'") == [(alice,)]
+    # alice owns it in pgtrickle's terms; the table itself stays pgtrickle's, so that alice cannot make the
+    # daemon's writes run her code (triggers, rules, index expressions, checks need the table's owner).
     assert shop.scalar("SELECT created_by FROM pgtrickle.pgt_stream_tables") == alice
+    assert shop.sql("SELECT tableowner FROM pg_tables WHERE tablename = 'alice_totals'") == [("postgres",)]
+    shop.sql(f"GRANT CREATE ON SCHEMA public TO {alice}")
+    with acting_as(shop, alice):
+        shop.sql("CREATE FUNCTION public.alices_trigger() RETURNS trigger LANGUAGE plpgsql AS"
+                 " $$BEGIN RAISE NOTICE 'running as %', current_user; RETURN NULL; END$$")
+    for ddl in ("CREATE TRIGGER t AFTER INSERT ON alice_totals FOR EACH ROW EXECUTE FUNCTION public.alices_trigger()",
+                "CREATE INDEX ON alice_totals ((customer || 'x'))",
+                "CREATE RULE r AS ON INSERT TO alice_totals DO ALSO NOTIFY x",
+                "ALTER TABLE alice_totals ADD CHECK (total > 0)"):
+        _denied(shop, alice, ddl)
     refresh_and_check(shop, "alice_totals")  # the daemon maintains it
     with acting_as(shop, alice):
         assert len(shop.sql("SELECT * FROM alice_totals")) == 3

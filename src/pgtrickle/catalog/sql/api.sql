@@ -69,22 +69,21 @@ BEGIN
 END
 $$;
 
--- Altering, refreshing, resuming or dropping a stream table needs its owner (a
--- member of the role owning its table, as for ALTER TABLE) or pgtrickle_admin.
+-- Altering, refreshing, resuming or dropping a stream table needs its owner (the role
+-- that created it, or a member of that role) or pgtrickle_admin.
 CREATE OR REPLACE FUNCTION pgtrickle._require_owner(st pgtrickle.pgt_stream_tables, p_what text)
 RETURNS name LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     v_caller name := pgtrickle._require_user(p_what || ' a stream table');
-    v_owner oid;
+    v_owner oid := (SELECT oid FROM pg_roles WHERE rolname = st.created_by);
 BEGIN
-    SELECT relowner INTO v_owner FROM pg_class WHERE oid = st.pgt_relid;
     IF pgtrickle._is_admin(v_caller) OR (v_owner IS NOT NULL AND pg_has_role(v_caller, v_owner, 'USAGE')) THEN
         RETURN v_caller;
     END IF;
     RAISE EXCEPTION 'permission denied: role % may not % stream table %, which is owned by %', quote_ident(v_caller),
         p_what, pgtrickle._display_name(st.pgt_schema, st.pgt_name),
-        coalesce(quote_ident((SELECT rolname FROM pg_roles WHERE oid = v_owner)), 'nobody')
+        coalesce(quote_ident(st.created_by), 'nobody')
         USING ERRCODE = 'insufficient_privilege',
               HINT = 'Only the owner of a stream table (or a member of the owning role) and members of pgtrickle_admin may change it.';
 END
@@ -788,20 +787,11 @@ BEGIN
     EXECUTE format('ALTER TABLE %I.%I ADD COLUMN __pgt_row_id bigint', v_schema, v_name);
     EXECUTE format('COMMENT ON TABLE %I.%I IS %L', v_schema, v_name,
                    'pgtrickle stream table; its contents are maintained by pgtrickle');
-    -- The caller owns the stream table: reading it follows ordinary grants (GRANT SELECT ON it TO ...).
+    -- The table stays pgtrickle's (whoever owns a table can make writes into it run their code -
+    -- triggers, rules, index expressions - and the daemon writes it with its own rights). The
+    -- creator reads it and decides who else may: reading follows ordinary grants.
     IF v_caller <> v_definer THEN
-        BEGIN
-            EXECUTE format('ALTER TABLE %I.%I OWNER TO %I', v_schema, v_name, v_caller);
-        EXCEPTION WHEN insufficient_privilege THEN
-            RAISE EXCEPTION 'pgtrickle''s owner % cannot make role % the owner of stream table %', quote_ident(v_definer),
-                quote_ident(v_caller), v_display
-                USING ERRCODE = 'insufficient_privilege',
-                      HINT = format('Install pgtrickle as a superuser, or GRANT %I TO %I;', v_caller, v_definer);
-        END;
-        IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = v_definer) THEN
-            -- The daemon (connecting as pgtrickle's owner) keeps maintaining it.
-            EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON %I.%I TO %I', v_schema, v_name, v_definer);
-        END IF;
+        EXECUTE format('GRANT SELECT ON %I.%I TO %I WITH GRANT OPTION', v_schema, v_name, v_caller);
     END IF;
 
     INSERT INTO pgtrickle.pgt_stream_tables
