@@ -162,6 +162,12 @@ def test_hostile_functions_operators_and_tables_do_not_hijack_the_api(shop: Data
     assert shop.sql("SELECT source FROM pgtrickle.watermarks()") == [("public.loads",)]
     assert len(shop.sql("SELECT * FROM pgtrickle.watermark_history('loads')")) == 1
     shop.sql("SELECT pgtrickle.drop_watermark_group('g')")
+    shop.sql("SELECT pgtrickle.advance_watermark('loads2'::regclass, '2026-01-01 00:00+00')")
+    shop.sql("SELECT pgtrickle.set_cdc_mode('orders', 'trigger')")
+    shop.sql("SELECT pgtrickle.reset_circuit_breaker('big')")  # not open: a notice, nothing to do
+    assert shop.sql("SELECT * FROM pgtrickle.inspect_circuit_breaker('big')") == []
+    shop.sql("SELECT pgtrickle.publish_stream_table('big', 'big_pub')")
+    assert shop.sql("SELECT pubname FROM pg_catalog.pg_publication") == [("big_pub",)]
     assert len(shop.sql("SELECT * FROM pgtrickle.check_cdc_health()")) == 1
     assert len(shop.sql("SELECT * FROM pgtrickle.circuit_breaker_status()")) == 2
     assert shop.sql("SELECT name, schedule FROM pgtrickle.stream_tables_info ORDER BY 1") == [
