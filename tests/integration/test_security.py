@@ -97,9 +97,9 @@ def test_every_pgtrickle_function_runs_with_a_fixed_search_path(shop: Database) 
     assert unsafe == []
     # Every SECURITY DEFINER function is one of the checked API implementations.
     definers = sorted(name for name, _, _, secdef in rows if secdef)
-    assert definers and all(n.startswith("pgtrickle._api_") or n == "pgtrickle.advance_watermark"
-                            or n == "pgtrickle.check_cdc_health" or n == "pgtrickle.drop_watermark_group"
-                            for n in definers), definers
+    assert definers and all(n.startswith("pgtrickle._api_") or n in (
+        "pgtrickle.advance_watermark", "pgtrickle.check_cdc_health", "pgtrickle.drop_watermark_group",
+        "pgtrickle._on_sql_drop", "pgtrickle._on_ddl_end") for n in definers), definers
     # The capture trigger functions write the buffers for any writer: definer rights, fixed path.
     create_st(shop, "s", "SELECT id FROM orders")
     capture = shop.sql("SELECT prosecdef, proconfig FROM pg_proc WHERE pronamespace = 'pgtrickle_changes'::regnamespace")
@@ -437,3 +437,21 @@ def test_passwords_never_appear_in_output_logs_errors_or_the_catalog(shop: Datab
     for path in tmp_path.rglob("*"):
         if path.is_file() and path.stat().st_size < 5_000_000:
             assert password not in path.read_text(errors="replace"), path
+
+
+def test_a_source_owner_without_catalog_rights_can_still_alter_and_drop_its_table(
+        shop: Database, roles: dict[str, str]) -> None:
+    """DDL on a source fires pgtrickle's event triggers, which keep the catalog in step with pgtrickle's rights."""
+    alice = roles["alice"]
+    with acting_as(shop, alice):
+        shop.sql("CREATE TABLE alice_src (id int PRIMARY KEY, v int)")
+        shop.sql("INSERT INTO alice_src VALUES (1, 10)")
+        create_st(shop, "alice_st", "SELECT id, v FROM alice_src")
+        shop.sql("ALTER TABLE alice_src RENAME COLUMN v TO value")
+        shop.sql("INSERT INTO alice_src VALUES (2, 20)")
+        shop.sql("DROP TABLE alice_src CASCADE")
+    status, error = shop.sql("SELECT status, last_error FROM pgtrickle.pgt_stream_tables")[0]
+    assert status == "ERROR" and "was dropped" in error
+    with acting_as(shop, alice):
+        shop.sql("SELECT pgtrickle.drop_stream_table('alice_st')")
+    assert shop.scalar("SELECT count(*) FROM pgtrickle.pgt_change_sources") == 0

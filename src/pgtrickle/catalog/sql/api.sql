@@ -1611,10 +1611,13 @@ $$;
 
 -- ------------------------------------------------------------ DDL tracking
 
+-- (The DDL tracking functions run as pgtrickle's owner: the role whose DDL fires them -
+-- the owner of a source, say - has no rights on the catalog. They act only on the
+-- objects the DDL command itself dropped or altered.)
 -- A stream table's storage dropped by hand: forget it. A defining view
 -- dropped by CASCADE from a source: the stream table is in error.
 CREATE OR REPLACE FUNCTION pgtrickle._on_sql_drop()
-RETURNS event_trigger LANGUAGE plpgsql
+RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     obj record;
@@ -1646,7 +1649,7 @@ $$;
 -- names, follow type changes in the buffer. (The WAL decoder re-reads the
 -- captured columns when PostgreSQL sends the relation's new description.)
 CREATE OR REPLACE FUNCTION pgtrickle._on_ddl_end()
-RETURNS event_trigger LANGUAGE plpgsql
+RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     cmd record;
