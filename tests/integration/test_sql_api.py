@@ -121,10 +121,9 @@ def test_creating_needs_select_on_every_source(shop: Database) -> None:
     shop.sql(f"DROP ROLE IF EXISTS {role}")
     shop.sql(f"CREATE ROLE {role}")
     try:
-        # Everything pgtrickle itself needs, and the orders table — but nothing of secret's contents.
-        shop.sql(f"GRANT ALL ON SCHEMA pgtrickle, pgtrickle_changes, public TO {role}")
-        shop.sql(f"GRANT ALL ON ALL TABLES IN SCHEMA pgtrickle TO {role}")
-        shop.sql(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA pgtrickle TO {role}")
+        # A pgtrickle user (docs/SECURITY.md) with the orders table — but nothing of secret's contents.
+        shop.sql(f"GRANT pgtrickle_user TO {role}")
+        shop.sql(f"GRANT CREATE ON SCHEMA public TO {role}")
         shop.sql(f"GRANT SELECT, TRIGGER ON orders TO {role}")
         shop.sql(f"GRANT TRIGGER, REFERENCES ON secret TO {role}")
         shop.sql(f"GRANT SELECT (id) ON secret TO {role}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from datetime import timedelta
@@ -19,6 +20,7 @@ from rich.table import Table
 from pgtrickle.catalog.install import require_installed
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, redact, resolve_dsn
+from pgtrickle.db.redaction import install_log_redaction, register_dsn, scrub
 from pgtrickle.errors import PgTrickleError
 
 app = typer.Typer(
@@ -61,6 +63,8 @@ def main(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    install_log_redaction()
+    register_dsn(dsn or os.environ.get("PGTRICKLE_DSN"))
     try:
         ctx.obj = Settings.from_env().with_overrides(
             dsn=dsn, data_dir=data_dir, embedded_port=port, spark_master=spark_master, jdbc_jar=jdbc_jar)
@@ -69,7 +73,7 @@ def main(
 
 
 def _fail(message: str, code: int = 1) -> None:
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(scrub(message))}", highlight=False)
     raise typer.Exit(code)
 
 
@@ -309,7 +313,7 @@ def status_view(dsn: str, *, alerts_shown: int = 5) -> Group:
         table.add_row(name, f"[{colour}]{st_status}[/]", mode, schedule,
                       last.strftime("%Y-%m-%d %H:%M:%S") if last else "never",
                       _fmt_interval(staleness), str(queued), gating_text, str(errors) if errors else "",
-                      (error or "")[:60])
+                      scrub(error or "")[:60])
     parts.append(table)
     if not rows:
         parts.append("no stream tables yet: SELECT pgtrickle.create_stream_table(name, query)")
@@ -333,7 +337,7 @@ def status_view(dsn: str, *, alerts_shown: int = 5) -> Group:
             details = {k: v for k, v in payload.items()
                        if k not in ("event", "st_name", "schema", "at", "alert_id")}
             alert_table.add_row(at.strftime("%Y-%m-%d %H:%M:%S"), event, about,
-                                ", ".join(f"{k}={v}" for k, v in details.items())[:80])
+                                scrub(", ".join(f"{k}={v}" for k, v in details.items()))[:80])
         parts.append(alert_table)
     return Group(*parts)
 

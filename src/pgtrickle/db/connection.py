@@ -13,23 +13,27 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgtrickle.config import Settings
+from pgtrickle.db.redaction import register_dsn, scrub
 from pgtrickle.errors import ConfigError
 
 
 def resolve_dsn(settings: Settings, *, start_embedded: bool = True) -> str:
     """The DSN to use: the configured one, else the embedded server's."""
     if settings.dsn:
+        register_dsn(settings.dsn)
         try:
             conninfo_to_dict(settings.dsn)
         except psycopg.ProgrammingError as exc:
-            raise ConfigError(f"invalid DSN {redact(settings.dsn)}: {exc}") from None
+            raise ConfigError(f"invalid DSN {redact(settings.dsn)}: {scrub(exc, settings.dsn)}") from None
         return settings.dsn
     from pgtrickle.db.embedded import EmbeddedPostgres
 
     server = EmbeddedPostgres(settings.data_dir, settings.embedded_port)
     if start_embedded:
         server.start()
-    return server.dsn()
+    dsn = server.dsn()
+    register_dsn(dsn)
+    return dsn
 
 
 def redact(dsn: str) -> str:
@@ -45,14 +49,11 @@ def redact(dsn: str) -> str:
 
 def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgtrickle"
             ) -> psycopg.Connection:
+    register_dsn(dsn)
     try:
         return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name)
     except psycopg.OperationalError as exc:
-        message = str(exc)
-        params = conninfo_to_dict(dsn)
-        if params.get("password"):
-            message = message.replace(str(params["password"]), "****")
-        raise ConfigError(f"cannot connect to PostgreSQL at {redact(dsn)}: {message}") from None
+        raise ConfigError(f"cannot connect to PostgreSQL at {redact(dsn)}: {scrub(exc, dsn)}") from None
 
 
 SPARK_APPLICATION_NAME = "pgtrickle-spark"
@@ -71,7 +72,12 @@ class JdbcTarget:
 
 
 def jdbc_target(dsn: str) -> JdbcTarget:
-    """Translate a libpq DSN to a JDBC URL and connection properties."""
+    """Translate a libpq DSN to a JDBC URL and connection properties.
+
+    The password goes in the properties, never in the URL (Spark shows URLs in
+    plans and errors; it masks option values whose key mentions a password).
+    """
+    register_dsn(dsn)
     params = conninfo_to_dict(dsn)
     host = str(params.get("host") or params.get("hostaddr") or "localhost")
     if host.startswith("/"):

@@ -33,6 +33,7 @@ from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle import faults
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
+from pgtrickle.db.redaction import scrub
 from pgtrickle.gates import breaker_gate, watermark_gate
 from pgtrickle.gates.skips import record_skip
 from pgtrickle.gates.watermark_gate import WatermarkMark
@@ -733,7 +734,7 @@ def _describe(exc: BaseException) -> str:
     o86.collectToPython."); the line after it says why (e.g. "Job aborted due
     to stage failure: Task 3 in stage 2.0 failed 2 times ... ExecutorLostFailure").
     """
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    lines = [line.strip() for line in scrub(exc).strip().splitlines() if line.strip()]
     if not lines:
         return type(exc).__name__
     first = lines[0]

@@ -43,6 +43,7 @@ from pgtrickle.catalog.store import (
 from pgtrickle.cdc.buffers import cleanup_buffers
 from pgtrickle.cdc.modes import CaptureManager
 from pgtrickle.cdc.wal import DecoderThread, decoder_slot, wait_for_decoder
+from pgtrickle.db.redaction import scrub
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect
 from pgtrickle.errors import PgTrickleError, ScheduleError
@@ -382,6 +383,7 @@ class Scheduler:
                 self.locks.unlock(pgt_id)
 
     def _mark_error(self, st: StreamTable, message: str) -> None:
+        message = scrub(message)
         if st.status == "ERROR" and st.last_error == message:
             return
         self.conn.execute(

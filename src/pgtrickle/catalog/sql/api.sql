@@ -11,10 +11,111 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT value FROM pgtrickle.pgt_settings WHERE name = p_name
 $$;
 
--- Split a possibly schema-qualified name into schema and relation name.
--- No SET search_path here: an unqualified name means the caller's current schema.
-CREATE OR REPLACE FUNCTION pgtrickle._parse_name(p_name text, OUT schema_name text, OUT rel_name text)
-LANGUAGE plpgsql STABLE AS $$
+-- ------------------------------------------------------------- privileges
+--
+-- Every function here runs with a fixed search_path (pg_catalog first, pg_temp
+-- last), so no function, operator or table a user creates can stand in for one
+-- the API uses. The functions that change anything are SECURITY DEFINER: they
+-- run as the role that installed pgtrickle (which owns the catalog) and check
+-- the calling role themselves (docs/SECURITY.md). The caller's own search_path
+-- is used for one thing only: resolving the names the caller passes (and the
+-- defining query), through the public entry points at the end of this file.
+
+-- The role the caller acts as: SET ROLE if any, else the session's role. (Inside a
+-- SECURITY DEFINER function current_user is pgtrickle's owner, not the caller.)
+CREATE OR REPLACE FUNCTION pgtrickle._caller()
+RETURNS name LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+    SELECT CASE WHEN current_setting('role') = 'none' THEN session_user ELSE current_setting('role')::name END
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle._is_admin(p_role name)
+RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+    SELECT pg_has_role(p_role, 'pgtrickle_admin', 'USAGE')
+$$;
+
+-- Callers of the API must be pgtrickle users (members of pgtrickle_user or pgtrickle_admin, or superusers).
+CREATE OR REPLACE FUNCTION pgtrickle._require_user(p_what text)
+RETURNS name LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    v_caller name := pgtrickle._caller();
+BEGIN
+    IF NOT pg_has_role(v_caller, 'pgtrickle_user', 'USAGE') THEN
+        RAISE EXCEPTION 'permission denied: role % may not %', quote_ident(v_caller), p_what
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('pgtrickle users are members of pgtrickle_user: GRANT pgtrickle_user TO %I;', v_caller);
+    END IF;
+    RETURN v_caller;
+END
+$$;
+
+-- Configuration (settings, watermark groups, CDC modes) needs pgtrickle_admin.
+CREATE OR REPLACE FUNCTION pgtrickle._require_admin(p_what text)
+RETURNS name LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    v_caller name := pgtrickle._caller();
+BEGIN
+    IF NOT pgtrickle._is_admin(v_caller) THEN
+        RAISE EXCEPTION 'permission denied: only members of pgtrickle_admin may %; role % is not one', p_what,
+            quote_ident(v_caller)
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('A superuser (or an admin of pgtrickle_admin) can run: GRANT pgtrickle_admin TO %I;',
+                                v_caller);
+    END IF;
+    RETURN v_caller;
+END
+$$;
+
+-- Altering, refreshing, resuming or dropping a stream table needs its owner (the role
+-- that created it, or a member of that role) or pgtrickle_admin.
+CREATE OR REPLACE FUNCTION pgtrickle._require_owner(st pgtrickle.pgt_stream_tables, p_what text)
+RETURNS name LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    v_caller name := pgtrickle._require_user(p_what || ' a stream table');
+    v_owner oid := (SELECT oid FROM pg_roles WHERE rolname = st.created_by);
+BEGIN
+    IF pgtrickle._is_admin(v_caller) OR (v_owner IS NOT NULL AND pg_has_role(v_caller, v_owner, 'USAGE')) THEN
+        RETURN v_caller;
+    END IF;
+    RAISE EXCEPTION 'permission denied: role % may not % stream table %, which is owned by %', quote_ident(v_caller),
+        p_what, pgtrickle._display_name(st.pgt_schema, st.pgt_name),
+        coalesce(quote_ident(st.created_by), 'nobody')
+        USING ERRCODE = 'insufficient_privilege',
+              HINT = 'Only the owner of a stream table (or a member of the owning role) and members of pgtrickle_admin may change it.';
+END
+$$;
+
+-- Resolve a relation name, and read the current schema and search path, the way the
+-- caller sees them. Only fully qualified built-ins run while the caller's path is set.
+CREATE OR REPLACE FUNCTION pgtrickle._in_caller_path(p_path text, p_name text,
+    OUT relid oid, OUT caller_schema name, OUT caller_schemas name[])
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+BEGIN
+    PERFORM pg_catalog.set_config('search_path', coalesce(p_path, ''), true);
+    caller_schema := pg_catalog.current_schema();
+    caller_schemas := pg_catalog.current_schemas(false);
+    IF p_name IS NOT NULL THEN
+        BEGIN
+            relid := pg_catalog.to_regclass(p_name);
+        EXCEPTION WHEN others THEN
+            relid := NULL;
+        END;
+    END IF;
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pgtrickle, pg_temp', true);
+END
+$$;
+
+-- Split a possibly schema-qualified name into schema and relation name; an
+-- unqualified name means the caller's current schema (p_path: the caller's search_path).
+DROP FUNCTION IF EXISTS pgtrickle._parse_name(text);
+CREATE OR REPLACE FUNCTION pgtrickle._parse_name(p_name text, p_path text, OUT schema_name text, OUT rel_name text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     parts text[];
 BEGIN
@@ -37,7 +138,7 @@ BEGIN
         schema_name := parts[1];
         rel_name := parts[2];
     ELSE
-        schema_name := pg_catalog.current_schema();
+        schema_name := (pgtrickle._in_caller_path(p_path, NULL)).caller_schema;
         rel_name := parts[1];
         IF schema_name IS NULL THEN
             RAISE EXCEPTION 'no schema has been selected to create stream table % in', quote_ident(rel_name)
@@ -58,31 +159,32 @@ $$;
 -- follows renames of source columns and tables).
 CREATE OR REPLACE FUNCTION pgtrickle._normalized_query(p_view oid)
 RETURNS text LANGUAGE sql STABLE
-SET search_path = pg_catalog AS $$
+SET search_path = pg_catalog, pg_temp AS $$
     SELECT pg_get_viewdef(p_view, true)
 $$;
 
--- Find a stream table by name (qualified, or resolved through search_path).
-CREATE OR REPLACE FUNCTION pgtrickle._find_st(p_name text)
-RETURNS pgtrickle.pgt_stream_tables LANGUAGE plpgsql STABLE AS $$
+-- Find a stream table by name: qualified, or resolved through the caller's search_path.
+DROP FUNCTION IF EXISTS pgtrickle._find_st(text);
+CREATE OR REPLACE FUNCTION pgtrickle._find_st(p_name text, p_path text)
+RETURNS pgtrickle.pgt_stream_tables LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     v_schema text;
     v_name text;
     st pgtrickle.pgt_stream_tables;
-    v_parts int;
+    v_seen record;
 BEGIN
-    SELECT schema_name, rel_name INTO v_schema, v_name FROM pgtrickle._parse_name(p_name);
-    v_parts := array_length(pg_catalog.parse_ident(p_name), 1);
-    IF v_parts = 2 THEN
+    SELECT schema_name, rel_name INTO v_schema, v_name FROM pgtrickle._parse_name(p_name, p_path);
+    IF array_length(parse_ident(p_name), 1) = 2 THEN
         SELECT * INTO st FROM pgtrickle.pgt_stream_tables s
          WHERE s.pgt_schema = v_schema AND s.pgt_name = v_name;
     ELSE
-        SELECT s.* INTO st FROM pgtrickle.pgt_stream_tables s
-         WHERE s.pgt_relid = pg_catalog.to_regclass(pg_catalog.quote_ident(v_name));
+        v_seen := pgtrickle._in_caller_path(p_path, quote_ident(v_name));
+        SELECT s.* INTO st FROM pgtrickle.pgt_stream_tables s WHERE s.pgt_relid = v_seen.relid;
         IF NOT FOUND THEN
             SELECT s.* INTO st FROM pgtrickle.pgt_stream_tables s
-             WHERE s.pgt_name = v_name AND s.pgt_schema::name = ANY (pg_catalog.current_schemas(false))
-             ORDER BY array_position(pg_catalog.current_schemas(false), s.pgt_schema::name)
+             WHERE s.pgt_name = v_name AND s.pgt_schema::name = ANY (v_seen.caller_schemas)
+             ORDER BY array_position(v_seen.caller_schemas, s.pgt_schema::name)
              LIMIT 1;
         END IF;
     END IF;
@@ -313,7 +415,8 @@ SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle._drop_capture_triggers(p_relid oid)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     trg text;
 BEGIN
@@ -326,7 +429,8 @@ $$;
 -- (Re)generate the capture trigger function of a tracked table from the
 -- captured columns recorded in pgt_change_sources.
 CREATE OR REPLACE FUNCTION pgtrickle._build_capture(p_relid oid)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     src pgtrickle.pgt_change_sources;
     fn text;
@@ -363,7 +467,7 @@ BEGIN
 
     body := format($b$
 CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $f$
 DECLARE
     v_xid xid8 := pg_current_xact_id();
 BEGIN
@@ -408,7 +512,8 @@ $$;
 -- Create the change buffer of a source (table or stream table) if missing,
 -- and make sure the given columns are captured.
 CREATE OR REPLACE FUNCTION pgtrickle._ensure_capture(p_relid oid, p_kind text, p_columns text[])
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     src pgtrickle.pgt_change_sources;
     v_buffer text := 'changes_' || p_relid;
@@ -470,7 +575,8 @@ $$;
 
 -- Remove capture objects of a source no stream table reads any more.
 CREATE OR REPLACE FUNCTION pgtrickle._drop_capture_if_unused(p_relid oid)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     src pgtrickle.pgt_change_sources;
 BEGIN
@@ -493,13 +599,15 @@ $$;
 
 -- ------------------------------------------------------------------ the API
 
-CREATE OR REPLACE FUNCTION pgtrickle.create_stream_table(
+CREATE OR REPLACE FUNCTION pgtrickle._api_create_stream_table(
     name text,
     query text,
-    schedule text DEFAULT NULL,
-    refresh_mode text DEFAULT 'AUTO',
-    initialize boolean DEFAULT true)
-RETURNS void LANGUAGE plpgsql AS $$
+    schedule text,
+    refresh_mode text,
+    initialize boolean,
+    caller_path text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     v_schema text;
@@ -519,8 +627,11 @@ DECLARE
     v_msg text;
     v_detail text;
     v_hint text;
+    v_caller name := pgtrickle._require_user('create stream tables');
+    v_definer name := current_user;
+    v_fn record;
 BEGIN
-    SELECT schema_name, rel_name INTO v_schema, v_name FROM pgtrickle._parse_name(name);
+    SELECT schema_name, rel_name INTO v_schema, v_name FROM pgtrickle._parse_name(name, caller_path);
     v_display := pgtrickle._display_name(v_schema, v_name);
     IF query IS NULL OR btrim(query) = '' THEN
         RAISE EXCEPTION 'defining query of stream table % must not be NULL or empty', v_display
@@ -537,6 +648,14 @@ BEGIN
     IF v_schema IN ('pgtrickle', 'pgtrickle_changes', 'pg_catalog', 'information_schema') THEN
         RAISE EXCEPTION 'stream tables cannot be created in schema %', quote_ident(v_schema)
             USING ERRCODE = 'invalid_schema_name';
+    END IF;
+    -- The stream table is created by pgtrickle's owner: the caller must be allowed to create it themselves.
+    IF NOT has_schema_privilege(v_caller, (SELECT oid FROM pg_namespace WHERE nspname = v_schema), 'CREATE') THEN
+        RAISE EXCEPTION 'permission denied: role % may not create tables in schema %', quote_ident(v_caller),
+            quote_ident(v_schema)
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('GRANT CREATE ON SCHEMA %I TO %I; or create the stream table in a schema of your own.',
+                                v_schema, v_caller);
     END IF;
     IF EXISTS (SELECT 1 FROM pgtrickle.pgt_stream_tables WHERE pgt_schema = v_schema AND pgt_name = v_name) THEN
         RAISE EXCEPTION 'stream table % already exists', v_display USING ERRCODE = 'duplicate_object',
@@ -556,8 +675,12 @@ BEGIN
     v_id := nextval('pgtrickle.pgt_stream_tables_pgt_id_seq');
     v_view_name := 'pgt_def_' || v_id;
     BEGIN
-        EXECUTE format('CREATE VIEW pgtrickle.%I AS %s', v_view_name, v_query);
+        -- The defining query means what it means to the caller: parse it in the caller's search_path.
+        PERFORM pg_catalog.set_config('search_path', coalesce(caller_path, ''), true);
+        EXECUTE pg_catalog.format('CREATE VIEW pgtrickle.%I AS %s', v_view_name, v_query);
+        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pgtrickle, pg_temp', true);
     EXCEPTION WHEN others THEN
+        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pgtrickle, pg_temp', true);
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT,
                                 v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
         IF v_state = '42P01' AND (v_msg = format('relation "%s" does not exist', v_name)
@@ -614,14 +737,14 @@ BEGIN
                 quote_ident(dep.relname), v_display USING ERRCODE = 'feature_not_supported';
         END IF;
         -- The daemon fills the table with its own rights: the caller must be allowed to read what it shows.
-        IF NOT pg_catalog.has_table_privilege(dep.relid, 'SELECT')
+        IF NOT pg_catalog.has_table_privilege(v_caller, dep.relid, 'SELECT')
            AND (dep.cols IS NULL OR EXISTS (SELECT 1 FROM unnest(dep.cols) AS c(col)
-                                             WHERE NOT pg_catalog.has_column_privilege(dep.relid, c.col, 'SELECT'))) THEN
+                                             WHERE NOT pg_catalog.has_column_privilege(v_caller, dep.relid, c.col, 'SELECT'))) THEN
             RAISE EXCEPTION 'permission denied: role % may not read %.%, which the defining query of % reads',
-                current_user, quote_ident(dep.nspname), quote_ident(dep.relname), v_display
+                v_caller, quote_ident(dep.nspname), quote_ident(dep.relname), v_display
                 USING ERRCODE = 'insufficient_privilege',
                       HINT = format('A stream table shows what its query reads. GRANT SELECT ON %I.%I TO %I first.',
-                                    dep.nspname, dep.relname, current_user);
+                                    dep.nspname, dep.relname, v_caller);
         END IF;
     END LOOP;
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid
@@ -631,6 +754,31 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'A stream table maintains a query over tables; a constant query needs no stream table.';
     END IF;
+    -- The query runs with pgtrickle's rights (the daemon's): it may call only functions (and operators)
+    -- that are built in or owned by a superuser or pgtrickle's owner, never code another role can change.
+    FOR v_fn IN
+        SELECT p.oid::regprocedure::text AS fn, p.oid, p.proowner, r.rolsuper, n.nspname
+          FROM pg_catalog.pg_depend d
+          JOIN pg_catalog.pg_rewrite rw ON rw.oid = d.objid
+          LEFT JOIN pg_catalog.pg_operator o ON d.refclassid = 'pg_catalog.pg_operator'::regclass AND o.oid = d.refobjid
+          JOIN pg_catalog.pg_proc p ON p.oid = CASE WHEN d.refclassid = 'pg_catalog.pg_proc'::regclass THEN d.refobjid
+                                                     ELSE o.oprcode::oid END
+          JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+          JOIN pg_catalog.pg_roles r ON r.oid = p.proowner
+         WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass AND rw.ev_class = v_view
+           AND d.refclassid IN ('pg_catalog.pg_proc'::regclass, 'pg_catalog.pg_operator'::regclass)
+    LOOP
+        IF v_fn.nspname <> 'pg_catalog' AND NOT v_fn.rolsuper AND v_fn.proowner <> (SELECT oid FROM pg_roles WHERE rolname = v_definer) THEN
+            RAISE EXCEPTION 'the defining query of % calls %, which is owned by %: pgtrickle runs defining queries with its own rights, so they may call only built-in functions and functions owned by a superuser',
+                v_display, v_fn.fn, quote_ident((SELECT rolname FROM pg_roles WHERE oid = v_fn.proowner))
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Inline the function''s logic in the query, or have a superuser own the function (ALTER FUNCTION ... OWNER TO).';
+        END IF;
+        IF NOT has_function_privilege(v_caller, v_fn.oid, 'EXECUTE') THEN
+            RAISE EXCEPTION 'permission denied: role % may not execute %, which the defining query of % calls',
+                quote_ident(v_caller), v_fn.fn, v_display USING ERRCODE = 'insufficient_privilege';
+        END IF;
+    END LOOP;
 
     v_norm := pgtrickle._normalized_query(v_view);
 
@@ -639,11 +787,17 @@ BEGIN
     EXECUTE format('ALTER TABLE %I.%I ADD COLUMN __pgt_row_id bigint', v_schema, v_name);
     EXECUTE format('COMMENT ON TABLE %I.%I IS %L', v_schema, v_name,
                    'pgtrickle stream table; its contents are maintained by pgtrickle');
+    -- The table stays pgtrickle's (whoever owns a table can make writes into it run their code -
+    -- triggers, rules, index expressions - and the daemon writes it with its own rights). The
+    -- creator reads it and decides who else may: reading follows ordinary grants.
+    IF v_caller <> v_definer THEN
+        EXECUTE format('GRANT SELECT ON %I.%I TO %I WITH GRANT OPTION', v_schema, v_name, v_caller);
+    END IF;
 
     INSERT INTO pgtrickle.pgt_stream_tables
         (pgt_id, pgt_relid, pgt_schema, pgt_name, def_view, defining_query, normalized_query,
-         schedule, refresh_mode)
-    VALUES (v_id, v_relid, v_schema, v_name, v_view, query, v_norm, v_schedule, v_mode);
+         schedule, refresh_mode, created_by)
+    VALUES (v_id, v_relid, v_schema, v_name, v_view, query, v_norm, v_schedule, v_mode, v_caller);
 
     PERFORM pgtrickle._ensure_capture(v_relid, 'STREAM_TABLE', '{}');
     FOR dep IN
@@ -671,8 +825,6 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION pgtrickle.create_stream_table(text, text, text, text, boolean) IS
-'Create a stream table: a table kept equal to the result of a query. schedule: duration (''30s'', ''1h30m''), cron, or ''calculated''; refresh_mode: AUTO | FULL | DIFFERENTIAL.';
 
 DROP FUNCTION IF EXISTS pgtrickle.alter_stream_table(text, text, text, text, text, bigint, double precision,
                                                        double precision, integer, text);
@@ -680,21 +832,11 @@ DROP FUNCTION IF EXISTS pgtrickle.alter_stream_table(text, text, text, text, tex
                                                        double precision, integer, text, double precision);
 DROP FUNCTION IF EXISTS pgtrickle.alter_stream_table(text, text, text, text, text, bigint, double precision,
                                                        double precision, integer, text, double precision, text);
-CREATE OR REPLACE FUNCTION pgtrickle.alter_stream_table(
-    name text,
-    schedule text DEFAULT NULL,
-    refresh_mode text DEFAULT NULL,
-    status text DEFAULT NULL,
-    circuit_breaker text DEFAULT NULL,
-    circuit_breaker_ceiling bigint DEFAULT NULL,
-    circuit_breaker_max_ratio double precision DEFAULT NULL,
-    circuit_breaker_sensitivity double precision DEFAULT NULL,
-    circuit_breaker_window integer DEFAULT NULL,
-    circuit_breaker_baseline text DEFAULT NULL,
-    differential_fallback_ratio double precision DEFAULT NULL,
-    watermark_gating text DEFAULT NULL,
-    diamond_consistency text DEFAULT NULL)
-RETURNS void LANGUAGE plpgsql AS $$
+DROP FUNCTION IF EXISTS pgtrickle._api_alter_stream_table(text, text, text, text, text, bigint, double precision,
+                                                            double precision, integer, text, double precision, text, text);
+CREATE OR REPLACE FUNCTION pgtrickle._api_alter_stream_table(name text, schedule text, refresh_mode text, status text, circuit_breaker text, circuit_breaker_ceiling bigint, circuit_breaker_max_ratio double precision, circuit_breaker_sensitivity double precision, circuit_breaker_window integer, circuit_breaker_baseline text, differential_fallback_ratio double precision, watermark_gating text, diamond_consistency text, caller_path text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
@@ -703,7 +845,8 @@ DECLARE
     v_wm text;
     v_dc text;
 BEGIN
-    st := pgtrickle._find_st(name);
+    st := pgtrickle._find_st(name, caller_path);
+    PERFORM pgtrickle._require_owner(st, 'alter');
     SELECT * INTO st FROM pgtrickle.pgt_stream_tables WHERE pgt_id = st.pgt_id FOR UPDATE;
     IF schedule IS NOT NULL THEN
         UPDATE pgtrickle.pgt_stream_tables SET schedule = pgtrickle._validate_schedule(schedule), updated_at = now()
@@ -801,7 +944,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle._drop_one(p_id bigint)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     st pgtrickle.pgt_stream_tables;
     v_sources oid[];
@@ -826,15 +970,17 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgtrickle.drop_stream_table(name text, cascade boolean DEFAULT false)
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION pgtrickle._api_drop_stream_table(name text, cascade boolean, caller_path text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
     v_dependents text;
     v_id bigint;
 BEGIN
-    st := pgtrickle._find_st(name);
+    st := pgtrickle._find_st(name, caller_path);
+    PERFORM pgtrickle._require_owner(st, 'drop');
     IF cascade IS NULL THEN
         RAISE EXCEPTION 'cascade must be true or false, not NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -847,7 +993,8 @@ BEGIN
             USING ERRCODE = 'dependent_objects_still_exist',
                   HINT = 'Use pgtrickle.drop_stream_table(name, cascade => true) to drop them too.';
     END IF;
-    -- Downstream first, deepest first.
+    -- Downstream first, deepest first. (As with DROP TABLE ... CASCADE, the owner of a
+    -- stream table may drop the stream tables built on it, whoever owns them.)
     FOR v_id IN
         WITH RECURSIVE down(pgt_id, depth) AS (
             SELECT st.pgt_id, 0
@@ -864,14 +1011,16 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgtrickle.refresh_stream_table(name text, force boolean DEFAULT false)
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION pgtrickle._api_refresh_stream_table(name text, force boolean, caller_path text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
     v_gate text;
 BEGIN
-    st := pgtrickle._find_st(name);
+    st := pgtrickle._find_st(name, caller_path);
+    PERFORM pgtrickle._require_owner(st, 'refresh');
     IF force IS NULL THEN
         RAISE EXCEPTION 'force must be true or false, not NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -893,11 +1042,10 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION pgtrickle.refresh_stream_table(text, boolean) IS
-'Ask the pgtrickle daemon to refresh a stream table now (force => true passes an open circuit breaker and a closed watermark gate). Runs when the calling transaction commits; `pgtrickle refresh NAME` refreshes synchronously.';
 
 CREATE OR REPLACE FUNCTION pgtrickle._cb_mode(p_mode text)
-RETURNS text LANGUAGE sql STABLE AS $$
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
     SELECT CASE WHEN p_mode = 'default' THEN coalesce(pgtrickle._setting('circuit_breaker_default'), 'none')
                 ELSE p_mode END
 $$;
@@ -915,8 +1063,10 @@ $$;
 
 -- Resolve a table an external process loads (a watermark source). Any text is
 -- only ever looked up, never executed.
-CREATE OR REPLACE FUNCTION pgtrickle._watermark_source(p_source text)
-RETURNS oid LANGUAGE plpgsql STABLE AS $$
+DROP FUNCTION IF EXISTS pgtrickle._watermark_source(text);
+CREATE OR REPLACE FUNCTION pgtrickle._watermark_source(p_source text, p_path text)
+RETURNS oid LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     v_relid oid;
     v_kind "char";
@@ -925,11 +1075,7 @@ BEGIN
     IF p_source IS NULL OR btrim(p_source) = '' THEN
         RAISE EXCEPTION 'watermark source must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    BEGIN
-        v_relid := to_regclass(p_source);
-    EXCEPTION WHEN others THEN
-        v_relid := NULL;
-    END;
+    v_relid := (pgtrickle._in_caller_path(p_path, p_source)).relid;
     IF v_relid IS NULL THEN
         RAISE EXCEPTION 'table % does not exist', quote_literal(left(p_source, 100))
             USING ERRCODE = 'undefined_table',
@@ -953,7 +1099,8 @@ $$;
 -- records its minimum as its effective watermark, and each member's advancement:
 -- the point hold_back stream tables read the members at. Call with the group row locked.
 CREATE OR REPLACE FUNCTION pgtrickle._record_alignment(p_group_id bigint)
-RETURNS boolean LANGUAGE plpgsql AS $$
+RETURNS boolean LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     v_min timestamptz;
     v_max timestamptz;
@@ -980,7 +1127,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle._advance_watermark(p_relid oid, p_watermark timestamptz)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     cur pgtrickle.pgt_watermarks;
     v_name text := pgtrickle._rel_display(p_relid);
@@ -1042,30 +1190,56 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgtrickle.advance_watermark(source text, watermark timestamptz)
-RETURNS void LANGUAGE plpgsql AS $$
-#variable_conflict use_variable
+-- Who may say a source is complete: pgtrickle_admin, or a role that may write the source (its loader).
+CREATE OR REPLACE FUNCTION pgtrickle._require_loader(p_relid oid)
+RETURNS void LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    v_caller name := pgtrickle._require_user('advance watermarks');
 BEGIN
-    PERFORM pgtrickle._advance_watermark(pgtrickle._watermark_source(source), watermark);
+    IF NOT pgtrickle._is_admin(v_caller)
+       AND NOT has_table_privilege(v_caller, p_relid, 'INSERT, UPDATE, DELETE, TRUNCATE') THEN
+        RAISE EXCEPTION 'permission denied: role % may not advance the watermark of %, which it may not write',
+            quote_ident(v_caller), pgtrickle._rel_display(p_relid)
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'The process that loads a table advances its watermark: it needs INSERT (or UPDATE, DELETE, TRUNCATE) on it, or membership in pgtrickle_admin.';
+    END IF;
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgtrickle.advance_watermark(source regclass, watermark timestamptz)
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION pgtrickle._api_advance_watermark(source text, watermark timestamptz, caller_path text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
+DECLARE
+    v_relid oid := pgtrickle._watermark_source(source, caller_path);
+BEGIN
+    PERFORM pgtrickle._require_loader(v_relid);
+    PERFORM pgtrickle._advance_watermark(v_relid, watermark);
+END
+$$;
+
+-- (A regclass argument is resolved by the caller, in the caller's search_path.)
+CREATE OR REPLACE FUNCTION pgtrickle.advance_watermark(source regclass, watermark timestamptz)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    v_relid oid;
 BEGIN
     IF source IS NULL THEN
         RAISE EXCEPTION 'watermark source must not be NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM pgtrickle._advance_watermark(pgtrickle._watermark_source(source::oid::regclass::text), watermark);
+    v_relid := pgtrickle._watermark_source(source::oid::regclass::text, 'pg_catalog');
+    PERFORM pgtrickle._require_loader(v_relid);
+    PERFORM pgtrickle._advance_watermark(v_relid, watermark);
 END
 $$;
 
-COMMENT ON FUNCTION pgtrickle.advance_watermark(text, timestamptz) IS
-'Say that a source table is complete through a point in time (monotonic; part of the caller''s transaction).';
 
 CREATE OR REPLACE FUNCTION pgtrickle._watermark_group_name(p_name text)
-RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+RETURNS text LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 BEGIN
     IF p_name IS NULL OR btrim(p_name) = '' THEN
         RAISE EXCEPTION 'watermark group name must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value';
@@ -1079,7 +1253,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle._find_watermark_group(p_name text)
-RETURNS pgtrickle.pgt_watermark_groups LANGUAGE plpgsql AS $$
+RETURNS pgtrickle.pgt_watermark_groups LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     g pgtrickle.pgt_watermark_groups;
 BEGIN
@@ -1095,8 +1270,10 @@ END
 $$;
 
 -- Resolve and check a group's sources: at least two distinct tables.
-CREATE OR REPLACE FUNCTION pgtrickle._watermark_group_sources(p_group text, p_sources text[])
-RETURNS oid[] LANGUAGE plpgsql STABLE AS $$
+DROP FUNCTION IF EXISTS pgtrickle._watermark_group_sources(text, text[]);
+CREATE OR REPLACE FUNCTION pgtrickle._watermark_group_sources(p_group text, p_sources text[], p_path text)
+RETURNS oid[] LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     v_relids oid[] := '{}';
     v_relid oid;
@@ -1111,7 +1288,7 @@ BEGIN
             RAISE EXCEPTION 'the sources of watermark group % must not contain NULL', quote_literal(p_group)
                 USING ERRCODE = 'null_value_not_allowed';
         END IF;
-        v_relid := pgtrickle._watermark_source(v_source);
+        v_relid := pgtrickle._watermark_source(v_source, p_path);
         IF v_relid = ANY (v_relids) THEN
             RAISE EXCEPTION 'source % is listed twice in watermark group %', pgtrickle._rel_display(v_relid),
                 quote_literal(p_group) USING ERRCODE = 'invalid_parameter_value';
@@ -1129,7 +1306,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle._check_intervals(p_group text, p_tolerance interval, p_stale_after interval)
-RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 BEGIN
     IF p_tolerance < interval '0' THEN
         RAISE EXCEPTION 'tolerance of watermark group % must not be negative, got %', quote_literal(p_group),
@@ -1143,24 +1321,22 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgtrickle.create_watermark_group(
-    name text,
-    sources text[],
-    tolerance interval DEFAULT '0 seconds',
-    stale_after interval DEFAULT NULL)
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION pgtrickle._api_create_watermark_group(name text, sources text[], tolerance interval, stale_after interval, caller_path text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     v_name text := pgtrickle._watermark_group_name(name);
     v_relids oid[];
     v_id bigint;
 BEGIN
+    PERFORM pgtrickle._require_admin('create watermark groups');
     IF tolerance IS NULL THEN
         RAISE EXCEPTION 'tolerance of watermark group % must not be NULL', quote_literal(v_name)
             USING ERRCODE = 'null_value_not_allowed', HINT = 'Use ''0 seconds'' for strict alignment.';
     END IF;
     PERFORM pgtrickle._check_intervals(v_name, tolerance, stale_after);
-    v_relids := pgtrickle._watermark_group_sources(v_name, sources);
+    v_relids := pgtrickle._watermark_group_sources(v_name, sources, caller_path);
     IF EXISTS (SELECT 1 FROM pgtrickle.pgt_watermark_groups g WHERE g.group_name = v_name) THEN
         RAISE EXCEPTION 'watermark group % already exists', quote_literal(v_name) USING ERRCODE = 'duplicate_object',
             HINT = 'Change it with pgtrickle.alter_watermark_group, or drop it first.';
@@ -1175,20 +1351,19 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgtrickle.alter_watermark_group(
-    name text,
-    sources text[] DEFAULT NULL,
-    tolerance interval DEFAULT NULL,
-    stale_after interval DEFAULT NULL)
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION pgtrickle._api_alter_watermark_group(name text, sources text[], tolerance interval, stale_after interval, caller_path text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
-    g pgtrickle.pgt_watermark_groups := pgtrickle._find_watermark_group(name);
+    g pgtrickle.pgt_watermark_groups;
     v_relids oid[];
 BEGIN
+    PERFORM pgtrickle._require_admin('alter watermark groups');
+    g := pgtrickle._find_watermark_group(name);
     PERFORM pgtrickle._check_intervals(g.group_name, tolerance, stale_after);
     IF sources IS NOT NULL THEN
-        v_relids := pgtrickle._watermark_group_sources(g.group_name, sources);
+        v_relids := pgtrickle._watermark_group_sources(g.group_name, sources, caller_path);
         IF v_relids::oid[] @> ARRAY(SELECT source_relid FROM pgtrickle.pgt_watermark_group_sources m
                                      WHERE m.group_id = g.group_id)
            AND v_relids::oid[] <@ ARRAY(SELECT source_relid FROM pgtrickle.pgt_watermark_group_sources m
@@ -1217,11 +1392,14 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle.drop_watermark_group(name text)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
-    g pgtrickle.pgt_watermark_groups := pgtrickle._find_watermark_group(name);
+    g pgtrickle.pgt_watermark_groups;
 BEGIN
+    PERFORM pgtrickle._require_admin('drop watermark groups');
+    g := pgtrickle._find_watermark_group(name);
     DELETE FROM pgtrickle.pgt_watermark_groups WHERE group_id = g.group_id;
     PERFORM pg_notify('pgtrickle_refresh', 'watermark');
 END
@@ -1229,7 +1407,8 @@ $$;
 
 -- The plain tables a stream table reads, directly or through other stream tables.
 CREATE OR REPLACE FUNCTION pgtrickle._base_sources(p_pgt_id bigint)
-RETURNS SETOF oid LANGUAGE sql STABLE AS $$
+RETURNS SETOF oid LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
     WITH RECURSIVE walk(relid, depth) AS (
         SELECT d.source_relid, 0 FROM pgtrickle.pgt_dependencies d WHERE d.pgt_id = p_pgt_id
         UNION
@@ -1246,7 +1425,8 @@ $$;
 -- The watermark gating of a stream table: the setting, or inferred (gate when it
 -- depends on two or more sources of one group). Mirrors pgtrickle.gates.watermark.
 CREATE OR REPLACE FUNCTION pgtrickle._watermark_mode(p_pgt_id bigint, OUT mode text, OUT origin text)
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     v_setting text;
 BEGIN
@@ -1267,7 +1447,8 @@ $$;
 -- Live state of each group. Mirrors pgtrickle.gates.watermark.group_state.
 CREATE OR REPLACE FUNCTION pgtrickle._watermark_group_states()
 RETURNS TABLE (group_id bigint, min_watermark timestamptz, max_watermark timestamptz, state text)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
     SELECT g.group_id, min(w.watermark), max(w.watermark),
            CASE WHEN count(w.watermark) < count(*) THEN 'bootstrapping'
                 WHEN max(w.watermark) - min(w.watermark) <= g.tolerance THEN 'aligned'
@@ -1280,7 +1461,8 @@ $$;
 
 -- Why a refresh of a 'gate' stream table is held back now (NULL: it is not).
 CREATE OR REPLACE FUNCTION pgtrickle._watermark_gate_reason(p_pgt_id bigint)
-RETURNS text LANGUAGE sql STABLE AS $$
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
     SELECT 'gated: ' || string_agg(format('watermark group %s is misaligned: min %s, max %s, lag %s > tolerance %s',
                                           g.group_name, s.min_watermark, s.max_watermark,
                                           s.max_watermark - s.min_watermark, g.tolerance), '; '
@@ -1297,7 +1479,8 @@ $$;
 CREATE OR REPLACE FUNCTION pgtrickle.watermarks()
 RETURNS TABLE (source text, watermark timestamptz, advanced_at timestamptz, advanced_by name,
                application_name text, advancements bigint, groups text[], stuck_in text[])
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
     SELECT pgtrickle._rel_display(w.source_relid), w.watermark, w.advanced_at, w.advanced_by, w.application_name,
            (SELECT count(*) FROM pgtrickle.pgt_watermark_history h WHERE h.source_relid = w.source_relid),
            coalesce((SELECT array_agg(g.group_name ORDER BY g.group_name)
@@ -1310,13 +1493,14 @@ LANGUAGE sql STABLE AS $$
      ORDER BY 1
 $$;
 
-CREATE OR REPLACE FUNCTION pgtrickle.watermark_history(source text, max_rows integer DEFAULT 20)
+CREATE OR REPLACE FUNCTION pgtrickle._api_watermark_history(source text, max_rows integer, caller_path text)
 RETURNS TABLE (advancement_id bigint, watermark timestamptz, previous_watermark timestamptz,
                advanced_at timestamptz, advanced_by name, application_name text, xid xid8, snapshot pg_snapshot)
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
-    v_relid oid := pgtrickle._watermark_source(source);
+    v_relid oid := pgtrickle._watermark_source(source, caller_path);
 BEGIN
     IF max_rows IS NULL OR max_rows < 1 THEN
         RAISE EXCEPTION 'max_rows must be a positive integer, got %', coalesce(max_rows::text, 'NULL')
@@ -1335,7 +1519,8 @@ $$;
 CREATE OR REPLACE FUNCTION pgtrickle.watermark_groups()
 RETURNS TABLE (group_name text, sources text[], tolerance interval, stale_after interval,
                created_at timestamptz, updated_at timestamptz)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
     SELECT g.group_name,
            (SELECT array_agg(pgtrickle._rel_display(m.source_relid) ORDER BY pgtrickle._rel_display(m.source_relid))
               FROM pgtrickle.pgt_watermark_group_sources m WHERE m.group_id = g.group_id),
@@ -1348,7 +1533,8 @@ CREATE OR REPLACE FUNCTION pgtrickle.watermark_status()
 RETURNS TABLE (group_name text, min_watermark timestamptz, max_watermark timestamptz, lag interval,
                tolerance interval, aligned boolean, effective_watermark timestamptz, state text,
                aligned_at timestamptz, lagging_sources text[], stuck_sources text[], stream_tables text[])
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
     SELECT g.group_name, s.min_watermark, s.max_watermark, s.max_watermark - s.min_watermark, g.tolerance,
            s.state = 'aligned', g.effective_watermark, s.state, g.aligned_at,
            -- members without a watermark, or at the minimum while the group is not aligned
@@ -1410,17 +1596,18 @@ SELECT s.pgt_id,
   FROM pgtrickle.pgt_stream_tables s
   CROSS JOIN LATERAL pgtrickle._watermark_mode(s.pgt_id) wm;
 
-CREATE OR REPLACE FUNCTION pgtrickle.get_refresh_history(name text, max_rows integer DEFAULT 20)
+CREATE OR REPLACE FUNCTION pgtrickle._api_get_refresh_history(name text, max_rows integer, caller_path text)
 RETURNS TABLE (refresh_id bigint, action text, status text, initiated_by text,
                rows_inserted bigint, rows_deleted bigint, delta_row_count bigint,
                start_time timestamptz, end_time timestamptz, duration interval,
                was_full_fallback boolean, mode_reason text, skip_reason text, error_message text)
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
 BEGIN
-    st := pgtrickle._find_st(name);
+    st := pgtrickle._find_st(name, caller_path);
     IF max_rows IS NULL OR max_rows < 1 THEN
         RAISE EXCEPTION 'max_rows must be a positive integer, got %', coalesce(max_rows::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
@@ -1438,10 +1625,14 @@ $$;
 
 -- ------------------------------------------------------------ DDL tracking
 
+-- (The DDL tracking functions run as pgtrickle's owner: the role whose DDL fires them -
+-- the owner of a source, say - has no rights on the catalog. They act only on the
+-- objects the DDL command itself dropped or altered.)
 -- A stream table's storage dropped by hand: forget it. A defining view
 -- dropped by CASCADE from a source: the stream table is in error.
 CREATE OR REPLACE FUNCTION pgtrickle._on_sql_drop()
-RETURNS event_trigger LANGUAGE plpgsql AS $$
+RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     obj record;
     st pgtrickle.pgt_stream_tables;
@@ -1472,7 +1663,8 @@ $$;
 -- names, follow type changes in the buffer. (The WAL decoder re-reads the
 -- captured columns when PostgreSQL sends the relation's new description.)
 CREATE OR REPLACE FUNCTION pgtrickle._on_ddl_end()
-RETURNS event_trigger LANGUAGE plpgsql AS $$
+RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     cmd record;
     col record;
@@ -1529,7 +1721,8 @@ $$;
 -- --------------------------------------------------------------- CDC modes
 
 CREATE OR REPLACE FUNCTION pgtrickle._cdc_notify(p_relid oid, p_from text, p_to text, p_reason text)
-RETURNS void LANGUAGE sql AS $$
+RETURNS void LANGUAGE sql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
     SELECT pg_notify('pg_trickle_cdc_transition', json_build_object(
         'event', 'cdc_transition', 'source', p_relid::regclass::text, 'from', p_from, 'to', p_to,
         'reason', p_reason, 'at', clock_timestamp())::text)
@@ -1541,7 +1734,8 @@ $$;
 -- either before the cut (captured by the trigger; not published then) or
 -- after it (published; no trigger): no gap, no duplicate.
 CREATE OR REPLACE FUNCTION pgtrickle._transition_to_wal(p_relid oid, p_publication text, p_reason text)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     src pgtrickle.pgt_change_sources;
     v_identity "char";
@@ -1568,7 +1762,8 @@ $$;
 
 -- Leave WAL capture (source no longer needed, or going back to triggers).
 CREATE OR REPLACE FUNCTION pgtrickle._stop_wal_capture(p_relid oid)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     src pgtrickle.pgt_change_sources;
     v_pub text;
@@ -1587,7 +1782,8 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle._transition_to_trigger(p_relid oid, p_reason text)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     src pgtrickle.pgt_change_sources;
 BEGIN
@@ -1611,7 +1807,8 @@ $$;
 -- Without WAL sources, the slot and publication would only hold WAL: drop them
 -- (when no decoder is attached; otherwise the daemon does it).
 CREATE OR REPLACE FUNCTION pgtrickle._drop_wal_infrastructure_if_unused()
-RETURNS boolean LANGUAGE plpgsql AS $$
+RETURNS boolean LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     st record;
 BEGIN
@@ -1635,13 +1832,15 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION pgtrickle.set_cdc_mode(source text, mode text)
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION pgtrickle._api_set_cdc_mode(source text, mode text, caller_path text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     v_relid oid;
     v_mode text := lower(btrim(mode));
 BEGIN
+    PERFORM pgtrickle._require_admin('change the change capture mode of a source');
     IF source IS NULL THEN
         RAISE EXCEPTION 'source must not be NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
@@ -1650,7 +1849,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'Use ''trigger'', ''auto'', ''wal'', or ''default'' (the cdc_mode setting).';
     END IF;
-    v_relid := to_regclass(source);
+    v_relid := (pgtrickle._in_caller_path(caller_path, source)).relid;
     IF v_relid IS NULL OR NOT EXISTS (SELECT 1 FROM pgtrickle.pgt_change_sources
                                        WHERE source_relid = v_relid AND source_kind = 'TABLE') THEN
         RAISE EXCEPTION 'table % is not a source of any stream table', quote_literal(source)
@@ -1666,7 +1865,8 @@ CREATE OR REPLACE FUNCTION pgtrickle.check_cdc_health()
 RETURNS TABLE (source text, cdc_mode text, cdc_mode_setting text, reason text, slot_name text,
                slot_active boolean, lag_bytes numeric, pending_rows bigint, oldest_pending_age interval,
                replica_identity text, problems text[])
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     src record;
     v_default text := coalesce(pgtrickle._setting('cdc_mode'), 'trigger');
@@ -1674,6 +1874,7 @@ DECLARE
     v_horizon xid8;
     v_problems text[];
 BEGIN
+    PERFORM pgtrickle._require_user('check change capture health');
     FOR src IN
         SELECT c.*, d.slot_name AS slot, s.active, s.wal_status,
                pg_wal_lsn_diff(pg_current_wal_lsn(), s.restart_lsn) AS lag,
@@ -1732,7 +1933,8 @@ $$;
 -- commit. The payload needs "event"; "at" is added when missing, "alert_id" always.
 -- (Every alert goes through here, so the table and the channel never disagree.)
 CREATE OR REPLACE FUNCTION pgtrickle._send_alert(p_payload jsonb)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     v_payload jsonb;
     v_id bigint;
@@ -1760,21 +1962,24 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle._alert(p_event text, st pgtrickle.pgt_stream_tables, p_fields jsonb)
-RETURNS void LANGUAGE sql AS $$
+RETURNS void LANGUAGE sql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
     SELECT pgtrickle._send_alert(jsonb_build_object(
         'event', p_event, 'st_name', st.pgt_name, 'schema', st.pgt_schema, 'at', clock_timestamp())
         || coalesce(p_fields, '{}'))
 $$;
 
-CREATE OR REPLACE FUNCTION pgtrickle.reset_circuit_breaker(name text, action text DEFAULT 'apply')
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION pgtrickle._api_reset_circuit_breaker(name text, action text, caller_path text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
     v_action text := lower(btrim(action));
     v_snapshot pg_snapshot;
 BEGIN
-    st := pgtrickle._find_st(name);
+    st := pgtrickle._find_st(name, caller_path);
+    PERFORM pgtrickle._require_owner(st, 'reset the circuit breaker of');
     IF v_action IS NULL OR v_action NOT IN ('apply', 'reinitialize', 'skip_changes') THEN
         RAISE EXCEPTION 'invalid action %', coalesce(quote_literal(left(action, 80)), 'NULL')
             USING ERRCODE = 'invalid_parameter_value',
@@ -1821,7 +2026,8 @@ RETURNS TABLE (st_name text, mode text, state text, tripped_at timestamptz, trip
                last_deletes bigint, ceiling bigint, max_ratio double precision,
                sensitivity double precision, window_size integer, baseline text,
                computed_threshold double precision, quarantined_changes bigint)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
     SELECT pgtrickle._display_name(s.pgt_schema, s.pgt_name), pgtrickle._cb_mode(s.cb_mode), s.cb_state,
            s.cb_tripped_at, s.cb_trip_reason, s.cb_baseline_mean, s.cb_baseline_stddev, s.cb_last_delta,
            s.cb_last_deletes, s.cb_ceiling, s.cb_max_ratio, s.cb_sensitivity, s.cb_window, s.cb_baseline,
@@ -1830,15 +2036,25 @@ LANGUAGE sql STABLE AS $$
      ORDER BY 1
 $$;
 
-CREATE OR REPLACE FUNCTION pgtrickle.inspect_circuit_breaker(name text, sample_rows integer DEFAULT 5)
+CREATE OR REPLACE FUNCTION pgtrickle._api_inspect_circuit_breaker(name text, sample_rows integer, caller_path text)
 RETURNS TABLE (source text, action text, changes bigint, first_captured timestamptz,
                last_captured timestamptz, sample jsonb)
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
 BEGIN
-    st := pgtrickle._find_st(name);
+    st := pgtrickle._find_st(name, caller_path);
+    PERFORM pgtrickle._require_owner(st, 'inspect the circuit breaker of');
+    -- The held-back changes are rows of the sources: show them only to a role that may read those.
+    IF EXISTS (SELECT 1 FROM pgtrickle.pgt_dependencies d WHERE d.pgt_id = st.pgt_id
+                AND NOT has_table_privilege(pgtrickle._caller(), d.source_relid, 'SELECT')) THEN
+        RAISE EXCEPTION 'permission denied: role % may not read every source of stream table %, whose held-back changes these are',
+            quote_ident(pgtrickle._caller()), pgtrickle._display_name(st.pgt_schema, st.pgt_name)
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'pgtrickle.circuit_breaker_status() shows the counts without the rows.';
+    END IF;
     IF sample_rows IS NULL OR sample_rows < 0 OR sample_rows > 1000 THEN
         RAISE EXCEPTION 'sample_rows must be between 0 and 1000, got %', coalesce(sample_rows::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
@@ -1865,14 +2081,15 @@ $$;
 
 -- ------------------------------------------------------------ refresh modes
 
-CREATE OR REPLACE FUNCTION pgtrickle.explain_refresh_mode(name text)
+CREATE OR REPLACE FUNCTION pgtrickle._api_explain_refresh_mode(name text, caller_path text)
 RETURNS TABLE (configured_mode text, effective_mode text, reason text, analyzed_at timestamptz)
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
 BEGIN
-    st := pgtrickle._find_st(name);
+    st := pgtrickle._find_st(name, caller_path);
     configured_mode := st.refresh_mode;
     analyzed_at := st.mode_analyzed_at;
     IF st.refresh_mode = 'FULL' THEN
@@ -1890,13 +2107,15 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION pgtrickle.explain_refresh_mode(text) IS
-'Which refresh mode runs for a stream table (FULL or DIFFERENTIAL) and why, as analysed by the refresh engine.';
 
 -- ----------------------------------------------------------- refresh groups
+-- (public entry points create_refresh_group / drop_refresh_group at the end of this file)
+DROP FUNCTION IF EXISTS pgtrickle.create_refresh_group(text, text[]);
+DROP FUNCTION IF EXISTS pgtrickle.drop_refresh_group(text);
 
-CREATE OR REPLACE FUNCTION pgtrickle.create_refresh_group(name text, members text[])
-RETURNS bigint LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION pgtrickle._api_create_refresh_group(name text, members text[], caller_path text)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     v_name text := btrim(name);
@@ -1926,7 +2145,9 @@ BEGIN
         IF v_member IS NULL THEN
             RAISE EXCEPTION 'refresh group members cannot be NULL' USING ERRCODE = 'null_value_not_allowed';
         END IF;
-        st := pgtrickle._find_st(v_member);
+        st := pgtrickle._find_st(v_member, caller_path);
+        -- Grouping changes how a stream table is refreshed: its owner's (or an admin's) decision.
+        PERFORM pgtrickle._require_owner(st, 'group');
         IF st.pgt_id = ANY (v_ids) THEN
             RAISE EXCEPTION 'stream table % is listed twice', pgtrickle._display_name(st.pgt_schema, st.pgt_name)
                 USING ERRCODE = 'invalid_parameter_value';
@@ -1940,13 +2161,22 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION pgtrickle.create_refresh_group(text, text[]) IS
+COMMENT ON FUNCTION pgtrickle._api_create_refresh_group(text, text[], text) IS
 'Make stream tables refresh as one atomic group: one snapshot, one transaction, all or none.';
 
-CREATE OR REPLACE FUNCTION pgtrickle.drop_refresh_group(name text)
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION pgtrickle._api_drop_refresh_group(name text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
+DECLARE
+    st pgtrickle.pgt_stream_tables;
 BEGIN
+    FOR st IN SELECT s.* FROM pgtrickle.pgt_stream_tables s
+                JOIN pgtrickle.pgt_refresh_group_members m USING (pgt_id)
+                JOIN pgtrickle.pgt_refresh_groups g USING (group_id)
+               WHERE g.group_name = btrim(name) ORDER BY s.pgt_id LOOP
+        PERFORM pgtrickle._require_owner(st, 'ungroup');
+    END LOOP;
     DELETE FROM pgtrickle.pgt_refresh_groups g WHERE g.group_name = btrim(name);
     IF NOT FOUND THEN
         RAISE EXCEPTION 'refresh group % does not exist', coalesce(quote_literal(name), 'NULL')
@@ -1956,7 +2186,7 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION pgtrickle.drop_refresh_group(text) IS
+COMMENT ON FUNCTION pgtrickle._api_drop_refresh_group(text) IS
 'Drop an explicit refresh group (its members refresh on their own again; diamonds stay atomic).';
 
 CREATE OR REPLACE VIEW pgtrickle.refresh_groups AS
@@ -1973,14 +2203,16 @@ COMMENT ON VIEW pgtrickle.refresh_groups IS
 
 -- --------------------------------------------------------------- operations
 
-CREATE OR REPLACE FUNCTION pgtrickle.resume_stream_table(name text)
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION pgtrickle._api_resume_stream_table(name text, caller_path text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
     v_status text;
 BEGIN
-    st := pgtrickle._find_st(name);
+    st := pgtrickle._find_st(name, caller_path);
+    PERFORM pgtrickle._require_owner(st, 'resume');
     SELECT * INTO st FROM pgtrickle.pgt_stream_tables WHERE pgt_id = st.pgt_id FOR UPDATE;
     IF st.status NOT IN ('SUSPENDED', 'ERROR') THEN
         RAISE EXCEPTION 'stream table % is %, not SUSPENDED or in ERROR: there is nothing to resume',
@@ -2001,28 +2233,26 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION pgtrickle.resume_stream_table(text) IS
-'Resume a SUSPENDED (or ERROR) stream table: status ACTIVE, error count reset, a refresh queued, alert resumed.';
 
-CREATE OR REPLACE FUNCTION pgtrickle.get_staleness(name text)
-RETURNS interval LANGUAGE plpgsql STABLE AS $$
+CREATE OR REPLACE FUNCTION pgtrickle._api_get_staleness(name text, caller_path text)
+RETURNS interval LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
 BEGIN
-    st := pgtrickle._find_st(name);
+    st := pgtrickle._find_st(name, caller_path);
     -- NULL: never refreshed, so there is no data to be stale.
     RETURN now() - st.data_timestamp;
 END
 $$;
 
-COMMENT ON FUNCTION pgtrickle.get_staleness(text) IS
-'How old a stream table''s data is: now() minus the time of the snapshot it reflects; NULL when never refreshed.';
 
 -- Alerts that follow from catalog changes, whoever makes them (the refresh
 -- engine, DDL event triggers, the SQL API): into ERROR, needing reinitialization.
 CREATE OR REPLACE FUNCTION pgtrickle._st_change_alerts()
-RETURNS trigger LANGUAGE plpgsql AS $$
+RETURNS trigger LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 BEGIN
     IF NEW.status = 'ERROR' AND OLD.status IS DISTINCT FROM 'ERROR' THEN
         PERFORM pgtrickle._alert('stream_table_error', NEW, jsonb_build_object(
@@ -2047,7 +2277,8 @@ CREATE TRIGGER status_change_alerts
 
 -- Prune refresh history and alerts past their retention; returns (history rows, alert rows) deleted.
 CREATE OR REPLACE FUNCTION pgtrickle._prune(OUT history_deleted bigint, OUT alerts_deleted bigint)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 BEGIN
     DELETE FROM pgtrickle.pgt_refresh_history
      WHERE end_time < now() - coalesce(pgtrickle._setting('history_retention'), '7 days')::interval;
@@ -2060,14 +2291,16 @@ $$;
 
 -- ------------------------------------------------- user triggers, publishing
 
-CREATE OR REPLACE FUNCTION pgtrickle.set_user_triggers(name text, mode text)
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION pgtrickle._api_set_user_triggers(name text, mode text, caller_path text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
     v_mode text := lower(btrim(mode));
 BEGIN
-    st := pgtrickle._find_st(name);
+    st := pgtrickle._find_st(name, caller_path);
+    PERFORM pgtrickle._require_owner(st, 'change the user triggers of');
     IF v_mode IS NOT NULL AND v_mode NOT IN ('auto', 'on', 'off', 'default') THEN
         RAISE EXCEPTION 'invalid user_triggers %', quote_literal(left(mode, 80))
             USING ERRCODE = 'invalid_parameter_value',
@@ -2079,30 +2312,47 @@ BEGIN
 END
 $$;
 
-COMMENT ON FUNCTION pgtrickle.set_user_triggers(text, text) IS
-'How refreshes of one stream table treat its user triggers: auto | on | off, or default / NULL for the user_triggers setting.';
 
 -- Publish a stream table for logical replication: REPLICA IDENTITY FULL (its
 -- rows may have no unique key: duplicates of a linear query share their
 -- __pgt_row_id), then CREATE PUBLICATION ... FOR TABLE, or add it to an
 -- existing publication.
-CREATE OR REPLACE FUNCTION pgtrickle.publish_stream_table(name text, publication text)
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION pgtrickle._api_publish_stream_table(name text, publication text, caller_path text)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
 DECLARE
     st pgtrickle.pgt_stream_tables;
     v_table text;
     v_pub pg_publication;
+    v_caller name;
 BEGIN
-    st := pgtrickle._find_st(name);
+    st := pgtrickle._find_st(name, caller_path);
+    v_caller := pgtrickle._require_owner(st, 'publish');
     IF publication IS NULL OR btrim(publication) = '' THEN
         RAISE EXCEPTION 'publication name must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     v_table := format('%I.%I', st.pgt_schema, st.pgt_name);
-    EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', v_table);
     SELECT * INTO v_pub FROM pg_publication p WHERE p.pubname = publication;
-    IF NOT FOUND THEN
+    -- As if the caller ran CREATE / ALTER PUBLICATION: a new one needs CREATE on the
+    -- database, an existing one its owner.
+    IF NOT pgtrickle._is_admin(v_caller) THEN
+        IF v_pub.oid IS NULL AND NOT has_database_privilege(v_caller, current_database(), 'CREATE') THEN
+            RAISE EXCEPTION 'permission denied: role % may not create publications in database %',
+                quote_ident(v_caller), quote_ident(current_database())
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = format('GRANT CREATE ON DATABASE %I TO %I;', current_database(), v_caller);
+        ELSIF v_pub.oid IS NOT NULL AND NOT pg_has_role(v_caller, v_pub.pubowner, 'USAGE') THEN
+            RAISE EXCEPTION 'permission denied: role % does not own publication %', quote_ident(v_caller),
+                quote_ident(publication) USING ERRCODE = 'insufficient_privilege';
+        END IF;
+    END IF;
+    EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', v_table);
+    IF v_pub.oid IS NULL THEN
         EXECUTE format('CREATE PUBLICATION %I FOR TABLE %s', publication, v_table);
+        IF v_caller <> current_user AND has_database_privilege(v_caller, current_database(), 'CREATE') THEN
+            EXECUTE format('ALTER PUBLICATION %I OWNER TO %I', publication, v_caller);
+        END IF;
     ELSIF NOT v_pub.puballtables AND NOT EXISTS (
             SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = v_pub.oid AND r.prrelid = st.pgt_relid) THEN
         EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s', publication, v_table);
@@ -2110,5 +2360,191 @@ BEGIN
 END
 $$;
 
+-- ---------------------------------------------------------- public entry points
+--
+-- The functions that take names take them in the caller's terms: an unqualified
+-- name is resolved through the caller's search_path. These entry points hand
+-- that search_path to the implementation (pgtrickle._api_*), which runs with its
+-- own fixed one and sets the caller's only to resolve those names. They are
+-- SQL-standard bodies (BEGIN ATOMIC): parsed once, here, so nothing in the
+-- caller's search_path can change what they call.
+
+-- Find a stream table by a name in the caller's terms (the daemon and the CLI use it too).
+CREATE OR REPLACE FUNCTION pgtrickle._find_st(p_name text)
+RETURNS pgtrickle.pgt_stream_tables LANGUAGE sql
+BEGIN ATOMIC
+    SELECT * FROM pgtrickle._find_st($1, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.create_stream_table(
+    name text,
+    query text,
+    schedule text DEFAULT NULL,
+    refresh_mode text DEFAULT 'AUTO',
+    initialize boolean DEFAULT true)
+RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_create_stream_table($1, $2, $3, $4, $5, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.advance_watermark(source text, watermark timestamptz)
+RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_advance_watermark($1, $2, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.alter_stream_table(
+    name text,
+    schedule text DEFAULT NULL,
+    refresh_mode text DEFAULT NULL,
+    status text DEFAULT NULL,
+    circuit_breaker text DEFAULT NULL,
+    circuit_breaker_ceiling bigint DEFAULT NULL,
+    circuit_breaker_max_ratio double precision DEFAULT NULL,
+    circuit_breaker_sensitivity double precision DEFAULT NULL,
+    circuit_breaker_window integer DEFAULT NULL,
+    circuit_breaker_baseline text DEFAULT NULL,
+    differential_fallback_ratio double precision DEFAULT NULL,
+    watermark_gating text DEFAULT NULL,
+    diamond_consistency text DEFAULT NULL)
+RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_alter_stream_table($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.create_refresh_group(name text, members text[])
+RETURNS bigint LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_create_refresh_group($1, $2, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.drop_refresh_group(name text)
+RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_drop_refresh_group($1);
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.drop_stream_table(name text, cascade boolean DEFAULT false)
+RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_drop_stream_table($1, $2, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.refresh_stream_table(name text, force boolean DEFAULT false)
+RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_refresh_stream_table($1, $2, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.reset_circuit_breaker(name text, action text DEFAULT 'apply')
+RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_reset_circuit_breaker($1, $2, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.inspect_circuit_breaker(name text, sample_rows integer DEFAULT 5)
+RETURNS TABLE (source text, action text, changes bigint, first_captured timestamptz,
+               last_captured timestamptz, sample jsonb) LANGUAGE sql
+BEGIN ATOMIC
+    SELECT * FROM pgtrickle._api_inspect_circuit_breaker($1, $2, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.explain_refresh_mode(name text)
+RETURNS TABLE (configured_mode text, effective_mode text, reason text, analyzed_at timestamptz) LANGUAGE sql
+BEGIN ATOMIC
+    SELECT * FROM pgtrickle._api_explain_refresh_mode($1, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.resume_stream_table(name text)
+RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_resume_stream_table($1, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.get_staleness(name text)
+RETURNS interval LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_get_staleness($1, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.get_refresh_history(name text, max_rows integer DEFAULT 20)
+RETURNS TABLE (refresh_id bigint, action text, status text, initiated_by text,
+               rows_inserted bigint, rows_deleted bigint, delta_row_count bigint,
+               start_time timestamptz, end_time timestamptz, duration interval,
+               was_full_fallback boolean, mode_reason text, skip_reason text, error_message text) LANGUAGE sql
+BEGIN ATOMIC
+    SELECT * FROM pgtrickle._api_get_refresh_history($1, $2, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.set_user_triggers(name text, mode text)
+RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_set_user_triggers($1, $2, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.publish_stream_table(name text, publication text)
+RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_publish_stream_table($1, $2, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.watermark_history(source text, max_rows integer DEFAULT 20)
+RETURNS TABLE (advancement_id bigint, watermark timestamptz, previous_watermark timestamptz,
+               advanced_at timestamptz, advanced_by name, application_name text, xid xid8, snapshot pg_snapshot) LANGUAGE sql
+BEGIN ATOMIC
+    SELECT * FROM pgtrickle._api_watermark_history($1, $2, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.create_watermark_group(
+    name text,
+    sources text[],
+    tolerance interval DEFAULT '0 seconds',
+    stale_after interval DEFAULT NULL)
+RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_create_watermark_group($1, $2, $3, $4, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.alter_watermark_group(
+    name text,
+    sources text[] DEFAULT NULL,
+    tolerance interval DEFAULT NULL,
+    stale_after interval DEFAULT NULL)
+RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_alter_watermark_group($1, $2, $3, $4, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.set_cdc_mode(source text, mode text)
+RETURNS void LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_set_cdc_mode($1, $2, pg_catalog.current_setting('search_path'));
+END;
+
+COMMENT ON FUNCTION pgtrickle.create_stream_table(text, text, text, text, boolean) IS
+'Create a stream table: a table kept equal to the result of a query. schedule: duration (''30s'', ''1h30m''), cron, or ''calculated''; refresh_mode: AUTO | FULL | DIFFERENTIAL.';
+
+COMMENT ON FUNCTION pgtrickle.refresh_stream_table(text, boolean) IS
+'Ask the pgtrickle daemon to refresh a stream table now (force => true passes an open circuit breaker and a closed watermark gate). Runs when the calling transaction commits; `pgtrickle refresh NAME` refreshes synchronously.';
+
+COMMENT ON FUNCTION pgtrickle.advance_watermark(text, timestamptz) IS
+'Say that a source table is complete through a point in time (monotonic; part of the caller''s transaction).';
+
+COMMENT ON FUNCTION pgtrickle.explain_refresh_mode(text) IS
+'Which refresh mode runs for a stream table (FULL or DIFFERENTIAL) and why, as analysed by the refresh engine.';
+
+COMMENT ON FUNCTION pgtrickle.resume_stream_table(text) IS
+'Resume a SUSPENDED (or ERROR) stream table: status ACTIVE, error count reset, a refresh queued, alert resumed.';
+
+COMMENT ON FUNCTION pgtrickle.get_staleness(text) IS
+'How old a stream table''s data is: now() minus the time of the snapshot it reflects; NULL when never refreshed.';
+
+COMMENT ON FUNCTION pgtrickle.set_user_triggers(text, text) IS
+'How refreshes of one stream table treat its user triggers: auto | on | off, or default / NULL for the user_triggers setting.';
+
 COMMENT ON FUNCTION pgtrickle.publish_stream_table(text, text) IS
 'Publish a stream table for logical replication: REPLICA IDENTITY FULL, and CREATE PUBLICATION ... FOR TABLE (or ADD TABLE to an existing one).';
+
+-- ------------------------------------------------------------------- grants
+-- (The view is re-created above on every install, so its grant is given here.)
+GRANT SELECT ON pgtrickle.stream_tables_info TO pgtrickle_user;
