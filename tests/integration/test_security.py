@@ -19,7 +19,8 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.conftest import Database
-from tests.integration.helpers import catalog_fingerprint, create_st, refresh_and_check
+from pgtrickle.errors import PgTrickleError
+from tests.integration.helpers import catalog_fingerprint, create_st, refresh, refresh_and_check
 
 pytestmark = pytest.mark.integration
 
@@ -455,3 +456,23 @@ def test_a_source_owner_without_catalog_rights_can_still_alter_and_drop_its_tabl
     with acting_as(shop, alice):
         shop.sql("SELECT pgtrickle.drop_stream_table('alice_st')")
     assert shop.scalar("SELECT count(*) FROM pgtrickle.pgt_change_sources") == 0
+
+
+def test_a_revoked_source_stops_the_refreshes_until_granted_again(
+        shop: Database, roles: dict[str, str], spark) -> None:  # type: ignore[no-untyped-def]
+    """The daemon's rights never become the owner's: losing SELECT on a source after creation fails the
+    refresh (as REFRESH MATERIALIZED VIEW would) instead of showing the owner new rows it may not read."""
+    alice = roles["alice"]
+    with acting_as(shop, alice):
+        create_st(shop, "alice_totals", "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer")
+    refresh_and_check(shop, "alice_totals")
+    before = shop.sql("SELECT * FROM alice_totals ORDER BY 1")
+    shop.sql(f"REVOKE SELECT ON orders FROM {alice}")
+    shop.sql("INSERT INTO orders VALUES (100, 'c9', 1000)")
+    with pytest.raises(PgTrickleError, match=f"{alice}, the owner of stream table public.alice_totals, may no "
+                                             "longer read public.orders; GRANT SELECT ON public.orders"):
+        refresh(shop, "alice_totals")
+    assert shop.sql("SELECT * FROM alice_totals ORDER BY 1") == before
+    assert shop.scalar("SELECT consecutive_errors FROM pgtrickle.pgt_stream_tables") == 1
+    shop.sql(f"GRANT SELECT (customer, amount) ON orders TO {alice}")  # the columns it reads are enough
+    refresh_and_check(shop, "alice_totals")

@@ -243,6 +243,9 @@ class Refresher:
 
     def _prepare(self, st: StreamTable, initiated_by: str) -> tuple[Analysis, bool, Layout, bool]:
         """Analyse the query, record the effective mode, and make the table's layout match it."""
+        denied = self.conn.execute("SELECT pgtrickle._owner_cannot_read(%s)", (st.pgt_id,)).fetchone()
+        if denied and denied[0]:
+            raise RefreshError(str(denied[0]))
         analysis = self.analysis(st)
         if st.refresh_mode == "DIFFERENTIAL" and not analysis.differential:
             message = (f"refresh_mode DIFFERENTIAL is not possible for {st.display}: {analysis.reason}; "

@@ -2108,6 +2108,47 @@ END
 $$;
 
 
+-- Checked before every refresh: the daemon fills a stream table with its own rights, so its owner must
+-- still be allowed to read every source (a REVOKE after creation stops the refreshes, as it would stop
+-- REFRESH MATERIALIZED VIEW). NULL when it may; else the message of the failed refresh.
+CREATE OR REPLACE FUNCTION pgtrickle._owner_cannot_read(p_pgt_id bigint)
+RETURNS text LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    st pgtrickle.pgt_stream_tables;
+    dep record;
+BEGIN
+    SELECT * INTO st FROM pgtrickle.pgt_stream_tables WHERE pgt_id = p_pgt_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = st.created_by) THEN
+        RETURN format('the owner of stream table %s, role %I, no longer exists; a stream table is refreshed '
+                      'only while its owner may read its sources (drop it, or recreate it as another role)',
+                      pgtrickle._display_name(st.pgt_schema, st.pgt_name), st.created_by);
+    END IF;
+    FOR dep IN
+        SELECT d.source_relid AS relid, d.columns_used AS cols, n.nspname, c.relname
+          FROM pgtrickle.pgt_dependencies d
+          JOIN pg_catalog.pg_class c ON c.oid = d.source_relid
+          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+         WHERE d.pgt_id = p_pgt_id
+         ORDER BY n.nspname, c.relname
+    LOOP
+        IF NOT pg_catalog.has_table_privilege(st.created_by, dep.relid, 'SELECT')
+           AND (dep.cols IS NULL OR EXISTS (SELECT 1 FROM unnest(dep.cols) AS u(col)
+                                             WHERE NOT pg_catalog.has_column_privilege(st.created_by, dep.relid,
+                                                                                       u.col, 'SELECT'))) THEN
+            RETURN format('permission denied: %I, the owner of stream table %s, may no longer read %I.%I; '
+                          'GRANT SELECT ON %I.%I TO %I to refresh it again',
+                          st.created_by, pgtrickle._display_name(st.pgt_schema, st.pgt_name), dep.nspname,
+                          dep.relname, dep.nspname, dep.relname, st.created_by);
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
 -- ----------------------------------------------------------- refresh groups
 -- (public entry points create_refresh_group / drop_refresh_group at the end of this file)
 DROP FUNCTION IF EXISTS pgtrickle.create_refresh_group(text, text[]);
