@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg  # noqa: E402
 
 from common import (  # noqa: E402
-    DOCS, IMG, bench_dsn, command_line, drop_database, fmt_size, header_lines, machine, md_table, now_text,
+    DOCS, IMG, add_output_args, bench_dsn, command_line, drop_database, fmt_size, header_lines, machine, md_table, now_text,
     pyplot, revision, stop_on_signals, write_json, write_section,
 )
 from datasets import copy_events  # noqa: E402
@@ -147,12 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--alternations", type=int, default=1, help="fresh processes per master")
     parser.add_argument("--queries", default="aggregate,join")
-    parser.add_argument("--dsn", default=None)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--no-docs", action="store_true")
-    parser.add_argument("--section", default=SECTION)
-    parser.add_argument("--plot", type=Path, default=PLOT)
-    parser.add_argument("--preset", default=None)
+    add_output_args(parser, SECTION, PLOT, spark_master=False)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--names", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

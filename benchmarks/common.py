@@ -266,3 +266,17 @@ def pyplot():  # type: ignore[no-untyped-def]
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def add_output_args(parser, section: str, plot: Path, spark_master: bool = True) -> None:  # type: ignore[no-untyped-def]
+    """The flags every benchmark piece shares: where the server is, where figures, docs and plot go."""
+    parser.add_argument("--dsn", default=None)
+    if spark_master:
+        parser.add_argument("--spark-master", default="local[*]")
+    parser.add_argument("--json", type=Path, default=None, help="where to write the figures")
+    parser.add_argument("--no-docs", action="store_true",
+                        help="leave docs/BENCHMARKS.md and the plot alone")
+    parser.add_argument("--section", default=section,
+                        help="the docs/BENCHMARKS.md section to write (between its begin/end markers)")
+    parser.add_argument("--plot", type=Path, default=plot, help="where to draw the plot")
+    parser.add_argument("--preset", default=None, help="the suite preset this run belongs to (a label)")

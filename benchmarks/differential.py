@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg  # noqa: E402
 
 from common import (  # noqa: E402
-    DOCS, IMG, bench_dsn, command_line, drop_database, fmt_rate, fmt_ratio, fmt_size, free_disk_gib, header_lines,
+    DOCS, IMG, add_output_args, bench_dsn, command_line, drop_database, fmt_rate, fmt_ratio, fmt_size, free_disk_gib, header_lines,
     machine, now_text, pyplot, revision, spark_running, stop_on_signals, write_json, write_section,
 )
 from datasets import EVENT_VALUES, EVENTS_BYTES_PER_ROW, copy_events, estimate  # noqa: E402
@@ -681,16 +681,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "(replaces --rates)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--queries", default=",".join(QUERIES), help="comma-separated: " + ", ".join(QUERIES))
-    parser.add_argument("--dsn", default=None)
-    parser.add_argument("--spark-master", default="local[*]")
+    add_output_args(parser, SECTION, PLOT)
     parser.add_argument("--no-baseline", action="store_true", help="skip the plain PySpark batch job")
-    parser.add_argument("--json", type=Path, default=None, help="where to write the figures")
-    parser.add_argument("--no-docs", action="store_true",
-                        help="do not rewrite docs/BENCHMARKS.md and the plot")
-    parser.add_argument("--section", default=SECTION,
-                        help="the marker name of the docs section to rewrite (default: %(default)s)")
-    parser.add_argument("--plot", type=Path, default=PLOT, help="where to draw the plot")
-    parser.add_argument("--preset", default=None, help="the suite preset this run belongs to (a label)")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark databases")
     parser.add_argument("--no-verify", action="store_true", help="skip comparing results with the matviews")
     args = parser.parse_args(argv)

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg  # noqa: E402
 
 from common import (  # noqa: E402
-    DOCS, IMG, bench_dsn, command_line, drop_database, header_lines, machine, md_table, now_text, pyplot,
+    DOCS, IMG, add_output_args, bench_dsn, command_line, drop_database, header_lines, machine, md_table, now_text, pyplot,
     recreate_database, revision, scalar, spark_running, stop_on_signals, write_json, write_section,
 )
 from pgtrickle.catalog.install import install  # noqa: E402
@@ -325,13 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ticks", type=int, default=20)
     parser.add_argument("--cpu-seconds", type=float, default=30.0)
     parser.add_argument("--changes", type=int, default=5)
-    parser.add_argument("--dsn", default=None)
-    parser.add_argument("--spark-master", default="local[*]")
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--no-docs", action="store_true")
-    parser.add_argument("--section", default=SECTION)
-    parser.add_argument("--plot", type=Path, default=PLOT)
-    parser.add_argument("--preset", default=None)
+    add_output_args(parser, SECTION, PLOT)
     args = parser.parse_args(argv)
     stop_on_signals()
     settings = Settings.from_env().with_overrides(dsn=args.dsn, spark_master=args.spark_master)

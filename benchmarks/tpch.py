@@ -41,7 +41,7 @@ from psycopg import sql  # noqa: E402
 
 import tpch_data  # noqa: E402
 from common import (  # noqa: E402
-    DOCS, IMG, bench_dsn, command_line, database_exists, drop_database, fmt_ratio, header_lines, machine,
+    DOCS, IMG, add_output_args, bench_dsn, command_line, database_exists, drop_database, fmt_ratio, header_lines, machine,
     md_table, now_text, pyplot, recreate_database, revision, scalar, spark_running, stop_on_signals,
     write_json, write_section,
 )
@@ -387,13 +387,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--new-orders", type=int, default=0,
                         help="new (and deleted) orders per round; default 0.1 %% of the orders (TPC-H's RF1/RF2)")
     parser.add_argument("--queries", default="", help="comma-separated subset, e.g. q01,q06 (default all 22)")
-    parser.add_argument("--dsn", default=None)
-    parser.add_argument("--spark-master", default="local[*]")
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--no-docs", action="store_true")
-    parser.add_argument("--section", default=SECTION)
-    parser.add_argument("--plot", type=Path, default=PLOT)
-    parser.add_argument("--preset", default=None)
+    add_output_args(parser, SECTION, PLOT)
     parser.add_argument("--keep", action="store_true", help="keep the run's database")
     parser.add_argument("--render", type=Path, default=None,
                         help="rewrite the docs section and plot from an earlier run's JSON, run nothing")

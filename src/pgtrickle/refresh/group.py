@@ -32,7 +32,6 @@ import psycopg
 
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.wal import wait_for_decoder
-from pgtrickle.db.connection import connect
 from pgtrickle.errors import PgTrickleError, RefreshError
 from pgtrickle.gates.skips import record_skip
 from pgtrickle.ops import health
@@ -110,12 +109,9 @@ def refresh_group(refresher: Refresher, group: RefreshGroup, order: Sequence[int
         reason = (f"atomic group {group.name}: member {stopped.display} is {stopped.status}; "
                   "resume it, or take it out of the group")
         return _skip_all(refresher, order, members, initiated_by, reason, request_ids, except_id=None)
-    coord = connect(refresher.dsn, autocommit=False, application_name="pgtrickle-group-coordinator")
+    assert refresher.group is None, "atomic groups do not nest"
+    coord, snap_id, snapshot, lsn = refresher.coordinator()  # a new exported snapshot, shared by the members
     try:
-        coord.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        snap_id, snapshot, lsn = coord.execute(
-            "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
-        ).fetchone()  # type: ignore[misc]
         if refresher._wal_capture_set_up():  # noqa: SLF001
             wait_for_decoder(refresher.conn, refresher.dsn)
         prepared: dict[int, Prepared] = {}
