@@ -4,11 +4,12 @@ Four identical tables ``(id bigint PRIMARY KEY, grp int, v numeric(12,2), note t
 
 * ``none``              no capture (the baseline);
 * ``row_trigger``       a PL/pgSQL ``FOR EACH ROW`` AFTER trigger, written here, filling a buffer of the
-                        same shape as pgtrickle's (``LIKE`` the statement-trigger buffer, so the same
-                        identity, default and xid index) with xid, action and new_/old_ columns — the
-                        design pgtrickle chose not to build;
+                        same shape as pgtrickle's one-row-per-change table (``LIKE`` the statement-trigger
+                        buffer's ``_rows`` table, so the same identity and defaults) with xid, action and
+                        new_/old_ columns — the design pgtrickle chose not to build;
 * ``statement_trigger`` pgtrickle's capture: statement-level triggers with transition tables, installed by
-                        ``pgtrickle.create_stream_table(..., initialize => false)``;
+                        ``pgtrickle.create_stream_table(..., initialize => false)`` (INSERTed and DELETEd
+                        rows packed 4096 to a row in the buffer's ``_batches`` table);
 * ``wal``               pgtrickle's WAL capture: the same, then ``pgtrickle.set_cdc_mode(table, 'wal')`` and
                         ``CaptureManager.reconcile()`` with a :class:`DecoderThread` started as the daemon
                         starts it — no triggers, REPLICA IDENTITY FULL, a logical slot decoded into the
@@ -20,7 +21,7 @@ generate_series`` of ``--rows`` rows, an ``UPDATE`` of every row (``SET v = v + 
 every row. Operations are interleaved — all variants do the INSERT, then all the UPDATE, … — and the
 variant order rotates from run to run, so drift on this noisy machine spreads over all variants. Before
 every timed statement, untimed and identically for every variant: the change buffer is emptied
-(``DELETE``) and the table and buffer are ``VACUUM``ed (dead rows, hint bits and the visibility map are
+(``DELETE`` from every table behind it) and the table and buffer are ``VACUUM``ed (dead rows, hint bits and the visibility map are
 then the same for everybody), then a ``CHECKPOINT`` (every variant pays the same full-page images).
 Autovacuum is off on these tables. Reported: the median seconds; the overhead ``(variant − none) / rows``
 in µs per row and the ratio ``variant / none``, each the median over runs of the run's own pair (the two
@@ -81,10 +82,14 @@ class Variant:
     name: str
     table: str
     buffer: tuple[str, str] | None  # (schema, name) of the change buffer; None for the baseline
+    parts: tuple[tuple[str, str], ...] = ()  # the tables behind the buffer (pgtrickle's is a view)
 
     def buffer_ident(self) -> sql.Identifier:
         assert self.buffer is not None
         return sql.Identifier(*self.buffer)
+
+    def part_idents(self) -> list[sql.Identifier]:
+        return [sql.Identifier(*p) for p in (self.parts or ((self.buffer,) if self.buffer else ()))]
 
 
 @dataclass
@@ -167,9 +172,14 @@ def create_stream_table(conn: psycopg.Connection, variant: str) -> tuple[str, st
                  " initialize => false)", (f"st_{variant}", f"SELECT id, grp, v, note FROM {table}"))
     buffer = str(scalar(conn, "SELECT buffer_name FROM pgtrickle.pgt_change_sources"
                               " WHERE source_relid = %s::regclass", (table,)))
-    conn.execute(sql.SQL("ALTER TABLE pgtrickle_changes.{} SET (autovacuum_enabled = off)").format(
-        sql.Identifier(buffer)))
+    for part in buffer_parts(buffer):
+        conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = off)").format(sql.Identifier(*part)))
     return ("pgtrickle_changes", buffer)
+
+
+def buffer_parts(buffer: str) -> tuple[tuple[str, str], ...]:
+    """The tables behind pgtrickle's buffer view: one row per change, and packed statement batches."""
+    return (("pgtrickle_changes", f"{buffer}_rows"), ("pgtrickle_changes", f"{buffer}_batches"))
 
 
 def buffer_columns(conn: psycopg.Connection, table: str) -> list[tuple[str, str]]:
@@ -187,7 +197,7 @@ def create_row_trigger(conn: psycopg.Connection, like_buffer: tuple[str, str], c
     restored on every call, which a row trigger would pay per row.
     """
     conn.execute(sql.SQL("CREATE TABLE public.{} (LIKE {} INCLUDING ALL) WITH (autovacuum_enabled = off)")
-                 .format(sql.Identifier(ROW_BUFFER), sql.Identifier(*like_buffer)))
+                 .format(sql.Identifier(ROW_BUFFER), sql.Identifier(*buffer_parts(like_buffer[1])[0])))
 
     def cols(prefix: str) -> sql.Composable:
         return sql.SQL(", ").join(sql.Identifier(f"{prefix}_{buf}") for _, buf in columns)
@@ -240,7 +250,9 @@ def setup(conn: psycopg.Connection, decoder: Decoder) -> dict[str, Variant]:
     buffers["row_trigger"] = create_row_trigger(conn, buffers["statement_trigger"],
                                                 buffer_columns(conn, "src_statement_trigger"))
     move_to_wal(conn, decoder)
-    return {name: Variant(name, f"src_{name}", buffers[name]) for name in VARIANTS}
+    return {name: Variant(name, f"src_{name}", buffers[name],
+                          buffer_parts(buffers[name][1]) if buffers[name] and name != "row_trigger" else ())
+            for name in VARIANTS}
 
 
 # --------------------------------------------------------------------- measuring
@@ -267,9 +279,9 @@ def prepare(conn: psycopg.Connection, variant: Variant, operation: str, decoder:
     if variant.name == "wal" or decoder_always_on:
         decoder.ensure()
         decoder.catch_up()  # everything before, including a TRUNCATE, is in the buffer now
-    if variant.buffer:
-        conn.execute(sql.SQL("DELETE FROM {}").format(variant.buffer_ident()))
-        conn.execute(sql.SQL("VACUUM {}").format(variant.buffer_ident()))
+    for part in variant.part_idents():
+        conn.execute(sql.SQL("DELETE FROM {}").format(part))
+        conn.execute(sql.SQL("VACUUM {}").format(part))
     conn.execute(sql.SQL("VACUUM {}").format(sql.Identifier(variant.table)))
     conn.execute("CHECKPOINT")
 

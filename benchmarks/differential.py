@@ -320,7 +320,10 @@ def refresh_round(conn: psycopg.Connection, settings: Settings, dsn: str, shapes
               f"{extra}", flush=True)
     cleanup_buffers(conn)
     for (buffer,) in conn.execute("SELECT buffer_name FROM pgtrickle.pgt_change_sources").fetchall():
-        conn.execute(f'VACUUM pgtrickle_changes."{buffer}"')
+        for part in ("rows", "batches"):
+            if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'pgtrickle_changes."{buffer}_{part}"',)
+                            ).fetchone()[0]:  # type: ignore[index]
+                conn.execute(f'VACUUM pgtrickle_changes."{buffer}_{part}"')
 
 
 def median_timings(samples: Sequence[Sample]) -> dict[str, float]:

@@ -122,11 +122,22 @@ def install_audit(db: Database, *sources: str) -> None:
             SELECT TG_ARGV[0], r.xid, r.action, r.new_id, r.old_id FROM __audit_new r;
             RETURN NULL;
         END $$""")
+    # Statement triggers pack their INSERTed / DELETEd rows into the buffer's batches table.
+    db.sql("""
+        CREATE FUNCTION public.cdc_audit_batch_fn() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO public.cdc_audit (source, xid, action, new_id, old_id)
+            SELECT TG_ARGV[0], b.xid, b.action, CASE WHEN b.action = 'I' THEN e.id END,
+                   CASE WHEN b.action = 'D' THEN e.id END
+              FROM __audit_new b CROSS JOIN LATERAL unnest(b.changes) e;
+            RETURN NULL;
+        END $$""")
     for source in sources:
         buffer = buffer_of(db, source)
-        db.sql(f"CREATE TRIGGER cdc_audit AFTER INSERT ON pgtrickle_changes.{buffer} "
-               f"REFERENCING NEW TABLE AS __audit_new FOR EACH STATEMENT "
-               f"EXECUTE FUNCTION public.cdc_audit_fn('{source}')")
+        for part, fn in (("rows", "cdc_audit_fn"), ("batches", "cdc_audit_batch_fn")):
+            db.sql(f"CREATE TRIGGER cdc_audit AFTER INSERT ON pgtrickle_changes.{buffer}_{part} "
+                   f"REFERENCING NEW TABLE AS __audit_new FOR EACH STATEMENT "
+                   f"EXECUTE FUNCTION public.{fn}('{source}')")
 
 
 def buffer_of(db: Database, source: str) -> str:

@@ -45,7 +45,8 @@ def test_upgrade_from_version_1_keeps_catalog_rows_and_buffers(empty_db: psycopg
     empty_db.execute(f"INSERT INTO pgtrickle_changes.changes_{relid} (xid, action, new_id) "
                      "VALUES (pg_current_xact_id(), 'I', 1)")
     empty_db.execute("INSERT INTO pgtrickle.pgt_change_sources (source_relid, source_schema, source_name, "
-                     "source_kind, buffer_name) VALUES (%s, 'public', 't', 'TABLE', %s)",
+                     "source_kind, buffer_name, columns) VALUES (%s, 'public', 't', 'TABLE', %s, "
+                     "'[{\"attnum\": 1, \"name\": \"id\", \"type\": \"integer\", \"buf\": \"id\"}]')",
                      (relid, f"changes_{relid}"))
     with pytest.raises(CatalogError, match="upgrade"):
         require_installed(empty_db)
@@ -54,6 +55,14 @@ def test_upgrade_from_version_1_keeps_catalog_rows_and_buffers(empty_db: psycopg
     rows = empty_db.execute(f"SELECT new_id, captured_at IS NOT NULL FROM pgtrickle_changes.changes_{relid}"
                             ).fetchall()
     assert rows == [(1, True)]
+    # Since version 11 the buffer is a view over its rows and (for tables) packed batches;
+    # the old table became the rows part and the triggers write batches.
+    assert empty_db.execute(f"SELECT relkind FROM pg_class WHERE oid = 'pgtrickle_changes.changes_{relid}'::regclass"
+                            ).fetchone() == ("v",)
+    empty_db.execute("INSERT INTO t VALUES (2, 20), (3, 30)")
+    assert empty_db.execute(f"SELECT action, new_id FROM pgtrickle_changes.changes_{relid} ORDER BY change_id"
+                            ).fetchall() == [("I", 1), ("I", 2), ("I", 3)]
+    assert empty_db.execute(f"SELECT n_changes FROM pgtrickle_changes.changes_{relid}_batches").fetchall() == [(2,)]
     assert empty_db.execute("SELECT cdc_mode, cdc_mode_setting FROM pgtrickle.pgt_change_sources"
                             ).fetchall() == [("trigger", "default")]
     require_installed(empty_db)

@@ -104,7 +104,7 @@ def test_every_pgtrickle_function_runs_with_a_fixed_search_path(shop: Database) 
     # The capture trigger functions write the buffers for any writer: definer rights, fixed path.
     create_st(shop, "s", "SELECT id FROM orders")
     capture = shop.sql("SELECT prosecdef, proconfig FROM pg_proc WHERE pronamespace = 'pgtrickle_changes'::regnamespace")
-    assert capture == [(True, ["search_path=pg_catalog, pg_temp"])]
+    assert capture == [(True, ["search_path=pg_catalog, pg_temp", "work_mem=128MB"])]
 
 
 def _plant_hostile_objects(db: Database) -> None:

@@ -32,8 +32,19 @@ class PendingChanges:
         return self.inserts + self.deletes + self.updates
 
 
-def _buffer(name: str) -> sql.Composed:
-    return sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(name))
+def rows_table(buffer_name: str) -> sql.Identifier:
+    """The table of a change buffer that holds one row per change (what COPY and INSERT write).
+
+    The buffer itself, ``pgtrickle_changes.<buffer_name>``, is a view over this
+    table and, for table sources, the packed statement-trigger batches
+    (``<buffer_name>_batches``); see ``pgtrickle._build_buffer_view``.
+    """
+    return sql.Identifier("pgtrickle_changes", f"{buffer_name}_rows")
+
+
+def batches_table(buffer_name: str) -> sql.Identifier:
+    """The table of a table source's buffer holding statement-trigger changes, up to 4096 to a row."""
+    return sql.Identifier("pgtrickle_changes", f"{buffer_name}_batches")
 
 
 def pending_changes(conn: psycopg.Connection, sources: tuple[Source, ...], frontier: str, upto: str
@@ -43,18 +54,24 @@ def pending_changes(conn: psycopg.Connection, sources: tuple[Source, ...], front
     ``upto`` is a snapshot taken before this read; with WAL capture the
     buffers may already hold later transactions, which it excludes.
     """
+    window = sql.SQL(
+        "WHERE xid >= pg_snapshot_xmin(%(f)s::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, %(f)s::pg_snapshot)"
+        " AND pg_visible_in_snapshot(xid, %(u)s::pg_snapshot)")
     result = []
     for source in sources:
-        row = conn.execute(
-            sql.SQL(
-                "SELECT count(*) FILTER (WHERE action = 'I'), count(*) FILTER (WHERE action = 'D'),"
-                " count(*) FILTER (WHERE action = 'U'), bool_or(action = 'T')"
-                " FROM {} WHERE xid >= pg_snapshot_xmin(%(f)s::pg_snapshot)"
-                " AND NOT pg_visible_in_snapshot(xid, %(f)s::pg_snapshot)"
-                " AND pg_visible_in_snapshot(xid, %(u)s::pg_snapshot)"
-            ).format(_buffer(source.buffer_name)),
-            {"f": frontier, "u": upto},
-        ).fetchone()
+        # Counted on the buffer's tables, not its view: a batch knows its size without
+        # its packed changes being read.
+        query = sql.SQL(
+            "SELECT count(*) FILTER (WHERE action = 'I'), count(*) FILTER (WHERE action = 'D'),"
+            " count(*) FILTER (WHERE action = 'U'), coalesce(bool_or(action = 'T'), false) FROM {} {}"
+        ).format(rows_table(source.buffer_name), window)
+        if source.kind == "TABLE":
+            query = sql.SQL(
+                "SELECT sum(i), sum(d), sum(u), bool_or(t) FROM ({} UNION ALL"
+                " SELECT coalesce(sum(n_changes) FILTER (WHERE action = 'I'), 0),"
+                " coalesce(sum(n_changes) FILTER (WHERE action = 'D'), 0), 0, false FROM {} {}) AS x (i, d, u, t)"
+            ).format(query, batches_table(source.buffer_name), window)
+        row = conn.execute(query, {"f": frontier, "u": upto}).fetchone()
         assert row is not None
         result.append(PendingChanges(source, int(row[0]), int(row[1]), int(row[2]), bool(row[3])))
     return result
@@ -94,11 +111,9 @@ def cleanup_buffers(conn: psycopg.Connection) -> int:
     for relid, buffer_name, horizon, any_uninitialized in buffers:
         if any_uninitialized or horizon is None:
             continue
-        cur = conn.execute(
-            sql.SQL("DELETE FROM {} WHERE xid < %s::xid8").format(_buffer(buffer_name)), (horizon,)
-        )
-        deleted += cur.rowcount or 0
-        if cur.rowcount:
+        removed = _delete_parts(conn, buffer_name, sql.SQL("WHERE xid < %s::xid8"), (horizon,))
+        deleted += removed
+        if removed:
             conn.execute(
                 "UPDATE pgtrickle.pgt_change_sources SET cleaned_below = greatest(cleaned_below, %s::xid8)"
                 " WHERE source_relid = %s", (horizon, relid))
@@ -111,6 +126,21 @@ def cleanup_buffers(conn: psycopg.Connection) -> int:
         """
     ).fetchall()
     for (buffer_name,) in orphans:
-        cur = conn.execute(sql.SQL("DELETE FROM {}").format(_buffer(buffer_name)))
-        deleted += cur.rowcount or 0
+        deleted += _delete_parts(conn, buffer_name, sql.SQL(""), ())
+    return deleted
+
+
+def _delete_parts(conn: psycopg.Connection, buffer_name: str, where: sql.Composable,
+                  params: tuple[object, ...]) -> int:
+    """Delete from a buffer's rows and batches; returns the changes deleted (a batch counts its changes)."""
+    cur = conn.execute(sql.SQL("DELETE FROM {} {}").format(rows_table(buffer_name), where), params)
+    deleted = cur.rowcount or 0
+    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
+                          (batches_table(buffer_name).as_string(conn),)).fetchone()
+    if exists and exists[0]:
+        row = conn.execute(
+            sql.SQL("WITH d AS (DELETE FROM {} {} RETURNING n_changes AS n)"
+                    " SELECT coalesce(sum(n), 0) FROM d").format(batches_table(buffer_name), where),
+            params).fetchone()
+        deleted += int(row[0]) if row else 0
     return deleted

@@ -39,6 +39,7 @@ from psycopg import sql
 
 from pgtrickle import faults
 from pgtrickle.cdc import pgoutput
+from pgtrickle.cdc.buffers import rows_table
 from pgtrickle.errors import PgTrickleError
 
 log = logging.getLogger(__name__)
@@ -218,8 +219,8 @@ class WalDecoder:
             cols = ["xid", "action", "captured_at"]
             cols += [f"new_{buf}" for _, buf in source.columns]
             cols += [f"old_{buf}" for _, buf in source.columns]
-            stmt = sql.SQL("COPY pgtrickle_changes.{} ({}) FROM STDIN").format(
-                sql.Identifier(source.buffer_name), sql.SQL(", ").join(map(sql.Identifier, cols)))
+            stmt = sql.SQL("COPY {} ({}) FROM STDIN").format(
+                rows_table(source.buffer_name), sql.SQL(", ").join(map(sql.Identifier, cols)))
             with conn.cursor().copy(stmt) as copy:
                 for row in rows:
                     copy.write_row(row)

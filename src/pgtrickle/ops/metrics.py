@@ -141,9 +141,12 @@ class Metrics:
             snap.stream_tables.append((name, status, staleness, bool(cb_open), int(consecutive)))
         for source, n, nbytes in conn.execute(
             "SELECT pgtrickle._display_name(c.source_schema, c.source_name),"
-            " pg_stat_get_live_tuples(b.oid)::float8, pg_total_relation_size(b.oid)::float8"
+            " pg_stat_get_live_tuples(r.oid)::float8 + pgtrickle._batched_changes(c.buffer_name),"
+            " (pg_total_relation_size(r.oid) + coalesce(pg_total_relation_size(b.oid), 0))::float8"
             " FROM pgtrickle.pgt_change_sources c"
-            " JOIN pg_class b ON b.relname = c.buffer_name"
+            " JOIN pg_class r ON r.relname = c.buffer_name || '_rows'"
+            " AND r.relnamespace = 'pgtrickle_changes'::regnamespace"
+            " LEFT JOIN pg_class b ON b.relname = c.buffer_name || '_batches'"
             " AND b.relnamespace = 'pgtrickle_changes'::regnamespace"
             " WHERE c.source_kind = 'TABLE' ORDER BY 1"
         ).fetchall():

@@ -34,7 +34,7 @@ from psycopg import sql
 from sqlglot import exp
 
 from pgtrickle.catalog.store import Source, StreamTable, quote_ident
-from pgtrickle.cdc.buffers import PendingChanges, pending_changes
+from pgtrickle.cdc.buffers import PendingChanges, pending_changes, rows_table
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.dvm import aggregate as agg_rules
 from pgtrickle.dvm.aggregate import DELTA_TABLE, KEYS_TABLE, ROW_ID
@@ -919,7 +919,7 @@ def _own_buffer(conn: psycopg.Connection, st: StreamTable) -> _Buffer | None:
     if row is None:
         return None
     columns = {c["name"]: c["buf"] for c in (row[1] or [])}
-    table = f"pgtrickle_changes.{quote_ident(row[0])}"
+    table = rows_table(row[0]).as_string(conn)
     # The buffer carries the columns its consumers read (a consumer created
     # before stream-table buffers had columns finds one missing and refreshes
     # in full instead).

@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pgtrickle.catalog.store import StreamTable
-from pgtrickle.cdc.buffers import pending_changes
+from pgtrickle.cdc.buffers import pending_changes, rows_table
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle import faults
 from pgtrickle.config import Settings
@@ -692,8 +692,8 @@ class Refresher:
                         sql.Identifier(index), target))
             # Downstream stream tables learn of this refresh through our own buffer.
             self.conn.execute(
-                sql.SQL("INSERT INTO pgtrickle_changes.{} (xid, action) VALUES (pg_current_xact_id(), 'T')")
-                .format(sql.Identifier(f"changes_{st.relid}")))
+                sql.SQL("INSERT INTO {} (xid, action) VALUES (pg_current_xact_id(), 'T')")
+                .format(rows_table(f"changes_{st.relid}")))
             if layout.finalize:
                 self.conn.execute(layout.finalize)
             if layout.differential and layout.unique_keys:

@@ -447,6 +447,13 @@ class Scheduler:
             return
         wait_for_decoder(self.conn, self.dsn)
         self.stop_decoder()
+        # The walsender leaves the slot a moment after the decoder disconnects; an active
+        # slot is not dropped (the next maintenance would try again).
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and self.conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pgtrickle.pgt_decoder_state d"
+                " USING (slot_name) WHERE s.active)").fetchone()[0]:  # type: ignore[index]
+            time.sleep(0.05)
         if self.conn.execute("SELECT pgtrickle._drop_wal_infrastructure_if_unused()").fetchone()[0]:  # type: ignore[index]
             log.info("no source uses WAL capture any more: replication slot and publication dropped")
 

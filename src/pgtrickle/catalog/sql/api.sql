@@ -426,6 +426,91 @@ BEGIN
 END
 $$;
 
+-- The change buffer of a source is the view pgtrickle_changes.changes_<relid>
+-- (change_id, xid, action, captured_at, new_<col>, old_<col>, ...) over
+--   changes_<relid>_rows     one row per change: WAL capture, trigger-captured
+--                            UPDATEs and TRUNCATEs, stream tables' changes;
+--   changes_<relid>_batches  (tables only) the INSERTed and DELETEd rows of a
+--                            statement, packed up to 4096 to a row as an array of
+--                            changes_<relid>_values (the captured columns) stored
+--                            uncompressed out of line: a bulk statement writes one
+--                            heap tuple and a few TOAST chunks per 4096 changes
+--                            instead of 4096 heap tuples.
+-- change_id comes from one sequence that steps by 4096: a batch takes one value v
+-- and its changes are v .. v+4095, so ids stay unique and in statement order.
+CREATE OR REPLACE FUNCTION pgtrickle._buffer_part(p_buffer text, p_part text)
+RETURNS text LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT format('pgtrickle_changes.%I', p_buffer || '_' || p_part)
+$$;
+
+-- How many changes a buffer's batches hold (0 without a batches table).
+CREATE OR REPLACE FUNCTION pgtrickle._batched_changes(p_buffer text)
+RETURNS float8 LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    n float8;
+BEGIN
+    IF to_regclass(pgtrickle._buffer_part(p_buffer, 'batches')) IS NULL THEN
+        RETURN 0;
+    END IF;
+    EXECUTE format('SELECT coalesce(sum(n_changes), 0) FROM %s', pgtrickle._buffer_part(p_buffer, 'batches')) INTO n;
+    RETURN n;
+END
+$$;
+
+-- (Re)create the view of a source's change buffer from its parts.
+CREATE OR REPLACE FUNCTION pgtrickle._build_buffer_view(p_relid oid)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    src pgtrickle.pgt_change_sources;
+    view_cols text := '';
+    batch_cols text := '';
+    aliases text := '';
+    col record;
+    body text;
+BEGIN
+    SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid;
+    FOR col IN
+        SELECT c->>'buf' AS buf, format_type(a.atttypid, a.atttypmod) AS type
+          FROM jsonb_array_elements(src.columns) WITH ORDINALITY AS j(c, i)
+          LEFT JOIN pg_attribute a
+            ON a.attrelid = (SELECT typrelid FROM pg_type
+                              WHERE oid = to_regtype(pgtrickle._buffer_part(src.buffer_name, 'values')))
+           AND a.attname = c->>'buf' AND NOT a.attisdropped
+         ORDER BY j.i
+    LOOP
+        view_cols := view_cols || format(', %I, %I', 'new_' || col.buf, 'old_' || col.buf);
+        -- The cast keeps the type modifier (numeric(10,2), varchar(n)...) that CASE drops,
+        -- so the view's columns have exactly the rows table's types.
+        batch_cols := batch_cols || format(', (CASE WHEN b.action = ''I'' THEN e.%1$I END)::%2$s,'
+                                           ' (CASE WHEN b.action = ''D'' THEN e.%1$I END)::%2$s',
+                                           'v_' || col.buf, col.type);
+    END LOOP;
+    body := format('SELECT change_id, xid, action, captured_at%s FROM %s', view_cols,
+                   pgtrickle._buffer_part(src.buffer_name, 'rows'));
+    IF src.source_kind = 'TABLE' THEN
+        -- unnest() yields the element type's attributes in their order: alias them all.
+        SELECT string_agg(format('%I', 'v_' || a.attname), ', ' ORDER BY a.attnum) INTO aliases
+          FROM pg_attribute a
+         WHERE a.attrelid = (SELECT typrelid FROM pg_type
+                              WHERE oid = pgtrickle._buffer_part(src.buffer_name, 'values')::regtype)
+           AND a.attnum > 0 AND NOT a.attisdropped;
+        body := body || format(
+            ' UNION ALL SELECT b.change_id + e.__ord - 1, b.xid, b.action, b.captured_at%s'
+            ' FROM %s b CROSS JOIN LATERAL unnest(b.changes) WITH ORDINALITY AS e(%s)',
+            batch_cols, pgtrickle._buffer_part(src.buffer_name, 'batches'),
+            coalesce(aliases || ', ', '') || '__ord');
+    END IF;
+    EXECUTE format('DROP VIEW IF EXISTS pgtrickle_changes.%I', src.buffer_name);
+    EXECUTE format('CREATE VIEW pgtrickle_changes.%I (change_id, xid, action, captured_at%s) AS %s',
+                   src.buffer_name, view_cols, body);
+    EXECUTE format('COMMENT ON VIEW pgtrickle_changes.%I IS %L', src.buffer_name,
+                   'pgtrickle change buffer of ' || coalesce(p_relid::regclass::text, src.source_name));
+END
+$$;
+
 -- (Re)generate the capture trigger function of a tracked table from the
 -- captured columns recorded in pgt_change_sources.
 CREATE OR REPLACE FUNCTION pgtrickle._build_capture(p_relid oid)
@@ -435,10 +520,14 @@ DECLARE
     src pgtrickle.pgt_change_sources;
     fn text;
     buf text;
+    batches text;
+    vtype text;
     new_cols text := '';
     old_cols text := '';
     n_vals text := '';
     o_vals text := '';
+    n_row text := '';
+    o_row text := '';
     key_join text := '';
     key_first text;
     col record;
@@ -448,7 +537,9 @@ DECLARE
 BEGIN
     SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid;
     fn := format('pgtrickle_changes.%I', 'capture_' || p_relid);
-    buf := format('pgtrickle_changes.%I', src.buffer_name);
+    buf := pgtrickle._buffer_part(src.buffer_name, 'rows');
+    batches := pgtrickle._buffer_part(src.buffer_name, 'batches');
+    vtype := pgtrickle._buffer_part(src.buffer_name, 'values');
     tbl := p_relid::regclass::text;
     FOR col IN
         SELECT c->>'name' AS name, c->>'buf' AS buf
@@ -459,22 +550,38 @@ BEGIN
         n_vals := n_vals || format(', n.%I', col.name);
         o_vals := o_vals || format(', o.%I', col.name);
     END LOOP;
+    -- The packed value of a row: the source's columns in the element type's attribute order.
+    SELECT coalesce(string_agg(format('n.%I', c->>'name'), ', ' ORDER BY a.attnum), ''),
+           coalesce(string_agg(format('o.%I', c->>'name'), ', ' ORDER BY a.attnum), '')
+      INTO n_row, o_row
+      FROM pg_attribute a
+      JOIN jsonb_array_elements(src.columns) c ON c->>'buf' = a.attname::text
+     WHERE a.attrelid = (SELECT typrelid FROM pg_type WHERE oid = vtype::regtype)
+       AND a.attnum > 0 AND NOT a.attisdropped;
     FOREACH k IN ARRAY src.key_columns LOOP
         key_join := key_join || CASE WHEN key_join = '' THEN '' ELSE ' AND ' END
                     || format('o.%1$I = n.%1$I', k);
         key_first := coalesce(key_first, k);
     END LOOP;
 
+    -- work_mem: the packing aggregate holds up to ~256 MB of a big statement's rows in
+    -- memory before it spills to disk.
     body := format($b$
 CREATE OR REPLACE FUNCTION %1$s() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $f$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET work_mem = '128MB' AS $f$
 DECLARE
     v_xid xid8 := pg_current_xact_id();
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO %2$s (xid, action%3$s) SELECT v_xid, 'I'%5$s FROM __pgt_new n;
+        INSERT INTO %8$s (xid, action, n_changes, changes)
+        SELECT v_xid, 'I', count(*), array_agg(p.v)
+          FROM (SELECT ROW(%10$s)::%9$s AS v, (row_number() OVER () - 1) / 4096 AS k FROM __pgt_new n) p
+         GROUP BY p.k;
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO %2$s (xid, action%4$s) SELECT v_xid, 'D'%6$s FROM __pgt_old o;
+        INSERT INTO %8$s (xid, action, n_changes, changes)
+        SELECT v_xid, 'D', count(*), array_agg(p.v)
+          FROM (SELECT ROW(%11$s)::%9$s AS v, (row_number() OVER () - 1) / 4096 AS k FROM __pgt_old o) p
+         GROUP BY p.k;
     ELSIF TG_OP = 'UPDATE' THEN
         %7$s
     ELSIF TG_OP = 'TRUNCATE' THEN
@@ -493,7 +600,8 @@ $f$ $b$,
             SELECT v_xid, CASE WHEN o.%6$I IS NULL THEN 'I' WHEN n.%6$I IS NULL THEN 'D' ELSE 'U' END%4$s%5$s
               FROM __pgt_old o FULL JOIN __pgt_new n ON %7$s;$u$,
                    buf, new_cols, old_cols, n_vals, o_vals, key_first, key_join)
-        END);
+        END,
+        batches, vtype, n_row, o_row);
     EXECUTE body;
 
     -- One trigger per event: transition tables need single-event triggers.
@@ -506,6 +614,45 @@ $f$ $b$,
                    'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
     EXECUTE format('CREATE TRIGGER pgt_capture_trunc AFTER TRUNCATE ON %s '
                    'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
+END
+$$;
+
+-- The tables (and, for a table source, the element type) of a new change buffer.
+CREATE OR REPLACE FUNCTION pgtrickle._create_buffer_parts(p_buffer text, p_kind text)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+BEGIN
+    EXECUTE format(
+        'CREATE TABLE %s ('
+        ' change_id bigint GENERATED ALWAYS AS IDENTITY (INCREMENT BY 4096 CACHE 1000),'
+        ' xid xid8 NOT NULL,'
+        ' action "char" NOT NULL,'
+        ' captured_at timestamptz NOT NULL DEFAULT now())', pgtrickle._buffer_part(p_buffer, 'rows'));
+    IF p_kind = 'TABLE' THEN
+        PERFORM pgtrickle._create_buffer_batches(p_buffer);
+    END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle._create_buffer_batches(p_buffer text)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+BEGIN
+    EXECUTE format('CREATE TYPE %s AS ()', pgtrickle._buffer_part(p_buffer, 'values'));
+    EXECUTE format(
+        'CREATE TABLE %s ('
+        ' change_id bigint NOT NULL DEFAULT nextval(%L::regclass),'
+        ' xid xid8 NOT NULL,'
+        ' action "char" NOT NULL,'
+        ' captured_at timestamptz NOT NULL DEFAULT now(),'
+        ' n_changes integer NOT NULL,'
+        ' changes %s[] NOT NULL)',
+        pgtrickle._buffer_part(p_buffer, 'batches'),
+        pg_get_serial_sequence(pgtrickle._buffer_part(p_buffer, 'rows'), 'change_id'),
+        pgtrickle._buffer_part(p_buffer, 'values'));
+    -- Uncompressed: pglz on every batch costs more than the space it saves here.
+    EXECUTE format('ALTER TABLE %s ALTER COLUMN changes SET STORAGE EXTERNAL',
+                   pgtrickle._buffer_part(p_buffer, 'batches'));
 END
 $$;
 
@@ -525,14 +672,7 @@ DECLARE
 BEGIN
     SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid FOR UPDATE;
     IF NOT FOUND THEN
-        EXECUTE format(
-            'CREATE TABLE pgtrickle_changes.%I ('
-            ' change_id bigint GENERATED ALWAYS AS IDENTITY (CACHE 1000),'
-            ' xid xid8 NOT NULL,'
-            ' action "char" NOT NULL,'
-            ' captured_at timestamptz NOT NULL DEFAULT now())', v_buffer);
-        EXECUTE format('COMMENT ON TABLE pgtrickle_changes.%I IS %L', v_buffer,
-                       'pgtrickle change buffer of ' || p_relid::regclass::text);
+        PERFORM pgtrickle._create_buffer_parts(v_buffer, p_kind);
         SELECT coalesce(array_agg(a.attname::text ORDER BY array_position(i.indkey::int2[], a.attnum)), '{}')
           INTO v_keys
           FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
@@ -543,7 +683,7 @@ BEGIN
           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE c.oid = p_relid
         RETURNING * INTO src;
-        changed := p_kind = 'TABLE';
+        changed := true;
     END IF;
     v_want := ARRAY(SELECT DISTINCT unnest(p_columns || src.key_columns));
     v_cols := src.columns;
@@ -554,10 +694,15 @@ BEGIN
            AND NOT v_cols @> jsonb_build_array(jsonb_build_object('attnum', a.attnum))
          ORDER BY a.attnum
     LOOP
-        EXECUTE format('ALTER TABLE pgtrickle_changes.%I ADD COLUMN %I %s, ADD COLUMN %I %s',
-                       src.buffer_name,
+        EXECUTE format('DROP VIEW IF EXISTS pgtrickle_changes.%I', src.buffer_name);
+        EXECUTE format('ALTER TABLE %s ADD COLUMN %I %s, ADD COLUMN %I %s',
+                       pgtrickle._buffer_part(src.buffer_name, 'rows'),
                        'new_' || pgtrickle._buffer_column(col.name, col.attnum), col.type,
                        'old_' || pgtrickle._buffer_column(col.name, col.attnum), col.type);
+        IF src.source_kind = 'TABLE' THEN
+            EXECUTE format('ALTER TYPE %s ADD ATTRIBUTE %I %s', pgtrickle._buffer_part(src.buffer_name, 'values'),
+                           pgtrickle._buffer_column(col.name, col.attnum), col.type);
+        END IF;
         v_cols := v_cols || jsonb_build_array(
             jsonb_build_object('attnum', col.attnum, 'name', col.name, 'type', col.type,
                                'buf', pgtrickle._buffer_column(col.name, col.attnum)));
@@ -565,6 +710,7 @@ BEGIN
     END LOOP;
     IF changed THEN
         UPDATE pgtrickle.pgt_change_sources SET columns = v_cols WHERE source_relid = p_relid;
+        PERFORM pgtrickle._build_buffer_view(p_relid);
         -- Stream tables have no triggers: pgtrickle records their changes when it applies a refresh.
         IF p_kind = 'TABLE' THEN
             PERFORM pgtrickle._build_capture(p_relid);
@@ -591,7 +737,10 @@ BEGIN
         PERFORM pgtrickle._drop_capture_triggers(p_relid);
     END IF;
     EXECUTE format('DROP FUNCTION IF EXISTS pgtrickle_changes.%I()', 'capture_' || p_relid);
-    EXECUTE format('DROP TABLE IF EXISTS pgtrickle_changes.%I', src.buffer_name);
+    EXECUTE format('DROP VIEW IF EXISTS pgtrickle_changes.%I', src.buffer_name);
+    EXECUTE format('DROP TABLE IF EXISTS %s, %s', pgtrickle._buffer_part(src.buffer_name, 'rows'),
+                   pgtrickle._buffer_part(src.buffer_name, 'batches'));
+    EXECUTE format('DROP TYPE IF EXISTS %s', pgtrickle._buffer_part(src.buffer_name, 'values'));
     DELETE FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid;
     PERFORM pgtrickle._drop_wal_infrastructure_if_unused();
 END
@@ -1697,9 +1846,14 @@ BEGIN
               JOIN pg_attribute a ON a.attrelid = src.source_relid AND a.attnum = (c->>'attnum')::int
              WHERE NOT a.attisdropped AND format_type(a.atttypid, a.atttypmod) <> c->>'type'
         LOOP
-            EXECUTE format('ALTER TABLE pgtrickle_changes.%I ALTER COLUMN %I TYPE %s USING NULL, '
-                           'ALTER COLUMN %I TYPE %s USING NULL', src.buffer_name,
+            EXECUTE format('DROP VIEW IF EXISTS pgtrickle_changes.%I', src.buffer_name);
+            EXECUTE format('ALTER TABLE %s ALTER COLUMN %I TYPE %s USING NULL, '
+                           'ALTER COLUMN %I TYPE %s USING NULL', pgtrickle._buffer_part(src.buffer_name, 'rows'),
                            'new_' || col.buf, col.new_type, 'old_' || col.buf, col.new_type);
+            -- A composite attribute in use cannot change type: replace it (packed values become NULL,
+            -- as the rows' values do above).
+            EXECUTE format('ALTER TYPE %1$s DROP ATTRIBUTE %2$I, ADD ATTRIBUTE %2$I %3$s',
+                           pgtrickle._buffer_part(src.buffer_name, 'values'), col.buf, col.new_type);
             UPDATE pgtrickle.pgt_stream_tables s SET needs_reinit = true
               FROM pgtrickle.pgt_dependencies d
              WHERE d.pgt_id = s.pgt_id AND d.source_relid = src.source_relid;
@@ -1711,6 +1865,7 @@ BEGIN
                                            ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
                                         WHERE i.indrelid = src.source_relid AND i.indisprimary), '{}')
          WHERE source_relid = src.source_relid;
+        PERFORM pgtrickle._build_buffer_view(src.source_relid);
         IF src.cdc_mode = 'trigger' THEN
             PERFORM pgtrickle._build_capture(src.source_relid);
         END IF;
@@ -2585,6 +2740,33 @@ COMMENT ON FUNCTION pgtrickle.set_user_triggers(text, text) IS
 
 COMMENT ON FUNCTION pgtrickle.publish_stream_table(text, text) IS
 'Publish a stream table for logical replication: REPLICA IDENTITY FULL, and CREATE PUBLICATION ... FOR TABLE (or ADD TABLE to an existing one).';
+
+-- ------------------------------------------------------- buffer upgrade
+-- Buffers from before migration 11 have only their rows table: give them their
+-- batches table, element type and view, and regenerate their capture triggers.
+DO $$
+DECLARE
+    src pgtrickle.pgt_change_sources;
+    col record;
+BEGIN
+    FOR src IN SELECT * FROM pgtrickle.pgt_change_sources
+                WHERE to_regclass(format('pgtrickle_changes.%I', buffer_name)) IS NULL
+                  AND to_regclass(format('pgtrickle_changes.%I', buffer_name || '_rows')) IS NOT NULL LOOP
+        IF src.source_kind = 'TABLE' THEN
+            PERFORM pgtrickle._create_buffer_batches(src.buffer_name);
+            FOR col IN SELECT c->>'buf' AS buf, c->>'type' AS type FROM jsonb_array_elements(src.columns) c LOOP
+                EXECUTE format('ALTER TYPE %s ADD ATTRIBUTE %I %s',
+                               pgtrickle._buffer_part(src.buffer_name, 'values'), col.buf, col.type);
+            END LOOP;
+        END IF;
+        PERFORM pgtrickle._build_buffer_view(src.source_relid);
+        IF src.source_kind = 'TABLE' AND src.cdc_mode = 'trigger'
+           AND EXISTS (SELECT 1 FROM pg_class WHERE oid = src.source_relid) THEN
+            PERFORM pgtrickle._build_capture(src.source_relid);
+        END IF;
+    END LOOP;
+END
+$$;
 
 -- ------------------------------------------------------------------- grants
 -- (The view is re-created above on every install, so its grant is given here.)
