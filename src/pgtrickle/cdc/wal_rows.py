@@ -295,51 +295,27 @@ def append_row_checked(out: list[bytes], payload: bytes, relid: int, plan: Binar
         if tag == 0x49:  # 'I': relid, 'N', new tuple
             if payload[5] != 0x4E:
                 raise ValueError
-            new, off, odd = _fields(buf, 6)
-            if off != size:
-                raise ValueError
-            if len(new) != plan.ncols:
-                raise _width_error(relid, plan, len(new))
-            if odd:
-                new = _checked(plan.pick(new), relid, None, plan.positions)
-            elif not plan.identity:
-                new = plan.pick(new)  # type: ignore[assignment]
-            out.append(prefix)
-            out += new
-            out.append(plan.nulls)
-            return
-        marker = payload[5]
-        if marker != 0x4F:  # 'O': the whole old row (REPLICA IDENTITY FULL)
-            if marker not in (0x4B, 0x4E) or tag not in (0x55, 0x44):  # 'K' or (Update only) 'N'
-                raise ValueError
-            what = "an UPDATE" if tag == 0x55 else "a DELETE"
-            raise WalCaptureError(f"{what} of relation {relid} arrived without its old row; the source "
-                                  "needs REPLICA IDENTITY FULL")
-        old, off, old_odd = _fields(buf, 6)
-        if len(old) != plan.ncols:
-            raise _width_error(relid, plan, len(old))
-        if tag == 0x55:  # 'U': relid, 'O', old tuple, 'N', new tuple
-            if off >= size or buf[off] != 0x4E:
-                raise ValueError
-            new, off, odd = _fields(buf, off + 1)
-            if off != size:
-                raise ValueError
-            if len(new) != plan.ncols:
-                raise _width_error(relid, plan, len(new))
-            if odd:
-                new = _checked(plan.pick(new), relid, old, plan.positions)
-            elif not plan.identity:
-                new = plan.pick(new)  # type: ignore[assignment]
-        elif tag == 0x44:  # 'D': relid, 'O', old tuple
-            if off != size:
-                raise ValueError
-            new = None  # type: ignore[assignment]
+            new, _, off = _picked(buf, 6, relid, plan, None)
+            old = None
         else:
+            marker = payload[5]
+            if marker != 0x4F:  # 'O': the whole old row (REPLICA IDENTITY FULL)
+                if marker not in (0x4B, 0x4E) or tag not in (0x55, 0x44):  # 'K' or (Update only) 'N'
+                    raise ValueError
+                what = "an UPDATE" if tag == 0x55 else "a DELETE"
+                raise WalCaptureError(f"{what} of relation {relid} arrived without its old row; the "
+                                      "source needs REPLICA IDENTITY FULL")
+            old, old_fields, off = _picked(buf, 6, relid, plan, None)
+            if tag == 0x55:  # 'U': relid, 'O', old tuple, 'N', new tuple
+                if off >= size or buf[off] != 0x4E:
+                    raise ValueError
+                new, _, off = _picked(buf, off + 1, relid, plan, old_fields)
+            elif tag == 0x44:  # 'D': relid, 'O', old tuple
+                new = None
+            else:
+                raise ValueError
+        if off != size:
             raise ValueError
-        if old_odd:
-            old = _checked(plan.pick(old), relid, None, plan.positions)
-        elif not plan.identity:
-            old = plan.pick(old)  # type: ignore[assignment]
     except (IndexError, ValueError, struct.error):
         raise _malformed(payload) from None
     out.append(prefix)
@@ -347,7 +323,24 @@ def append_row_checked(out: list[bytes], payload: bytes, relid: int, plan: Binar
         out.append(plan.nulls)
     else:
         out += new
-    out += old
+    if old is None:
+        out.append(plan.nulls)
+    else:
+        out += old
+
+
+def _picked(buf: bytes, off: int, relid: int, plan: BinaryPlan, old: list | None
+            ) -> tuple[Sequence, list, int]:
+    """The tuple at ``off``: (its fields in the buffer's order, all its fields, the offset after it).
+
+    An unchanged TOASTed value is taken from ``old`` (all fields of the old row).
+    """
+    fields, off, odd = _fields(buf, off)
+    if len(fields) != plan.ncols:
+        raise _width_error(relid, plan, len(fields))
+    if odd:
+        return _checked(plan.pick(fields), relid, old, plan.positions), fields, off
+    return (fields if plan.identity else plan.pick(fields)), fields, off
 
 
 def _width_error(relid: int, plan: BinaryPlan, got: int) -> pgoutput.PgOutputError:
