@@ -5,7 +5,17 @@ psycopg2's replication connection (psycopg 3 cannot stream COPY_BOTH) and
 writes every change into the same buffers the triggers fill — with the
 source transaction's xid (widened to xid8), in commit order, by COPY — in
 chunks while the transaction is being decoded, so memory stays bounded
-whatever the size of a source transaction.
+whatever the size of a source transaction, into a COPY left open until the
+transaction's commit, so the server stores rows while the next are decoded.
+
+Binary mode (the default when possible): pgoutput sends binary values and
+:mod:`pgtrickle.cdc.wal_rows` cuts binary COPY rows straight out of the
+messages. Text mode (decoded by :mod:`pgtrickle.cdc.pgoutput`, text COPY)
+when the server is older than 14, a column type lacks binary send/receive, or
+a buffer column's type is not the one the WAL carries; met mid-stream, the
+current source transaction is rolled back to its savepoint, the batch before
+it committed, and the stream restarted in text mode (see below: a restart is
+always safe).
 
 Exactly once: the decoder keeps one PostgreSQL transaction open per batch of
 source transactions; each source transaction's rows go under a savepoint.
@@ -25,9 +35,11 @@ in that snapshot is in the buffers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import select
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -40,16 +52,25 @@ from psycopg import sql
 from pgtrickle import faults
 from pgtrickle.cdc import pgoutput
 from pgtrickle.cdc.buffers import rows_table
-from pgtrickle.errors import PgTrickleError
+from pgtrickle.cdc.wal_rows import (
+    COPY_HEADER,
+    COPY_TRAILER,
+    NULL_FIELD,
+    BinaryPlan,
+    ColumnTypes,
+    NeedTextMode,
+    Uncommon,
+    WalCaptureError,
+    append_row_checked,
+    binary_problem,
+    relid_of,
+    row_prefix,
+)
 
 log = logging.getLogger(__name__)
 
 PUBLICATION = "pgtrickle_pub"
 SYNC_PREFIX = "pgtrickle.sync"
-
-
-class WalCaptureError(PgTrickleError):
-    """WAL capture cannot proceed (no slot, decoder not running, bad replica identity…)."""
 
 
 def slot_name_for(dbname: str) -> str:
@@ -84,9 +105,10 @@ class TrackedSource:
 class _Txn:
     xid: int
     commit_time: datetime
+    commit_us: int = 0  # the commit time as sent: microseconds since 2000-01-01 UTC
     count: int = 0
     savepoint: bool = False
-    xid8: str = ""
+    xid8: int = 0
     at: str = ""
 
 
@@ -95,24 +117,68 @@ class _Plan:
     """How to turn a relation's tuples into buffer rows (positions by column)."""
 
     positions: list[int | None]
+    binary: BinaryPlan | None = None
+
+
+_BEGIN_TIME = struct.Struct("!q")  # commit time of a Begin message, at byte 9
+
+# For every column of the given relations: its type, and whether that type and every type inside it
+# (domain base, array element, composite attribute, range subtype) has binary send and receive functions.
+_COLUMN_TYPES_SQL = """
+WITH RECURSIVE cols AS (
+    SELECT a.attrelid, a.attname::text AS name, a.atttypid AS root
+      FROM pg_attribute a
+     WHERE a.attrelid = ANY (%s::regclass[]) AND a.attnum > 0 AND NOT a.attisdropped
+), parts(root, part) AS (
+    SELECT DISTINCT root, root FROM cols
+  UNION
+    SELECT p.root, x.sub
+      FROM parts p JOIN pg_type t ON t.oid = p.part
+     CROSS JOIN LATERAL (
+            SELECT t.typbasetype WHERE t.typtype = 'd'
+        UNION ALL SELECT t.typelem WHERE t.typelem <> 0 AND t.typsubscript = 'array_subscript_handler'::regproc
+        UNION ALL SELECT a.atttypid FROM pg_attribute a
+                   WHERE t.typtype = 'c' AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped
+        UNION ALL SELECT r.rngsubtype FROM pg_range r WHERE r.rngtypid = t.oid
+        UNION ALL SELECT r.rngtypid FROM pg_range r WHERE r.rngmultitypid = t.oid) x(sub)
+)
+SELECT c.attrelid::bigint, c.name, c.root::bigint,
+       (SELECT bool_and(t.typsend::oid <> 0 AND t.typreceive::oid <> 0)
+          FROM parts p JOIN pg_type t ON t.oid = p.part WHERE p.root = c.root)
+  FROM cols c
+"""
 
 
 class WalDecoder:
-    """Streams the slot into the change buffers until stopped."""
+    """Streams the slot into the change buffers until stopped.
+
+    ``binary``: ``None`` (default) decodes in binary mode when the server and
+    the captured columns allow it (see :mod:`pgtrickle.cdc.wal_rows`), else in
+    text mode; ``False`` forces text mode.
+    """
 
     def __init__(self, dsn: str, slot: str, publication: str = PUBLICATION, *,
-                 max_batch_changes: int = 50_000, flush_interval: float = 0.1) -> None:
+                 max_batch_changes: int = 50_000, flush_interval: float = 0.1,
+                 binary: bool | None = None) -> None:
         self.dsn = dsn
         self.slot = slot
         self.publication = publication
         self.max_batch_changes = max_batch_changes
         self.flush_interval = flush_interval
+        self.binary_allowed = binary is not False
+        self.binary = False  # the mode of the current stream
+        self.text_reason: str | None = None  # why the last run decodes in text mode
         self.relations = pgoutput.RelationCache()
         self._plans: dict[int, _Plan] = {}
         self._tracked: dict[int, TrackedSource] = {}
         self._txn: _Txn | None = None
-        self._pending: dict[int, list[tuple]] = {}
+        self._pending: dict[int, list] = {}  # rows (text) or row pieces (binary) not yet sent, by relation
         self._pending_count = 0
+        self._fast: dict[int, tuple[BinaryPlan, dict[int, bytes], list[bytes]]] = {}  # this transaction's
+        self._checked: set[int] = set()  # relations whose buffer types were checked (and locked) in the batch
+        self._copy: psycopg.Copy | None = None
+        self._copy_relid: int | None = None
+        self._copy_stack: contextlib.ExitStack | None = None
         self._reference_xid8 = 0
         self._batch_changes = 0
         self._progress = 0  # LSN the next flush records
@@ -126,6 +192,7 @@ class WalDecoder:
     # ---------------------------------------------------------------- setup
     def _load_tracked(self) -> None:
         assert self._conn is not None
+        self._end_copy()
         rows = self._conn.execute(
             "SELECT source_relid::bigint, buffer_name, columns FROM pgtrickle.pgt_change_sources"
             " WHERE source_kind = 'TABLE'"
@@ -136,6 +203,42 @@ class WalDecoder:
             for relid, buffer, cols in rows
         }
         self._plans.clear()
+        self._fast.clear()
+        self._checked.clear()
+        if self.binary:
+            problem = self._source_problem()
+            if problem:
+                raise NeedTextMode(problem)
+
+    def _source_problem(self) -> str | None:
+        """Why the walsender could not send every column of the tracked sources in binary, if so."""
+        assert self._conn is not None
+        if not self._tracked:
+            return None
+        rows = self._conn.execute(_COLUMN_TYPES_SQL, ([str(r) for r in self._tracked],)).fetchall()
+        for relid, name, _, binary_io in rows:
+            if not binary_io:
+                return f"column {name!r} of relation {relid} has a type without binary send/receive functions"
+        return None
+
+    def buffer_table(self, source: TrackedSource) -> sql.Identifier:
+        """The table the decoder writes a source's changes to (the one place that names it)."""
+        return rows_table(source.buffer_name)
+
+    def _choose_mode(self) -> None:
+        """Binary or text for this run; the reason for text is logged once."""
+        assert self._conn is not None
+        reason = None
+        if not self.binary_allowed:
+            reason = "text mode was asked for"
+        elif self._conn.info.server_version < 140000:
+            reason = "the server is older than PostgreSQL 14 (no binary pgoutput)"
+        else:
+            reason = self._source_problem()
+        self.binary = reason is None
+        if reason is not None and reason != self.text_reason:
+            log.info("WAL decoder: text mode: %s", reason)
+        self.text_reason = reason
 
     def _plan(self, relid: int) -> _Plan:
         plan = self._plans.get(relid)
@@ -148,9 +251,38 @@ class WalDecoder:
                 # A change decoded after a rename carries the name of its time.
                 candidates = [name, *reversed(former)]
                 positions.append(next((index[n] for n in candidates if n in index), None))
-            plan = _Plan(positions)
+            plan = _Plan(positions, BinaryPlan(positions, len(relation.columns)) if self.binary else None)
             self._plans[relid] = plan
         return plan
+
+    def _check_buffer(self, relid: int) -> None:
+        """Binary mode, first rows of a relation in this batch: lock its buffer, check its column types.
+
+        The lock keeps the types until the batch commits; the buffer columns must
+        have the types the WAL carries (an ALTER COLUMN ... TYPE may have changed
+        them since these changes were written), with binary send/receive.
+        """
+        conn = self._conn
+        assert conn is not None
+        self._end_copy()
+        source = self._tracked[relid]
+        plan = self._plan(relid)
+        table = self.buffer_table(source)
+        conn.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(table))
+        types = {name: (typ, ok) for _, name, typ, ok in
+                 conn.execute(_COLUMN_TYPES_SQL, ([table.as_string(conn)],)).fetchall()}
+        relation = self.relations.get(relid)
+        columns = []
+        for (name, buf), pos in zip(source.columns, plan.positions, strict=True):
+            new, old = types.get(f"new_{buf}"), types.get(f"old_{buf}")
+            same = new is not None and old is not None and new[0] == old[0]
+            columns.append(ColumnTypes(
+                name, relation.columns[pos].type_oid if pos is not None else None,
+                new[0] if same else None, bool(same and new[1] and old[1])))  # type: ignore[index]
+        problem = binary_problem(columns)
+        if problem:
+            raise NeedTextMode(f"relation {relid}: {problem}")
+        self._checked.add(relid)
 
     def _is_tracked(self, relid: int) -> bool:
         if relid not in self._tracked:
@@ -184,51 +316,143 @@ class WalDecoder:
         return out
 
     CHUNK_ROWS = 10_000
-    """Rows held in memory before they are COPYed into the (still open) batch."""
+    """Rows (text mode) held in memory before they are sent to the buffer's COPY."""
+    BINARY_CHUNK_ROWS = 2_000
+    """Rows (binary mode) held before they are sent: small enough that the server's COPY
+    works while the next rows are decoded."""
 
     def _start_rows(self, txn: _Txn) -> None:
         """First tracked change of a source transaction: savepoint, xid8, commit time."""
         assert self._conn is not None
         if not txn.savepoint:
+            self._end_copy()
             low = self._reference_xid8 & 0xFFFFFFFF
             if self._reference_xid8 == 0 or txn.xid > low or low - txn.xid >= 1 << 31:
                 self._reference_xid8 = int(self._conn.execute(
                     "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0])  # type: ignore[index]
-            txn.xid8 = str(widen_xid(txn.xid, self._reference_xid8))
+            txn.xid8 = widen_xid(txn.xid, self._reference_xid8)
             txn.at = txn.commit_time.isoformat()
             self._conn.execute("SAVEPOINT pgt_txn")
             txn.savepoint = True
 
     def _add(self, relid: int, action: str, new: list[str | None] | None, old: list[str | None] | None) -> None:
+        """A text-mode row (or, in binary mode, a TRUNCATE)."""
         txn = self._txn
         assert txn is not None
         self._start_rows(txn)
         width = len(self._tracked[relid].columns)
-        self._pending.setdefault(relid, []).append(
-            (txn.xid8, action, txn.at, *(new or [None] * width), *(old or [None] * width)))
+        if self.binary:
+            self._pending.setdefault(relid, []).append(
+                row_prefix(width, txn.xid8, action, txn.commit_us) + NULL_FIELD * (2 * width))
+        else:
+            self._pending.setdefault(relid, []).append(
+                (txn.xid8, action, txn.at, *(new or [None] * width), *(old or [None] * width)))
         txn.count += 1
         self._pending_count += 1
         if self._pending_count >= self.CHUNK_ROWS:
             self._write_pending()
 
+    def _fast_target(self, relid: int) -> tuple[BinaryPlan, dict[int, bytes], list[bytes]] | None:
+        """Binary mode: plan, row prefix by message type and pending pieces of a relation, this transaction."""
+        txn = self._txn
+        assert txn is not None
+        if not self._is_tracked(relid):
+            return None
+        self._start_rows(txn)
+        plan = self._plan(relid).binary
+        assert plan is not None
+        if relid not in self._checked:
+            self._check_buffer(relid)
+        prefixes = {ord(a): row_prefix(plan.width, txn.xid8, a, txn.commit_us) for a in "IUD"}
+        target = (plan, prefixes, self._pending.setdefault(relid, []))
+        self._fast[relid] = target
+        return target
+
     def _write_pending(self) -> None:
-        conn = self._conn
-        assert conn is not None
+        """Send the pending rows to their buffers' COPY (opened as needed, left open)."""
         for relid, rows in self._pending.items():
-            source = self._tracked[relid]
-            cols = ["xid", "action", "captured_at"]
-            cols += [f"new_{buf}" for _, buf in source.columns]
-            cols += [f"old_{buf}" for _, buf in source.columns]
-            stmt = sql.SQL("COPY {} ({}) FROM STDIN").format(
-                rows_table(source.buffer_name), sql.SQL(", ").join(map(sql.Identifier, cols)))
-            with conn.cursor().copy(stmt) as copy:
+            if not rows:
+                continue
+            copy = self._open_copy(relid)
+            if self.binary:
+                copy.write(b"".join(rows))
+            else:
                 for row in rows:
                     copy.write_row(row)
+            rows.clear()  # in place: _fast holds the list
+        self._pending_count = 0
+
+    def _open_copy(self, relid: int) -> psycopg.Copy:
+        if self._copy_relid == relid:
+            assert self._copy is not None
+            return self._copy
+        self._end_copy()
+        conn = self._conn
+        assert conn is not None
+        source = self._tracked[relid]
+        cols = ["xid", "action", "captured_at"]
+        cols += [f"new_{buf}" for _, buf in source.columns]
+        cols += [f"old_{buf}" for _, buf in source.columns]
+        stmt = sql.SQL("COPY {} ({}) FROM STDIN{}").format(
+            self.buffer_table(source), sql.SQL(", ").join(map(sql.Identifier, cols)),
+            sql.SQL(" (FORMAT binary)" if self.binary else ""))
+        stack = contextlib.ExitStack()
+        copy = stack.enter_context(conn.cursor().copy(stmt))
+        if self.binary:
+            copy.write(COPY_HEADER)
+        self._copy, self._copy_relid, self._copy_stack = copy, relid, stack
+        return copy
+
+    def _end_copy(self, error: BaseException | None = None) -> None:
+        """Finish the open COPY (the server has then stored every row), or abort it with ``error``."""
+        stack = self._copy_stack
+        if stack is None:
+            return
+        copy = self._copy
+        self._copy = self._copy_relid = self._copy_stack = None
+        if error is None:
+            if self.binary:
+                copy.write(COPY_TRAILER)  # type: ignore[union-attr]
+            stack.close()
+        else:
+            stack.__exit__(type(error), error, error.__traceback__)
+
+    def _drop_txn(self) -> None:
+        """Forget the current source transaction's rows: abort the COPY, roll back to its savepoint."""
+        txn, self._txn = self._txn, None
         self._pending.clear()
         self._pending_count = 0
+        self._fast.clear()
+        self._end_copy(NeedTextMode("the transaction's rows are discarded"))
+        if txn is not None and txn.savepoint:
+            assert self._conn is not None
+            self._conn.execute("ROLLBACK TO SAVEPOINT pgt_txn")
+            self._checked.clear()  # the rollback released the locks taken since the savepoint
 
     def handle(self, payload: bytes) -> None:
         """Process one pgoutput message."""
+        tag = payload[0]
+        if self.binary and (tag == 0x49 or tag == 0x55 or tag == 0x44):  # Insert, Update, Delete
+            # Binary mode: the buffer row straight from the message bytes.
+            txn = self._txn
+            if txn is None:
+                return
+            (relid,) = relid_of(payload, 1)
+            target = self._fast.get(relid)
+            if target is None:
+                target = self._fast_target(relid)
+                if target is None:
+                    return
+            plan, prefixes, out = target
+            try:
+                plan.cut[tag](payload, out, prefixes[tag])
+            except Uncommon:
+                append_row_checked(out, payload, relid, plan, prefixes[tag])
+            txn.count += 1
+            self._pending_count += 1
+            if self._pending_count >= self.BINARY_CHUNK_ROWS:
+                self._write_pending()
+            return
         message = pgoutput.decode_message(payload)
         kind = type(message)
         if kind is pgoutput.Insert or kind is pgoutput.Update or kind is pgoutput.Delete:
@@ -253,20 +477,21 @@ class WalDecoder:
                         "REPLICA IDENTITY FULL")
                 self._add(relid, "D", None, self._values(relid, old, None))
         elif kind is pgoutput.Begin:
-            self._txn = _Txn(message.xid, message.commit_time)  # type: ignore[union-attr]
+            self._txn = _Txn(message.xid, message.commit_time,  # type: ignore[union-attr]
+                             _BEGIN_TIME.unpack_from(payload, 9)[0])
+            self._fast.clear()
         elif kind is pgoutput.Commit:
-            txn, self._txn = self._txn, None
             end = message.end_lsn  # type: ignore[union-attr]
             assert self._conn is not None
             if end <= self.flushed_lsn:
                 # Resent after a restart: already in the buffers.
-                self._pending.clear()
-                self._pending_count = 0
-                if txn is not None and txn.savepoint:
-                    self._conn.execute("ROLLBACK TO SAVEPOINT pgt_txn")
+                self._drop_txn()
                 return
+            txn, self._txn = self._txn, None
+            self._fast.clear()
             if txn is not None and txn.savepoint:
                 self._write_pending()
+                self._end_copy()
                 self._conn.execute("RELEASE SAVEPOINT pgt_txn")
                 self._batch_changes += txn.count
             self._progress = max(self._progress, end)
@@ -277,7 +502,10 @@ class WalDecoder:
             if self._txn is None or not self._txn.count:
                 self._load_tracked()
             else:
-                self._plans.pop(message.relid, None)  # type: ignore[union-attr]
+                relid = message.relid  # type: ignore[union-attr]
+                self._plans.pop(relid, None)
+                self._fast.pop(relid, None)
+                self._checked.discard(relid)
         elif kind is pgoutput.Truncate:
             if self._txn is None:
                 return
@@ -307,6 +535,7 @@ class WalDecoder:
         faults.point("wal.before_flush")
         conn.commit()
         faults.point("wal.after_flush")
+        self._checked.clear()  # the commit released the buffer locks
         self.flushed_lsn = self._progress
         self.changes_written += self._batch_changes
         self._batch_changes = 0
@@ -316,14 +545,16 @@ class WalDecoder:
     # ------------------------------------------------------------------ loop
     def run(self, stop: threading.Event | None = None, until_lsn: int | None = None,
             timeout: float | None = None) -> None:
-        """Stream until ``stop`` is set, or until progress reaches ``until_lsn``."""
-        import psycopg2
-        import psycopg2.extras
+        """Stream until ``stop`` is set, or until progress reaches ``until_lsn``.
 
+        A binary stream that meets something binary rows cannot carry is
+        abandoned at the current source transaction (rolled back to its
+        savepoint), the batch before it committed, and streaming restarts in
+        text mode from the flushed position.
+        """
         stop = stop or threading.Event()
         deadline = time.monotonic() + timeout if timeout is not None else None
         self._conn = psycopg.connect(self.dsn, application_name="pgtrickle-wal-decoder")
-        repl = None
         try:
             row = self._conn.execute(
                 "SELECT flushed_lsn::text FROM pgtrickle.pgt_decoder_state WHERE slot_name = %s",
@@ -331,28 +562,66 @@ class WalDecoder:
             if row is None:
                 raise WalCaptureError(f"no decoder state for slot {self.slot}; is WAL capture set up?")
             self.flushed_lsn = self._progress = pgoutput.str_to_lsn(row[0])
+            self.binary = False
             self._load_tracked()
+            self._choose_mode()
             self._conn.commit()
-            repl = psycopg2.connect(self.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                    application_name="pgtrickle-wal-decoder")
+            while True:
+                try:
+                    self._stream(stop, until_lsn, deadline, timeout)
+                    return
+                except NeedTextMode as exc:
+                    if not self.binary:
+                        raise
+                    log.warning("WAL decoder: %s; restarting in text mode", exc.reason)
+                    self.text_reason = exc.reason
+                    self._drop_txn()
+                    self.flush()
+                    self.binary = False
+        except BaseException as exc:
+            self.error = exc
+            raise
+        finally:
+            self._copy = self._copy_relid = self._copy_stack = None
+            self._conn.close()
+
+    def _stream(self, stop: threading.Event, until_lsn: int | None, deadline: float | None,
+                timeout: float | None) -> None:
+        import psycopg2
+        import psycopg2.extras
+
+        self.relations.clear()
+        self._plans.clear()
+        self._fast.clear()
+        repl = psycopg2.connect(self.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                                application_name="pgtrickle-wal-decoder")
+        try:
             cur = repl.cursor()
-            cur.start_replication(
-                slot_name=self.slot, decode=False,
-                options={"proto_version": "2", "publication_names": self.publication, "messages": "true"},
-            )
+            options = {"proto_version": "2", "publication_names": self.publication, "messages": "true"}
+            if self.binary:
+                options["binary"] = "true"
+            cur.start_replication(slot_name=self.slot, decode=False, options=options)
             self._cursor = cur
             last_flush = time.monotonic()
             self._sync_requested = False
+            read, handle = cur.read_message, self.handle
+            count = 0
             while not stop.is_set():
-                msg = cur.read_message()
-                if msg is not None:
-                    self.handle(msg.payload)
-                    if (self._batch_changes >= self.max_batch_changes or self._sync_requested
-                            or time.monotonic() - last_flush >= self.flush_interval):
-                        if self._txn is None:
+                msg = read()
+                while msg is not None:
+                    handle(msg.payload)
+                    if self._txn is None:  # between source transactions: flush when due
+                        if (self._batch_changes >= self.max_batch_changes or self._sync_requested
+                                or time.monotonic() - last_flush >= self.flush_interval):
                             self.flush()
                             self._sync_requested = False
                             last_flush = time.monotonic()
+                        break
+                    count += 1
+                    if not count & 0x3FF and stop.is_set():
+                        break
+                    msg = read()
+                if msg is not None:
                     continue
                 if self._txn is None and self._progress > self.flushed_lsn:
                     self.flush()
@@ -363,14 +632,9 @@ class WalDecoder:
                     raise WalCaptureError(
                         f"the WAL decoder did not reach {pgoutput.lsn_to_str(until_lsn or 0)} in {timeout}s")
                 select.select([cur], [], [], 0.05)
-        except BaseException as exc:
-            self.error = exc
-            raise
         finally:
             self._cursor = None
-            if repl is not None:
-                repl.close()
-            self._conn.close()
+            repl.close()
 
 
 class DecoderThread:
