@@ -679,27 +679,21 @@ MY_TABLE_ROWS = [(1, "x"), (2, None), (2, "y")]
 def spark() -> Iterator[Any]:
     """A local SparkSession for the module, with the test tables as temporary views.
 
-    A session that is already active (started by another test module) is
-    reused and left running; only a session started here is stopped.
+    pgtrickle's own session is used (started here if no test started it yet) and
+    left running: a session stopped here would leave the JVM without the JDBC
+    driver on its class path for the integration tests that run after it.
     """
     pytest.importorskip("pyspark")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs Java, which is not installed")
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
+
+    from pgtrickle.config import Settings
+    from pgtrickle.spark.session import get_spark
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
-        existing = SparkSession.getActiveSession()
-        session = existing or (
-            SparkSession.builder.master("local[1]")
-            .appName("pgtrickle-translate-tests")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "1")
-            .getOrCreate()
-        )
-        if existing is None:
-            session.sparkContext.setLogLevel("ERROR")
+        session = get_spark(Settings())
         previous_time_zone = session.conf.get("spark.sql.session.timeZone")
         session.conf.set("spark.sql.session.timeZone", "UTC")
         orders = session.createDataFrame(ORDERS_ROWS, ORDERS_SCHEMA).withColumn("ts", F.col("ts").cast("timestamp"))
@@ -715,10 +709,7 @@ def spark() -> Iterator[Any]:
         finally:
             for view in views:
                 session.catalog.dropTempView(view)
-            if existing is None:
-                session.stop()
-            else:
-                session.conf.set("spark.sql.session.timeZone", previous_time_zone)
+            session.conf.set("spark.sql.session.timeZone", previous_time_zone)
 
 
 def run_on_spark(session: Any, pg_sql: str, column_types: Any = None) -> list[tuple[Any, ...]]:
