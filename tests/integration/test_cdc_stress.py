@@ -129,7 +129,7 @@ def install_audit(db: Database, *sources: str) -> None:
             INSERT INTO public.cdc_audit (source, xid, action, new_id, old_id)
             SELECT TG_ARGV[0], b.xid, b.action, CASE WHEN b.action = 'I' THEN e.id END,
                    CASE WHEN b.action = 'D' THEN e.id END
-              FROM __audit_new b CROSS JOIN LATERAL unnest(b.changes) e;
+              FROM __audit_new b CROSS JOIN LATERAL unnest(b.v_id) AS e (id);
             RETURN NULL;
         END $$""")
     for source in sources:

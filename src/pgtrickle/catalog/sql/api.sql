@@ -431,11 +431,12 @@ $$;
 --   changes_<relid>_rows     one row per change: WAL capture, trigger-captured
 --                            UPDATEs and TRUNCATEs, stream tables' changes;
 --   changes_<relid>_batches  (tables only) the INSERTed and DELETEd rows of a
---                            statement, packed up to 4096 to a row as an array of
---                            changes_<relid>_values (the captured columns) stored
---                            uncompressed out of line: a bulk statement writes one
---                            heap tuple and a few TOAST chunks per 4096 changes
---                            instead of 4096 heap tuples.
+--                            statement, packed up to 4096 to a row, column by
+--                            column: v_<col> is an array of that column's values
+--                            (its type without modifier; text for array and composite types),
+--                            stored uncompressed out of line. A bulk statement
+--                            writes one heap tuple and a few TOAST chunks per 4096
+--                            changes instead of 4096 heap tuples.
 -- change_id comes from one sequence that steps by 4096: a batch takes one value v
 -- and its changes are v .. v+4095, so ids stay unique and in statement order.
 CREATE OR REPLACE FUNCTION pgtrickle._buffer_part(p_buffer text, p_part text)
@@ -467,6 +468,7 @@ DECLARE
     src pgtrickle.pgt_change_sources;
     view_cols text := '';
     batch_cols text := '';
+    funcs text := '';
     aliases text := '';
     col record;
     body text;
@@ -476,38 +478,60 @@ BEGIN
         SELECT c->>'buf' AS buf, format_type(a.atttypid, a.atttypmod) AS type
           FROM jsonb_array_elements(src.columns) WITH ORDINALITY AS j(c, i)
           LEFT JOIN pg_attribute a
-            ON a.attrelid = (SELECT typrelid FROM pg_type
-                              WHERE oid = to_regtype(pgtrickle._buffer_part(src.buffer_name, 'values')))
-           AND a.attname = c->>'buf' AND NOT a.attisdropped
+            ON a.attrelid = to_regclass(pgtrickle._buffer_part(src.buffer_name, 'rows'))
+           AND a.attname = 'new_' || (c->>'buf') AND NOT a.attisdropped
          ORDER BY j.i
     LOOP
         view_cols := view_cols || format(', %I, %I', 'new_' || col.buf, 'old_' || col.buf);
-        -- The cast keeps the type modifier (numeric(10,2), varchar(n)...) that CASE drops,
-        -- so the view's columns have exactly the rows table's types.
+        -- The cast gives back the exact type (numeric(10,2), varchar(n), an array type
+        -- packed as text...), so the view's columns have the rows table's types.
         batch_cols := batch_cols || format(', (CASE WHEN b.action = ''I'' THEN e.%1$I END)::%2$s,'
                                            ' (CASE WHEN b.action = ''D'' THEN e.%1$I END)::%2$s',
                                            'v_' || col.buf, col.type);
+        funcs := funcs || format(', unnest(b.%I)', 'v_' || col.buf);
+        aliases := aliases || format(', %I', 'v_' || col.buf);
     END LOOP;
     body := format('SELECT change_id, xid, action, captured_at%s FROM %s', view_cols,
                    pgtrickle._buffer_part(src.buffer_name, 'rows'));
     IF src.source_kind = 'TABLE' THEN
-        -- unnest() yields the element type's attributes in their order: alias them all.
-        SELECT string_agg(format('%I', 'v_' || a.attname), ', ' ORDER BY a.attnum) INTO aliases
-          FROM pg_attribute a
-         WHERE a.attrelid = (SELECT typrelid FROM pg_type
-                              WHERE oid = pgtrickle._buffer_part(src.buffer_name, 'values')::regtype)
-           AND a.attnum > 0 AND NOT a.attisdropped;
+        -- generate_series gives every change a row even where a column's array is NULL
+        -- (a batch written before that column was captured): ROWS FROM pads with NULLs.
         body := body || format(
             ' UNION ALL SELECT b.change_id + e.__ord - 1, b.xid, b.action, b.captured_at%s'
-            ' FROM %s b CROSS JOIN LATERAL unnest(b.changes) WITH ORDINALITY AS e(%s)',
-            batch_cols, pgtrickle._buffer_part(src.buffer_name, 'batches'),
-            coalesce(aliases || ', ', '') || '__ord');
+            ' FROM %s b CROSS JOIN LATERAL ROWS FROM (generate_series(1, b.n_changes)%s) AS e(__ord%s)',
+            batch_cols, pgtrickle._buffer_part(src.buffer_name, 'batches'), funcs, aliases);
     END IF;
     EXECUTE format('DROP VIEW IF EXISTS pgtrickle_changes.%I', src.buffer_name);
     EXECUTE format('CREATE VIEW pgtrickle_changes.%I (change_id, xid, action, captured_at%s) AS %s',
                    src.buffer_name, view_cols, body);
     EXECUTE format('COMMENT ON VIEW pgtrickle_changes.%I IS %L', src.buffer_name,
                    'pgtrickle change buffer of ' || coalesce(p_relid::regclass::text, src.source_name));
+END
+$$;
+
+-- A type by its schema-qualified name, without modifier: format_type() would say
+-- "character" for bpchar, which means char(1).
+CREATE OR REPLACE FUNCTION pgtrickle._type_name(p_type oid)
+RETURNS text LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT format('%I.%I', n.nspname, t.typname) FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+     WHERE t.oid = p_type
+$$;
+
+-- The packed column of a source column in a buffer's batches table: an array of its type
+-- without modifier; text for an array type (arrays of arrays must have equal dimensions)
+-- and for a composite type (unnest() in ROWS FROM would spread its fields over columns).
+CREATE OR REPLACE FUNCTION pgtrickle._add_batch_column(p_buffer text, p_buf text, p_type oid)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    v_elem text := pgtrickle._type_name(
+        CASE WHEN (SELECT typcategory = 'A' OR typtype = 'c' FROM pg_type
+                    WHERE oid = coalesce(nullif((SELECT typbasetype FROM pg_type WHERE oid = p_type), 0), p_type))
+             THEN 'pg_catalog.text'::regtype ELSE p_type END);
+BEGIN
+    EXECUTE format('ALTER TABLE %1$s ADD COLUMN %2$I %3$s[], ALTER COLUMN %2$I SET STORAGE EXTERNAL',
+                   pgtrickle._buffer_part(p_buffer, 'batches'), 'v_' || p_buf, v_elem);
 END
 $$;
 
@@ -521,7 +545,8 @@ DECLARE
     fn text;
     buf text;
     batches text;
-    vtype text;
+    b_cols text;
+    b_aggs text;
     new_cols text := '';
     old_cols text := '';
     n_vals text := '';
@@ -539,7 +564,6 @@ BEGIN
     fn := format('pgtrickle_changes.%I', 'capture_' || p_relid);
     buf := pgtrickle._buffer_part(src.buffer_name, 'rows');
     batches := pgtrickle._buffer_part(src.buffer_name, 'batches');
-    vtype := pgtrickle._buffer_part(src.buffer_name, 'values');
     tbl := p_relid::regclass::text;
     FOR col IN
         SELECT c->>'name' AS name, c->>'buf' AS buf
@@ -550,14 +574,18 @@ BEGIN
         n_vals := n_vals || format(', n.%I', col.name);
         o_vals := o_vals || format(', o.%I', col.name);
     END LOOP;
-    -- The packed value of a row: the source's columns in the element type's attribute order.
-    SELECT coalesce(string_agg(format('n.%I', c->>'name'), ', ' ORDER BY a.attnum), ''),
-           coalesce(string_agg(format('o.%I', c->>'name'), ', ' ORDER BY a.attnum), '')
-      INTO n_row, o_row
-      FROM pg_attribute a
-      JOIN jsonb_array_elements(src.columns) c ON c->>'buf' = a.attname::text
-     WHERE a.attrelid = (SELECT typrelid FROM pg_type WHERE oid = vtype::regtype)
-       AND a.attnum > 0 AND NOT a.attisdropped;
+    -- Packing: each captured column, cast to its batch array's element type (a no-op
+    -- but for array types, packed as text), aggregated into that array.
+    SELECT coalesce(string_agg(format(', %I', a.attname), '' ORDER BY j.i), ''),
+           coalesce(string_agg(format(', array_agg(p.c%s)', j.i), '' ORDER BY j.i), ''),
+           coalesce(string_agg(format('n.%I::%s AS c%s, ', c->>'name', pgtrickle._type_name(t.typelem), j.i), ''
+                               ORDER BY j.i), ''),
+           coalesce(string_agg(format('o.%I::%s AS c%s, ', c->>'name', pgtrickle._type_name(t.typelem), j.i), ''
+                               ORDER BY j.i), '')
+      INTO b_cols, b_aggs, n_row, o_row
+      FROM jsonb_array_elements(src.columns) WITH ORDINALITY AS j(c, i)
+      JOIN pg_attribute a ON a.attrelid = batches::regclass AND a.attname = 'v_' || (c->>'buf')
+      JOIN pg_type t ON t.oid = a.atttypid;
     FOREACH k IN ARRAY src.key_columns LOOP
         key_join := key_join || CASE WHEN key_join = '' THEN '' ELSE ' AND ' END
                     || format('o.%1$I = n.%1$I', k);
@@ -573,14 +601,14 @@ DECLARE
     v_xid xid8 := pg_current_xact_id();
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO %8$s (xid, action, n_changes, changes)
-        SELECT v_xid, 'I', count(*), array_agg(p.v)
-          FROM (SELECT ROW(%10$s)::%9$s AS v, (row_number() OVER () - 1) / 4096 AS k FROM __pgt_new n) p
+        INSERT INTO %8$s (xid, action, n_changes%9$s)
+        SELECT v_xid, 'I', count(*)%12$s
+          FROM (SELECT %10$s(row_number() OVER () - 1) / 4096 AS k FROM __pgt_new n) p
          GROUP BY p.k;
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO %8$s (xid, action, n_changes, changes)
-        SELECT v_xid, 'D', count(*), array_agg(p.v)
-          FROM (SELECT ROW(%11$s)::%9$s AS v, (row_number() OVER () - 1) / 4096 AS k FROM __pgt_old o) p
+        INSERT INTO %8$s (xid, action, n_changes%9$s)
+        SELECT v_xid, 'D', count(*)%12$s
+          FROM (SELECT %11$s(row_number() OVER () - 1) / 4096 AS k FROM __pgt_old o) p
          GROUP BY p.k;
     ELSIF TG_OP = 'UPDATE' THEN
         %7$s
@@ -601,7 +629,7 @@ $f$ $b$,
               FROM __pgt_old o FULL JOIN __pgt_new n ON %7$s;$u$,
                    buf, new_cols, old_cols, n_vals, o_vals, key_first, key_join)
         END,
-        batches, vtype, n_row, o_row);
+        batches, b_cols, n_row, o_row, b_aggs);
     EXECUTE body;
 
     -- One trigger per event: transition tables need single-event triggers.
@@ -638,21 +666,15 @@ CREATE OR REPLACE FUNCTION pgtrickle._create_buffer_batches(p_buffer text)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 BEGIN
-    EXECUTE format('CREATE TYPE %s AS ()', pgtrickle._buffer_part(p_buffer, 'values'));
     EXECUTE format(
         'CREATE TABLE %s ('
         ' change_id bigint NOT NULL DEFAULT nextval(%L::regclass),'
         ' xid xid8 NOT NULL,'
         ' action "char" NOT NULL,'
         ' captured_at timestamptz NOT NULL DEFAULT now(),'
-        ' n_changes integer NOT NULL,'
-        ' changes %s[] NOT NULL)',
+        ' n_changes integer NOT NULL)',
         pgtrickle._buffer_part(p_buffer, 'batches'),
-        pg_get_serial_sequence(pgtrickle._buffer_part(p_buffer, 'rows'), 'change_id'),
-        pgtrickle._buffer_part(p_buffer, 'values'));
-    -- Uncompressed: pglz on every batch costs more than the space it saves here.
-    EXECUTE format('ALTER TABLE %s ALTER COLUMN changes SET STORAGE EXTERNAL',
-                   pgtrickle._buffer_part(p_buffer, 'batches'));
+        pg_get_serial_sequence(pgtrickle._buffer_part(p_buffer, 'rows'), 'change_id'));
 END
 $$;
 
@@ -688,7 +710,7 @@ BEGIN
     v_want := ARRAY(SELECT DISTINCT unnest(p_columns || src.key_columns));
     v_cols := src.columns;
     FOR col IN
-        SELECT a.attname::text AS name, a.attnum, format_type(a.atttypid, a.atttypmod) AS type
+        SELECT a.attname::text AS name, a.attnum, format_type(a.atttypid, a.atttypmod) AS type, a.atttypid AS typid
           FROM pg_attribute a
          WHERE a.attrelid = p_relid AND a.attname = ANY (v_want) AND a.attnum > 0 AND NOT a.attisdropped
            AND NOT v_cols @> jsonb_build_array(jsonb_build_object('attnum', a.attnum))
@@ -700,8 +722,8 @@ BEGIN
                        'new_' || pgtrickle._buffer_column(col.name, col.attnum), col.type,
                        'old_' || pgtrickle._buffer_column(col.name, col.attnum), col.type);
         IF src.source_kind = 'TABLE' THEN
-            EXECUTE format('ALTER TYPE %s ADD ATTRIBUTE %I %s', pgtrickle._buffer_part(src.buffer_name, 'values'),
-                           pgtrickle._buffer_column(col.name, col.attnum), col.type);
+            PERFORM pgtrickle._add_batch_column(src.buffer_name, pgtrickle._buffer_column(col.name, col.attnum),
+                                                col.typid);
         END IF;
         v_cols := v_cols || jsonb_build_array(
             jsonb_build_object('attnum', col.attnum, 'name', col.name, 'type', col.type,
@@ -740,7 +762,6 @@ BEGIN
     EXECUTE format('DROP VIEW IF EXISTS pgtrickle_changes.%I', src.buffer_name);
     EXECUTE format('DROP TABLE IF EXISTS %s, %s', pgtrickle._buffer_part(src.buffer_name, 'rows'),
                    pgtrickle._buffer_part(src.buffer_name, 'batches'));
-    EXECUTE format('DROP TYPE IF EXISTS %s', pgtrickle._buffer_part(src.buffer_name, 'values'));
     DELETE FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid;
     PERFORM pgtrickle._drop_wal_infrastructure_if_unused();
 END
@@ -1841,7 +1862,7 @@ BEGIN
         -- tables reading the source are recomputed (pending buffer values of that column
         -- cannot be converted reliably).
         FOR col IN
-            SELECT c->>'buf' AS buf, format_type(a.atttypid, a.atttypmod) AS new_type
+            SELECT c->>'buf' AS buf, format_type(a.atttypid, a.atttypmod) AS new_type, a.atttypid AS typid
               FROM jsonb_array_elements(src.columns) c
               JOIN pg_attribute a ON a.attrelid = src.source_relid AND a.attnum = (c->>'attnum')::int
              WHERE NOT a.attisdropped AND format_type(a.atttypid, a.atttypmod) <> c->>'type'
@@ -1850,10 +1871,10 @@ BEGIN
             EXECUTE format('ALTER TABLE %s ALTER COLUMN %I TYPE %s USING NULL, '
                            'ALTER COLUMN %I TYPE %s USING NULL', pgtrickle._buffer_part(src.buffer_name, 'rows'),
                            'new_' || col.buf, col.new_type, 'old_' || col.buf, col.new_type);
-            -- A composite attribute in use cannot change type: replace it (packed values become NULL,
-            -- as the rows' values do above).
-            EXECUTE format('ALTER TYPE %1$s DROP ATTRIBUTE %2$I, ADD ATTRIBUTE %2$I %3$s',
-                           pgtrickle._buffer_part(src.buffer_name, 'values'), col.buf, col.new_type);
+            -- Packed values of the column become NULL too.
+            EXECUTE format('ALTER TABLE %s DROP COLUMN %I', pgtrickle._buffer_part(src.buffer_name, 'batches'),
+                           'v_' || col.buf);
+            PERFORM pgtrickle._add_batch_column(src.buffer_name, col.buf, col.typid);
             UPDATE pgtrickle.pgt_stream_tables s SET needs_reinit = true
               FROM pgtrickle.pgt_dependencies d
              WHERE d.pgt_id = s.pgt_id AND d.source_relid = src.source_relid;
@@ -2743,7 +2764,7 @@ COMMENT ON FUNCTION pgtrickle.publish_stream_table(text, text) IS
 
 -- ------------------------------------------------------- buffer upgrade
 -- Buffers from before migration 11 have only their rows table: give them their
--- batches table, element type and view, and regenerate their capture triggers.
+-- batches table and view, and regenerate their capture triggers.
 DO $$
 DECLARE
     src pgtrickle.pgt_change_sources;
@@ -2754,9 +2775,11 @@ BEGIN
                   AND to_regclass(format('pgtrickle_changes.%I', buffer_name || '_rows')) IS NOT NULL LOOP
         IF src.source_kind = 'TABLE' THEN
             PERFORM pgtrickle._create_buffer_batches(src.buffer_name);
-            FOR col IN SELECT c->>'buf' AS buf, c->>'type' AS type FROM jsonb_array_elements(src.columns) c LOOP
-                EXECUTE format('ALTER TYPE %s ADD ATTRIBUTE %I %s',
-                               pgtrickle._buffer_part(src.buffer_name, 'values'), col.buf, col.type);
+            FOR col IN SELECT c->>'buf' AS buf, coalesce(a.atttypid, 'text'::regtype) AS typid
+                         FROM jsonb_array_elements(src.columns) c
+                         LEFT JOIN pg_attribute a
+                           ON a.attrelid = src.source_relid AND a.attnum = (c->>'attnum')::int LOOP
+                PERFORM pgtrickle._add_batch_column(src.buffer_name, col.buf, col.typid);
             END LOOP;
         END IF;
         PERFORM pgtrickle._build_buffer_view(src.source_relid);

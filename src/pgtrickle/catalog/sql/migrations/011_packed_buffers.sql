@@ -1,8 +1,8 @@
 -- Change buffers become a view over two parts (see pgtrickle._build_buffer_view):
 -- the table that held one row per change is kept, renamed changes_<relid>_rows,
 -- and its change ids now step by 4096 so that a packed batch of statement-trigger
--- changes can take one id for up to 4096 changes. The batches table, the element
--- type and the view are created by api.sql for every source that lacks them.
+-- changes can take one id for up to 4096 changes. The batches table
+-- and the view are created by api.sql for every source that lacks them.
 DO $$
 DECLARE
     b text;
