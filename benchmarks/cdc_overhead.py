@@ -25,7 +25,9 @@ every timed statement, untimed and identically for every variant: the change buf
 then the same for everybody), then a ``CHECKPOINT`` (every variant pays the same full-page images).
 Autovacuum is off on these tables. Reported: the median seconds; the overhead ``(variant − none) / rows``
 in µs per row and the ratio ``variant / none``, each the median over runs of the run's own pair (the two
-were measured seconds apart, so slow drift cancels); and the WAL written.
+were measured seconds apart, so slow drift cancels); the server process's CPU time per row over the
+baseline's (medians; read from ``/proc`` when the server runs on this machine — steadier than wall time
+when other work competes for the CPUs, but blind to waiting for WAL flushes); and the WAL written.
 
 The WAL variant's figure is the write path only: the decoder works asynchronously. Separately, the
 decoder's throughput is the number of changes divided by the time from the commit of the statement to
@@ -97,6 +99,7 @@ class Samples:
     """Raw per-run figures of one (variant, operation)."""
 
     seconds: list[float] = field(default_factory=list)
+    cpu_seconds: list[float] = field(default_factory=list)  # of the backend running the statement
     wal_bytes: list[int] = field(default_factory=list)
     decoder_seconds: list[float] = field(default_factory=list)
 
@@ -267,6 +270,20 @@ def statement(operation: str, table: str, rows: int) -> sql.Composable:
     return sql.SQL("DELETE FROM {}").format(ident)
 
 
+def backend_cpu_seconds(conn: psycopg.Connection) -> float | None:
+    """CPU time (user + system) the connection's server process has used, when the server is local.
+
+    Less disturbed by other work on a shared machine than wall time (it leaves out
+    waiting for the CPU and for WAL flushes); ``None`` for a remote server.
+    """
+    pid = conn.info.backend_pid
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def wal_lsn(conn: psycopg.Connection) -> int:
     return int(scalar(conn, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
 
@@ -302,9 +319,12 @@ def measure(conn: psycopg.Connection, variant: Variant, operation: str, rows: in
     prepare(conn, variant, operation, decoder, decoder_always_on)
     query = statement(operation, variant.table, rows)
     lsn = wal_lsn(conn)
+    cpu = backend_cpu_seconds(conn)
     started = time.perf_counter()
     conn.execute(query)
     samples.seconds.append(time.perf_counter() - started)
+    if cpu is not None:
+        samples.cpu_seconds.append((backend_cpu_seconds(conn) or 0.0) - cpu)
     samples.wal_bytes.append(wal_lsn(conn) - lsn)
     if variant.name == "wal":
         samples.decoder_seconds.append(decoder.catch_up())
@@ -342,6 +362,9 @@ def figures(samples: dict[tuple[str, str], Samples], rows: int) -> dict[str, dic
             ratios = [x / b for x, b in zip(s.seconds, base.seconds, strict=True)]
             entry: dict[str, object] = {
                 "median_s": round(statistics.median(s.seconds), 4),
+                "cpu_overhead_us_per_row": (
+                    round((statistics.median(s.cpu_seconds) - statistics.median(base.cpu_seconds)) / rows * 1e6, 3)
+                    if s.cpu_seconds and base.cpu_seconds else None),
                 "runs_s": [round(x, 4) for x in s.seconds],
                 "overhead_us_per_row": round(statistics.median(overheads), 3),
                 "ratio_to_none": round(statistics.median(ratios), 3),
@@ -357,12 +380,14 @@ def figures(samples: dict[tuple[str, str], Samples], rows: int) -> dict[str, dic
 
 
 def markdown(table: dict[str, dict[str, dict[str, object]]]) -> str:
-    lines = ["| variant | operation | seconds | µs/row overhead | ratio to none | WAL MB |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = ["| variant | operation | seconds | µs/row overhead | backend CPU µs/row | ratio to none | WAL MB |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for name in VARIANTS:
         for operation in OPERATIONS:
             e = table[name][operation]
+            cpu = e["cpu_overhead_us_per_row"]
             lines.append(f"| {name} | {operation} | {e['median_s']:.3f} | {e['overhead_us_per_row']:+.2f} | "
+                         f"{'n/a' if cpu is None else format(cpu, '+.2f')} | "
                          f"×{e['ratio_to_none']:.2f} | {e['wal_mb']:.0f} |")
     lines += ["", "| WAL decoder | commit → all changes in the buffer | changes/s |",
               "| --- | ---: | ---: |"]

@@ -97,15 +97,16 @@ def test_packed_changes_refresh_differentially_and_are_cleaned_up(db) -> None:  
 def test_hostile_and_long_column_names_are_packed_and_unpacked(db) -> None:  # type: ignore[no-untyped-def]
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     long = "c" * 60
+    # Names the capture and the buffer view use for their own columns and aliases.
     db.sql(f'CREATE TABLE "Odd ""T""" (id int PRIMARY KEY, xid int, changes text, __ord int, v_id int,'
-           f' "we""ird" text, n int, k int, {long} int)')
-    db.sql(f'INSERT INTO "Odd ""T""" SELECT g, g, \'c\' || g, g, g, \'w"\' || g, g, g, g'
-           ' FROM generate_series(1, 50) g')
-    query = (f'SELECT id, xid, changes, __ord, v_id, "we""ird", n, k, {long} FROM "Odd ""T""" WHERE n % 2 = 0')
+           f' "we""ird" text, n int, k int, c1 int, b int, e int, p int, {long} int)')
+    rows = "SELECT g, g, 'c' || g, g, g, 'w\"' || g, g, g, g, g, g, g, g FROM generate_series({}, {}) g"
+    db.sql('INSERT INTO "Odd ""T""" ' + rows.format(1, 50))
+    query = (f'SELECT id, xid, changes, __ord, v_id, "we""ird", n, k, c1, b, e, p, {long} FROM "Odd ""T"""'
+             ' WHERE n % 2 = 0')
     create_st(db, "odd", query)
     refresh(db)
-    db.sql(f'INSERT INTO "Odd ""T""" SELECT g, g, \'c\' || g, g, g, \'w"\' || g, g, g, g'
-           ' FROM generate_series(51, 5000) g')
+    db.sql('INSERT INTO "Odd ""T""" ' + rows.format(51, 5000))
     db.sql('DELETE FROM "Odd ""T""" WHERE id % 7 = 0')
     [outcome] = refresh(db)
     assert outcome.action.value == "DIFFERENTIAL", outcome.reason
