@@ -92,7 +92,7 @@ def cleanup_buffers(conn: psycopg.Connection) -> int:
     """
     buffers = conn.execute(
         """
-        SELECT c.source_relid, c.buffer_name,
+        SELECT c.source_relid, c.buffer_name, c.source_kind = 'TABLE' AS batched,
                least(min(pg_snapshot_xmin(s.frontier)::text::numeric),
                      min(pg_snapshot_xmin((s.watermark_positions->'sources'->>c.source_relid::text)::pg_snapshot)
                          ::text::numeric),
@@ -104,14 +104,14 @@ def cleanup_buffers(conn: psycopg.Connection) -> int:
           FROM pgtrickle.pgt_change_sources c
           JOIN pgtrickle.pgt_dependencies d USING (source_relid)
           JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)
-         GROUP BY c.source_relid, c.buffer_name
+         GROUP BY c.source_relid, c.buffer_name, c.source_kind
         """
     ).fetchall()
     deleted = 0
-    for relid, buffer_name, horizon, any_uninitialized in buffers:
+    for relid, buffer_name, batched, horizon, any_uninitialized in buffers:
         if any_uninitialized or horizon is None:
             continue
-        removed = _delete_parts(conn, buffer_name, sql.SQL("WHERE xid < %s::xid8"), (horizon,))
+        removed = _delete_parts(conn, buffer_name, batched, sql.SQL("WHERE xid < %s::xid8"), (horizon,))
         deleted += removed
         if removed:
             conn.execute(
@@ -126,18 +126,16 @@ def cleanup_buffers(conn: psycopg.Connection) -> int:
         """
     ).fetchall()
     for (buffer_name,) in orphans:
-        deleted += _delete_parts(conn, buffer_name, sql.SQL(""), ())
+        deleted += _delete_parts(conn, buffer_name, False, sql.SQL(""), ())
     return deleted
 
 
-def _delete_parts(conn: psycopg.Connection, buffer_name: str, where: sql.Composable,
+def _delete_parts(conn: psycopg.Connection, buffer_name: str, batched: bool, where: sql.Composable,
                   params: tuple[object, ...]) -> int:
-    """Delete from a buffer's rows and batches; returns the changes deleted (a batch counts its changes)."""
+    """Delete from a buffer's rows and (a table source's) batches; returns the changes deleted."""
     cur = conn.execute(sql.SQL("DELETE FROM {} {}").format(rows_table(buffer_name), where), params)
     deleted = cur.rowcount or 0
-    exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL",
-                          (batches_table(buffer_name).as_string(conn),)).fetchone()
-    if exists and exists[0]:
+    if batched:
         row = conn.execute(
             sql.SQL("WITH d AS (DELETE FROM {} {} RETURNING n_changes AS n)"
                     " SELECT coalesce(sum(n), 0) FROM d").format(batches_table(buffer_name), where),
