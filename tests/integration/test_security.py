@@ -100,7 +100,7 @@ def test_every_pgtrickle_function_runs_with_a_fixed_search_path(shop: Database) 
     definers = sorted(name for name, _, _, secdef in rows if secdef)
     assert definers and all(n.startswith("pgtrickle._api_") or n in (
         "pgtrickle.advance_watermark", "pgtrickle.check_cdc_health", "pgtrickle.drop_watermark_group",
-        "pgtrickle._on_sql_drop", "pgtrickle._on_ddl_end") for n in definers), definers
+        "pgtrickle._on_sql_drop", "pgtrickle._on_ddl_end", "pgtrickle._on_rename") for n in definers), definers
     # The capture trigger functions write the buffers for any writer: definer rights, fixed path.
     create_st(shop, "s", "SELECT id FROM orders")
     capture = shop.sql("SELECT prosecdef, proconfig FROM pg_proc WHERE pronamespace = 'pgtrickle_changes'::regnamespace")

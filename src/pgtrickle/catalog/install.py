@@ -106,6 +106,8 @@ def install(conn: psycopg.Connection, up_to: int | None = None) -> InstallResult
         if up_to is not None and up_to < latest_version():
             return InstallResult(applied, max(done | {m.version for m in migrations() if m.version <= up_to}),
                                  False)
+        # identity.sql first: api.sql's functions (and what it runs at install) call its helpers.
+        conn.execute((_sql_dir() / "identity.sql").read_text())  # type: ignore[arg-type]
         conn.execute((_sql_dir() / "api.sql").read_text())  # type: ignore[arg-type]
         event_triggers = _install_event_triggers(conn)
     return InstallResult(applied, latest_version(), event_triggers)
@@ -125,6 +127,12 @@ def _install_event_triggers(conn: psycopg.Connection) -> bool:
     conn.execute(
         "CREATE EVENT TRIGGER pgtrickle_ddl_end ON ddl_command_end WHEN TAG IN ('ALTER TABLE') "
         "EXECUTE FUNCTION pgtrickle._on_ddl_end()"
+    )
+    # Renamed stream tables, sources and their schemas: the catalog follows the OIDs.
+    conn.execute("DROP EVENT TRIGGER IF EXISTS pgtrickle_rename")
+    conn.execute(
+        "CREATE EVENT TRIGGER pgtrickle_rename ON ddl_command_end WHEN TAG IN ('ALTER TABLE', 'ALTER SCHEMA') "
+        "EXECUTE FUNCTION pgtrickle._on_rename()"
     )
     return True
 

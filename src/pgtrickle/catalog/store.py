@@ -111,6 +111,10 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
                      WHERE a.attrelid = s.pgt_relid AND a.attnum > 0 AND NOT a.attisdropped
                        AND a.attname NOT LIKE '\\_\\_pgt\\_%%') AS cols,
                    s.frontier::text AS frontier_text,
+                   -- names follow the OID (renames of the table or its schema)
+                   (SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                     WHERE c.oid = s.pgt_relid) AS live_schema,
+                   (SELECT c.relname::text FROM pg_class c WHERE c.oid = s.pgt_relid) AS live_name,
                    coalesce(pgtrickle._normalized_query(s.def_view), s.normalized_query) AS current_query
               FROM pgtrickle.pgt_stream_tables s
              WHERE %(only)s::bigint IS NULL OR s.pgt_id = %(only)s
@@ -120,7 +124,11 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
         ).fetchall()
         deps = cur.execute(
             """
-            SELECT d.pgt_id, d.columns_used, c.source_relid, c.source_schema, c.source_name,
+            SELECT d.pgt_id, d.columns_used, c.source_relid,
+                   coalesce((SELECT n.nspname::text FROM pg_class r JOIN pg_namespace n ON n.oid = r.relnamespace
+                              WHERE r.oid = c.source_relid), c.source_schema) AS source_schema,
+                   coalesce((SELECT r.relname::text FROM pg_class r WHERE r.oid = c.source_relid),
+                            c.source_name) AS source_name,
                    c.source_kind, c.buffer_name, c.cdc_mode,
                    (SELECT coalesce(json_agg(json_build_array(a.attname,
                                      format_type(a.atttypid, a.atttypmod)) ORDER BY a.attnum), '[]')
@@ -131,7 +139,7 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
               FROM pgtrickle.pgt_dependencies d
               JOIN pgtrickle.pgt_change_sources c USING (source_relid)
              WHERE %(only)s::bigint IS NULL OR d.pgt_id = %(only)s
-             ORDER BY d.pgt_id, c.source_schema, c.source_name
+             ORDER BY d.pgt_id, 4, 5
             """,
             {"only": only},
         ).fetchall()
@@ -154,8 +162,8 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
         result[r["pgt_id"]] = StreamTable(
             pgt_id=r["pgt_id"],
             relid=int(r["pgt_relid"]),
-            schema=r["pgt_schema"],
-            name=r["pgt_name"],
+            schema=r["live_schema"] or r["pgt_schema"],
+            name=r["live_name"] or r["pgt_name"],
             defining_query=r["defining_query"],
             normalized_query=r["current_query"],
             schedule=r["schedule"],

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from pgtrickle.catalog import identity
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.dvm import aggregate as agg_rules
 from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis
@@ -69,6 +70,7 @@ def ensure_layout(conn: psycopg.Connection, st: StreamTable, layout: Layout) -> 
     table = sql.SQL("{}.{}").format(sql.Identifier(st.schema), sql.Identifier(st.name))
     changed = False
     with conn.transaction():
+        identity.pin(conn, [identity.stream_table_pin(st)], identity.WRITE)
         for name, typ in existing.items():
             if wanted.get(name) != typ:
                 conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(table, sql.Identifier(name)))

@@ -14,6 +14,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from pgtrickle import faults
+from pgtrickle.catalog import identity
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.errors import RefreshError
 
@@ -31,6 +32,7 @@ def lock_for_apply(conn: psycopg.Connection, st: StreamTable) -> None:
     if current[0] != st.frontier:
         raise RefreshError(
             f"stream table {st.display} was refreshed by another process meanwhile; this refresh is discarded")
+    identity.pin(conn, [identity.stream_table_pin(st)], identity.WRITE)
 
 
 def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: str, history_id: int,

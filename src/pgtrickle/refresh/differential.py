@@ -125,7 +125,7 @@ class DifferentialRun:
     def run(self, history_id: int, request_ids: Sequence[int]) -> tuple[int, int, int, float]:
         """Returns (inserted, deleted, delta rows, spark seconds)."""
         st = self.st
-        coordinator, snap_id, snapshot, lsn = self.r.coordinator()
+        coordinator, snap_id, snapshot, lsn = self.r.coordinator(st.sources)
         with coordinator as coord:
             if self.r.group is None and (any(s.kind == "TABLE" and s.cdc_mode == "wal" for s in st.sources)
                                          or self.r._wal_capture_set_up()):  # noqa: SLF001
@@ -856,7 +856,7 @@ class DifferentialRun:
         hidden_states = [c for c in shape.hidden_columns() if c not in key_cols]
         self._load(DELTA_TABLE, [*key_cols, *hidden_states, ROW_ID], rows, [*key_cols, *hidden_states, ROW_ID])
         visible = [c.name for c in self.st.columns]
-        stmts = self.r.cached(("merge", self.st.pgt_id, self.st.normalized_query),
+        stmts = self.r.cached(("merge", self.st.pgt_id, self.st.normalized_query, target),
                               lambda: agg_rules.merge_statements(shape, target, visible))
         match = agg_rules._match(shape, "t", "d") if not shape.scalar else "true"  # noqa: SLF001
         self._snapshot_groups(buffer, DELTA_TABLE, match, "D")

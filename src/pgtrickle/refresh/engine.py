@@ -27,7 +27,8 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pgtrickle.catalog.store import StreamTable
+from pgtrickle.catalog import identity
+from pgtrickle.catalog.store import Source, StreamTable
 from pgtrickle.cdc.buffers import pending_changes, rows_table
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle import faults
@@ -454,20 +455,24 @@ class Refresher:
         with connect(self.dsn, application_name="pgtrickle-staging") as conn:
             yield conn
 
-    def coordinator(self):  # type: ignore[no-untyped-def]
+    def coordinator(self, sources: Sequence[Source] = ()):  # type: ignore[no-untyped-def]
         """The read transaction of a refresh: (connection context, exported snapshot id, snapshot, lsn).
 
         An atomic group shares its own; otherwise a new REPEATABLE READ transaction exports one.
+        It pins ``sources`` (catalog.identity): until it ends, their names lead to the tracked
+        tables, for every Spark connection that reads them at its snapshot. (Not READ ONLY:
+        pinning takes row locks.)
         """
-        if self.group is not None:
+        if self.group is not None:  # the group's coordinator pinned every source when it began
             g = self.group
             return nullcontext(g.coord), g.snap_id, g.snapshot, g.lsn
         coord = connect(self.dsn, autocommit=False, application_name="pgtrickle-coordinator")
         try:
-            coord.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            coord.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             snap_id, snapshot, lsn = coord.execute(
                 "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
             ).fetchone()  # type: ignore[misc]
+            identity.pin(coord, identity.source_pins(sources), identity.READ)
         except BaseException:
             coord.close()
             raise
@@ -578,7 +583,7 @@ class Refresher:
         timings["spark_session"] = time.monotonic() - t0
         self._check_cancel()
         staging = f"stage_{st.pgt_id}"
-        coordinator, snap_id, snapshot, lsn = self.coordinator()
+        coordinator, snap_id, snapshot, lsn = self.coordinator(st.sources)
         with coordinator as coord:
             stats = jdbc.table_stats(coord, [s.relid for s in st.sources])
             self.progress(f"{st.display}: reading {len(st.sources)} source(s) at snapshot {snapshot}")
@@ -715,6 +720,7 @@ class Refresher:
         name = f"pgt_keys_{st.relid}"
         try:
             with self.conn.transaction():
+                identity.pin(self.conn, [identity.stream_table_pin(st)], identity.WRITE)
                 self.conn.execute(sql.SQL("CREATE UNIQUE INDEX IF NOT EXISTS {} ON {}.{} ({}) NULLS NOT DISTINCT").format(
                     sql.Identifier(name), sql.Identifier(st.schema), sql.Identifier(st.name),
                     sql.SQL(", ").join(sql.Identifier(k) for k in keys)))

@@ -110,7 +110,12 @@ def refresh_group(refresher: Refresher, group: RefreshGroup, order: Sequence[int
                   "resume it, or take it out of the group")
         return _skip_all(refresher, order, members, initiated_by, reason, request_ids, except_id=None)
     assert refresher.group is None, "atomic groups do not nest"
-    coord, snap_id, snapshot, lsn = refresher.coordinator()  # a new exported snapshot, shared by the members
+    # A new exported snapshot, shared by the members. It pins the sources read from PostgreSQL:
+    # not the members themselves (a downstream member reads an upstream one's new contents from
+    # this job, and the member's apply needs its table without our lock in the way).
+    member_relids = {members[m].relid for m in order}
+    external = list({s.relid: s for m in order for s in members[m].sources if s.relid not in member_relids}.values())
+    coord, snap_id, snapshot, lsn = refresher.coordinator(external)
     try:
         if refresher._wal_capture_set_up():  # noqa: SLF001
             wait_for_decoder(refresher.conn, refresher.dsn)

@@ -36,9 +36,11 @@ def table_stats(conn, relids: list[int]) -> dict[int, TableStats]:  # type: igno
 def snapshot_init_statement(snapshot_id: str) -> str:
     if not snapshot_id.replace("-", "").isalnum():
         raise ValueError(f"not a snapshot id: {snapshot_id!r}")
+    # A fixed search_path: nothing Spark's queries name can resolve to another role's object.
     return (
         "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
-        f"SET TRANSACTION SNAPSHOT '{snapshot_id}'"
+        f"SET TRANSACTION SNAPSHOT '{snapshot_id}'; "
+        "SET LOCAL search_path = pg_catalog, pg_temp"
     )
 
 

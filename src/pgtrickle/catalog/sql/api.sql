@@ -475,7 +475,7 @@ DECLARE
 BEGIN
     SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid;
     FOR col IN
-        SELECT c->>'buf' AS buf, format_type(a.atttypid, a.atttypmod) AS type
+        SELECT c->>'buf' AS buf, format_type(a.atttypid, a.atttypmod) AS type, a.atttypid AS typid
           FROM jsonb_array_elements(src.columns) WITH ORDINALITY AS j(c, i)
           LEFT JOIN pg_attribute a
             ON a.attrelid = to_regclass(pgtrickle._buffer_part(src.buffer_name, 'rows'))
@@ -483,6 +483,7 @@ BEGIN
          ORDER BY j.i
     LOOP
         view_cols := view_cols || format(', %I, %I', 'new_' || col.buf, 'old_' || col.buf);
+        PERFORM pgtrickle._refuse_user_text_cast(col.typid, p_relid);
         -- The cast gives back the exact type (numeric(10,2), varchar(n), an array type
         -- packed as text...), so the view's columns have the rows table's types.
         batch_cols := batch_cols || format(', (CASE WHEN b.action = ''I'' THEN e.%1$I END)::%2$s,'
@@ -528,7 +529,7 @@ DECLARE
     v_elem text := pgtrickle._type_name(
         CASE WHEN (SELECT typcategory = 'A' OR typtype = 'c' FROM pg_type
                     WHERE oid = coalesce(nullif((SELECT typbasetype FROM pg_type WHERE oid = p_type), 0), p_type))
-             THEN 'pg_catalog.text'::regtype ELSE p_type END);
+             THEN 'pg_catalog.text'::regtype ELSE pgtrickle._base_type(p_type) END);
 BEGIN
     EXECUTE format('ALTER TABLE %1$s ADD COLUMN %2$I %3$s[], ALTER COLUMN %2$I SET STORAGE EXTERNAL',
                    pgtrickle._buffer_part(p_buffer, 'batches'), 'v_' || p_buf, v_elem);
@@ -578,10 +579,8 @@ BEGIN
     -- but for array types, packed as text), aggregated into that array.
     SELECT coalesce(string_agg(format(', %I', a.attname), '' ORDER BY j.i), ''),
            coalesce(string_agg(format(', array_agg(p.c%s)', j.i), '' ORDER BY j.i), ''),
-           coalesce(string_agg(format('n.%I::%s AS c%s, ', c->>'name', pgtrickle._type_name(t.typelem), j.i), ''
-                               ORDER BY j.i), ''),
-           coalesce(string_agg(format('o.%I::%s AS c%s, ', c->>'name', pgtrickle._type_name(t.typelem), j.i), ''
-                               ORDER BY j.i), '')
+           coalesce(string_agg(pgtrickle._packed_value('n', c->>'name', t.typelem, j.i), '' ORDER BY j.i), ''),
+           coalesce(string_agg(pgtrickle._packed_value('o', c->>'name', t.typelem, j.i), '' ORDER BY j.i), '')
       INTO b_cols, b_aggs, n_row, o_row
       FROM jsonb_array_elements(src.columns) WITH ORDINALITY AS j(c, i)
       JOIN pg_attribute a ON a.attrelid = batches::regclass AND a.attname = 'v_' || (c->>'buf')
@@ -710,7 +709,8 @@ BEGIN
     v_want := ARRAY(SELECT DISTINCT unnest(p_columns || src.key_columns));
     v_cols := src.columns;
     FOR col IN
-        SELECT a.attname::text AS name, a.attnum, format_type(a.atttypid, a.atttypmod) AS type, a.atttypid AS typid
+        SELECT a.attname::text AS name, a.attnum, format_type(a.atttypid, a.atttypmod) AS type, a.atttypid AS typid,
+               pgtrickle._storage_type(a.atttypid, a.atttypmod) AS storage
           FROM pg_attribute a
          WHERE a.attrelid = p_relid AND a.attname = ANY (v_want) AND a.attnum > 0 AND NOT a.attisdropped
            AND NOT v_cols @> jsonb_build_array(jsonb_build_object('attnum', a.attnum))
@@ -719,8 +719,8 @@ BEGIN
         EXECUTE format('DROP VIEW IF EXISTS pgtrickle_changes.%I', src.buffer_name);
         EXECUTE format('ALTER TABLE %s ADD COLUMN %I %s, ADD COLUMN %I %s',
                        pgtrickle._buffer_part(src.buffer_name, 'rows'),
-                       'new_' || pgtrickle._buffer_column(col.name, col.attnum), col.type,
-                       'old_' || pgtrickle._buffer_column(col.name, col.attnum), col.type);
+                       'new_' || pgtrickle._buffer_column(col.name, col.attnum), col.storage,
+                       'old_' || pgtrickle._buffer_column(col.name, col.attnum), col.storage);
         IF src.source_kind = 'TABLE' THEN
             PERFORM pgtrickle._add_batch_column(src.buffer_name, pgtrickle._buffer_column(col.name, col.attnum),
                                                 col.typid);
@@ -906,6 +906,13 @@ BEGIN
             RAISE EXCEPTION 'source %.% of stream table % is a temporary table', quote_ident(dep.nspname),
                 quote_ident(dep.relname), v_display USING ERRCODE = 'feature_not_supported';
         END IF;
+        IF pgtrickle._rls_refusal(dep.relid, v_caller, v_display) IS NOT NULL THEN
+            RAISE EXCEPTION '%', pgtrickle._rls_refusal(dep.relid, v_caller, v_display)
+                USING ERRCODE = 'feature_not_supported',
+                      HINT = 'Filter the rows the stream table may show in its query, or give the owner BYPASSRLS.';
+        END IF;
+        PERFORM pgtrickle._check_storable(dep.relid, dep.cols,
+                                          format('source %s of stream table %s:', dep.relid::regclass, v_display));
         -- The daemon fills the table with its own rights: the caller must be allowed to read what it shows.
         IF NOT pg_catalog.has_table_privilege(v_caller, dep.relid, 'SELECT')
            AND (dep.cols IS NULL OR EXISTS (SELECT 1 FROM unnest(dep.cols) AS c(col)
@@ -952,7 +959,17 @@ BEGIN
 
     v_norm := pgtrickle._normalized_query(v_view);
 
-    EXECUTE format('CREATE TABLE %I.%I (LIKE pgtrickle.%I)', v_schema, v_name, v_view_name);
+    -- Columns in storage types: a domain is stored as its base type (writing a domain value
+    -- would run its CHECK, code of the domain's owner, with the daemon's rights).
+    PERFORM pgtrickle._check_storable(v_view, NULL, format('stream table %s:', v_display));
+    EXECUTE format('CREATE TABLE %I.%I (%s)', v_schema, v_name,
+                   (SELECT string_agg(format('%I %s%s', a.attname, pgtrickle._storage_type(a.atttypid, a.atttypmod),
+                                             CASE WHEN a.attcollation <> 0 THEN
+                                                 (SELECT format(' COLLATE %I.%I', cn.nspname, co.collname)
+                                                    FROM pg_collation co JOIN pg_namespace cn ON cn.oid = co.collnamespace
+                                                   WHERE co.oid = a.attcollation) ELSE '' END),
+                                      ', ' ORDER BY a.attnum)
+                      FROM pg_attribute a WHERE a.attrelid = v_view AND a.attnum > 0 AND NOT a.attisdropped));
     v_relid := format('%I.%I', v_schema, v_name)::regclass;
     EXECUTE format('ALTER TABLE %I.%I ADD COLUMN __pgt_row_id bigint', v_schema, v_name);
     EXECUTE format('COMMENT ON TABLE %I.%I IS %L', v_schema, v_name,
@@ -1130,7 +1147,7 @@ BEGIN
     DELETE FROM pgtrickle.pgt_stream_tables WHERE pgt_id = p_id;
     EXECUTE format('DROP VIEW IF EXISTS pgtrickle.%I', 'pgt_def_' || p_id);
     IF EXISTS (SELECT 1 FROM pg_class WHERE oid = st.pgt_relid) THEN
-        EXECUTE format('DROP TABLE %I.%I', st.pgt_schema, st.pgt_name);
+        EXECUTE format('DROP TABLE %s', st.pgt_relid::regclass);
     END IF;
     EXECUTE format('DROP TABLE IF EXISTS pgtrickle_changes.%I', 'stage_' || p_id);
     PERFORM pgtrickle._drop_capture_if_unused(st.pgt_relid);
@@ -1862,7 +1879,7 @@ BEGIN
         -- tables reading the source are recomputed (pending buffer values of that column
         -- cannot be converted reliably).
         FOR col IN
-            SELECT c->>'buf' AS buf, format_type(a.atttypid, a.atttypmod) AS new_type, a.atttypid AS typid
+            SELECT c->>'buf' AS buf, pgtrickle._storage_type(a.atttypid, a.atttypmod) AS new_type, a.atttypid AS typid
               FROM jsonb_array_elements(src.columns) c
               JOIN pg_attribute a ON a.attrelid = src.source_relid AND a.attnum = (c->>'attnum')::int
              WHERE NOT a.attisdropped AND format_type(a.atttypid, a.atttypmod) <> c->>'type'
@@ -2303,6 +2320,13 @@ BEGIN
                       'only while its owner may read its sources (drop it, or recreate it as another role)',
                       pgtrickle._display_name(st.pgt_schema, st.pgt_name), st.created_by);
     END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+                WHERE a.attrelid = st.pgt_relid AND a.attnum > 0 AND NOT a.attisdropped AND t.typtype = 'd') THEN
+        RETURN format('stream table %s has a column of a domain type (left by an older pgtrickle, whose upgrade '
+                      'could not change it): writing it would run the domain''s CHECK with pgtrickle''s rights; '
+                      'drop what depends on the column and run pgtrickle install',
+                      pgtrickle._display_name(st.pgt_schema, st.pgt_name));
+    END IF;
     FOR dep IN
         SELECT d.source_relid AS relid, d.columns_used AS cols, n.nspname, c.relname
           FROM pgtrickle.pgt_dependencies d
@@ -2311,6 +2335,10 @@ BEGIN
          WHERE d.pgt_id = p_pgt_id
          ORDER BY n.nspname, c.relname
     LOOP
+        IF pgtrickle._rls_refusal(dep.relid, st.created_by, pgtrickle._display_name(st.pgt_schema, st.pgt_name))
+           IS NOT NULL THEN
+            RETURN pgtrickle._rls_refusal(dep.relid, st.created_by, pgtrickle._display_name(st.pgt_schema, st.pgt_name));
+        END IF;
         IF NOT pg_catalog.has_table_privilege(st.created_by, dep.relid, 'SELECT')
            AND (dep.cols IS NULL OR EXISTS (SELECT 1 FROM unnest(dep.cols) AS u(col)
                                              WHERE NOT pg_catalog.has_column_privilege(st.created_by, dep.relid,
@@ -2549,7 +2577,7 @@ BEGIN
     IF publication IS NULL OR btrim(publication) = '' THEN
         RAISE EXCEPTION 'publication name must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    v_table := format('%I.%I', st.pgt_schema, st.pgt_name);
+    v_table := st.pgt_relid::regclass::text;
     SELECT * INTO v_pub FROM pg_publication p WHERE p.pubname = publication;
     -- As if the caller ran CREATE / ALTER PUBLICATION: a new one needs CREATE on the
     -- database, an existing one its owner.
