@@ -19,9 +19,21 @@ def state(status: str = "ACTIVE", frontier: bool = True, last: datetime | None =
     return DueState(status, frontier, last, attempt, requested, created)
 
 
-def test_request_wins_whatever_the_status() -> None:
-    for status in ("ACTIVE", "SUSPENDED", "ERROR", "INITIALIZING"):
+def test_request_wins_while_running() -> None:
+    for status in ("ACTIVE", "INITIALIZING"):
         assert due_reason(state(status, requested=True, last=NOW), MINUTE, NOW) is DueReason.REQUESTED
+        assert due_reason(state(status, requested=True, last=NOW, attempt=NOW), MINUTE, NOW) is DueReason.REQUESTED
+
+
+def test_suspended_and_error_run_only_an_explicit_request() -> None:
+    old = NOW - timedelta(hours=5)
+    for status in ("SUSPENDED", "ERROR"):
+        # A queued initialization (or any request that is not an explicit refresh) does not retry it.
+        queued = DueState(status, False, None, NOW, True, old, manual_request=False)
+        assert due_reason(queued, MINUTE, NOW) is None
+        assert due_reason(DueState(status, True, old, old, True, old), MINUTE, NOW) is None
+        explicit = DueState(status, True, old, NOW, True, old, manual_request=True)
+        assert due_reason(explicit, MINUTE, NOW) is DueReason.REQUESTED
 
 
 def test_suspended_and_error_are_not_scheduled() -> None:
