@@ -75,3 +75,11 @@ def test_reconnect_backoff_doubles_from_half_a_second_and_is_capped() -> None:
     assert reconnect_delay(3, first=1.0, cap=5.0) == 5.0
     with pytest.raises(ValueError):
         reconnect_delay(-1)
+
+
+def test_an_explicit_refresh_of_a_stopped_table_says_so() -> None:
+    from pgtrickle.scheduler.policy import stopped_note
+
+    assert stopped_note("public.t", "ACTIVE") is None and stopped_note("public.t", "INITIALIZING") is None
+    note = stopped_note("public.t", "SUSPENDED")
+    assert note is not None and "once" in note and "resume_stream_table" in note

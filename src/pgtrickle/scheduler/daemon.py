@@ -54,7 +54,7 @@ from pgtrickle.refresh.engine import Cancelled, RefreshOutcome, Refresher
 from pgtrickle.refresh.group import refresh_group
 from pgtrickle.scheduler.dag import StreamTableNode, resolve_calculated, topological_order
 from pgtrickle.scheduler.groups import GroupNode, RefreshGroup, in_group_upstream, refresh_groups
-from pgtrickle.scheduler.policy import STOPPED_STATUSES, DueReason, DueState, due_reason, reconnect_delay
+from pgtrickle.scheduler.policy import DueReason, DueState, due_reason, reconnect_delay, stopped_note
 from pgtrickle.scheduler.schedule import IntervalSchedule, Schedule, parse_schedule
 
 log = logging.getLogger(__name__)
@@ -314,9 +314,8 @@ class Scheduler:
                 return
             initiated_by = ("MANUAL" if reason is DueReason.REQUESTED and fresh.frontier is not None
                             else "INITIAL" if fresh.frontier is None else "SCHEDULER")
-            if fresh.status in STOPPED_STATUSES:
-                log.warning("%s is %s: refreshing it once, as its owner asked; it is not refreshed automatically "
-                            "until pgtrickle.resume_stream_table", st.display, fresh.status)
+            if note := stopped_note(fresh.display, fresh.status):
+                log.warning("%s", note)
             outcome = self.refresher.refresh(fresh, initiated_by, request_ids,
                                              record_no_data=reason is DueReason.REQUESTED, force=force)
             report.refreshed.append(outcome)
@@ -593,6 +592,8 @@ def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
                 )
             try:
                 fresh = load_stream_tables(scheduler.conn, only=pgt_id)[pgt_id]
+                if note := stopped_note(fresh.display, fresh.status):
+                    scheduler.progress(note)
                 initiated_by = "INITIAL" if fresh.frontier is None else "MANUAL"
                 outcomes.append(scheduler.refresher.refresh(
                     fresh, initiated_by, requested.get(pgt_id, ()), record_no_data=True,

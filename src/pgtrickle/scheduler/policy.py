@@ -60,6 +60,14 @@ def due_reason(state: DueState, schedule: Schedule, now: datetime) -> DueReason 
     return None
 
 
+def stopped_note(display: str, status: str) -> str | None:
+    """What an explicit refresh of a stopped (SUSPENDED / ERROR) stream table says; ``None`` otherwise."""
+    if status not in STOPPED_STATUSES:
+        return None
+    return (f"{display} is {status}: refreshing it once, as asked; it is not refreshed automatically "
+            "until pgtrickle.resume_stream_table")
+
+
 RECONNECT_FIRST_DELAY = 0.5
 RECONNECT_MAX_DELAY = 30.0
 
