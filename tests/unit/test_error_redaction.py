@@ -87,10 +87,6 @@ def test_a_foreign_cause_is_redacted_even_when_wrapped() -> None:
         assert "ssn-9" in full_error(exc)
 
 
-class FakePgError(psycopg.errors.UniqueViolation):
-    pass
-
-
 def test_a_psycopg_error_gets_its_sqlstate_and_its_detail() -> None:
     exc = psycopg.errors.UniqueViolation(
         'duplicate key value violates unique constraint "t_pkey"\nDETAIL:  Key (id)=(42) already exists.')
