@@ -19,9 +19,21 @@ def state(status: str = "ACTIVE", frontier: bool = True, last: datetime | None =
     return DueState(status, frontier, last, attempt, requested, created)
 
 
-def test_request_wins_whatever_the_status() -> None:
-    for status in ("ACTIVE", "SUSPENDED", "ERROR", "INITIALIZING"):
+def test_request_wins_while_running() -> None:
+    for status in ("ACTIVE", "INITIALIZING"):
         assert due_reason(state(status, requested=True, last=NOW), MINUTE, NOW) is DueReason.REQUESTED
+        assert due_reason(state(status, requested=True, last=NOW, attempt=NOW), MINUTE, NOW) is DueReason.REQUESTED
+
+
+def test_suspended_and_error_run_only_an_explicit_request() -> None:
+    old = NOW - timedelta(hours=5)
+    for status in ("SUSPENDED", "ERROR"):
+        # A queued initialization (or any request that is not an explicit refresh) does not retry it.
+        queued = DueState(status, False, None, NOW, True, old, manual_request=False)
+        assert due_reason(queued, MINUTE, NOW) is None
+        assert due_reason(DueState(status, True, old, old, True, old), MINUTE, NOW) is None
+        explicit = DueState(status, True, old, NOW, True, old, manual_request=True)
+        assert due_reason(explicit, MINUTE, NOW) is DueReason.REQUESTED
 
 
 def test_suspended_and_error_are_not_scheduled() -> None:
@@ -63,3 +75,11 @@ def test_reconnect_backoff_doubles_from_half_a_second_and_is_capped() -> None:
     assert reconnect_delay(3, first=1.0, cap=5.0) == 5.0
     with pytest.raises(ValueError):
         reconnect_delay(-1)
+
+
+def test_an_explicit_refresh_of_a_stopped_table_says_so() -> None:
+    from pgtrickle.scheduler.policy import stopped_note
+
+    assert stopped_note("public.t", "ACTIVE") is None and stopped_note("public.t", "INITIALIZING") is None
+    note = stopped_note("public.t", "SUSPENDED")
+    assert note is not None and "once" in note and "resume_stream_table" in note

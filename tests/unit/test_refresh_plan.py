@@ -47,3 +47,15 @@ def test_truncate_forces_full_and_names_the_source() -> None:
 def test_upstream_full_refresh_is_not_called_a_truncate() -> None:
     plan = plan_refresh("AUTO", "10:10:", False, [pending(UPSTREAM, t=True)])
     assert "public.summary was refreshed in full" in plan.reason
+
+
+def test_a_query_that_reads_the_clock_is_recomputed_without_changes() -> None:
+    from pgtrickle.refresh.plan import READS_CLOCK_REASON, ModeContext
+
+    clock = ModeContext(reads_clock=True)
+    for mode in ("AUTO", "FULL"):
+        plan = plan_refresh(mode, "10:10:", False, [pending()], clock)
+        assert plan.action is Action.FULL and plan.reason == READS_CLOCK_REASON and plan.delta_rows == 0
+    plan = plan_refresh("AUTO", "10:10:", False, [pending(i=2)], clock)
+    assert plan.action is Action.FULL and plan.delta_rows == 2
+    assert plan_refresh("AUTO", None, False, None, clock).reason == "initial population"

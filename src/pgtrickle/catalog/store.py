@@ -68,6 +68,8 @@ class StreamTable:
     """hold_back: where each grouped source was read at the last refresh (see gates.watermark_gate)."""
     watermark_mark: Any = None
     """Set by the refresh engine for one refresh: the watermark state to commit with the frontier."""
+    reads_clock: bool = False
+    """The defining query reads the clock (now(), current_date, ...): recomputed on every scheduled refresh."""
 
     @property
     def qualified(self) -> str:
@@ -183,6 +185,7 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
             diamond_consistency=r.get("diamond_consistency") or "atomic",
             effective_watermark=r.get("effective_watermark"),
             watermark_positions=r.get("watermark_positions"),
+            reads_clock=bool(r.get("reads_clock")),
         )
     return result
 

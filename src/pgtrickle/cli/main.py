@@ -415,13 +415,16 @@ def explain(
     """
     from pgtrickle.catalog.store import load_stream_tables
     from pgtrickle.dvm.analysis import analyze
+    from pgtrickle.refresh.plan import READS_CLOCK_REASON
 
     def go() -> None:
         with connect(_dsn(ctx)) as conn:
             row = conn.execute("SELECT (pgtrickle._find_st(%s)).pgt_id", (name,)).fetchone()
             st = load_stream_tables(conn, only=int(row[0]))[int(row[0])]  # type: ignore[index]
             analysis = analyze(st.normalized_query)
-            if st.refresh_mode == "FULL":
+            if st.reads_clock and st.refresh_mode != "DIFFERENTIAL":
+                mode, reason = "FULL", READS_CLOCK_REASON
+            elif st.refresh_mode == "FULL":
                 mode, reason = "FULL", "refresh_mode is FULL"
             elif analysis.differential:
                 mode, reason = "DIFFERENTIAL", analysis.reason

@@ -9,6 +9,7 @@ commit together (DESIGN.md invariant 2).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -36,12 +37,14 @@ def lock_for_apply(conn: psycopg.Connection, st: StreamTable) -> None:
 
 
 def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: str, history_id: int,
-             inserted: int, deleted: int, spark_seconds: float, request_ids: Sequence[int]) -> None:
+             inserted: int, deleted: int, spark_seconds: float, request_ids: Sequence[int],
+             data_timestamp: datetime | None = None) -> None:
     """Advance the frontier, mark the table healthy, complete the history row, consume requests.
 
     The refresh's watermark state (``st.watermark_mark``: the effective
     watermark, and where a hold_back refresh read each grouped source) is
-    stored with the frontier.
+    stored with the frontier. ``data_timestamp`` is the time the data reflects when it is not
+    the apply's (a query that reads the clock reflects its snapshot's time).
     """
     faults.point("refresh.apply")
     mark = st.watermark_mark
@@ -49,7 +52,7 @@ def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: s
         """
         UPDATE pgtrickle.pgt_stream_tables
            SET frontier = %(s)s::pg_snapshot, frontier_lsn = %(lsn)s::pg_lsn,
-               data_timestamp = now(), last_refresh_at = now(), last_attempt_at = now(),
+               data_timestamp = coalesce(%(dt)s, now()), last_refresh_at = now(), last_attempt_at = now(),
                needs_reinit = false, consecutive_errors = 0, last_error = NULL,
                status = CASE WHEN status IN ('INITIALIZING', 'ERROR') THEN 'ACTIVE' ELSE status END,
                effective_watermark = CASE WHEN %(wm)s THEN %(ew)s ELSE effective_watermark END,
@@ -57,7 +60,7 @@ def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: s
                updated_at = now()
          WHERE pgt_id = %(id)s
         """,
-        {"s": snapshot, "lsn": lsn, "id": st.pgt_id, "wm": mark is not None,
+        {"s": snapshot, "lsn": lsn, "id": st.pgt_id, "wm": mark is not None, "dt": data_timestamp,
          "ew": mark.effective_watermark if mark else None,
          "pos": Jsonb(mark.positions) if mark and mark.positions else None},
     )

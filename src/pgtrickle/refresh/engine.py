@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -34,18 +35,21 @@ from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle import faults
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
-from pgtrickle.db.redaction import scrub
 from pgtrickle.gates import breaker_gate, watermark_gate
 from pgtrickle.gates.skips import record_skip
 from pgtrickle.gates.watermark_gate import WatermarkMark
 from pgtrickle.ops import alerts, health
+from pgtrickle.ops.error_redaction import full_error, public_error
 from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError
 from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis, RecomputeShape, analyze, respect_sum_types
 from pgtrickle.dvm.layout import Layout, ensure_layout, plan_layout, row_index_name, state_types
 from pgtrickle.refresh import as_of, commit, user_triggers
-from pgtrickle.refresh.plan import DEFAULT_FALLBACK_RATIO, Action, ModeContext, RefreshPlan, plan_refresh
+from pgtrickle.scheduler.policy import STOPPED_STATUSES
+from pgtrickle.refresh.plan import (DEFAULT_FALLBACK_RATIO, READS_CLOCK_REASON, Action, ModeContext, RefreshPlan,
+                                    plan_refresh)
 from pgtrickle.spark import jdbc
 from pgtrickle.refresh.differential import finish_output
+from pgtrickle.sql.clock import clock_values, pin_clock
 from pgtrickle.sql.translate import translate_to_spark
 
 if TYPE_CHECKING:
@@ -177,7 +181,7 @@ class Refresher:
         try:
             analysis, differential, layout, layout_changed = self._prepare(st, initiated_by)
             mode = ModeContext(differential=differential, reason=analysis.reason,
-                               layout_changed=layout_changed)
+                               layout_changed=layout_changed, reads_clock=st.reads_clock)
             plan, mark = self._plan_and_maybe_skip(st, request_ids, initiated_by, record_no_data, force, mode,
                                                    snapshot=snapshot, defer_no_data=defer_no_data)
         except _AlreadyRecorded as done:
@@ -185,6 +189,7 @@ class Refresher:
         except Exception as exc:
             # Failed before any Spark job (analysis, layout, planning): a failed refresh all the same.
             message = _describe(exc)
+            _log_full_error(st, exc, message)
             attempted = Action.DIFFERENTIAL if st.refresh_mode == "DIFFERENTIAL" else Action.FULL
             history_id = self._start_history(
                 st, RefreshPlan(attempted, "failed while preparing the refresh", 0), initiated_by)
@@ -212,6 +217,7 @@ class Refresher:
             raise
         except Exception as exc:
             message = _describe(exc)
+            _log_full_error(st, exc, message)
             if self.group is None:
                 self._record_failure(st, history_id, message, fatal=health.is_fatal(exc))
             if isinstance(exc, PgTrickleError):
@@ -258,6 +264,7 @@ class Refresher:
             raise _AlreadyRecorded(UnsupportedQueryError(message))
         differential = analysis.differential and st.refresh_mode != "FULL"
         self._record_mode(st, "DIFFERENTIAL" if differential else "FULL",
+                          READS_CLOCK_REASON if st.reads_clock else
                           analysis.reason if st.refresh_mode != "FULL" else "refresh_mode is FULL")
         layout = plan_layout(st, analysis, differential)
         key = (st.pgt_id, layout.query_sql, layout.columns, differential)
@@ -383,7 +390,7 @@ class Refresher:
             else:
                 if mode.differential and any(p.rows for p in pending):
                     source_rows, ratio = self._mode_figures(st, sum(p.rows for p in pending))
-                    mode = ModeContext(mode.differential, mode.reason, source_rows, ratio, mode.layout_changed)
+                    mode = replace(mode, source_rows=source_rows, fallback_ratio=ratio)
                 plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending, mode)
             # A closed gate skips (with nothing to apply, a gated stream table just moves its frontier).
             # (In a group a member may be recomputed for its upstream members' changes: a closed gate skips.)
@@ -492,7 +499,7 @@ class Refresher:
             return RefreshPlan(Action.FULL, f"initial population; {reason}", 0)
         if st.needs_reinit:
             return RefreshPlan(Action.FULL, f"reinitialization requested; {reason}", delta, deletes)
-        if delta == 0 and not any(p.truncated for p in pending):
+        if delta == 0 and not any(p.truncated for p in pending) and not st.reads_clock:
             return RefreshPlan(Action.NO_DATA, "no pending changes up to the watermark", 0)
         return RefreshPlan(Action.FULL, reason, delta, deletes)
 
@@ -553,6 +560,10 @@ class Refresher:
                         fields = {"consecutive_errors": errors, "threshold": threshold, "last_error": message,
                                   "previous_status": status}
                     alerts.send_alert(self.conn, event, fields, schema=st.schema, st_name=st.name)
+                if verdict.status in STOPPED_STATUSES:
+                    # Stopped: nothing queued may retry it (a queued initialization would run every tick);
+                    # the owner's next refresh_stream_table, or resume_stream_table, queues a new request.
+                    self.conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE pgt_id = %s", (st.pgt_id,))
                 if verdict.status == "SUSPENDED" and status != "SUSPENDED":
                     log.warning("%s: suspended after %d consecutive failed refreshes; "
                                 "resume with pgtrickle.resume_stream_table", st.display, errors)
@@ -607,7 +618,12 @@ class Refresher:
                 df.createOrReplaceTempView(view)
                 table_map[(source.schema, source.name)] = view
             column_types = {(s.schema, s.name): dict(s.column_types) for s in st.sources}
-            spark_sql = translate_to_spark(layout.query_sql, table_map, column_types)
+            query_sql, data_timestamp = layout.query_sql, None
+            if st.reads_clock:
+                # now() & co mean the snapshot's time, in every partition (pgtrickle.sql.clock).
+                values = clock_values(coord)
+                query_sql, data_timestamp = pin_clock(query_sql, values), values.timestamptz
+            spark_sql = translate_to_spark(query_sql, table_map, column_types)
             result = spark.sql(spark_sql)
             if len(result.columns) != len(layout.columns):
                 raise RefreshError(
@@ -641,7 +657,7 @@ class Refresher:
         self._check_cancel()
         t2 = time.monotonic()
         inserted, deleted = self._apply_full(st, plan, history_id, self.commit_snapshot(snapshot), lsn, rows, staging,
-                                             request_ids, timings["spark_job"], layout)
+                                             request_ids, timings["spark_job"], layout, data_timestamp)
         timings["apply"] = time.monotonic() - t2
         if rows is None:
             self.conn.execute(sql.SQL("DROP TABLE IF EXISTS pgtrickle_changes.{}").format(
@@ -664,7 +680,8 @@ class Refresher:
 
     def _apply_full(self, st: StreamTable, plan: RefreshPlan, history_id: int, snapshot: str, lsn: str,
                     rows: list[tuple] | None, staging: str, request_ids: Sequence[int],
-                    spark_seconds: float, layout: Layout) -> tuple[int, int]:
+                    spark_seconds: float, layout: Layout,
+                    data_timestamp: datetime | None = None) -> tuple[int, int]:
         target = sql.SQL("{}.{}").format(sql.Identifier(st.schema), sql.Identifier(st.name))
         col_list = sql.SQL(", ").join(
             [sql.Identifier(c) for c in layout.columns] + [sql.Identifier("__pgt_row_id")])
@@ -705,7 +722,7 @@ class Refresher:
                 self._guard_keys(st, layout)
             commit.complete(self.conn, st, snapshot=snapshot, lsn=lsn, history_id=history_id,
                             inserted=int(inserted), deleted=int(deleted), spark_seconds=spark_seconds,
-                            request_ids=request_ids)
+                            request_ids=request_ids, data_timestamp=data_timestamp)
             user_triggers.finish(self.conn, st, triggers, int(inserted), int(deleted), history_id)
             faults.point("refresh.before_commit")
         faults.point("refresh.after_commit")
@@ -736,17 +753,14 @@ class _AlreadyRecorded(Exception):  # noqa: N818 - a carrier, not an error of it
         self.error = error
 
 
-def _describe(exc: BaseException) -> str:
-    """The first line of an error, for history and logs; for a failed Spark job, the JVM's reason.
+def _log_full_error(st: StreamTable, exc: BaseException, public: str) -> None:
+    """The whole error, which may quote source rows, goes to the daemon's log only."""
+    full = full_error(exc)
+    if full != public:
+        log.warning("%s: refresh failed: %s (stored without its values as: %s)", st.display, full, public)
 
-    py4j's first line only names the call ("An error occurred while calling
-    o86.collectToPython."); the line after it says why (e.g. "Job aborted due
-    to stage failure: Task 3 in stage 2.0 failed 2 times ... ExecutorLostFailure").
-    """
-    lines = [line.strip() for line in scrub(exc).strip().splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    first = lines[0]
-    if first.startswith("An error occurred while calling") and len(lines) > 1:
-        first = lines[1].lstrip(": ")
-    return first[:2000]
+
+def _describe(exc: BaseException) -> str:
+    """The error as the catalog and the alerts may show it: no source row values
+    (:func:`pgtrickle.ops.error_redaction.public_error`; the full text goes to the log)."""
+    return public_error(exc)

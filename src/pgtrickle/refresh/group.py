@@ -35,6 +35,7 @@ from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.errors import PgTrickleError, RefreshError
 from pgtrickle.gates.skips import record_skip
 from pgtrickle.ops import health
+from pgtrickle.ops.error_redaction import full_error
 from pgtrickle.refresh.engine import Cancelled, Prepared, RefreshOutcome, Refresher, _describe
 from pgtrickle.refresh.group_plan import frontier_with_own_xid, member_actions
 from pgtrickle.refresh.plan import Action, RefreshPlan
@@ -190,7 +191,7 @@ def _run(refresher: Refresher, ctx: GroupContext, group: RefreshGroup, order: Se
     except Exception as exc:
         message = _describe(exc)
         failed = members[current]
-        log.error("atomic group %s: %s failed, nothing applied: %s", group.name, failed.display, message)
+        log.error("atomic group %s: %s failed, nothing applied: %s", group.name, failed.display, full_error(exc))
         _record_member_failure(refresher, failed, current_plan, initiated_by[current], exc, message)
         _skip_all(refresher, order, members, initiated_by,
                   f"atomic group {group.name}: not applied because {failed.display} failed: {message}",

@@ -39,6 +39,13 @@ class ModeContext:
     fallback_ratio: float = DEFAULT_FALLBACK_RATIO
     layout_changed: bool = False
     """The table's hidden state columns were (re)built: its contents must be recomputed."""
+    reads_clock: bool = False
+    """The query reads the clock (now(), current_date, ...): its result changes without any source change."""
+
+
+READS_CLOCK_REASON = ("the query reads the clock (now(), current_date, ...): it is recomputed in full at every "
+                      "scheduled refresh, with or without source changes, with the clock read at the refresh's "
+                      "snapshot")
 
 
 def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
@@ -59,6 +66,9 @@ def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
         names = ", ".join(f"{s.schema}.{s.name}" for s in truncated)
         kind = "refreshed in full" if all(s.kind == "STREAM_TABLE" for s in truncated) else "truncated"
         return RefreshPlan(Action.FULL, f"source {names} was {kind}", delta, deletes)
+    if mode.reads_clock and refresh_mode != "DIFFERENTIAL":
+        # Its result moves with time: skipping it when the sources are idle would leave it stale.
+        return RefreshPlan(Action.FULL, READS_CLOCK_REASON, delta, deletes)
     if delta == 0:
         return RefreshPlan(Action.NO_DATA, "no pending changes", 0)
     if mode.layout_changed:

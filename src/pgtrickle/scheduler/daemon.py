@@ -54,7 +54,7 @@ from pgtrickle.refresh.engine import Cancelled, RefreshOutcome, Refresher
 from pgtrickle.refresh.group import refresh_group
 from pgtrickle.scheduler.dag import StreamTableNode, resolve_calculated, topological_order
 from pgtrickle.scheduler.groups import GroupNode, RefreshGroup, in_group_upstream, refresh_groups
-from pgtrickle.scheduler.policy import DueReason, DueState, due_reason, reconnect_delay
+from pgtrickle.scheduler.policy import DueReason, DueState, due_reason, reconnect_delay, stopped_note
 from pgtrickle.scheduler.schedule import IntervalSchedule, Schedule, parse_schedule
 
 log = logging.getLogger(__name__)
@@ -252,10 +252,13 @@ class Scheduler:
         requests = load_requests(self.conn)
         requested: dict[int, list[int]] = {}
         forced: set[int] = set()
+        manual: set[int] = set()
         for req in requests:
             requested.setdefault(req.pgt_id, []).append(req.request_id)
             if req.force:
                 forced.add(req.pgt_id)
+            if req.kind == "REFRESH":
+                manual.add(req.pgt_id)
         schedules, broken = _schedules(sts, self.default_schedule(), now)
         for pgt_id, message in broken.items():
             self._mark_error(sts[pgt_id], message)
@@ -265,7 +268,8 @@ class Scheduler:
             if pgt_id in broken:
                 return None
             return due_reason(DueState(st.status, st.frontier is not None, st.last_refresh_at, st.last_attempt_at,
-                                       pgt_id in requested, st.created_at), schedules[pgt_id], now)
+                                       pgt_id in requested, st.created_at, pgt_id in manual),
+                              schedules[pgt_id], now)
 
         order = ordered(sts)
         group_of = {m: g for g in effective_groups(self.conn, sts) for m in g.members}
@@ -310,6 +314,8 @@ class Scheduler:
                 return
             initiated_by = ("MANUAL" if reason is DueReason.REQUESTED and fresh.frontier is not None
                             else "INITIAL" if fresh.frontier is None else "SCHEDULER")
+            if note := stopped_note(fresh.display, fresh.status):
+                log.warning("%s", note)
             outcome = self.refresher.refresh(fresh, initiated_by, request_ids,
                                              record_no_data=reason is DueReason.REQUESTED, force=force)
             report.refreshed.append(outcome)
@@ -586,6 +592,8 @@ def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
                 )
             try:
                 fresh = load_stream_tables(scheduler.conn, only=pgt_id)[pgt_id]
+                if note := stopped_note(fresh.display, fresh.status):
+                    scheduler.progress(note)
                 initiated_by = "INITIAL" if fresh.frontier is None else "MANUAL"
                 outcomes.append(scheduler.refresher.refresh(
                     fresh, initiated_by, requested.get(pgt_id, ()), record_no_data=True,

@@ -25,20 +25,29 @@ class DueState:
     last_attempt_at: datetime | None
     requested: bool
     created_at: datetime
+    manual_request: bool = False
+    """One of the queued requests is an explicit refresh (``refresh_stream_table``), not the
+    initialization queued by ``create_stream_table``."""
+
+
+STOPPED_STATUSES = ("SUSPENDED", "ERROR")
+"""Statuses in which nothing is attempted automatically (until ``resume_stream_table``)."""
 
 
 def due_reason(state: DueState, schedule: Schedule, now: datetime) -> DueReason | None:
     """Why the stream table should refresh now, or ``None``.
 
-    * A queued request is honoured whatever the status: it is an explicit ask.
-    * ``SUSPENDED`` and ``ERROR`` stream tables are not refreshed on schedule.
+    * ``SUSPENDED`` and ``ERROR`` stream tables are not refreshed automatically:
+      not on schedule, and not for a queued initialization. Only an explicit
+      refresh request (by the owner, after the suspension) runs, once.
+    * Otherwise a queued request is honoured at once: it is an explicit ask.
     * A failed attempt waits one schedule interval before it is retried, so a
       broken stream table does not spin.
     """
+    if state.status in STOPPED_STATUSES:
+        return DueReason.REQUESTED if state.requested and state.manual_request else None
     if state.requested:
         return DueReason.REQUESTED
-    if state.status in ("SUSPENDED", "ERROR"):
-        return None
     attempts = [t for t in (state.last_refresh_at, state.last_attempt_at) if t is not None]
     last = max(attempts) if attempts else None
     if not state.has_frontier:
@@ -49,6 +58,14 @@ def due_reason(state: DueState, schedule: Schedule, now: datetime) -> DueReason 
     if is_due(schedule, last, now):
         return DueReason.SCHEDULED
     return None
+
+
+def stopped_note(display: str, status: str) -> str | None:
+    """What an explicit refresh of a stopped (SUSPENDED / ERROR) stream table says; ``None`` otherwise."""
+    if status not in STOPPED_STATUSES:
+        return None
+    return (f"{display} is {status}: refreshing it once, as asked; it is not refreshed automatically "
+            "until pgtrickle.resume_stream_table")
 
 
 RECONNECT_FIRST_DELAY = 0.5

@@ -163,6 +163,26 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT pg_get_viewdef(p_view, true)
 $$;
 
+-- Whether a defining view reads the clock: calls now(), clock_timestamp(), statement_timestamp(),
+-- transaction_timestamp() or timeofday(), or uses current_date, current_time, current_timestamp,
+-- localtime or localtimestamp. Read from PostgreSQL's own parse tree of the view (so a column or
+-- a string that happens to say "now" does not count); such a stream table is recomputed on every
+-- scheduled refresh even when its sources did not change.
+CREATE OR REPLACE FUNCTION pgtrickle._reads_clock(p_view oid)
+RETURNS boolean LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_rewrite r
+         WHERE r.ev_class = p_view
+           AND (r.ev_action::text ~ 'SQLVALUEFUNCTION :op [0-9]+ :type (1082|1083|1114|1184|1266) '
+                OR EXISTS (SELECT 1
+                             FROM regexp_matches(r.ev_action::text, ':funcid ([0-9]+) ', 'g') AS f(id)
+                             JOIN pg_catalog.pg_proc p ON p.oid = f.id[1]::oid
+                            WHERE p.pronamespace = 'pg_catalog'::regnamespace
+                              AND p.proname IN ('now', 'clock_timestamp', 'statement_timestamp',
+                                                'transaction_timestamp', 'timeofday'))))
+$$;
+
 -- Find a stream table by name: qualified, or resolved through the caller's search_path.
 DROP FUNCTION IF EXISTS pgtrickle._find_st(text);
 CREATE OR REPLACE FUNCTION pgtrickle._find_st(p_name text, p_path text)
@@ -983,8 +1003,9 @@ BEGIN
 
     INSERT INTO pgtrickle.pgt_stream_tables
         (pgt_id, pgt_relid, pgt_schema, pgt_name, def_view, defining_query, normalized_query,
-         schedule, refresh_mode, created_by)
-    VALUES (v_id, v_relid, v_schema, v_name, v_view, query, v_norm, v_schedule, v_mode, v_caller);
+         schedule, refresh_mode, created_by, reads_clock)
+    VALUES (v_id, v_relid, v_schema, v_name, v_view, query, v_norm, v_schedule, v_mode, v_caller,
+            pgtrickle._reads_clock(v_view));
 
     PERFORM pgtrickle._ensure_capture(v_relid, 'STREAM_TABLE', '{}');
     FOR dep IN
@@ -1223,6 +1244,11 @@ BEGIN
             pgtrickle._display_name(st.pgt_schema, st.pgt_name), v_gate
             USING ERRCODE = 'object_not_in_prerequisite_state',
                   HINT = 'SELECT * FROM pgtrickle.watermark_status() shows which source lags; refresh anyway with force => true.';
+    END IF;
+    IF st.status IN ('SUSPENDED', 'ERROR') THEN
+        RAISE NOTICE 'stream table % is %: it is refreshed once, as asked, and not automatically until pgtrickle.resume_stream_table(%)',
+            pgtrickle._display_name(st.pgt_schema, st.pgt_name), st.status,
+            quote_literal(pgtrickle._display_name(st.pgt_schema, st.pgt_name));
     END IF;
     INSERT INTO pgtrickle.pgt_refresh_requests (pgt_id, kind, force) VALUES (st.pgt_id, 'REFRESH', force);
     PERFORM pg_notify('pgtrickle_refresh', st.pgt_id::text);
@@ -2188,7 +2214,9 @@ BEGIN
         -- Forget the held-back changes: the frontier moves past them without applying them.
         v_snapshot := pg_current_snapshot();
         UPDATE pgtrickle.pgt_stream_tables
-           SET frontier = v_snapshot, frontier_lsn = pg_current_wal_lsn(), data_timestamp = now()
+           SET frontier = v_snapshot, frontier_lsn = pg_current_wal_lsn(),
+               -- (A query that reads the clock was not recomputed: its data keeps its time.)
+               data_timestamp = CASE WHEN st.reads_clock THEN data_timestamp ELSE now() END
          WHERE pgt_id = st.pgt_id;
         INSERT INTO pgtrickle.pgt_refresh_history
             (pgt_id, action, status, initiated_by, rows_inserted, rows_deleted, delta_row_count,
@@ -2285,7 +2313,11 @@ BEGIN
     st := pgtrickle._find_st(name, caller_path);
     configured_mode := st.refresh_mode;
     analyzed_at := st.mode_analyzed_at;
-    IF st.refresh_mode = 'FULL' THEN
+    IF st.reads_clock AND st.refresh_mode <> 'DIFFERENTIAL' THEN
+        effective_mode := 'FULL';
+        reason := 'the query reads the clock (now(), current_date, ...): it is recomputed in full at every '
+                  'scheduled refresh, with or without source changes, with the clock read at the refresh''s snapshot';
+    ELSIF st.refresh_mode = 'FULL' THEN
         effective_mode := 'FULL';
         reason := 'refresh_mode is FULL';
     ELSIF st.mode_analyzed_at IS NULL THEN
@@ -2782,7 +2814,7 @@ COMMENT ON FUNCTION pgtrickle.resume_stream_table(text) IS
 'Resume a SUSPENDED (or ERROR) stream table: status ACTIVE, error count reset, a refresh queued, alert resumed.';
 
 COMMENT ON FUNCTION pgtrickle.get_staleness(text) IS
-'How old a stream table''s data is: now() minus the time of the snapshot it reflects; NULL when never refreshed.';
+'How old a stream table''s data is: now() minus the time of the snapshot it reflects; NULL when never refreshed. A stream table whose query reads the clock reflects the time of its last recompute (it ages until its next scheduled refresh).';
 
 COMMENT ON FUNCTION pgtrickle.set_user_triggers(text, text) IS
 'How refreshes of one stream table treat its user triggers: auto | on | off, or default / NULL for the user_triggers setting.';
