@@ -68,6 +68,8 @@ class StreamTable:
     """hold_back: where each grouped source was read at the last refresh (see gates.watermark_gate)."""
     watermark_mark: Any = None
     """Set by the refresh engine for one refresh: the watermark state to commit with the frontier."""
+    reinit_reason: str | None = None
+    """Why ``needs_reinit`` was set, when the code that set it said (e.g. a repaired change capture)."""
 
     @property
     def qualified(self) -> str:
@@ -175,6 +177,7 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
             diamond_consistency=r.get("diamond_consistency") or "atomic",
             effective_watermark=r.get("effective_watermark"),
             watermark_positions=r.get("watermark_positions"),
+            reinit_reason=r.get("reinit_reason"),
         )
     return result
 
