@@ -361,15 +361,19 @@ def status(
 ) -> None:
     """Show every stream table: status, mode, schedule, freshness, errors; change capture; recent alerts.
 
-    Exit status 2 when the change capture of a source is broken (objects dropped by hand).
+    Exit status 2 when the change capture of a source is broken (objects dropped by hand; at the
+    end, with --watch).
     """
+
+    def intact(dsn: str) -> bool:
+        with connect(dsn) as conn:
+            return not find_broken(conn)
 
     def go() -> bool:
         dsn = _dsn(ctx)
         if not watch:
             console.print(status_view(dsn))
-            with connect(dsn) as conn:
-                return not find_broken(conn)
+            return intact(dsn)
         shown = 1
         with Live(status_view(dsn), console=console, refresh_per_second=4, screen=False) as live:
             try:
@@ -379,7 +383,7 @@ def status(
                     shown += 1
             except KeyboardInterrupt:
                 pass
-        return True
+        return intact(dsn)
 
     if not _run(go):
         raise typer.Exit(2)
