@@ -40,3 +40,9 @@ class SparkError(PgTrickleError):
 
 class RefreshError(PgTrickleError):
     """A refresh failed; the stream table keeps its previous contents."""
+
+
+class CaptureBrokenError(RefreshError):
+    """A change capture object (buffer table or view, trigger function, trigger) is missing:
+    changes may have been lost. ``pgtrickle install`` recreates it; the stream tables reading the
+    source are then recomputed in full."""

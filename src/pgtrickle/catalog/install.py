@@ -7,12 +7,18 @@ reserved by work in parallel branches, so one may arrive after a later one). Fun
 and views (``sql/api.sql``) are re-created on every install, so an upgrade
 replaces them. Everything runs in one transaction under an advisory lock, so
 two concurrent installs cannot interleave and a failed one changes nothing.
+
+Install also repairs change capture: a change buffer table or view, capture
+trigger function or trigger dropped by hand (or a capture trigger disabled)
+is recreated for every source still in use, and the stream tables reading it
+are marked for reinitialization, since changes may have been lost
+(``pgtrickle._repair_capture``).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 import psycopg
@@ -31,10 +37,22 @@ class Migration:
 
 
 @dataclass(frozen=True)
+class RepairedCapture:
+    source: str
+    """The source's display name (a table, or a stream table whose own change buffer was repaired)."""
+    problems: list[str]
+    """What was missing, now recreated."""
+    reinitialized: list[str]
+    """The stream tables reading it, marked for reinitialization (next refresh FULL)."""
+
+
+@dataclass(frozen=True)
 class InstallResult:
     applied: list[str]
     current_version: int
     event_triggers: bool
+    repaired: list[RepairedCapture] = field(default_factory=list)
+    """Change capture that was broken and was repaired by this install."""
 
 
 def _sql_dir():  # type: ignore[no-untyped-def]
@@ -110,7 +128,30 @@ def install(conn: psycopg.Connection, up_to: int | None = None) -> InstallResult
         conn.execute((_sql_dir() / "identity.sql").read_text())  # type: ignore[arg-type]
         conn.execute((_sql_dir() / "api.sql").read_text())  # type: ignore[arg-type]
         event_triggers = _install_event_triggers(conn)
-    return InstallResult(applied, latest_version(), event_triggers)
+        repaired = repair_capture(conn)
+    return InstallResult(applied, latest_version(), event_triggers, repaired)
+
+
+def repair_capture(conn: psycopg.Connection) -> list[RepairedCapture]:
+    """Recreate the missing capture objects of every source still in use (see the module doc)."""
+    sources = conn.execute(
+        """
+        SELECT c.source_relid, pgtrickle._display_name(c.source_schema, c.source_name),
+               coalesce((SELECT array_agg(pgtrickle._display_name(s.pgt_schema, s.pgt_name) ORDER BY s.pgt_id)
+                           FROM pgtrickle.pgt_dependencies d JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)
+                          WHERE d.source_relid = c.source_relid), '{}')
+          FROM pgtrickle.pgt_change_sources c
+         WHERE c.source_kind = 'STREAM_TABLE'
+            OR EXISTS (SELECT 1 FROM pgtrickle.pgt_dependencies d WHERE d.source_relid = c.source_relid)
+         ORDER BY 2
+        """
+    ).fetchall()
+    repaired = []
+    for relid, name, readers in sources:
+        row = conn.execute("SELECT pgtrickle._repair_capture(%s)", (relid,)).fetchone()
+        if row and row[0]:
+            repaired.append(RepairedCapture(str(name), list(row[0]), list(readers)))
+    return repaired
 
 
 def _install_event_triggers(conn: psycopg.Connection) -> bool:

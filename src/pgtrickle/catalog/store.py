@@ -70,6 +70,8 @@ class StreamTable:
     """Set by the refresh engine for one refresh: the watermark state to commit with the frontier."""
     reads_clock: bool = False
     """The defining query reads the clock (now(), current_date, ...): recomputed on every scheduled refresh."""
+    reinit_reason: str | None = None
+    """Why ``needs_reinit`` was set, when the code that set it said (e.g. a repaired change capture)."""
 
     @property
     def qualified(self) -> str:
@@ -186,6 +188,7 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
             effective_watermark=r.get("effective_watermark"),
             watermark_positions=r.get("watermark_positions"),
             reads_clock=bool(r.get("reads_clock")),
+            reinit_reason=r.get("reinit_reason"),
         )
     return result
 

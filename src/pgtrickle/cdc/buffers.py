@@ -77,6 +77,13 @@ def pending_changes(conn: psycopg.Connection, sources: tuple[Source, ...], front
     return result
 
 
+_INTACT = sql.SQL(
+    "to_regclass(pgtrickle._buffer_part(c.buffer_name, 'rows')) IS NOT NULL"
+    " AND (c.source_kind <> 'TABLE'"
+    "      OR to_regclass(pgtrickle._buffer_part(c.buffer_name, 'batches')) IS NOT NULL)")
+"""The buffer's tables exist (one dropped by hand is skipped until `pgtrickle install` recreates it)."""
+
+
 def cleanup_buffers(conn: psycopg.Connection) -> int:
     """Delete buffer rows every consumer's frontier has passed; returns rows deleted.
 
@@ -88,10 +95,11 @@ def cleanup_buffers(conn: psycopg.Connection) -> int:
     snapshot a hold_back refresh last read the source at, and after each
     group member's advancement at its group's last aligned point, stay too.
     The horizon used is recorded (``cleaned_below``), so a hold-back can tell
-    whether the rows it needs are all there.
+    whether the rows it needs are all there. A buffer whose tables were
+    dropped by hand is skipped (the others are cleaned).
     """
     buffers = conn.execute(
-        """
+        sql.SQL("""
         SELECT c.source_relid, c.buffer_name, c.source_kind = 'TABLE' AS batched,
                least(min(pg_snapshot_xmin(s.frontier)::text::numeric),
                      min(pg_snapshot_xmin((s.watermark_positions->'sources'->>c.source_relid::text)::pg_snapshot)
@@ -104,8 +112,9 @@ def cleanup_buffers(conn: psycopg.Connection) -> int:
           FROM pgtrickle.pgt_change_sources c
           JOIN pgtrickle.pgt_dependencies d USING (source_relid)
           JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)
+         WHERE {intact}
          GROUP BY c.source_relid, c.buffer_name, c.source_kind
-        """
+        """).format(intact=_INTACT)
     ).fetchall()
     deleted = 0
     for relid, buffer_name, batched, horizon, any_uninitialized in buffers:
@@ -119,11 +128,11 @@ def cleanup_buffers(conn: psycopg.Connection) -> int:
                 " WHERE source_relid = %s", (horizon, relid))
     # Buffers of stream tables nobody reads hold only refresh markers: keep them empty.
     orphans = conn.execute(
-        """
+        sql.SQL("""
         SELECT c.buffer_name FROM pgtrickle.pgt_change_sources c
-         WHERE c.source_kind = 'STREAM_TABLE'
+         WHERE c.source_kind = 'STREAM_TABLE' AND {intact}
            AND NOT EXISTS (SELECT 1 FROM pgtrickle.pgt_dependencies d WHERE d.source_relid = c.source_relid)
-        """
+        """).format(intact=_INTACT)
     ).fetchall()
     for (buffer_name,) in orphans:
         deleted += _delete_parts(conn, buffer_name, False, sql.SQL(""), ())

@@ -160,20 +160,31 @@ class CaptureManager:
         done: list[tuple[str, Move, str]] = []
         default = default_mode(self.conn)
         for source in load_sources(self.conn):
-            move = desired_move(source, default)
-            if move is Move.TO_TRIGGER:
-                reason = "cdc_mode is trigger"
-                self.conn.execute("SELECT pgtrickle._transition_to_trigger(%s, %s)", (source.relid, reason))
-                done.append((source.name, move, reason))
-            elif move is Move.TO_WAL:
-                if time.monotonic() < self._retry_after.get(source.relid, 0.0):
-                    continue
-                result = self._to_wal(source)
-                if result is None:
-                    self._retry_after[source.relid] = time.monotonic() + self.RETRY_SECONDS
-                if result:
-                    done.append((source.name, move, result))
+            try:
+                self._reconcile_one(source, default, done)
+            except psycopg.Error:
+                if self.conn.broken or self.conn.closed:
+                    raise
+                # One source (its capture objects dropped by hand, say) must not stop the others.
+                log.exception("%s: changing its capture failed; retrying in %.0fs", source.name,
+                              self.RETRY_SECONDS)
+                self._retry_after[source.relid] = time.monotonic() + self.RETRY_SECONDS
         return done
+
+    def _reconcile_one(self, source: SourceCapture, default: str, done: list[tuple[str, Move, str]]) -> None:
+        move = desired_move(source, default)
+        if move is Move.TO_TRIGGER:
+            reason = "cdc_mode is trigger"
+            self.conn.execute("SELECT pgtrickle._transition_to_trigger(%s, %s)", (source.relid, reason))
+            done.append((source.name, move, reason))
+        elif move is Move.TO_WAL:
+            if time.monotonic() < self._retry_after.get(source.relid, 0.0):
+                return
+            result = self._to_wal(source)
+            if result is None:
+                self._retry_after[source.relid] = time.monotonic() + self.RETRY_SECONDS
+            if result:
+                done.append((source.name, move, result))
 
     def _to_wal(self, source: SourceCapture) -> str | None:
         wal_level, max_slots, in_use, has_slot = self.conn.execute(

@@ -18,10 +18,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from pgtrickle.catalog.install import require_installed
+from pgtrickle.cli.reports import broken_capture, capture_repairs, refresh_results
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, redact, resolve_dsn
 from pgtrickle.db.redaction import install_log_redaction, register_dsn, scrub
 from pgtrickle.errors import PgTrickleError
+from pgtrickle.refresh.capture_check import broken_by_stream_table, find_broken
 
 app = typer.Typer(
     help="Self-maintaining stream tables for PostgreSQL, computed on Apache Spark.",
@@ -168,19 +170,12 @@ def install(ctx: typer.Context) -> None:
         if not result.event_triggers:
             console.print("[yellow]note:[/] not a superuser, so DDL tracking (event triggers) is off: "
                           "a source dropped with CASCADE is noticed at the next refresh instead.")
+        capture_repairs(console, result.repaired)
 
     _run(go)
 
 
 # ------------------------------------------------------------- refresh
-
-
-def _outcome_table(outcomes) -> Table:  # type: ignore[no-untyped-def]
-    table = Table("stream table", "action", "why", "inserted", "deleted", "seconds")
-    for o in outcomes:
-        table.add_row(o.st.display, o.action.value, o.reason, f"{o.rows_inserted:,}",
-                      f"{o.rows_deleted:,}", f"{o.seconds:.2f}")
-    return table
 
 
 @app.command()
@@ -194,24 +189,29 @@ def refresh(
 ) -> None:
     """Refresh stream tables now, upstream first, and wait for the result.
 
-    A stream table whose circuit breaker is open, or whose watermark gate is
+    A failed refresh does not stop the others; a stream table whose upstream
+    failed is skipped. Exit status 0 when none failed, 1 otherwise. A named
+    stream table whose circuit breaker is open, or whose watermark gate is
     closed, is refused unless --force (with --all it is skipped and reported).
     """
-    from pgtrickle.scheduler.daemon import refresh_sync
+    from pgtrickle.scheduler.manual import refresh_all, summarize
 
     if not names and not all_:
         _fail("name one or more stream tables, or give --all")
     if names and all_:
         _fail("give either stream table names or --all, not both")
 
-    def go() -> None:
+    def go() -> int:
         dsn = _dsn(ctx)
         with console.status("Refreshing (the first Spark job of a process takes a few seconds)…") as status:
-            outcomes = refresh_sync(_settings(ctx), dsn, None if all_ else names,
-                                    progress=lambda msg: status.update(msg), force=force)
-        console.print(_outcome_table(outcomes))
+            results = refresh_all(_settings(ctx), dsn, None if all_ else names,
+                                  progress=lambda msg: status.update(escape(msg)), force=force)
+        refresh_results(console, results)
+        return summarize(results).exit_code
 
-    _run(go)
+    code = _run(go)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -285,8 +285,11 @@ def status_view(dsn: str, *, alerts_shown: int = 5) -> Group:
         rows = conn.execute(
             "SELECT name, status, effective_mode, schedule, last_refresh_at, staleness,"
             " pending_requests, consecutive_errors, last_error, watermark_gating, watermark_gating_origin,"
-            " watermark_gate IS NOT NULL, effective_watermark FROM pgtrickle.stream_tables_info ORDER BY name"
+            " watermark_gate IS NOT NULL, effective_watermark, pgt_id"
+            " FROM pgtrickle.stream_tables_info ORDER BY name"
         ).fetchall()
+        broken = find_broken(conn) if rows else []
+        broken_sts = broken_by_stream_table(conn) if broken else {}
         health = conn.execute(
             "SELECT source, cdc_mode, cdc_mode_setting, slot_active, lag_bytes, pending_rows,"
             " oldest_pending_age, problems FROM pgtrickle.check_cdc_health()").fetchall() if rows else []
@@ -302,7 +305,7 @@ def status_view(dsn: str, *, alerts_shown: int = 5) -> Group:
                   "queued", "watermark gating", "errors", "last error",
                   title=f"stream tables in {redact(dsn)} at {now.strftime('%Y-%m-%d %H:%M:%S %Z')}")
     for (name, st_status, mode, schedule, last, staleness, queued, errors, error, gating, origin, gated,
-         effective) in rows:
+         effective, pgt_id) in rows:
         colour = {"ACTIVE": "green", "INITIALIZING": "cyan", "SUSPENDED": "yellow",
                   "ERROR": "red"}.get(st_status, "white")
         gating_text = "-" if gating == "none" and origin == "inferred" else f"{gating} ({origin})"
@@ -310,7 +313,11 @@ def status_view(dsn: str, *, alerts_shown: int = 5) -> Group:
             gating_text += " [yellow]closed[/]"
         if effective is not None:
             gating_text += f" @ {effective:%Y-%m-%d %H:%M:%S}"
-        table.add_row(name, f"[{colour}]{st_status}[/]", mode, schedule,
+        status_text = f"[{colour}]{st_status}[/]"
+        if pgt_id in broken_sts:
+            status_text += " [red]capture broken[/]"
+            error = "change capture broken: " + ", ".join(b.source for b in broken_sts[pgt_id])
+        table.add_row(name, status_text, mode, schedule,
                       last.strftime("%Y-%m-%d %H:%M:%S") if last else "never",
                       _fmt_interval(staleness), str(queued), gating_text, str(errors) if errors else "",
                       scrub(error or "")[:60])
@@ -323,9 +330,10 @@ def status_view(dsn: str, *, alerts_shown: int = 5) -> Group:
     for source, mode, setting, active, lag, pending, oldest, problems in health:
         decoder = "-" if mode == "trigger" else ("attached" if active else "[red]none[/]")
         cdc.add_row(source, mode, setting, decoder, "-" if lag is None else f"{int(lag):,} B",
-                    f"{pending:,}", _fmt_interval(oldest),
-                    "[red]" + "; ".join(problems) + "[/]" if problems else "[green]ok[/]")
+                    "-" if pending is None else f"{pending:,}", _fmt_interval(oldest),
+                    "[red]" + escape("; ".join(problems)) + "[/]" if problems else "[green]ok[/]")
     parts.append(cdc)
+    parts.extend(broken_capture(broken))
     if groups:
         group_table = Table("atomic group", "members (one snapshot, one transaction)", title="refresh groups")
         for name, members in groups:
@@ -351,13 +359,21 @@ def status(
         help="With --watch: stop after this many updates (default: until Ctrl-C).", min=1,
         show_default=False)] = None,
 ) -> None:
-    """Show every stream table: status, mode, schedule, freshness, errors; change capture; recent alerts."""
+    """Show every stream table: status, mode, schedule, freshness, errors; change capture; recent alerts.
 
-    def go() -> None:
+    Exit status 2 when the change capture of a source is broken (objects dropped by hand; at the
+    end, with --watch).
+    """
+
+    def intact(dsn: str) -> bool:
+        with connect(dsn) as conn:
+            return not find_broken(conn)
+
+    def go() -> bool:
         dsn = _dsn(ctx)
         if not watch:
             console.print(status_view(dsn))
-            return
+            return intact(dsn)
         shown = 1
         with Live(status_view(dsn), console=console, refresh_per_second=4, screen=False) as live:
             try:
@@ -367,8 +383,10 @@ def status(
                     shown += 1
             except KeyboardInterrupt:
                 pass
+        return intact(dsn)
 
-    _run(go)
+    if not _run(go):
+        raise typer.Exit(2)
 
 
 @app.command()
@@ -379,25 +397,24 @@ def verify(
 ) -> None:
     """Compare stream tables with their defining queries run in PostgreSQL (EXCEPT ALL both ways).
 
-    Differences can also be changes not refreshed yet: run it when sources are quiet.
+    Also fails a stream table whose change capture is broken. Each stream table
+    is checked on its own; exit status 1 when any is not ok. Differences can
+    also be changes not refreshed yet: run it when sources are quiet.
     """
-    from pgtrickle.refresh.verify import verify as do_verify
+    from pgtrickle.refresh.verify import check_all
 
     def go() -> bool:
         dsn = _dsn(ctx)
         with connect(dsn) as conn:
-            wanted = names or [r[0] for r in conn.execute(
-                "SELECT name FROM pgtrickle.stream_tables_info ORDER BY name").fetchall()]
-            ok = True
-            for name in wanted:
-                result = do_verify(conn, name)
-                if result.ok:
-                    console.print(f"[green]✓[/] {escape(name)}", highlight=False)
-                else:
-                    ok = False
-                    console.print(f"[red]✗[/] {escape(name)}: {result.missing} rows missing, "
-                                  f"{result.extra} rows extra", highlight=False)
-        return ok
+            require_installed(conn)
+            results = check_all(conn, names or None)
+        for result in results:
+            if result.ok:
+                console.print(f"[green]✓[/] {escape(result.name)}", highlight=False)
+            else:
+                console.print(f"[red]✗[/] {escape(result.name)}: {escape(scrub(result.describe()))}",
+                              highlight=False, soft_wrap=True)
+        return all(r.ok for r in results)
 
     if not _run(go):
         raise typer.Exit(1)

@@ -8,6 +8,7 @@ Two kinds of series:
 * **state**, read from the catalog by the daemon every few seconds and
   exposed as one consistent snapshot: status, staleness, circuit breaker,
   consecutive errors per stream table; change buffer sizes per source;
+  whether a source's change capture is broken (objects dropped by hand);
   replication slot lag.
 
 Each :class:`Metrics` has its own registry, so several daemons in one
@@ -47,6 +48,8 @@ class CatalogSnapshot:
     """(source, rows (statistics estimate), bytes)."""
     slots: list[tuple[str, float]] = field(default_factory=list)
     """(slot, retained WAL bytes)."""
+    capture: list[tuple[str, bool]] = field(default_factory=list)
+    """(source, change capture broken) for every source, stream tables' own buffers included."""
     taken_at: float = 0.0
 
 
@@ -83,10 +86,15 @@ class _StateCollector(Collector):
                                 labels=["slot"])
         for slot, lag_bytes in snap.slots:
             lag.add_metric([slot], lag_bytes)
+        broken = GaugeMetricFamily("pgtrickle_change_capture_broken",
+                                   "1 when a capture object of the source is missing or disabled "
+                                   "(changes may be lost; `pgtrickle install` repairs it)", labels=["source"])
+        for source, is_broken in snap.capture:
+            broken.add_metric([source], 1.0 if is_broken else 0.0)
         age = GaugeMetricFamily("pgtrickle_catalog_snapshot_age_seconds",
                                 "seconds since these state series were read from the catalog")
         age.add_metric([], time.time() - snap.taken_at if snap.taken_at else float("nan"))
-        yield from (status, stale, breaker, errors, rows, size, lag, age)
+        yield from (status, stale, breaker, errors, rows, size, lag, broken, age)
 
 
 class Metrics:
@@ -157,6 +165,12 @@ class Metrics:
         ).fetchall():
             if lag is not None:
                 snap.slots.append((slot, float(lag)))
+        for source, is_broken in conn.execute(
+            "SELECT pgtrickle._display_name(source_schema, source_name),"
+            " cardinality(pgtrickle._capture_problems(source_relid)) > 0"
+            " FROM pgtrickle.pgt_change_sources ORDER BY 1"
+        ).fetchall():
+            snap.capture.append((source, bool(is_broken)))
         self._state.snapshot = snap
         return snap
 

@@ -45,8 +45,9 @@ from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis, Recomput
 from pgtrickle.dvm.layout import Layout, ensure_layout, plan_layout, row_index_name, state_types
 from pgtrickle.refresh import as_of, commit, user_triggers
 from pgtrickle.scheduler.policy import STOPPED_STATUSES
+from pgtrickle.refresh.capture_check import require_capture
 from pgtrickle.refresh.plan import (DEFAULT_FALLBACK_RATIO, READS_CLOCK_REASON, Action, ModeContext, RefreshPlan,
-                                    plan_refresh)
+                                    plan_refresh, reinit_text)
 from pgtrickle.spark import jdbc
 from pgtrickle.refresh.differential import finish_output
 from pgtrickle.sql.clock import clock_values, pin_clock
@@ -253,6 +254,7 @@ class Refresher:
         denied = self.conn.execute("SELECT pgtrickle._owner_cannot_read(%s)", (st.pgt_id,)).fetchone()
         if denied and denied[0]:
             raise RefreshError(str(denied[0]))
+        require_capture(self.conn, st)
         analysis = self.analysis(st)
         if st.refresh_mode == "DIFFERENTIAL" and not analysis.differential:
             message = (f"refresh_mode DIFFERENTIAL is not possible for {st.display}: {analysis.reason}; "
@@ -391,7 +393,8 @@ class Refresher:
                 if mode.differential and any(p.rows for p in pending):
                     source_rows, ratio = self._mode_figures(st, sum(p.rows for p in pending))
                     mode = replace(mode, source_rows=source_rows, fallback_ratio=ratio)
-                plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending, mode)
+                plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending, mode,
+                                    reinit_reason=st.reinit_reason)
             # A closed gate skips (with nothing to apply, a gated stream table just moves its frontier).
             # (In a group a member may be recomputed for its upstream members' changes: a closed gate skips.)
             if blocked and (plan.action is not Action.NO_DATA or hold_back or defer_no_data):
@@ -498,7 +501,7 @@ class Refresher:
         if st.frontier is None:
             return RefreshPlan(Action.FULL, f"initial population; {reason}", 0)
         if st.needs_reinit:
-            return RefreshPlan(Action.FULL, f"reinitialization requested; {reason}", delta, deletes)
+            return RefreshPlan(Action.FULL, f"{reinit_text(st.reinit_reason)}; {reason}", delta, deletes)
         if delta == 0 and not any(p.truncated for p in pending) and not st.reads_clock:
             return RefreshPlan(Action.NO_DATA, "no pending changes up to the watermark", 0)
         return RefreshPlan(Action.FULL, reason, delta, deletes)

@@ -49,10 +49,12 @@ READS_CLOCK_REASON = ("the query reads the clock (now(), current_date, ...): it 
 
 
 def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
-                 pending: Sequence[PendingChanges] | None, mode: ModeContext | None = None) -> RefreshPlan:
+                 pending: Sequence[PendingChanges] | None, mode: ModeContext | None = None,
+                 reinit_reason: str | None = None) -> RefreshPlan:
     """Decide how to bring a stream table up to date.
 
     ``pending`` is ``None`` when the stream table has no frontier yet.
+    ``reinit_reason`` says why reinitialization was requested, when known.
     """
     mode = mode or ModeContext()
     if frontier is None or pending is None:
@@ -60,7 +62,7 @@ def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
     delta = sum(p.rows for p in pending)
     deletes = sum(p.deletes for p in pending)
     if needs_reinit:
-        return RefreshPlan(Action.FULL, "reinitialization requested", delta, deletes)
+        return RefreshPlan(Action.FULL, reinit_text(reinit_reason), delta, deletes)
     truncated = [p.source for p in pending if p.truncated]
     if truncated:
         names = ", ".join(f"{s.schema}.{s.name}" for s in truncated)
@@ -89,3 +91,8 @@ def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
 def fallback_needed(changes: int, source_rows: float, ratio: float) -> bool:
     """Adaptive fallback: are there so many changes that recomputing is cheaper?"""
     return changes > ratio * max(source_rows, 1.0)
+
+
+def reinit_text(reason: str | None) -> str:
+    """The reason of a FULL refresh that reinitializes a stream table."""
+    return f"reinitialization requested: {reason}" if reason else "reinitialization requested"

@@ -293,7 +293,12 @@ class Scheduler:
             for name, move, why in self.capture.reconcile():
                 log.warning("%s: change capture %s (%s)", name, move.value, why)
         self._check_staleness(schedules)
-        self._maintenance()
+        try:
+            self._maintenance()
+        except psycopg.Error:
+            if self.conn.broken or self.conn.closed:
+                raise  # the run loop reconnects
+            log.exception("maintenance (buffer cleanup, metrics, pruning) failed; the next tick tries again")
         return report
 
     def _check_staleness(self, schedules: dict[int, Schedule]) -> None:
@@ -533,73 +538,11 @@ def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
                  progress: Callable[[str], None] | None = None, force: bool = False) -> list[RefreshOutcome]:
     """Refresh the named stream tables (all when ``names`` is None) now, upstream first.
 
-    Used by ``pgtrickle refresh``. Raises PgTrickleError on the first failure.
+    Raises on the first failure (``pgtrickle refresh`` goes on past failures:
+    :func:`pgtrickle.scheduler.manual.refresh_all`).
     """
-    scheduler = Scheduler(settings, dsn, progress=progress)
-    try:
-        sts = load_stream_tables(scheduler.conn)
-        if names is None:
-            wanted = set(sts)
-        else:
-            wanted = set()
-            for name in names:
-                row = scheduler.conn.execute("SELECT (pgtrickle._find_st(%s)).pgt_id", (name,)).fetchone()
-                assert row is not None
-                wanted.add(int(row[0]))
-        requested: dict[int, list[int]] = {}
-        forced: set[int] = set()
-        for req in load_requests(scheduler.conn):
-            requested.setdefault(req.pgt_id, []).append(req.request_id)
-            if req.force:
-                forced.add(req.pgt_id)
-        if not force:
-            open_ = scheduler.conn.execute(
-                "SELECT pgtrickle._display_name(pgt_schema, pgt_name), cb_trip_reason"
-                " FROM pgtrickle.pgt_stream_tables WHERE cb_state = 'open' AND pgt_id = ANY(%s)"
-                " ORDER BY pgt_id", (sorted(wanted),)).fetchall()
-            if open_ and names is not None:
-                name, why = open_[0]
-                raise PgTrickleError(
-                    f"the circuit breaker of stream table {name} is open ({why}); inspect it with "
-                    "pgtrickle.inspect_circuit_breaker, reset it with pgtrickle.reset_circuit_breaker, "
-                    "or refresh anyway with --force")
-            if names is not None:
-                for pgt_id in sorted(wanted):
-                    gated = watermark_gate.gated_reason(scheduler.conn, sts[pgt_id])
-                    if gated:
-                        raise PgTrickleError(
-                            f"stream table {sts[pgt_id].display} is held back by watermark gating ({gated}); "
-                            "pgtrickle watermarks shows which source lags; refresh anyway with --force")
-        outcomes = []
-        order = ordered(sts)
-        group_of = {m: g for g in effective_groups(scheduler.conn, sts) for m in g.members}
-        for position, pgt_id in enumerate(order):
-            group = group_of.get(pgt_id)
-            if group is not None:
-                # A member asked for refreshes its whole atomic group, where its last member comes.
-                if not group.members & wanted or any(m in group.members for m in order[position + 1:]):
-                    continue
-                members = [m for m in order if m in group.members]
-                outcomes.extend(scheduler.refresh_group_locked(
-                    group, members, lambda st: "INITIAL" if st.frontier is None else "MANUAL", requested,
-                    force=force or any(m in forced for m in members), record_no_data=True))
-                continue
-            if pgt_id not in wanted:
-                continue
-            if not scheduler.locks.try_lock(pgt_id):
-                raise PgTrickleError(
-                    f"stream table {sts[pgt_id].display} is being refreshed by another process; try again"
-                )
-            try:
-                fresh = load_stream_tables(scheduler.conn, only=pgt_id)[pgt_id]
-                if note := stopped_note(fresh.display, fresh.status):
-                    scheduler.progress(note)
-                initiated_by = "INITIAL" if fresh.frontier is None else "MANUAL"
-                outcomes.append(scheduler.refresher.refresh(
-                    fresh, initiated_by, requested.get(pgt_id, ()), record_no_data=True,
-                    force=force or pgt_id in forced))
-            finally:
-                scheduler.locks.unlock(pgt_id)
-        return outcomes
-    finally:
-        scheduler.close()
+    from pgtrickle.scheduler.manual import refresh_all
+
+    results = refresh_all(settings, dsn, None if names is None else list(names), progress=progress,
+                          force=force, keep_going=False)
+    return [r.outcome for r in results if r.outcome is not None]

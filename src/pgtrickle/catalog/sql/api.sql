@@ -2080,6 +2080,137 @@ BEGIN
 END
 $$;
 
+-- What is missing of a source's change capture (empty: intact). Objects dropped by hand
+-- (a buffer table or view, the trigger function, a trigger) or a capture trigger disabled
+-- mean changes may have been lost; pgtrickle._repair_capture (run by `pgtrickle install`)
+-- recreates them.
+CREATE OR REPLACE FUNCTION pgtrickle._capture_problems(p_relid oid)
+RETURNS text[] LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    src pgtrickle.pgt_change_sources;
+    v_problems text[] := '{}';
+    v_missing text[];
+    v_disabled text[];
+    v_have text[];
+BEGIN
+    SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid;
+    IF NOT FOUND THEN
+        RETURN v_problems;
+    END IF;
+    -- Looked up in pg_class (not to_regclass): callers without rights on pgtrickle_changes see it too.
+    v_have := ARRAY(SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                     WHERE n.nspname = 'pgtrickle_changes'
+                       AND c.relname IN (src.buffer_name, src.buffer_name || '_rows', src.buffer_name || '_batches'));
+    IF NOT src.buffer_name || '_rows' = ANY (v_have) THEN
+        v_problems := v_problems || format('change buffer table %s is missing',
+                                           pgtrickle._buffer_part(src.buffer_name, 'rows'));
+    END IF;
+    IF src.source_kind = 'TABLE' AND NOT src.buffer_name || '_batches' = ANY (v_have) THEN
+        v_problems := v_problems || format('change buffer table %s is missing',
+                                           pgtrickle._buffer_part(src.buffer_name, 'batches'));
+    END IF;
+    IF NOT src.buffer_name = ANY (v_have) THEN
+        v_problems := v_problems || format('change buffer view pgtrickle_changes.%I is missing', src.buffer_name);
+    END IF;
+    IF src.source_kind = 'TABLE' AND src.cdc_mode = 'trigger' AND EXISTS (SELECT 1 FROM pg_class WHERE oid = p_relid) THEN
+        IF NOT EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                        WHERE n.nspname = 'pgtrickle_changes' AND p.proname = 'capture_' || p_relid
+                          AND p.pronargs = 0) THEN
+            v_problems := v_problems || format('capture trigger function pgtrickle_changes.%I() is missing',
+                                               'capture_' || p_relid);
+        END IF;
+        SELECT coalesce(array_agg(n ORDER BY o) FILTER (WHERE t.tgname IS NULL), '{}'),
+               coalesce(array_agg(n ORDER BY o) FILTER (WHERE t.tgenabled = 'D'), '{}')
+          INTO v_missing, v_disabled
+          FROM unnest(ARRAY['pgt_capture_ins', 'pgt_capture_upd', 'pgt_capture_del', 'pgt_capture_trunc'])
+               WITH ORDINALITY AS w(n, o)
+          LEFT JOIN pg_trigger t ON t.tgrelid = p_relid AND t.tgname = w.n;
+        IF cardinality(v_missing) > 0 THEN
+            v_problems := v_problems || format('capture trigger(s) %s on %s missing',
+                                               array_to_string(v_missing, ', '), p_relid::regclass);
+        END IF;
+        IF cardinality(v_disabled) > 0 THEN
+            v_problems := v_problems || format('capture trigger(s) %s on %s disabled',
+                                               array_to_string(v_disabled, ', '), p_relid::regclass);
+        END IF;
+    END IF;
+    RETURN v_problems;
+END
+$$;
+
+-- Recreate what is missing of a source's change capture (see _capture_problems) and mark
+-- every stream table reading it for reinitialization: changes made while it was broken may
+-- be lost. Returns the problems repaired (empty: nothing to do). A source whose table is
+-- gone is left to the DDL tracking.
+CREATE OR REPLACE FUNCTION pgtrickle._repair_capture(p_relid oid)
+RETURNS text[] LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    src pgtrickle.pgt_change_sources;
+    v_problems text[];
+    v_rows text;
+    v_batches text;
+    v_display text;
+    col record;
+BEGIN
+    SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid FOR UPDATE;
+    IF NOT FOUND OR NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = p_relid) THEN
+        RETURN '{}';
+    END IF;
+    v_problems := pgtrickle._capture_problems(p_relid);
+    IF cardinality(v_problems) = 0 THEN
+        RETURN v_problems;
+    END IF;
+    v_rows := pgtrickle._buffer_part(src.buffer_name, 'rows');
+    v_batches := pgtrickle._buffer_part(src.buffer_name, 'batches');
+    EXECUTE format('DROP VIEW IF EXISTS pgtrickle_changes.%I', src.buffer_name);
+    IF to_regclass(v_rows) IS NULL THEN
+        -- The batches table takes its change ids from the rows table's sequence, gone with it:
+        -- both are made anew (what they held is superseded by the reinitialization below).
+        EXECUTE format('DROP TABLE IF EXISTS %s', v_batches);
+        PERFORM pgtrickle._create_buffer_parts(src.buffer_name, src.source_kind);
+        FOR col IN
+            SELECT c->>'buf' AS buf, c->>'type' AS type
+              FROM jsonb_array_elements(src.columns) WITH ORDINALITY AS j(c, i) ORDER BY j.i
+        LOOP
+            EXECUTE format('ALTER TABLE %s ADD COLUMN %I %s, ADD COLUMN %I %s', v_rows,
+                           'new_' || col.buf, col.type, 'old_' || col.buf, col.type);
+        END LOOP;
+    ELSIF src.source_kind = 'TABLE' AND to_regclass(v_batches) IS NULL THEN
+        PERFORM pgtrickle._create_buffer_batches(src.buffer_name);
+    END IF;
+    IF src.source_kind = 'TABLE' THEN
+        FOR col IN
+            SELECT c->>'buf' AS buf, a.atttypid
+              FROM jsonb_array_elements(src.columns) WITH ORDINALITY AS j(c, i)
+              JOIN pg_attribute a ON a.attrelid = p_relid AND a.attnum = (c->>'attnum')::int
+             WHERE NOT EXISTS (SELECT 1 FROM pg_attribute b WHERE b.attrelid = v_batches::regclass
+                                  AND b.attname = 'v_' || (c->>'buf') AND NOT b.attisdropped)
+             ORDER BY j.i
+        LOOP
+            PERFORM pgtrickle._add_batch_column(src.buffer_name, col.buf, col.atttypid);
+        END LOOP;
+    END IF;
+    PERFORM pgtrickle._build_buffer_view(p_relid);
+    IF src.source_kind = 'TABLE' AND src.cdc_mode = 'trigger' THEN
+        PERFORM pgtrickle._build_capture(p_relid);
+    END IF;
+    -- The buffer misses changes before now: a hold_back refresh must not rebuild a source from it.
+    UPDATE pgtrickle.pgt_change_sources
+       SET cleaned_below = greatest(cleaned_below, pg_snapshot_xmax(pg_current_snapshot()))
+     WHERE source_relid = p_relid;
+    v_display := pgtrickle._display_name(src.source_schema, src.source_name);
+    UPDATE pgtrickle.pgt_stream_tables s
+       SET needs_reinit = true, updated_at = now(),
+           reinit_reason = format('the change capture of %s was broken (%s) and was repaired by pgtrickle install; '
+                                  'changes made meanwhile may be lost', v_display, array_to_string(v_problems, '; '))
+      FROM pgtrickle.pgt_dependencies d
+     WHERE d.pgt_id = s.pgt_id AND d.source_relid = p_relid;
+    RETURN v_problems;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgtrickle.check_cdc_health()
 RETURNS TABLE (source text, cdc_mode text, cdc_mode_setting text, reason text, slot_name text,
                slot_active boolean, lag_bytes numeric, pending_rows bigint, oldest_pending_age interval,
@@ -2118,9 +2249,19 @@ BEGIN
         lag_bytes := src.lag;
         replica_identity := CASE src.ident WHEN 'd' THEN 'default' WHEN 'f' THEN 'full'
                                            WHEN 'n' THEN 'nothing' WHEN 'i' THEN 'index' END;
-        EXECUTE format('SELECT count(*), now() - min(captured_at) FROM pgtrickle_changes.%I WHERE xid >= %L::xid8',
-                       src.buffer_name, coalesce(v_horizon, '0'::xid8))
-           INTO pending_rows, oldest_pending_age;
+        -- A broken capture is a problem of this source only: the others are still checked.
+        v_problems := pgtrickle._capture_problems(src.source_relid);
+        pending_rows := NULL;
+        oldest_pending_age := NULL;
+        IF cardinality(v_problems) = 0 THEN
+            BEGIN
+                EXECUTE format('SELECT count(*), now() - min(captured_at) FROM pgtrickle_changes.%I WHERE xid >= %L::xid8',
+                               src.buffer_name, coalesce(v_horizon, '0'::xid8))
+                   INTO pending_rows, oldest_pending_age;
+            EXCEPTION WHEN OTHERS THEN
+                v_problems := v_problems || format('the change buffer cannot be read: %s', SQLERRM);
+            END;
+        END IF;
         IF src.cdc_mode = 'wal' THEN
             IF src.slot IS NULL OR src.active IS NULL THEN
                 v_problems := v_problems || 'replication slot is missing'::text;
@@ -2137,8 +2278,6 @@ BEGIN
             IF src.ident <> 'f' THEN
                 v_problems := v_problems || 'REPLICA IDENTITY is not FULL'::text;
             END IF;
-        ELSIF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = src.source_relid AND tgname = 'pgt_capture_ins') THEN
-            v_problems := v_problems || 'capture triggers are missing'::text;
         END IF;
         problems := v_problems;
         RETURN NEXT;
@@ -2824,14 +2963,18 @@ COMMENT ON FUNCTION pgtrickle.publish_stream_table(text, text) IS
 
 -- ------------------------------------------------------- buffer upgrade
 -- Buffers from before migration 11 have only their rows table: give them their
--- batches table and view, and regenerate their capture triggers.
+-- batches table and view, and regenerate their capture triggers. (Only in the install
+-- that applies migration 11: later, a buffer in that shape had its batches table and
+-- view dropped by hand, and pending changes with them - pgtrickle._repair_capture,
+-- run by install after this, recreates them and reinitializes its stream tables.)
 DO $$
 DECLARE
     src pgtrickle.pgt_change_sources;
     col record;
 BEGIN
     FOR src IN SELECT * FROM pgtrickle.pgt_change_sources
-                WHERE to_regclass(format('pgtrickle_changes.%I', buffer_name)) IS NULL
+                WHERE EXISTS (SELECT 1 FROM pgtrickle.pgt_schema_version WHERE version = 11 AND applied_at = now())
+                  AND to_regclass(format('pgtrickle_changes.%I', buffer_name)) IS NULL
                   AND to_regclass(format('pgtrickle_changes.%I', buffer_name || '_rows')) IS NOT NULL LOOP
         IF src.source_kind = 'TABLE' THEN
             PERFORM pgtrickle._create_buffer_batches(src.buffer_name);

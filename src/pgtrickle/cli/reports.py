@@ -1,0 +1,59 @@
+"""What ``pgtrickle refresh``, ``install`` and ``status`` print about failures and repairs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from pgtrickle.db.redaction import scrub
+
+_RESULT_STYLE = {"REFRESHED": "green", "FAILED": "red", "SKIPPED": "yellow"}
+
+
+def refresh_results(console: Console, results: Sequence) -> None:  # type: ignore[type-arg]
+    """One row per stream table (upstream first), each failure's error in full, and the summary."""
+    from pgtrickle.scheduler.manual import Result, summarize
+
+    table = Table("stream table", "result", "action", "why", "inserted", "deleted", "seconds")
+    for r in results:
+        o = r.outcome
+        why = "see below" if r.result is Result.FAILED else r.reason
+        table.add_row(escape(r.st.display), f"[{_RESULT_STYLE[r.result.value]}]{r.result.value}[/]",
+                      o.action.value if o else "-", escape(scrub(why)),
+                      f"{o.rows_inserted:,}" if o else "-", f"{o.rows_deleted:,}" if o else "-",
+                      f"{o.seconds:.2f}" if o else "-")
+    console.print(table)
+    for r in results:
+        if r.result is Result.FAILED:
+            console.print(f"[red]✗[/] {escape(r.st.display)} FAILED: {escape(scrub(r.reason))}",
+                          highlight=False, soft_wrap=True)
+    summary = summarize(results)
+    colour = "red" if summary.failed else "green"
+    console.print(f"[{colour}]{escape(summary.text())}[/]", highlight=False)
+
+
+def capture_repairs(console: Console, repaired: Sequence) -> None:  # type: ignore[type-arg]
+    """What ``pgtrickle install`` repaired (nothing printed when nothing was broken)."""
+    for r in repaired:
+        console.print(f"[yellow]repaired[/] the change capture of {escape(r.source)}: "
+                      f"{escape('; '.join(r.problems))}", highlight=False, soft_wrap=True)
+        if r.reinitialized:
+            readers = escape(", ".join(r.reinitialized))
+            console.print(f"  changes may have been lost: the next refresh of {readers} is FULL (reinitialization)",
+                          highlight=False, soft_wrap=True)
+
+
+def broken_capture(broken: Sequence) -> list[Text]:  # type: ignore[type-arg]
+    """Lines naming the sources whose change capture is broken, under ``pgtrickle status``'s tables."""
+    if not broken:
+        return []
+    lines = [Text.from_markup(
+        "[bold red]change capture is broken[/] (changes may be lost; run `pgtrickle install` to repair it, "
+        "the stream tables reading it are then recomputed in full):")]
+    for b in broken:
+        lines.append(Text.from_markup(f"  [red]✗[/] {escape(b.source)}: {escape('; '.join(b.problems))}"))
+    return lines

@@ -1,0 +1,208 @@
+"""Refreshing stream tables now, on request (``pgtrickle refresh``), upstream first.
+
+With ``keep_going`` (the command line) a stream table whose refresh fails
+does not stop the others: every other one is still refreshed, in dependency
+order, and one whose upstream failed in this run is skipped (it would only
+read its upstream's old contents), saying which upstream. Without it
+(:func:`pgtrickle.scheduler.daemon.refresh_sync`, the tests' helper) the first
+failure is raised.
+
+The decisions — which upstream blocks a stream table, the summary and the
+exit status — are pure functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import psycopg
+
+from pgtrickle.catalog.store import StreamTable, load_requests, load_stream_tables, upstream_ids
+from pgtrickle.config import Settings
+from pgtrickle.db.redaction import scrub
+from pgtrickle.errors import PgTrickleError
+from pgtrickle.gates import watermark_gate
+from pgtrickle.refresh.engine import Cancelled, RefreshOutcome
+from pgtrickle.refresh.plan import Action
+from pgtrickle.scheduler.policy import stopped_note
+
+
+class Result(str, Enum):
+    REFRESHED = "REFRESHED"
+    """The refresh ran (FULL, DIFFERENTIAL) or found nothing to do (NO_DATA)."""
+    FAILED = "FAILED"
+    SKIPPED = "SKIPPED"
+    """Not refreshed: its upstream failed in this run, or a gate held it back (``--all``)."""
+
+
+@dataclass(frozen=True)
+class ManualRefresh:
+    """What happened to one stream table in a manual refresh."""
+
+    st: StreamTable
+    result: Result
+    reason: str
+    outcome: RefreshOutcome | None = None
+    error: PgTrickleError | Exception | None = None
+
+
+@dataclass(frozen=True)
+class Summary:
+    refreshed: int
+    failed: int
+    skipped: int
+
+    @property
+    def exit_code(self) -> int:
+        """0: nothing failed; 1: some refresh failed (the others were still done)."""
+        return 1 if self.failed else 0
+
+    def text(self) -> str:
+        total = self.refreshed + self.failed + self.skipped
+        return (f"{total} stream table{'s' if total != 1 else ''}: {self.refreshed} refreshed, "
+                f"{self.failed} failed, {self.skipped} skipped")
+
+
+def summarize(results: Iterable[ManualRefresh]) -> Summary:
+    results = list(results)
+    return Summary(sum(r.result is Result.REFRESHED for r in results),
+                   sum(r.result is Result.FAILED for r in results),
+                   sum(r.result is Result.SKIPPED for r in results))
+
+
+def blocked_by(members: Iterable[int], upstream: Mapping[int, Iterable[int]], not_done: Mapping[int, str]
+               ) -> str | None:
+    """Why a stream table (or an atomic group of ``members``) is skipped: an upstream outside it
+    that failed or was skipped for that reason in this run (``not_done``: id → why), else None."""
+    inside = set(members)
+    for pgt_id in sorted(inside):
+        for up in sorted(upstream.get(pgt_id, ())):
+            if up not in inside and up in not_done:
+                return not_done[up]
+    return None
+
+
+def _outcome_result(outcome: RefreshOutcome) -> ManualRefresh:
+    result = Result.SKIPPED if outcome.action is Action.SKIP else Result.REFRESHED
+    return ManualRefresh(outcome.st, result, outcome.reason, outcome)
+
+
+def refresh_all(settings: Settings, dsn: str, names: Sequence[str] | None, *,
+                progress: Callable[[str], None] | None = None, force: bool = False,
+                keep_going: bool = True) -> list[ManualRefresh]:
+    """Refresh the named stream tables (all when ``names`` is None) now, upstream first.
+
+    A named stream table whose circuit breaker is open or whose watermark gate
+    is closed refuses the whole command (unless ``force``), before anything runs.
+    """
+    from pgtrickle.scheduler.daemon import LockedElsewhere, Scheduler, effective_groups, ordered
+
+    scheduler = Scheduler(settings, dsn, progress=progress)
+    try:
+        conn = scheduler.conn
+        sts = load_stream_tables(conn)
+        if names is None:
+            wanted = set(sts)
+        else:
+            wanted = set()
+            for name in names:
+                row = conn.execute("SELECT (pgtrickle._find_st(%s)).pgt_id", (name,)).fetchone()
+                assert row is not None
+                wanted.add(int(row[0]))
+        requested: dict[int, list[int]] = {}
+        forced: set[int] = set()
+        for req in load_requests(conn):
+            requested.setdefault(req.pgt_id, []).append(req.request_id)
+            if req.force:
+                forced.add(req.pgt_id)
+        if not force and names is not None:
+            _refuse_gated(conn, sts, wanted)
+        ups = upstream_ids(sts)
+        results: list[ManualRefresh] = []
+        not_done: dict[int, str] = {}
+        order = ordered(sts)
+        group_of = {m: g for g in effective_groups(conn, sts) for m in g.members}
+
+        def failed(ids: Sequence[int], exc: Exception) -> None:
+            if not keep_going:
+                raise exc
+            message = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            if not isinstance(exc, PgTrickleError):
+                message = f"{type(exc).__name__}: {message}"
+            for m in ids:
+                results.append(ManualRefresh(sts[m], Result.FAILED, message, error=exc))
+                not_done[m] = f"upstream {sts[m].display} failed in this run"
+
+        for position, pgt_id in enumerate(order):
+            group = group_of.get(pgt_id)
+            if group is not None:
+                # A member asked for refreshes its whole atomic group, where its last member comes.
+                if not group.members & wanted or any(m in group.members for m in order[position + 1:]):
+                    continue
+                members = [m for m in order if m in group.members]
+            elif pgt_id in wanted:
+                members = [pgt_id]
+            else:
+                continue
+            why = blocked_by(members, ups, not_done)
+            if why is not None:
+                for m in members:
+                    results.append(ManualRefresh(sts[m], Result.SKIPPED, why))
+                    not_done[m] = f"upstream {sts[m].display} was skipped ({why})"
+                continue
+            try:
+                if group is not None:
+                    outcomes = scheduler.refresh_group_locked(
+                        group, members, lambda st: "INITIAL" if st.frontier is None else "MANUAL", requested,
+                        force=force or any(m in forced for m in members), record_no_data=True)
+                else:
+                    outcomes = [_refresh_one(scheduler, pgt_id, sts, requested, force or pgt_id in forced,
+                                             LockedElsewhere)]
+            except Cancelled:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one stream table must not block the others
+                failed(members, exc)
+                continue
+            results.extend(_outcome_result(o) for o in outcomes)
+        return results
+    finally:
+        scheduler.close()
+
+
+def _refresh_one(scheduler, pgt_id: int, sts: dict[int, StreamTable],  # type: ignore[no-untyped-def]
+                 requested: dict[int, list[int]], force: bool, locked_error: type[PgTrickleError]
+                 ) -> RefreshOutcome:
+    if not scheduler.locks.try_lock(pgt_id):
+        raise locked_error(
+            f"stream table {sts[pgt_id].display} is being refreshed by another process; try again")
+    try:
+        fresh = load_stream_tables(scheduler.conn, only=pgt_id)[pgt_id]
+        if note := stopped_note(fresh.display, fresh.status):
+            scheduler.progress(note)
+        initiated_by = "INITIAL" if fresh.frontier is None else "MANUAL"
+        return scheduler.refresher.refresh(fresh, initiated_by, requested.get(pgt_id, ()),
+                                           record_no_data=True, force=force)
+    finally:
+        scheduler.locks.unlock(pgt_id)
+
+
+def _refuse_gated(conn: psycopg.Connection, sts: dict[int, StreamTable], wanted: set[int]) -> None:
+    """A named stream table whose circuit breaker is open, or whose watermark gate is closed."""
+    open_ = conn.execute(
+        "SELECT pgtrickle._display_name(pgt_schema, pgt_name), cb_trip_reason"
+        " FROM pgtrickle.pgt_stream_tables WHERE cb_state = 'open' AND pgt_id = ANY(%s)"
+        " ORDER BY pgt_id", (sorted(wanted),)).fetchall()
+    if open_:
+        name, why = open_[0]
+        raise PgTrickleError(
+            f"the circuit breaker of stream table {name} is open ({why}); inspect it with "
+            "pgtrickle.inspect_circuit_breaker, reset it with pgtrickle.reset_circuit_breaker, "
+            "or refresh anyway with --force")
+    for pgt_id in sorted(wanted):
+        gated = watermark_gate.gated_reason(conn, sts[pgt_id])
+        if gated:
+            raise PgTrickleError(
+                f"stream table {sts[pgt_id].display} is held back by watermark gating ({gated}); "
+                "pgtrickle watermarks shows which source lags; refresh anyway with --force")
