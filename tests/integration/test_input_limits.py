@@ -174,11 +174,11 @@ def test_max_rows_bounds(shop: Database) -> None:
 SETTING_BOUNDS = [
     # (setting, accepted edge values, refused values)
     ("max_query_length", ["1024", "104857600"], ["1023", "104857601", "1e9", "10.5", "big"]),
-    ("slot_lag_alert_bytes", ["1048576", "1099511627776"], ["1048575", "1099511627777", "9223372036854775807", "-1"]),
+    ("slot_lag_alert_bytes", ["-1", "1000000000000000"], ["-2", "1000000000000001", "9223372036854775807", "1e30"]),
     ("circuit_breaker_cold_start_ceiling", ["1", "1000000000000000"], ["0", "1000000000000001", "9223372036854775807"]),
     ("auto_suspend_after", ["0", "1000"], ["-1", "1001", "2.5", "NaN"]),
     ("stale_data_factor", ["0", "1000", "0.5"], ["-0.1", "1000.1", "NaN", "Infinity"]),
-    ("differential_fallback_ratio", ["0.000001", "1"], ["0", "1.01", "NaN", "-1"]),
+    ("differential_fallback_ratio", ["0.000001", "1000"], ["0", "1000.01", "NaN", "-1"]),
     ("history_retention", ["1 hour", "3650 days"], ["59 minutes", "3651 days", "infinity", "soon"]),
     ("alert_retention", ["1 hour", "3650 days"], ["1 minute", "20 years"]),
     ("watermark_history_retention", ["1 hour", "3650 days"], ["0", "-1 day"]),

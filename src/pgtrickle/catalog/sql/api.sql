@@ -45,11 +45,11 @@ BEGIN
     SELECT b.kind, b.lo, b.hi, b.unit INTO v_kind, v_min, v_max, v_unit
       FROM (VALUES
         ('max_query_length', 'integer', '1024', '104857600', 'bytes of defining query text'),
-        ('slot_lag_alert_bytes', 'integer', '1048576', '1099511627776', 'bytes of retained WAL'),
+        ('slot_lag_alert_bytes', 'integer', '-1', '1000000000000000', 'bytes of retained WAL; -1: whenever a slot exists'),
         ('circuit_breaker_cold_start_ceiling', 'integer', '1', '1000000000000000', 'pending changes'),
         ('auto_suspend_after', 'integer', '0', '1000', 'consecutive failed refreshes; 0: never'),
         ('stale_data_factor', 'number', '0', '1000', 'times the schedule''s period; 0: never'),
-        ('differential_fallback_ratio', 'ratio', '0', '1', 'pending changes per source row, above 0'),
+        ('differential_fallback_ratio', 'ratio', '0', '1000', 'pending changes per source row, above 0'),
         ('history_retention', 'interval', '1 hour', '3650 days', NULL),
         ('alert_retention', 'interval', '1 hour', '3650 days', NULL),
         ('watermark_history_retention', 'interval', '1 hour', '3650 days', NULL),
@@ -885,8 +885,8 @@ $$;
 -- Whether p_caller may read what a defining query (the view p_view) reads of p_relid, decided
 -- as PostgreSQL decides it for a query the caller runs: from the columns the parser marked as
 -- selected (the view's permission info). A whole-row reference (s, s::text, row_to_json(s), ...)
--- needs SELECT on every column; a system column needs SELECT on the table; no column at all
--- (count(*)) needs SELECT on the table or on some column.
+-- needs SELECT on every column; a system column needs SELECT on the table; so does reading no
+-- column at all (count(*): stricter than PostgreSQL, which accepts SELECT on any column).
 CREATE OR REPLACE FUNCTION pgtrickle._caller_may_read(p_caller name, p_relid oid, p_view oid)
 RETURNS boolean LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
@@ -906,7 +906,7 @@ BEGIN
            unnest(string_to_array(btrim(m[2]), ' ')) AS bit
      WHERE r.ev_class = p_view AND m[1]::oid = p_relid AND bit <> '';
     IF v_bits = '{}' THEN
-        RETURN has_any_column_privilege(p_caller, p_relid, 'SELECT');
+        RETURN false;  -- no column (count(*)): stricter than PostgreSQL, SELECT on the table
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(v_bits) b WHERE b < 7) THEN
         RETURN false;  -- a system column: only SELECT on the table grants it
