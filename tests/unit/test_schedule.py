@@ -51,6 +51,10 @@ def at(hour: int, minute: int, second: int = 0, microsecond: int = 0) -> datetim
         ("  30s  ", 30),
         ("0h1s", 1),
         ("007s", 7),
+        ("30 s", 30),
+        ("1 d", 86400),
+        ("1 h 30 m", 5400),
+        ("1s 5 MS", 1.005),
     ],
 )
 def test_parse_duration(text: str, seconds: float) -> None:
@@ -89,7 +93,7 @@ def test_duration_out_of_range(text: str) -> None:
     assert repr(text) in str(excinfo.value)
 
 
-@pytest.mark.parametrize("text", ["5x", "1m1h", "1h1h", "1s1m", "30 s", "1ms1s", "5sec", "1y"])
+@pytest.mark.parametrize("text", ["5x", "1m1h", "1h1h", "1s1m", "1ms1s", "5sec", "1y", "1 m 1 h"])
 def test_malformed_duration(text: str) -> None:
     with pytest.raises(ScheduleError, match="largest first"):
         parse_schedule(text)
@@ -136,13 +140,20 @@ def test_parse_calculated(text: str) -> None:
         ("* * *", "exactly 5 fields"),
         ("* * * * * *", "exactly 5 fields"),
         ("0 * * * * * 2024", "exactly 5 fields"),
-        ("61 * * * *", "not a valid cron expression"),
-        ("* 24 * * *", "not a valid cron expression"),
-        ("*/0 * * * *", "not a valid cron expression"),
-        ("* * * 13 *", "not a valid cron expression"),
+        ("61 * * * *", "the minute field '61' is not valid"),
+        ("* 24 * * *", "the hour field '24' is not valid"),
+        ("*/0 * * * *", r"the minute field '\*/0' is not valid"),
+        ("* * * 13 *", "the month field '13' is not valid"),
         ("0 0 31 2 *", "never fires"),
-        ("H * * * *", "hashed"),
-        ("R * * * *", "random"),
+        ("0 0 31 4 *", "never fires"),
+        ("0 0 30,31 2 *", "never fires"),
+        ("H * * * *", "the minute field 'H' is not valid"),
+        ("R * * * *", "the minute field 'R' is not valid"),
+        ("0 0 L * *", "day of month field 'L' is not valid"),
+        ("0 0 * * 1#2", "day of week field '1#2' is not valid"),
+        ("0 0 ? * *", r"day of month field '\?' is not valid"),
+        ("0 0 * mon *", "the month field 'mon' is not valid"),
+        ("5-1 * * * *", "the minute field '5-1' is not valid"),
         ("@reboot", "alias"),
         ("@annually", "alias"),
         ("@", "alias"),

@@ -11,6 +11,11 @@ A stream table's schedule is one of three things:
   need (:class:`CalculatedSchedule`, resolved by
   :func:`pgtrickle.scheduler.dag.resolve_calculated`).
 
+This is the daemon's half of pgtrickle's one schedule grammar (docs/SQL_API.md,
+"Schedules"); the SQL API's half (``pgtrickle._validate_schedule``) accepts exactly
+the same strings and stores their canonical form, which this module parses back to
+the same schedule (proved by ``tests/integration/test_schedule_grammar.py``).
+
 Everything here is pure: no I/O, no clock. Callers pass ``now`` in, always as a
 timezone-aware datetime; results are in UTC.
 """
@@ -21,9 +26,8 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from croniter import CroniterError, croniter
-
 from pgtrickle.errors import ScheduleError
+from pgtrickle.scheduler.cron import ALIASES, WHITESPACE, CronSpec, parse_cron, split_fields
 
 MIN_INTERVAL_SECONDS = 1.0
 MAX_INTERVAL_SECONDS = 366 * 24 * 3600.0
@@ -40,18 +44,14 @@ _UNIT_MS: dict[str, int] = {
     "s": 1000,
     "ms": 1,
 }
+_WS = f"[{re.escape(WHITESPACE)}]*"
+# A duration: <number><unit> parts, whitespace allowed around units ('30s', '30 s', '1h 30m').
 _DURATION = re.compile(
-    "".join(rf"(?:(?P<{unit}>[0-9]+){unit}\s*)?" for unit in _UNIT_MS),
+    "".join(rf"(?:(?P<{unit}>[0-9]+){_WS}{unit}{_WS})?" for unit in _UNIT_MS),
     re.ASCII | re.IGNORECASE,
 )
-_DURATION_LIKE = re.compile(r"(?:[0-9]+\s*[a-z]+\s*)+", re.ASCII | re.IGNORECASE)
-
-_CRON_ALIASES = frozenset({"@hourly", "@daily", "@weekly", "@monthly", "@yearly"})
-_CRON_FIELD = re.compile(r"[0-9a-z*/,?#-]+", re.ASCII | re.IGNORECASE)
-_CRON_FIELD_TOKEN = re.compile(r"[,/#-]")
-_CRON_FIELD_COUNT = 5
-# Fire-time lookups for validation start here, so parsing stays independent of the clock.
-_CRON_REFERENCE = datetime(2000, 1, 1, tzinfo=UTC)
+# Looks like a duration (for the error message): numbers each followed by a word.
+_DURATION_LIKE = re.compile(rf"(?:[0-9]+{_WS}[a-z]+{_WS})+", re.ASCII | re.IGNORECASE)
 
 _ACCEPTED_FORMS = (
     "expected a duration such as '30s', '5m', '1h30m' or '2d' "
@@ -132,19 +132,21 @@ def parse_schedule(text: str | None) -> Schedule:
     """
     if not isinstance(text, str):
         raise _schedule_error(text, "the schedule must be text")
-    stripped = text.strip()
+    stripped = text.strip(WHITESPACE)
     if not stripped:
         raise _schedule_error(text, "the schedule is empty")
     if len(stripped) > _MAX_TEXT_LENGTH:
         raise _schedule_error(text, f"the schedule is longer than {_MAX_TEXT_LENGTH} characters")
+    if not stripped.isascii():
+        raise _schedule_error(text, "it is not a duration, a cron expression or 'calculated'")
     if stripped.lower() == "calculated":
         return CalculatedSchedule()
     if stripped.startswith("@"):
         return _parse_cron_alias(text, stripped)
     if _DURATION_LIKE.fullmatch(stripped):
         return _parse_duration(text, stripped)
-    fields = stripped.split()
-    if len(fields) > 1 and all(_CRON_FIELD.fullmatch(field) for field in fields):
+    fields = split_fields(stripped)
+    if len(fields) > 1:
         return _parse_cron(text, fields)
     raise _schedule_error(text, "it is not a duration, a cron expression or 'calculated'")
 
@@ -219,41 +221,33 @@ def _parse_duration(text: str, stripped: str) -> IntervalSchedule:
 def _parse_cron_alias(text: str, stripped: str) -> CronSchedule:
     """Parse one of the supported ``@`` cron aliases."""
     alias = stripped.lower()
-    if alias not in _CRON_ALIASES:
+    if alias not in ALIASES:
         raise _schedule_error(text, "it is not a supported cron alias")
     return CronSchedule(alias)
 
 
 def _parse_cron(text: str, fields: list[str]) -> CronSchedule:
-    """Validate cron fields (already split and character-checked) with croniter."""
-    if len(fields) != _CRON_FIELD_COUNT:
-        raise _schedule_error(
-            text,
-            "a cron expression has exactly 5 fields (minute hour day-of-month month day-of-week)",
-        )
-    expression = _normalize_cron(" ".join(fields))
-    tokens = {token for field in expression.split() for token in _CRON_FIELD_TOKEN.split(field)}
-    if tokens & {"h", "r"}:
-        raise _schedule_error(text, "hashed (H) and random (R) cron fields are not supported")
-    if not croniter.is_valid(expression):
-        raise _schedule_error(text, "it is not a valid cron expression")
-    schedule = CronSchedule(expression)
+    """Validate cron fields (already split) with the one cron grammar (:mod:`pgtrickle.scheduler.cron`)."""
     try:
-        _next_fire(schedule, _CRON_REFERENCE)
-    except CroniterError:
-        raise _schedule_error(text, "the cron expression never fires") from None
-    return schedule
+        parse_cron(fields)
+    except ScheduleError as exc:
+        raise _schedule_error(text, str(exc)) from None
+    return CronSchedule(_normalize_cron(" ".join(fields)))
 
 
 def _normalize_cron(expression: str) -> str:
     """Lower-case a cron expression and separate its fields by single spaces."""
-    return " ".join(expression.split()).lower()
+    return " ".join(split_fields(expression)).lower()
+
+
+def _spec(schedule: CronSchedule) -> CronSpec:
+    expression = schedule.canonical()
+    return parse_cron(split_fields(ALIASES.get(expression, expression)))
 
 
 def _next_fire(schedule: CronSchedule, after: datetime) -> datetime:
     """The first fire time of ``schedule`` strictly after ``after`` (a UTC datetime)."""
-    fire: datetime = croniter(schedule.canonical(), after).get_next(datetime)
-    return fire.astimezone(UTC)
+    return _spec(schedule).next_fire(after)
 
 
 def _as_utc(value: datetime, name: str) -> datetime:

@@ -11,6 +11,105 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT value FROM pgtrickle.pgt_settings WHERE name = p_name
 $$;
 
+-- Refuse a number outside [p_min, p_max] (NaN and infinities included) with 22023, naming the
+-- parameter and its range (docs/BAD_INPUTS.md lists every bound).
+CREATE OR REPLACE FUNCTION pgtrickle._check_bound(p_param text, p_value numeric, p_min numeric, p_max numeric,
+                                                  p_unit text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_value IS NOT NULL AND NOT (p_value >= p_min AND p_value <= p_max) THEN
+        RAISE EXCEPTION '% must be between % and % (%), got %', p_param, p_min, p_max, p_unit, p_value
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END
+$$;
+
+-- Every row of pgtrickle.pgt_settings is checked when written (trigger validate_setting_bounds,
+-- migration 012): a value out of its documented range, or not of its type, is refused with
+-- 22023 and changes nothing. Returns the value to store (normalised). Settings not listed
+-- here are stored as given.
+CREATE OR REPLACE FUNCTION pgtrickle._validate_setting(p_name text, p_value text)
+RETURNS text LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    v text := btrim(p_value);
+    -- name => {kind, min, max, unit}
+    v_kind text;
+    v_min text;
+    v_max text;
+    v_unit text;
+    v_num numeric;
+    v_iv interval;
+BEGIN
+    SELECT b.kind, b.lo, b.hi, b.unit INTO v_kind, v_min, v_max, v_unit
+      FROM (VALUES
+        ('max_query_length', 'integer', '1024', '104857600', 'bytes of defining query text'),
+        ('slot_lag_alert_bytes', 'integer', '-1', '1000000000000000', 'bytes of retained WAL; -1: whenever a slot exists'),
+        ('circuit_breaker_cold_start_ceiling', 'integer', '1', '1000000000000000', 'pending changes'),
+        ('auto_suspend_after', 'integer', '0', '1000', 'consecutive failed refreshes; 0: never'),
+        ('stale_data_factor', 'number', '0', '1000', 'times the schedule''s period; 0: never'),
+        ('differential_fallback_ratio', 'ratio', '0', '1000', 'pending changes per source row, above 0'),
+        ('history_retention', 'interval', '1 hour', '3650 days', NULL),
+        ('alert_retention', 'interval', '1 hour', '3650 days', NULL),
+        ('watermark_history_retention', 'interval', '1 hour', '3650 days', NULL),
+        ('wal_transition_timeout', 'interval', '1 second', '1 hour', NULL),
+        ('default_schedule', 'schedule', NULL, NULL, NULL),
+        ('cdc_mode', 'enum', 'trigger,auto,wal', NULL, NULL),
+        ('circuit_breaker_default', 'enum', 'none,fixed,adaptive', NULL, NULL)
+      ) AS b(name, kind, lo, hi, unit)
+     WHERE b.name = p_name;
+    IF v_kind IS NULL THEN
+        RETURN p_value;
+    END IF;
+    IF v_kind = 'schedule' THEN
+        BEGIN
+            RETURN pgtrickle._validate_schedule(p_value);
+        EXCEPTION WHEN invalid_parameter_value THEN
+            GET STACKED DIAGNOSTICS v_unit = MESSAGE_TEXT, v_min = PG_EXCEPTION_HINT;
+            RAISE EXCEPTION 'setting %: %', p_name, v_unit USING ERRCODE = 'invalid_parameter_value', HINT = v_min;
+        END;
+    END IF;
+    IF v_kind = 'enum' THEN
+        v := lower(v);
+        IF v IS NULL OR NOT v = ANY (string_to_array(v_min, ',')) THEN
+            RAISE EXCEPTION 'invalid % %', p_name, coalesce(quote_literal(left(p_value, 80)), 'NULL')
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = format('Use one of: %s.', replace(v_min, ',', ', '));
+        END IF;
+        RETURN v;
+    END IF;
+    IF v_kind = 'interval' THEN
+        BEGIN
+            v_iv := v::interval;
+        EXCEPTION WHEN others THEN
+            v_iv := NULL;
+        END;
+        IF v_iv IS NULL OR NOT (v_iv >= v_min::interval AND v_iv <= v_max::interval) THEN
+            RAISE EXCEPTION 'setting % must be an interval between % and %, got %', p_name, v_min, v_max,
+                coalesce(quote_literal(left(p_value, 80)), 'NULL')
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        RETURN v;
+    END IF;
+    BEGIN
+        v_num := v::numeric;
+    EXCEPTION WHEN others THEN
+        v_num := NULL;
+    END;
+    IF v_num IS NULL
+       OR (v_kind = 'integer' AND v_num <> trunc(v_num))
+       OR NOT (v_num >= v_min::numeric AND v_num <= v_max::numeric)
+       OR (v_kind = 'ratio' AND v_num <= 0) THEN
+        RAISE EXCEPTION 'setting % must be % between % and % (%), got %', p_name,
+            CASE v_kind WHEN 'integer' THEN 'an integer' ELSE 'a number' END, v_min, v_max, v_unit,
+            coalesce(quote_literal(left(p_value, 80)), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN CASE WHEN v_kind = 'integer' THEN trunc(v_num)::text ELSE v_num::text END;
+END
+$$;
+
 -- ------------------------------------------------------------- privileges
 --
 -- Every function here runs with a fixed search_path (pg_catalog first, pg_temp
@@ -223,71 +322,94 @@ SET search_path = pg_catalog, pg_temp AS $$
     SELECT quote_ident(p_schema) || '.' || quote_ident(p_name)
 $$;
 
--- Is a cron field valid? item list of *, n, a-b, with optional /step.
-CREATE OR REPLACE FUNCTION pgtrickle._cron_field_ok(p_field text, p_min int, p_max int, p_names text[])
-RETURNS boolean LANGUAGE plpgsql IMMUTABLE
+-- Schedules: the SQL half of pgtrickle's one schedule grammar (docs/SQL_API.md, "Schedules").
+-- The daemon's half is pgtrickle.scheduler.schedule / pgtrickle.scheduler.cron; both accept
+-- exactly the same strings (tests/integration/test_schedule_grammar.py checks it with random
+-- input), and the API stores the canonical form, which the daemon parses back to the same schedule.
+DROP FUNCTION IF EXISTS pgtrickle._cron_field_ok(text, int, int, text[]);
+
+-- The values of one cron field (lower-case): a comma list of *, n, a-b (a <= b), each with an
+-- optional /step (1..p_max; n/step means n-p_max/step); names are p_names (the first is p_min).
+-- NULL when the field is not valid.
+CREATE OR REPLACE FUNCTION pgtrickle._cron_field(p_field text, p_min int, p_max int, p_names text[])
+RETURNS int[] LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     item text;
     m text[];
+    ends int[];
+    tok text;
+    v int;
+    step int;
     lo int;
     hi int;
-    side int;
+    result int[] := '{}';
 BEGIN
-    FOREACH item IN ARRAY string_to_array(upper(p_field), ',') LOOP
-        m := regexp_match(item, '^(\*|[0-9A-Z]+(?:-[0-9A-Z]+)?)(?:/([0-9]+))?$');
+    FOREACH item IN ARRAY string_to_array(p_field, ',') LOOP
+        m := regexp_match(item, '^(\*|[0-9a-z]+(?:-[0-9a-z]+)?)(?:/([0-9]+))?$');
         IF m IS NULL THEN
-            RETURN false;
+            RETURN NULL;
         END IF;
-        IF m[2] IS NOT NULL AND (m[2]::numeric < 1 OR m[2]::numeric > p_max) THEN
-            RETURN false;
+        step := 1;
+        IF m[2] IS NOT NULL THEN
+            IF m[2]::numeric < 1 OR m[2]::numeric > p_max THEN
+                RETURN NULL;
+            END IF;
+            step := m[2]::int;
         END IF;
-        CONTINUE WHEN m[1] = '*';
-        FOREACH side IN ARRAY ARRAY[1, 2] LOOP
-            DECLARE
-                tok text := split_part(m[1], '-', side);
-                v int;
-            BEGIN
-                CONTINUE WHEN tok = '';
+        IF m[1] = '*' THEN
+            lo := p_min;
+            hi := p_max;
+        ELSE
+            ends := '{}';
+            FOREACH tok IN ARRAY string_to_array(m[1], '-') LOOP
                 IF tok ~ '^[0-9]+$' THEN
-                    IF length(tok) > 4 THEN
-                        RETURN false;
+                    IF tok::numeric < p_min OR tok::numeric > p_max THEN
+                        RETURN NULL;
                     END IF;
                     v := tok::int;
                 ELSIF p_names IS NOT NULL AND array_position(p_names, tok) IS NOT NULL THEN
                     v := array_position(p_names, tok) - 1 + p_min;
                 ELSE
-                    RETURN false;
+                    RETURN NULL;
                 END IF;
-                IF v < p_min OR v > p_max THEN
-                    RETURN false;
-                END IF;
-                IF side = 1 THEN lo := v; ELSE hi := v; END IF;
-            END;
-        END LOOP;
-        IF m[1] LIKE '%-%' AND hi < lo THEN
-            RETURN false;
+                ends := ends || v;
+            END LOOP;
+            lo := ends[1];
+            hi := CASE WHEN array_length(ends, 1) = 2 THEN ends[2]
+                       WHEN m[2] IS NOT NULL THEN p_max ELSE lo END;
+            IF hi < lo THEN
+                RETURN NULL;
+            END IF;
         END IF;
+        result := result || ARRAY(SELECT generate_series(lo, hi, step));
     END LOOP;
-    RETURN true;
+    RETURN result;
 END
 $$;
 
--- Validate a schedule; returns it trimmed. The daemon parses it again with
--- the same grammar (pgtrickle.scheduler.schedule).
+-- Validate a schedule; returns its canonical form (what the catalog stores): 'calculated', an
+-- @alias, a duration with units largest first ('90 m' -> '1h30m'), or a cron expression in
+-- lower case with single spaces.
 CREATE OR REPLACE FUNCTION pgtrickle._validate_schedule(p_schedule text)
 RETURNS text LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    s text := btrim(p_schedule);
-    -- keep in step with pgtrickle.scheduler.schedule.parse_schedule
+    ws constant text := ' ' || chr(9) || chr(10) || chr(11) || chr(12) || chr(13);
+    s text := btrim(p_schedule, ws);
+    l text := lower(s);
     f text[];
     total numeric := 0;
     part text[];
-    mult numeric;
-    units text[] := ARRAY['W', 'D', 'H', 'M', 'S', 'MS'];
+    units constant text[] := ARRAY['w', 'd', 'h', 'm', 's', 'ms'];
+    unit_ms constant numeric[] := ARRAY[604800000, 86400000, 3600000, 60000, 1000, 1];
     last_rank int := 0;
     rank int;
+    canonical text := '';
+    n numeric;
+    doms int[];
+    months int[];
+    shown text := quote_literal(left(p_schedule, 80));
     accepted constant text :=
         'Use a duration such as ''30s'', ''5m'', ''1h30m'' (units ms, s, m, h, d, w; 1s to 366d), '
         'a 5-field cron expression such as ''*/5 * * * *'' or @hourly/@daily/@weekly/@monthly/@yearly, '
@@ -296,46 +418,72 @@ BEGIN
     IF s IS NULL OR s = '' THEN
         RAISE EXCEPTION 'schedule must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
     END IF;
-    IF lower(s) = 'calculated' THEN
+    IF length(s) > 200 THEN
+        RAISE EXCEPTION 'invalid schedule %: longer than 200 characters', shown
+            USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
+    END IF;
+    IF s ~ '[^\x01-\x7f]' THEN
+        RAISE EXCEPTION 'invalid schedule %', shown USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
+    END IF;
+    IF l = 'calculated' THEN
         RETURN 'calculated';
     END IF;
-    IF lower(s) IN ('@hourly', '@daily', '@weekly', '@monthly', '@yearly') THEN
-        RETURN lower(s);
+    IF left(s, 1) = '@' THEN
+        IF l IN ('@hourly', '@daily', '@weekly', '@monthly', '@yearly') THEN
+            RETURN l;
+        END IF;
+        RAISE EXCEPTION 'invalid schedule %: not a supported cron alias', shown
+            USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
     END IF;
-    IF s ~* '^([0-9]+\s*(ms|s|m|h|d|w)\s*)+$' THEN
-        FOR part IN SELECT regexp_matches(upper(s), '([0-9]+)\s*(MS|S|M|H|D|W)', 'g') LOOP
+    IF l ~ ('^([0-9]+[' || ws || ']*(ms|s|m|h|d|w)[' || ws || ']*)+$') THEN
+        FOR part IN SELECT regexp_matches(l, '([0-9]+)[' || ws || ']*(ms|s|m|h|d|w)', 'g') LOOP
             rank := array_position(units, part[2]);
             IF rank <= last_rank THEN
-                RAISE EXCEPTION 'invalid schedule %: duration units must appear once each, largest first',
-                    quote_literal(left(p_schedule, 80)) USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
+                RAISE EXCEPTION 'invalid schedule %: duration units must appear once each, largest first', shown
+                    USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
             END IF;
             last_rank := rank;
-            mult := CASE part[2] WHEN 'W' THEN 604800 WHEN 'D' THEN 86400 WHEN 'H' THEN 3600
-                                 WHEN 'M' THEN 60 WHEN 'S' THEN 1 ELSE 0.001 END;
-            IF length(part[1]) > 9 THEN
-                RAISE EXCEPTION 'invalid schedule %: duration out of range (1s to 366d)',
-                    quote_literal(left(p_schedule, 80)) USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
-            END IF;
-            total := total + part[1]::numeric * mult;
+            total := total + part[1]::numeric * unit_ms[rank];
         END LOOP;
-        IF total < 1 OR total > 366 * 86400 THEN
-            RAISE EXCEPTION 'invalid schedule %: duration out of range (1s to 366d)',
-                quote_literal(left(p_schedule, 80)) USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
+        IF total < 1000 OR total > 31622400000 THEN  -- 1s to 366d, in ms
+            RAISE EXCEPTION 'invalid schedule %: duration out of range (1s to 366d)', shown
+                USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
         END IF;
-        RETURN s;
+        FOR rank IN 1 .. 6 LOOP
+            n := div(total, unit_ms[rank]);
+            total := total - n * unit_ms[rank];
+            IF n > 0 THEN
+                canonical := canonical || n::text || units[rank];
+            END IF;
+        END LOOP;
+        RETURN canonical;
     END IF;
-    f := regexp_split_to_array(s, '\s+');
-    IF array_length(f, 1) = 5
-       AND pgtrickle._cron_field_ok(f[1], 0, 59, NULL)
-       AND pgtrickle._cron_field_ok(f[2], 0, 23, NULL)
-       AND pgtrickle._cron_field_ok(f[3], 1, 31, NULL)
-       AND pgtrickle._cron_field_ok(f[4], 1, 12,
-            ARRAY['JAN','FEB','MAR','APR','MAY','JUN','JUL','AUG','SEP','OCT','NOV','DEC'])
-       AND pgtrickle._cron_field_ok(f[5], 0, 7, ARRAY['SUN','MON','TUE','WED','THU','FRI','SAT'])
-    THEN
+    f := regexp_split_to_array(l, '[' || ws || ']+');
+    IF array_length(f, 1) > 1 THEN
+        IF array_length(f, 1) <> 5 THEN
+            RAISE EXCEPTION 'invalid schedule %: a cron expression has exactly 5 fields (minute hour day-of-month month day-of-week)',
+                shown USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
+        END IF;
+        doms := pgtrickle._cron_field(f[3], 1, 31, NULL);
+        months := pgtrickle._cron_field(f[4], 1, 12,
+            ARRAY['jan','feb','mar','apr','may','jun','jul','aug','sep','oct','nov','dec']);
+        IF pgtrickle._cron_field(f[1], 0, 59, NULL) IS NULL OR pgtrickle._cron_field(f[2], 0, 23, NULL) IS NULL
+           OR doms IS NULL OR months IS NULL
+           OR pgtrickle._cron_field(f[5], 0, 7, ARRAY['sun','mon','tue','wed','thu','fri','sat']) IS NULL THEN
+            RAISE EXCEPTION 'invalid schedule %: not a valid cron expression', shown
+                USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
+        END IF;
+        -- The day matches when both day fields do, unless neither is '*' (then either is enough):
+        -- so only a day of month that none of the months has can make it never fire.
+        IF (f[3] = '*' OR f[5] = '*')
+           AND NOT EXISTS (SELECT 1 FROM unnest(doms) d, unnest(months) mo
+                            WHERE d <= (ARRAY[31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])[mo]) THEN
+            RAISE EXCEPTION 'invalid schedule %: the cron expression never fires (no chosen month has that day)', shown
+                USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
+        END IF;
         RETURN array_to_string(f, ' ');
     END IF;
-    RAISE EXCEPTION 'invalid schedule %', quote_literal(left(p_schedule, 80))
+    RAISE EXCEPTION 'invalid schedule %', shown
         USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
 END
 $$;
@@ -354,75 +502,42 @@ BEGIN
 END
 $$;
 
--- True when the text holds exactly one SQL statement (an optional trailing
--- semicolon aside). Strings, quoted identifiers, dollar quotes and comments
--- are skipped, so a semicolon inside them does not count.
-CREATE OR REPLACE FUNCTION pgtrickle._is_single_statement(p_sql text)
-RETURNS boolean LANGUAGE plpgsql IMMUTABLE
+-- The quadratic character-by-character scanner that used to decide "one statement" is gone:
+-- PostgreSQL's own parser decides it now (_api_create_stream_table opens a cursor on
+-- EXPLAIN <query>, which refuses a multi-statement text before anything runs).
+DROP FUNCTION IF EXISTS pgtrickle._is_single_statement(text);
+
+-- Checks of a defining query's text that must run before PostgreSQL parses it, each linear in
+-- its size: the max_query_length limit, and the few shapes PostgreSQL's own lexer takes
+-- quadratic time over (measured: 40k characters of them pinned a backend for seconds).
+CREATE OR REPLACE FUNCTION pgtrickle._check_query_text(p_query text, p_display text)
+RETURNS void LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    i int := 1;
-    n int := length(p_sql);
-    c text;
-    nxt text;
-    depth int;
-    tag text;
-    endpos int;
-    seen_end boolean := false;
+    v_limit bigint := coalesce(pgtrickle._setting('max_query_length')::bigint, 1048576);
+    v_size bigint := octet_length(p_query);
+    v_shape text;
 BEGIN
-    WHILE i <= n LOOP
-        c := substr(p_sql, i, 1);
-        nxt := substr(p_sql, i + 1, 1);
-        IF seen_end AND c !~ '\s' THEN
-            IF c = '-' AND nxt = '-' THEN
-                NULL;  -- a trailing comment is fine
-            ELSE
-                RETURN false;
-            END IF;
-        END IF;
-        IF c = '''' THEN
-            i := i + 1;
-            LOOP
-                IF i > n THEN RETURN true; END IF;  -- unterminated: the parser will say so
-                IF substr(p_sql, i, 1) = '''' THEN
-                    IF substr(p_sql, i + 1, 1) = '''' THEN i := i + 2; CONTINUE; END IF;
-                    EXIT;
-                ELSIF substr(p_sql, i, 1) = '\' THEN
-                    i := i + 2; CONTINUE;  -- E'' escapes; harmless for standard strings
-                END IF;
-                i := i + 1;
-            END LOOP;
-        ELSIF c = '"' THEN
-            endpos := strpos(substr(p_sql, i + 1), '"');
-            IF endpos = 0 THEN RETURN true; END IF;
-            i := i + endpos;
-        ELSIF c = '-' AND nxt = '-' THEN
-            endpos := strpos(substr(p_sql, i), E'\n');
-            IF endpos = 0 THEN RETURN true; END IF;
-            i := i + endpos - 1;
-        ELSIF c = '/' AND nxt = '*' THEN
-            depth := 1;
-            i := i + 2;
-            WHILE i <= n AND depth > 0 LOOP
-                IF substr(p_sql, i, 2) = '/*' THEN depth := depth + 1; i := i + 2;
-                ELSIF substr(p_sql, i, 2) = '*/' THEN depth := depth - 1; i := i + 2;
-                ELSE i := i + 1;
-                END IF;
-            END LOOP;
-            CONTINUE;
-        ELSIF c = '$' THEN
-            tag := substring(substr(p_sql, i) FROM '^\$[A-Za-z_][A-Za-z_0-9]*\$|^\$\$');
-            IF tag IS NOT NULL THEN
-                endpos := strpos(substr(p_sql, i + length(tag)), tag);
-                IF endpos = 0 THEN RETURN true; END IF;
-                i := i + length(tag) + endpos + length(tag) - 2;
-            END IF;
-        ELSIF c = ';' THEN
-            seen_end := true;
-        END IF;
-        i := i + 1;
-    END LOOP;
-    RETURN true;
+    IF v_size > v_limit THEN
+        RAISE EXCEPTION 'defining query of stream table % is too long: % bytes, the limit is % bytes (setting max_query_length)',
+            p_display, v_size, v_limit
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Shorten the query, or raise the limit: UPDATE pgtrickle.pgt_settings SET value = ''<bytes>'' WHERE name = ''max_query_length'';';
+    END IF;
+    -- One regular expression each, so the scan is a single linear pass (no back-references).
+    IF p_query ~ '/\*[-~!@#^&|`?+*/%<>=]*/\*' THEN
+        v_shape := 'two comment openings (/*) in one run of operator characters';
+    ELSIF p_query ~ '(?:\+-?){32}' THEN
+        v_shape := 'a run of 32 or more + and - characters';
+    ELSIF p_query ~* '0[xob][0-9a-f_]{250}' THEN
+        v_shape := 'a hexadecimal, octal or binary literal of 250 or more digits';
+    END IF;
+    IF v_shape IS NOT NULL THEN
+        RAISE EXCEPTION 'defining query of stream table % contains %, which PostgreSQL''s parser takes quadratic time over',
+            p_display, v_shape
+            USING ERRCODE = 'program_limit_exceeded',
+                  HINT = 'Separate the characters with spaces (nested comments: /* /* */ */), or shorten the literal.';
+    END IF;
 END
 $$;
 
@@ -787,6 +902,43 @@ BEGIN
 END
 $$;
 
+-- Whether p_caller may read what a defining query (the view p_view) reads of p_relid, decided
+-- as PostgreSQL decides it for a query the caller runs: from the columns the parser marked as
+-- selected (the view's permission info). A whole-row reference (s, s::text, row_to_json(s), ...)
+-- needs SELECT on every column; a system column needs SELECT on the table; so does reading no
+-- column at all (count(*): stricter than PostgreSQL, which accepts SELECT on any column).
+CREATE OR REPLACE FUNCTION pgtrickle._caller_may_read(p_caller name, p_relid oid, p_view oid)
+RETURNS boolean LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    -- Bits of selectedCols are attnum - FirstLowInvalidHeapAttributeNumber (-7): 7 is the whole row.
+    v_pattern text := CASE WHEN current_setting('server_version_num')::int >= 160000
+                           THEN '\{RTEPERMISSIONINFO :relid ([0-9]+) [^}]*:selectedCols \(b([ 0-9]*)\)'
+                           ELSE ':rtekind 0 :relid ([0-9]+) (?:[^:]|:(?!selectedCols ))*:selectedCols \(b([ 0-9]*)\)' END;
+    v_bits int[];
+BEGIN
+    IF has_table_privilege(p_caller, p_relid, 'SELECT') THEN
+        RETURN true;
+    END IF;
+    SELECT coalesce(array_agg(DISTINCT bit::int), '{}') INTO v_bits
+      FROM pg_rewrite r,
+           regexp_matches(r.ev_action::text, v_pattern, 'g') AS m,
+           unnest(string_to_array(btrim(m[2]), ' ')) AS bit
+     WHERE r.ev_class = p_view AND m[1]::oid = p_relid AND bit <> '';
+    IF v_bits = '{}' THEN
+        RETURN false;  -- no column (count(*)): stricter than PostgreSQL, SELECT on the table
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(v_bits) b WHERE b < 7) THEN
+        RETURN false;  -- a system column: only SELECT on the table grants it
+    END IF;
+    RETURN NOT EXISTS (
+        SELECT 1 FROM pg_attribute a
+         WHERE a.attrelid = p_relid AND a.attnum > 0 AND NOT a.attisdropped
+           AND (7 = ANY (v_bits) OR a.attnum + 7 = ANY (v_bits))
+           AND NOT has_column_privilege(p_caller, p_relid, a.attnum, 'SELECT'));
+END
+$$;
+
 -- ------------------------------------------------------------------ the API
 
 CREATE OR REPLACE FUNCTION pgtrickle._api_create_stream_table(
@@ -820,6 +972,7 @@ DECLARE
     v_caller name := pgtrickle._require_user('create stream tables');
     v_definer name := current_user;
     v_fn record;
+    v_check refcursor;
 BEGIN
     SELECT schema_name, rel_name INTO v_schema, v_name FROM pgtrickle._parse_name(name, caller_path);
     v_display := pgtrickle._display_name(v_schema, v_name);
@@ -855,11 +1008,7 @@ BEGIN
                 WHERE n.nspname = v_schema AND c.relname = v_name) THEN
         RAISE EXCEPTION 'relation % already exists', v_display USING ERRCODE = 'duplicate_table';
     END IF;
-    IF NOT pgtrickle._is_single_statement(query) THEN
-        RAISE EXCEPTION 'defining query of stream table % must be a single SELECT statement', v_display
-            USING ERRCODE = 'syntax_error',
-                  DETAIL = 'The query text contains more than one statement.';
-    END IF;
+    PERFORM pgtrickle._check_query_text(query, v_display);
     v_query := regexp_replace(query, ';\s*$', '');
 
     v_id := nextval('pgtrickle.pgt_stream_tables_pgt_id_seq');
@@ -867,6 +1016,11 @@ BEGIN
     BEGIN
         -- The defining query means what it means to the caller: parse it in the caller's search_path.
         PERFORM pg_catalog.set_config('search_path', coalesce(caller_path, ''), true);
+        -- One statement, decided by PostgreSQL's parser in linear time: a cursor opens on exactly
+        -- one statement, and every statement of the text is parsed (nothing runs, nothing is
+        -- planned: EXPLAIN would run only when fetched) before a second one is refused (42P11).
+        OPEN v_check FOR EXECUTE 'EXPLAIN ' || v_query;
+        CLOSE v_check;
         EXECUTE pg_catalog.format('CREATE VIEW pgtrickle.%I AS %s', v_view_name, v_query);
         PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pgtrickle, pg_temp', true);
     EXCEPTION WHEN others THEN
@@ -877,6 +1031,11 @@ BEGIN
                                   OR v_msg = format('relation "%s.%s" does not exist', v_schema, v_name)) THEN
             RAISE EXCEPTION 'stream table % cannot be defined in terms of itself', v_display
                 USING ERRCODE = 'invalid_recursion';
+        END IF;
+        IF v_state = '42P11' THEN
+            RAISE EXCEPTION 'defining query of stream table % must be a single SELECT statement', v_display
+                USING ERRCODE = 'syntax_error',
+                      DETAIL = 'The query text contains more than one statement.';
         END IF;
         IF v_state = '42601' THEN
             v_hint := coalesce(v_hint, 'The defining query must be a single SELECT (or WITH ... SELECT, VALUES) query.');
@@ -934,9 +1093,7 @@ BEGIN
         PERFORM pgtrickle._check_storable(dep.relid, dep.cols,
                                           format('source %s of stream table %s:', dep.relid::regclass, v_display));
         -- The daemon fills the table with its own rights: the caller must be allowed to read what it shows.
-        IF NOT pg_catalog.has_table_privilege(v_caller, dep.relid, 'SELECT')
-           AND (dep.cols IS NULL OR EXISTS (SELECT 1 FROM unnest(dep.cols) AS c(col)
-                                             WHERE NOT pg_catalog.has_column_privilege(v_caller, dep.relid, c.col, 'SELECT'))) THEN
+        IF NOT pgtrickle._caller_may_read(v_caller, dep.relid, v_view) THEN
             RAISE EXCEPTION 'permission denied: role % may not read %.%, which the defining query of % reads',
                 v_caller, quote_ident(dep.nspname), quote_ident(dep.relname), v_display
                 USING ERRCODE = 'insufficient_privilege',
@@ -1086,10 +1243,8 @@ BEGIN
                       HINT = 'Use ''none'', ''fixed'', ''adaptive'', or ''default'' (the circuit_breaker_default setting).';
         END IF;
     END IF;
-    IF circuit_breaker_ceiling IS NOT NULL AND circuit_breaker_ceiling < 1 THEN
-        RAISE EXCEPTION 'circuit_breaker_ceiling must be a positive number of changes, got %', circuit_breaker_ceiling
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
+    PERFORM pgtrickle._check_bound('circuit_breaker_ceiling', circuit_breaker_ceiling, 1, 1000000000000000,
+                                   'pending changes');
     IF circuit_breaker_max_ratio IS NOT NULL
        AND NOT (circuit_breaker_max_ratio > 0 AND circuit_breaker_max_ratio <= 1000) THEN
         RAISE EXCEPTION 'circuit_breaker_max_ratio must be above 0 and at most 1000 (changes per source row), got %',
@@ -1522,12 +1677,12 @@ CREATE OR REPLACE FUNCTION pgtrickle._check_intervals(p_group text, p_tolerance 
 RETURNS void LANGUAGE plpgsql IMMUTABLE
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 BEGIN
-    IF p_tolerance < interval '0' THEN
-        RAISE EXCEPTION 'tolerance of watermark group % must not be negative, got %', quote_literal(p_group),
+    IF NOT (p_tolerance >= interval '0' AND p_tolerance <= interval '366 days') THEN
+        RAISE EXCEPTION 'tolerance of watermark group % must be between 0 and 366 days, got %', quote_literal(p_group),
             p_tolerance USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF p_stale_after < interval '0' THEN
-        RAISE EXCEPTION 'stale_after of watermark group % must not be negative, got %', quote_literal(p_group),
+    IF NOT (p_stale_after >= interval '0' AND p_stale_after <= interval '366 days') THEN
+        RAISE EXCEPTION 'stale_after of watermark group % must be between 0 and 366 days, got %', quote_literal(p_group),
             p_stale_after USING ERRCODE = 'invalid_parameter_value',
             HINT = 'NULL or ''0 seconds'' turns watermark_stuck alerts off.';
     END IF;
@@ -1715,8 +1870,8 @@ SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
     v_relid oid := pgtrickle._watermark_source(source, caller_path);
 BEGIN
-    IF max_rows IS NULL OR max_rows < 1 THEN
-        RAISE EXCEPTION 'max_rows must be a positive integer, got %', coalesce(max_rows::text, 'NULL')
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 1000000 THEN
+        RAISE EXCEPTION 'max_rows must be between 1 and 1000000, got %', coalesce(max_rows::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN QUERY
@@ -1821,8 +1976,8 @@ DECLARE
     st pgtrickle.pgt_stream_tables;
 BEGIN
     st := pgtrickle._find_st(name, caller_path);
-    IF max_rows IS NULL OR max_rows < 1 THEN
-        RAISE EXCEPTION 'max_rows must be a positive integer, got %', coalesce(max_rows::text, 'NULL')
+    IF max_rows IS NULL OR max_rows < 1 OR max_rows > 1000000 THEN
+        RAISE EXCEPTION 'max_rows must be between 1 and 1000000, got %', coalesce(max_rows::text, 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN QUERY
@@ -2510,10 +2665,7 @@ BEGIN
            IS NOT NULL THEN
             RETURN pgtrickle._rls_refusal(dep.relid, st.created_by, pgtrickle._display_name(st.pgt_schema, st.pgt_name));
         END IF;
-        IF NOT pg_catalog.has_table_privilege(st.created_by, dep.relid, 'SELECT')
-           AND (dep.cols IS NULL OR EXISTS (SELECT 1 FROM unnest(dep.cols) AS u(col)
-                                             WHERE NOT pg_catalog.has_column_privilege(st.created_by, dep.relid,
-                                                                                       u.col, 'SELECT'))) THEN
+        IF NOT pgtrickle._caller_may_read(st.created_by, dep.relid, st.def_view) THEN
             RETURN format('permission denied: %I, the owner of stream table %s, may no longer read %I.%I; '
                           'GRANT SELECT ON %I.%I TO %I to refresh it again',
                           st.created_by, pgtrickle._display_name(st.pgt_schema, st.pgt_name), dep.nspname,
