@@ -106,6 +106,8 @@ def install(conn: psycopg.Connection, up_to: int | None = None) -> InstallResult
         if up_to is not None and up_to < latest_version():
             return InstallResult(applied, max(done | {m.version for m in migrations() if m.version <= up_to}),
                                  False)
+        # Partition / inheritance capture first: api.sql's upgrade step rebuilds captures with it.
+        conn.execute((_sql_dir() / "capture_hierarchy.sql").read_text())  # type: ignore[arg-type]
         conn.execute((_sql_dir() / "api.sql").read_text())  # type: ignore[arg-type]
         event_triggers = _install_event_triggers(conn)
     return InstallResult(applied, latest_version(), event_triggers)
@@ -123,7 +125,7 @@ def _install_event_triggers(conn: psycopg.Connection) -> bool:
     )
     conn.execute("DROP EVENT TRIGGER IF EXISTS pgtrickle_ddl_end")
     conn.execute(
-        "CREATE EVENT TRIGGER pgtrickle_ddl_end ON ddl_command_end WHEN TAG IN ('ALTER TABLE') "
+        "CREATE EVENT TRIGGER pgtrickle_ddl_end ON ddl_command_end WHEN TAG IN ('ALTER TABLE', 'CREATE TABLE') "
         "EXECUTE FUNCTION pgtrickle._on_ddl_end()"
     )
     return True

@@ -66,6 +66,8 @@ class StreamTable:
     """The minimum watermark of the applicable watermark groups at the last refresh."""
     watermark_positions: dict | None = None
     """hold_back: where each grouped source was read at the last refresh (see gates.watermark_gate)."""
+    reinit_reason: str | None = None
+    """Why pgtrickle asked for reinitialization (a partition attached with rows...), if it did."""
     watermark_mark: Any = None
     """Set by the refresh engine for one refresh: the watermark state to commit with the frontier."""
 
@@ -175,6 +177,7 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
             diamond_consistency=r.get("diamond_consistency") or "atomic",
             effective_watermark=r.get("effective_watermark"),
             watermark_positions=r.get("watermark_positions"),
+            reinit_reason=r.get("reinit_reason"),
         )
     return result
 

@@ -48,7 +48,7 @@ def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: s
         UPDATE pgtrickle.pgt_stream_tables
            SET frontier = %(s)s::pg_snapshot, frontier_lsn = %(lsn)s::pg_lsn,
                data_timestamp = now(), last_refresh_at = now(), last_attempt_at = now(),
-               needs_reinit = false, consecutive_errors = 0, last_error = NULL,
+               needs_reinit = false, reinit_reason = NULL, consecutive_errors = 0, last_error = NULL,
                status = CASE WHEN status IN ('INITIALIZING', 'ERROR') THEN 'ACTIVE' ELSE status END,
                effective_watermark = CASE WHEN %(wm)s THEN %(ew)s ELSE effective_watermark END,
                watermark_positions = CASE WHEN %(wm)s THEN %(pos)s ELSE watermark_positions END,

@@ -383,7 +383,7 @@ class Refresher:
                 if mode.differential and any(p.rows for p in pending):
                     source_rows, ratio = self._mode_figures(st, sum(p.rows for p in pending))
                     mode = ModeContext(mode.differential, mode.reason, source_rows, ratio, mode.layout_changed)
-                plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending, mode)
+                plan = plan_refresh(st.refresh_mode, st.frontier, st.needs_reinit, pending, mode, st.reinit_reason)
             # A closed gate skips (with nothing to apply, a gated stream table just moves its frontier).
             # (In a group a member may be recomputed for its upstream members' changes: a closed gate skips.)
             if blocked and (plan.action is not Action.NO_DATA or hold_back or defer_no_data):

@@ -42,10 +42,12 @@ class ModeContext:
 
 
 def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
-                 pending: Sequence[PendingChanges] | None, mode: ModeContext | None = None) -> RefreshPlan:
+                 pending: Sequence[PendingChanges] | None, mode: ModeContext | None = None,
+                 reinit_reason: str | None = None) -> RefreshPlan:
     """Decide how to bring a stream table up to date.
 
-    ``pending`` is ``None`` when the stream table has no frontier yet.
+    ``pending`` is ``None`` when the stream table has no frontier yet;
+    ``reinit_reason`` says why reinitialization was requested, when known.
     """
     mode = mode or ModeContext()
     if frontier is None or pending is None:
@@ -53,7 +55,8 @@ def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
     delta = sum(p.rows for p in pending)
     deletes = sum(p.deletes for p in pending)
     if needs_reinit:
-        return RefreshPlan(Action.FULL, "reinitialization requested", delta, deletes)
+        reason = f"reinitialization requested: {reinit_reason}" if reinit_reason else "reinitialization requested"
+        return RefreshPlan(Action.FULL, reason, delta, deletes)
     truncated = [p.source for p in pending if p.truncated]
     if truncated:
         names = ", ".join(f"{s.schema}.{s.name}" for s in truncated)

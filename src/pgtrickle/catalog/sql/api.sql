@@ -642,6 +642,8 @@ $f$ $b$,
                    'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
     EXECUTE format('CREATE TRIGGER pgt_capture_trunc AFTER TRUNCATE ON %s '
                    'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
+    -- Partitions and inheritance children write the same buffer (capture_hierarchy.sql).
+    PERFORM pgtrickle._sync_member_capture(p_relid);
 END
 $$;
 
@@ -758,6 +760,7 @@ BEGIN
     IF src.source_kind = 'TABLE' AND EXISTS (SELECT 1 FROM pg_class WHERE oid = p_relid) THEN
         PERFORM pgtrickle._drop_capture_triggers(p_relid);
     END IF;
+    PERFORM pgtrickle._drop_member_captures(p_relid);
     EXECUTE format('DROP FUNCTION IF EXISTS pgtrickle_changes.%I()', 'capture_' || p_relid);
     EXECUTE format('DROP VIEW IF EXISTS pgtrickle_changes.%I', src.buffer_name);
     EXECUTE format('DROP TABLE IF EXISTS %s, %s', pgtrickle._buffer_part(src.buffer_name, 'rows'),
@@ -1807,6 +1810,8 @@ DECLARE
     obj record;
     st pgtrickle.pgt_stream_tables;
 BEGIN
+    -- A partition or inheritance child dropped with its rows (capture_hierarchy.sql).
+    PERFORM pgtrickle._follow_member_drops();
     FOR obj IN SELECT * FROM pg_event_trigger_dropped_objects()
                 WHERE classid = 'pg_catalog.pg_class'::regclass AND objsubid = 0 LOOP
         FOR st IN SELECT * FROM pgtrickle.pgt_stream_tables WHERE pgt_relid = obj.objid LOOP
@@ -1841,6 +1846,13 @@ DECLARE
     src pgtrickle.pgt_change_sources;
     v_cols jsonb;
 BEGIN
+    -- Partitions and inheritance children created, attached, detached (capture_hierarchy.sql).
+    IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
+                WHERE command_tag IN ('CREATE TABLE', 'ALTER TABLE')
+                  AND classid = 'pg_catalog.pg_class'::regclass
+                  AND schema_name NOT IN ('pgtrickle', 'pgtrickle_changes')) THEN
+        PERFORM pgtrickle._follow_hierarchy_ddl();
+    END IF;
     FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands()
                 WHERE command_tag = 'ALTER TABLE' AND classid = 'pg_catalog.pg_class'::regclass LOOP
         SELECT * INTO src FROM pgtrickle.pgt_change_sources
@@ -1921,6 +1933,11 @@ BEGIN
         RETURN;
     END IF;
     EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', p_relid::regclass);
+    IF EXISTS (SELECT 1 FROM pgtrickle._hierarchy_members(p_relid)) THEN
+        RAISE EXCEPTION 'source % has partitions or inheritance children: WAL capture does not follow them',
+            p_relid::regclass USING ERRCODE = 'feature_not_supported',
+            HINT = 'The source stays on trigger capture, which captures every partition and child.';
+    END IF;
     SELECT relreplident INTO v_identity FROM pg_class WHERE oid = p_relid;
     IF v_identity <> 'f' THEN
         -- UPDATE and DELETE must carry the whole old row for the change buffers.
@@ -2032,6 +2049,11 @@ BEGIN
             USING ERRCODE = 'undefined_object',
                   HINT = 'pgtrickle.check_cdc_health() lists the captured sources.';
     END IF;
+    IF v_mode = 'wal' AND EXISTS (SELECT 1 FROM pgtrickle._hierarchy_members(v_relid)) THEN
+        RAISE EXCEPTION 'source % has partitions or inheritance children: WAL capture does not follow them',
+            v_relid::regclass USING ERRCODE = 'feature_not_supported',
+            HINT = 'Keep it on trigger capture (''trigger'' or ''auto''), which captures every partition and child.';
+    END IF;
     UPDATE pgtrickle.pgt_change_sources SET cdc_mode_setting = v_mode WHERE source_relid = v_relid;
     PERFORM pg_notify('pgtrickle_refresh', '');
 END
@@ -2097,6 +2119,7 @@ BEGIN
         ELSIF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = src.source_relid AND tgname = 'pgt_capture_ins') THEN
             v_problems := v_problems || 'capture triggers are missing'::text;
         END IF;
+        v_problems := v_problems || pgtrickle._hierarchy_problems(src.source_relid);
         problems := v_problems;
         RETURN NEXT;
     END LOOP;
