@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.refresh.plan import Action
 from tests.conftest import Database
 from tests.integration.helpers import create_st, refresh, refresh_and_check
@@ -111,6 +112,9 @@ def test_attach_with_rows_and_detach_reinitialize_and_detach_removes_capture(par
     for name in ("agg", "flat"):
         action, reason = outcomes[name]
         assert action is Action.FULL and "pt_3" in reason and "attach" in reason.lower(), outcomes[name]
+    alerts = db.sql("SELECT payload->>'reason' FROM pgtrickle.alerts WHERE event = 'reinitialize_needed'"
+                    " AND payload->>'reason' LIKE '%%pt_3%%'")
+    assert len(alerts) == 2, alerts  # one per stream table
     db.sql("UPDATE pt_3 SET v = 0 WHERE id < 210")
     _differential(db, "agg", "flat")
 
@@ -184,6 +188,10 @@ def test_check_cdc_health_reports_a_member_without_capture(partitioned: Database
         db.sql(f'DROP TRIGGER "{tgname}" ON pt_2')
     [(problems,)] = db.sql("SELECT problems FROM pgtrickle.check_cdc_health() WHERE source = 'public.pt'")
     assert any("pt_2" in p for p in problems), problems
+    # A stream table over a partition itself sees only statements naming the partition: said so.
+    create_st(db, "one_part", "SELECT id, v FROM pt_1", schedule="1h", initialize=False)
+    [(problems,)] = db.sql("SELECT problems FROM pgtrickle.check_cdc_health() WHERE source = 'public.pt_1'")
+    assert any("child of public.pt" in p for p in problems), problems
 
 
 # ---------------------------------------------------------------- property test
@@ -317,11 +325,12 @@ def test_dropping_a_partition_with_rows_reinitializes(partitioned: Database) -> 
 
 
 def test_from_only_parent_never_shows_childrens_rows(inherited: Database) -> None:
+    # Spark cannot read ONLY: the stream table is refused at its refresh, never filled with
+    # the children's rows (which the parent's buffer now holds).
     db = inherited
     create_st(db, "only_parent", "SELECT id, kind FROM ONLY animals", schedule="1h")
-    [outcome] = refresh(db, "only_parent")
-    assert outcome.action is not Action.FULL or False  # refused: Spark cannot read ONLY
-    status, error = db.sql("SELECT status, last_error FROM pgtrickle.pgt_stream_tables"
-                           " WHERE pgt_name = 'only_parent'")[0]
-    assert "ONLY" in (error or ""), (status, error)
+    db.sql("INSERT INTO dogs (id, kind, legs) VALUES (500, 'dog', 4)")
+    with pytest.raises(UnsupportedQueryError, match="FROM ONLY"):
+        refresh(db, "only_parent")
     assert db.scalar("SELECT count(*) FROM only_parent") == 0
+    assert db.scalar("SELECT frontier IS NULL FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'only_parent'")

@@ -2501,7 +2501,7 @@ BEGIN
     -- (A stream table going into ERROR needs re-creating, not reinitializing: one alert is enough.)
     IF NEW.needs_reinit AND NOT OLD.needs_reinit AND NEW.status <> 'ERROR' THEN
         PERFORM pgtrickle._alert('reinitialize_needed', NEW, jsonb_build_object(
-            'status', NEW.status, 'error', NEW.last_error));
+            'status', NEW.status, 'error', NEW.last_error, 'reason', NEW.reinit_reason));
     END IF;
     RETURN NULL;
 END

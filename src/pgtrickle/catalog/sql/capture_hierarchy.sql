@@ -10,7 +10,8 @@
 -- statement named. The function names columns, never positions: one function serves
 -- members whose columns are in another order (PL/pgSQL compiles it per table).
 
--- Every table below p_relid in its partition / inheritance hierarchy, at any depth.
+-- Every table below p_relid in its partition / inheritance hierarchy, at any depth. A
+-- temporary child is left out: only its own session sees its rows, never a refresh.
 CREATE OR REPLACE FUNCTION pgtrickle._hierarchy_members(p_relid oid)
 RETURNS TABLE (member_relid oid, member_kind "char") LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
@@ -18,7 +19,7 @@ SET search_path = pg_catalog, pg_temp AS $$
         SELECT inhrelid FROM pg_inherits WHERE inhparent = p_relid
         UNION
         SELECT i.inhrelid FROM pg_inherits i JOIN m ON i.inhparent = m.relid)
-    SELECT c.oid, c.relkind FROM m JOIN pg_class c ON c.oid = m.relid
+    SELECT c.oid, c.relkind FROM m JOIN pg_class c ON c.oid = m.relid WHERE c.relpersistence <> 't'
 $$;
 
 -- The tables other than the source that carry its capture triggers, and whether all four.
@@ -209,11 +210,17 @@ BEGIN
 END
 $$;
 
--- Problems of a source's hierarchy for check_cdc_health(): members without (complete) capture.
+-- Problems of a source's hierarchy for check_cdc_health(): members without (complete)
+-- capture, and - for a source that is itself a partition or child - the writes that name
+-- its parent, which fire only the parent's statement triggers.
 CREATE OR REPLACE FUNCTION pgtrickle._hierarchy_problems(p_relid oid)
 RETURNS text[] LANGUAGE sql STABLE
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
-    SELECT coalesce(array_agg(
+    SELECT coalesce((SELECT array_agg(format('it is a partition or inheritance child of %s: statements naming %s '
+                                             'that change its rows are not captured for it', i.inhparent::regclass,
+                                             i.inhparent::regclass) ORDER BY i.inhparent::regclass::text)
+                       FROM pg_inherits i WHERE i.inhrelid = p_relid), '{}')
+        || coalesce(array_agg(
                CASE WHEN h.member_kind = 'f'
                     THEN format('partition or child %s is a foreign table: its writes are not captured',
                                 h.member_relid::regclass)
