@@ -334,3 +334,34 @@ def test_from_only_parent_never_shows_childrens_rows(inherited: Database) -> Non
         refresh(db, "only_parent")
     assert db.scalar("SELECT count(*) FROM only_parent") == 0
     assert db.scalar("SELECT frontier IS NULL FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'only_parent'")
+
+
+def test_a_partition_attached_during_a_refresh_is_not_forgotten(partitioned: Database, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The ATTACH commits while a DIFFERENTIAL refresh that read the sources before it runs
+    # its Spark job: that refresh must not clear the reinitialization the ATTACH asked for.
+    from pgtrickle import faults
+
+    db = partitioned
+    db.sql("CREATE TABLE pt_3 (LIKE pt)")
+    db.sql("INSERT INTO pt_3 SELECT g, g % 5, g FROM generate_series(200, 219) g")
+    db.sql("UPDATE pt_1 SET v = v + 1 WHERE id = 1")
+    real_point = faults.point
+    attached: list[bool] = []
+
+    def point(name: str) -> None:
+        if name == "refresh.spark_job" and not attached:
+            with psycopg.connect(db.dsn, autocommit=True) as other:
+                other.execute("SET lock_timeout = '20s'")
+                other.execute("ALTER TABLE pt ATTACH PARTITION pt_3 FOR VALUES FROM (200) TO (300)")
+            attached.append(True)
+        real_point(name)
+
+    monkeypatch.setattr(faults, "point", point)
+    [outcome] = refresh(db, "agg")
+    monkeypatch.setattr(faults, "point", real_point)
+    assert attached and outcome.action is Action.DIFFERENTIAL, (attached, outcome.action, outcome.reason)
+    assert db.scalar("SELECT needs_reinit FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'agg'")
+    outcomes = _actions(refresh_and_check(db, "agg", "flat"))
+    assert all(a is Action.FULL and "pt_3" in r for a, r in outcomes.values()), outcomes
+    db.sql("DELETE FROM pt_3 WHERE id = 200")
+    _differential(db, "agg", "flat")

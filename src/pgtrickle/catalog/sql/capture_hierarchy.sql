@@ -156,7 +156,7 @@ CREATE OR REPLACE FUNCTION pgtrickle._request_reinit(p_relid oid, p_reason text)
 RETURNS void LANGUAGE sql
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
     UPDATE pgtrickle.pgt_stream_tables s
-       SET needs_reinit = true, updated_at = now(),
+       SET needs_reinit = true, updated_at = now(), reinit_xid = pg_current_xact_id(),
            reinit_reason = CASE WHEN s.needs_reinit AND s.reinit_reason IS NOT NULL
                                      AND position(p_reason IN s.reinit_reason) = 0
                                 THEN s.reinit_reason || '; ' || p_reason
