@@ -188,10 +188,46 @@ def test_check_cdc_health_reports_a_member_without_capture(partitioned: Database
         db.sql(f'DROP TRIGGER "{tgname}" ON pt_2')
     [(problems,)] = db.sql("SELECT problems FROM pgtrickle.check_cdc_health() WHERE source = 'public.pt'")
     assert any("pt_2" in p for p in problems), problems
-    # A stream table over a partition itself sees only statements naming the partition: said so.
+    # A source that is a partition is captured through the table above it too.
     create_st(db, "one_part", "SELECT id, v FROM pt_1", schedule="1h", initialize=False)
+    assert db.sql("SELECT problems FROM pgtrickle.check_cdc_health() WHERE source = 'public.pt_1'") == [([],)]
+    db.sql("DROP TRIGGER pgt_ancestor_%s_upd ON pt" % db.scalar("SELECT 'pt_1'::regclass::oid"))
     [(problems,)] = db.sql("SELECT problems FROM pgtrickle.check_cdc_health() WHERE source = 'public.pt_1'")
-    assert any("child of public.pt" in p for p in problems), problems
+    assert any("public.pt above it" in p for p in problems), problems
+
+
+def test_a_source_that_is_a_partition_sees_writes_through_its_parents(partitioned: Database) -> None:
+    db = partitioned
+    create_st(db, "part_1", "SELECT id, grp, v FROM pt_1", schedule="1h")
+    create_st(db, "part_1_agg", "SELECT grp, sum(v) AS s FROM pt_1 GROUP BY grp", schedule="1h")
+    refresh_and_check(db, "part_1", "part_1_agg")
+    names = ("agg", "flat", "part_1", "part_1_agg")
+    before = _pending(db, "pt_1")
+    db.sql("UPDATE pt SET v = v + 1 WHERE id % 10 = 0")  # 10 rows in pt_1, 10 in pt_2
+    assert _pending(db, "pt_1") - before == 10
+    db.sql("DELETE FROM pt WHERE id IN (3, 103)")
+    db.sql("INSERT INTO pt VALUES (3, 1, 1), (103, 1, 1)")
+    db.sql("DELETE FROM pt_2 WHERE id IN (104, 105)")
+    db.sql("UPDATE pt SET id = id + 100 WHERE id IN (4, 5)")  # rows move from pt_1 to pt_2
+    db.sql("UPDATE pt_1 SET v = 0 WHERE id = 6")
+    _differential(db, *names)
+    # DETACH of the source itself: it keeps its rows, and statements naming pt no longer reach it.
+    db.sql("ALTER TABLE pt DETACH PARTITION pt_1")
+    assert db.sql("SELECT tgname FROM pg_trigger WHERE tgrelid = 'pt'::regclass AND tgname LIKE 'pgt_ancestor%'") == []
+    db.sql("UPDATE pt_1 SET v = 1 WHERE id = 6")
+    outcomes = _actions(refresh_and_check(db, *names))
+    assert outcomes["part_1"][0] is Action.DIFFERENTIAL and outcomes["agg"][0] is Action.FULL, outcomes
+    db.sql("ALTER TABLE pt ATTACH PARTITION pt_1 FOR VALUES FROM (0) TO (100)")
+    db.sql("DELETE FROM pt WHERE id = 8")
+    outcomes = _actions(refresh_and_check(db, *names))
+    assert outcomes["part_1"][0] is Action.DIFFERENTIAL, outcomes
+
+
+def test_an_inheritance_child_source_is_reported_for_writes_through_its_parent(inherited: Database) -> None:
+    db = inherited
+    create_st(db, "just_dogs", "SELECT id, legs FROM dogs", schedule="1h", initialize=False)
+    [(problems,)] = db.sql("SELECT problems FROM pgtrickle.check_cdc_health() WHERE source = 'public.dogs'")
+    assert any("inheritance child of public.animals" in p for p in problems), problems
 
 
 # ---------------------------------------------------------------- property test
@@ -365,3 +401,44 @@ def test_a_partition_attached_during_a_refresh_is_not_forgotten(partitioned: Dat
     assert all(a is Action.FULL and "pt_3" in r for a, r in outcomes.values()), outcomes
     db.sql("DELETE FROM pt_3 WHERE id = 200")
     _differential(db, "agg", "flat")
+
+
+def test_a_wal_source_that_gains_a_child_goes_back_to_triggers(db: Database) -> None:
+    from pgtrickle.cdc.modes import CaptureManager
+    from pgtrickle.cdc.wal import DecoderThread, slot_name_for
+
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '20 seconds' WHERE name = 'wal_transition_timeout'")
+    db.sql("CREATE TABLE animals (id int PRIMARY KEY, kind text, legs int)")
+    db.sql("INSERT INTO animals SELECT g, 'a' || (g % 3), g % 5 FROM generate_series(1, 30) g")
+    create_st(db, "per_kind", "SELECT kind, count(*) AS n, sum(legs) AS legs FROM animals GROUP BY kind",
+              schedule="1h")
+    refresh_and_check(db, "per_kind")
+    db.sql("SELECT pgtrickle.set_cdc_mode('animals', 'wal')")
+    threads: list[DecoderThread] = []
+
+    def start_decoder() -> None:
+        if not threads:
+            threads.append(DecoderThread(db.dsn, slot_name_for(db.dsn.rsplit("/", 1)[1])))
+            threads[0].start()
+
+    try:
+        CaptureManager(db.conn, start_decoder).reconcile()
+        assert db.scalar("SELECT cdc_mode FROM pgtrickle.pgt_change_sources WHERE source_name = 'animals'") == "wal"
+        db.sql("INSERT INTO animals VALUES (31, 'a0', 4)")
+        _differential(db, "per_kind")
+        db.sql("CREATE TABLE birds (id int NOT NULL, kind text, legs int)")
+        db.sql("INSERT INTO birds VALUES (400, 'bird', 2), (401, 'bird', 2)")
+        db.sql("ALTER TABLE birds INHERIT animals")
+        [(mode, reason)] = db.sql("SELECT cdc_mode, reason FROM pgtrickle.check_cdc_health()")
+        assert mode == "trigger" and "inheritance children" in reason, (mode, reason)
+        db.sql("INSERT INTO birds VALUES (402, 'bird', 2)")
+        db.sql("UPDATE animals SET legs = 0 WHERE id = 2")
+        outcomes = _actions(refresh_and_check(db, "per_kind"))
+        assert outcomes["per_kind"][0] is Action.FULL and "birds" in outcomes["per_kind"][1], outcomes
+        db.sql("DELETE FROM birds WHERE id = 400")
+        _differential(db, "per_kind")
+        assert db.sql("SELECT problems FROM pgtrickle.check_cdc_health()") == [([],)]
+    finally:
+        for thread in threads:
+            thread.stop()

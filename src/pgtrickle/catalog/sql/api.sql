@@ -642,8 +642,10 @@ $f$ $b$,
                    'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
     EXECUTE format('CREATE TRIGGER pgt_capture_trunc AFTER TRUNCATE ON %s '
                    'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
-    -- Partitions and inheritance children write the same buffer (capture_hierarchy.sql).
+    -- Partitions and inheritance children write the same buffer; a source that is a
+    -- partition is captured through the tables above it too (capture_hierarchy.sql).
     PERFORM pgtrickle._sync_member_capture(p_relid);
+    PERFORM pgtrickle._build_ancestor_capture(p_relid, body, fn);
 END
 $$;
 
@@ -1945,6 +1947,8 @@ BEGIN
     END IF;
     EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s', p_publication, p_relid::regclass);
     PERFORM pgtrickle._drop_capture_triggers(p_relid);
+    -- (a partition's changes are published under its own name, whichever table a statement names)
+    PERFORM pgtrickle._drop_ancestor_captures(p_relid);
     UPDATE pgtrickle.pgt_change_sources
        SET cdc_mode = 'wal', cdc_reason = p_reason, transitioned_at = now(),
            original_replica_identity = coalesce(original_replica_identity, v_identity)

@@ -52,7 +52,8 @@ BEGIN
 END
 $$;
 
--- Remove a source's capture from every other table (source no longer captured by triggers).
+-- Remove a source's capture from every other table, below and above it (source no
+-- longer captured by triggers).
 CREATE OR REPLACE FUNCTION pgtrickle._drop_member_captures(p_relid oid)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
@@ -61,6 +62,101 @@ DECLARE
 BEGIN
     FOR m IN SELECT c.member_relid FROM pgtrickle._captured_members(p_relid) c LOOP
         PERFORM pgtrickle._drop_member_capture(p_relid, m);
+    END LOOP;
+    PERFORM pgtrickle._drop_ancestor_captures(p_relid);
+    EXECUTE format('DROP FUNCTION IF EXISTS pgtrickle_changes.%I()', 'capture_' || p_relid || '_via');
+END
+$$;
+
+-- ------------------------------------------------ a source that is a partition itself
+-- A statement naming a partitioned table above a partition source fires only that
+-- table's triggers. Each of them carries pgt_ancestor_<source>_* triggers running
+-- capture_<source>_via: the source's capture function with the transition tables
+-- filtered by the source's partition constraint (pg_get_partition_constraintdef, which
+-- includes its ancestors' bounds) - a row satisfies it exactly when it lies in the
+-- source. An inheritance child has no such constraint: writes naming its parent are not
+-- captured for it (check_cdc_health() says so).
+
+CREATE OR REPLACE FUNCTION pgtrickle._partition_ancestors(p_relid oid)
+RETURNS TABLE (ancestor_relid oid) LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT a.relid::oid FROM pg_partition_ancestors(p_relid) a WHERE a.relid::oid <> p_relid
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle._captured_ancestors(p_relid oid)
+RETURNS TABLE (ancestor_relid oid, complete boolean) LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT t.tgrelid, count(*) = 4
+      FROM pg_trigger t
+     WHERE t.tgfoid = to_regprocedure(format('pgtrickle_changes.%I()', 'capture_' || p_relid || '_via'))
+     GROUP BY t.tgrelid
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle._drop_ancestor_capture(p_relid oid, p_ancestor oid)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    ev text;
+BEGIN
+    FOREACH ev IN ARRAY ARRAY['ins', 'upd', 'del', 'trunc'] LOOP
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', format('pgt_ancestor_%s_%s', p_relid, ev),
+                       p_ancestor::regclass);
+    END LOOP;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pgtrickle._drop_ancestor_captures(p_relid oid)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    a oid;
+BEGIN
+    FOR a IN SELECT c.ancestor_relid FROM pgtrickle._captured_ancestors(p_relid) c LOOP
+        PERFORM pgtrickle._drop_ancestor_capture(p_relid, a);
+    END LOOP;
+END
+$$;
+
+-- (Re)build capture_<source>_via from the body of the source's capture function (called
+-- by pgtrickle._build_capture) and put its triggers on exactly the source's ancestors.
+CREATE OR REPLACE FUNCTION pgtrickle._build_ancestor_capture(p_relid oid, p_body text, p_fn text)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    v_cons text := pg_get_partition_constraintdef(p_relid);
+    v_via text := format('pgtrickle_changes.%I', 'capture_' || p_relid || '_via');
+    a oid;
+    ev text;
+BEGIN
+    IF v_cons IS NULL OR NOT EXISTS (SELECT 1 FROM pgtrickle._partition_ancestors(p_relid)) THEN
+        PERFORM pgtrickle._drop_ancestor_captures(p_relid);
+        EXECUTE format('DROP FUNCTION IF EXISTS %s()', v_via);
+        RETURN;
+    END IF;
+    EXECUTE replace(replace(replace(p_body, p_fn || '()', v_via || '()'),
+                            '__pgt_new n', format('(SELECT * FROM __pgt_new WHERE %s) n', v_cons)),
+                    '__pgt_old o', format('(SELECT * FROM __pgt_old WHERE %s) o', v_cons));
+    FOR a IN SELECT c.ancestor_relid FROM pgtrickle._captured_ancestors(p_relid) c
+              WHERE c.ancestor_relid NOT IN (SELECT x.ancestor_relid FROM pgtrickle._partition_ancestors(p_relid) x)
+    LOOP
+        PERFORM pgtrickle._drop_ancestor_capture(p_relid, a);
+    END LOOP;
+    FOR a IN SELECT x.ancestor_relid FROM pgtrickle._partition_ancestors(p_relid) x
+              WHERE x.ancestor_relid NOT IN (SELECT c.ancestor_relid FROM pgtrickle._captured_ancestors(p_relid) c
+                                              WHERE c.complete)
+    LOOP
+        PERFORM pgtrickle._drop_ancestor_capture(p_relid, a);
+        EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s REFERENCING NEW TABLE AS __pgt_new '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION %s()', format('pgt_ancestor_%s_ins', p_relid),
+                       a::regclass, v_via);
+        EXECUTE format('CREATE TRIGGER %I AFTER UPDATE ON %s REFERENCING OLD TABLE AS __pgt_old '
+                       'NEW TABLE AS __pgt_new FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                       format('pgt_ancestor_%s_upd', p_relid), a::regclass, v_via);
+        EXECUTE format('CREATE TRIGGER %I AFTER DELETE ON %s REFERENCING OLD TABLE AS __pgt_old '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION %s()', format('pgt_ancestor_%s_del', p_relid),
+                       a::regclass, v_via);
+        EXECUTE format('CREATE TRIGGER %I AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                       format('pgt_ancestor_%s_trunc', p_relid), a::regclass, v_via);
     END LOOP;
 END
 $$;
@@ -179,6 +275,11 @@ DECLARE
     src pgtrickle.pgt_change_sources;
     chg record;
 BEGIN
+    -- Not again for the ALTER TABLEs it runs itself (the move back from WAL capture).
+    IF current_setting('pgtrickle.following_hierarchy', true) = 'on' THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('pgtrickle.following_hierarchy', 'on', true);
     FOR src IN
         SELECT c.* FROM pgtrickle.pgt_change_sources c JOIN pg_class r ON r.oid = c.source_relid
          WHERE c.source_kind = 'TABLE'
@@ -207,6 +308,23 @@ BEGIN
             END IF;
         END LOOP;
     END LOOP;
+    -- A source that became, or stopped being, a partition (ATTACH / DETACH of the source
+    -- itself or of a table above it): its capture through its ancestors follows. Its
+    -- own rows do not change.
+    FOR src IN
+        SELECT c.* FROM pgtrickle.pgt_change_sources c JOIN pg_class r ON r.oid = c.source_relid
+         WHERE c.source_kind = 'TABLE' AND c.cdc_mode = 'trigger'
+           AND to_regprocedure(format('pgtrickle_changes.%I()', 'capture_' || c.source_relid)) IS NOT NULL
+           AND (r.relispartition OR EXISTS (SELECT 1 FROM pgtrickle._captured_ancestors(c.source_relid)))
+           AND (EXISTS (SELECT ancestor_relid FROM pgtrickle._partition_ancestors(c.source_relid)
+                        EXCEPT SELECT ancestor_relid FROM pgtrickle._captured_ancestors(c.source_relid) WHERE complete)
+                OR EXISTS (SELECT ancestor_relid FROM pgtrickle._captured_ancestors(c.source_relid)
+                           EXCEPT SELECT ancestor_relid FROM pgtrickle._partition_ancestors(c.source_relid)))
+         ORDER BY c.source_relid
+    LOOP
+        PERFORM pgtrickle._build_capture(src.source_relid);
+    END LOOP;
+    PERFORM set_config('pgtrickle.following_hierarchy', 'off', true);
 END
 $$;
 
@@ -216,10 +334,18 @@ $$;
 CREATE OR REPLACE FUNCTION pgtrickle._hierarchy_problems(p_relid oid)
 RETURNS text[] LANGUAGE sql STABLE
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
-    SELECT coalesce((SELECT array_agg(format('it is a partition or inheritance child of %s: statements naming %s '
+    SELECT coalesce((SELECT array_agg(format('it is an inheritance child of %s: statements naming %s '
                                              'that change its rows are not captured for it', i.inhparent::regclass,
                                              i.inhparent::regclass) ORDER BY i.inhparent::regclass::text)
-                       FROM pg_inherits i WHERE i.inhrelid = p_relid), '{}')
+                       FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                      WHERE i.inhrelid = p_relid AND NOT c.relispartition), '{}')
+        || coalesce((SELECT array_agg(format('partitioned table %s above it lacks its capture triggers: statements '
+                                             'naming it are not captured for it', a.ancestor_relid::regclass)
+                                      ORDER BY a.ancestor_relid::regclass::text)
+                       FROM pgtrickle._partition_ancestors(p_relid) a
+                      WHERE (SELECT cdc_mode FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid) = 'trigger'
+                        AND NOT EXISTS (SELECT 1 FROM pgtrickle._captured_ancestors(p_relid) c
+                                         WHERE c.ancestor_relid = a.ancestor_relid AND c.complete)), '{}')
         || coalesce(array_agg(
                CASE WHEN h.member_kind = 'f'
                     THEN format('partition or child %s is a foreign table: its writes are not captured',
@@ -256,12 +382,26 @@ END
 $$;
 
 -- Upgrade: sources captured before partitions and children were followed get capture on
--- their members now; members already holding rows may have had uncaptured writes.
+-- their members now; members already holding rows may have had uncaptured writes. A
+-- source that is a partition gets capture through the tables above it; statements naming
+-- them were not captured for it before.
 DO $$
 DECLARE
     src pgtrickle.pgt_change_sources;
     chg record;
+    v_fn text;
 BEGIN
+    FOR src IN SELECT c.* FROM pgtrickle.pgt_change_sources c JOIN pg_class r ON r.oid = c.source_relid
+                WHERE c.source_kind = 'TABLE' AND c.cdc_mode = 'trigger' AND r.relispartition
+                  AND to_regprocedure(format('pgtrickle_changes.%I()', 'capture_' || c.source_relid)) IS NOT NULL
+                  AND to_regprocedure(format('pgtrickle_changes.%I()', 'capture_' || c.source_relid || '_via')) IS NULL
+    LOOP
+        v_fn := format('pgtrickle_changes.%I', 'capture_' || src.source_relid);
+        PERFORM pgtrickle._build_ancestor_capture(src.source_relid, pg_get_functiondef(v_fn::regproc), v_fn);
+        PERFORM pgtrickle._request_reinit(src.source_relid,
+            format('source %s is a partition: statements naming the tables above it were not captured for it '
+                   'before this version', src.source_relid::regclass));
+    END LOOP;
     FOR src IN SELECT c.* FROM pgtrickle.pgt_change_sources c JOIN pg_class r ON r.oid = c.source_relid
                 WHERE c.source_kind = 'TABLE' AND c.cdc_mode = 'trigger' AND r.relhassubclass
                   AND to_regprocedure(format('pgtrickle_changes.%I()', 'capture_' || c.source_relid)) IS NOT NULL
