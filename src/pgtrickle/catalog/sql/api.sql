@@ -1945,7 +1945,7 @@ BEGIN
         -- UPDATE and DELETE must carry the whole old row for the change buffers.
         EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p_relid::regclass);
     END IF;
-    EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s', p_publication, p_relid::regclass);
+    EXECUTE format('ALTER PUBLICATION %I ADD TABLE ONLY %s', p_publication, p_relid::regclass);
     PERFORM pgtrickle._drop_capture_triggers(p_relid);
     -- (a partition's changes are published under its own name, whichever table a statement names)
     PERFORM pgtrickle._drop_ancestor_captures(p_relid);
@@ -1968,7 +1968,8 @@ BEGIN
     SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid FOR UPDATE;
     FOR v_pub IN SELECT p.pubname FROM pg_publication p JOIN pg_publication_rel r ON r.prpubid = p.oid
                   WHERE r.prrelid = p_relid AND p.pubname = 'pgtrickle_pub' LOOP
-        EXECUTE format('ALTER PUBLICATION %I DROP TABLE %s', v_pub, p_relid::regclass);
+        -- ONLY: an inheritance child that joined meanwhile is not in the publication.
+        EXECUTE format('ALTER PUBLICATION %I DROP TABLE ONLY %s', v_pub, p_relid::regclass);
     END LOOP;
     IF src.original_replica_identity IS NOT NULL AND src.original_replica_identity <> 'f' THEN
         EXECUTE format('ALTER TABLE %s REPLICA IDENTITY %s', p_relid::regclass,
