@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pgtrickle.cdc.modes import Move, SourceCapture, desired_move, wal_blocker
+from pgtrickle.cdc.modes import Move, SourceCapture, desired_move, hierarchy_blocker, wal_blocker
 from pgtrickle.cdc.wal import slot_name_for, widen_xid
 
 
@@ -61,3 +61,9 @@ def test_wal_blockers_say_what_to_change() -> None:
     assert "max_replication_slots" in (wal_blocker("logical", 4, 4, False) or "")
     assert wal_blocker("logical", 4, 4, True) is None
     assert wal_blocker("logical", 4, 1, False) is None
+
+
+def test_a_source_with_partitions_or_children_stays_on_triggers() -> None:
+    assert hierarchy_blocker(0) is None
+    reason = hierarchy_blocker(3)
+    assert reason is not None and "3 partition" in reason and "trigger capture" in reason

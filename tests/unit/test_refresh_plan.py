@@ -39,6 +39,12 @@ def test_reinit_wins_even_without_changes() -> None:
     assert plan.action is Action.FULL and "reinitialization" in plan.reason
 
 
+def test_reinit_says_why_when_pgtrickle_asked_for_it() -> None:
+    why = "partition public.pt_3 was attached to source public.pt with rows already in it"
+    plan = plan_refresh("AUTO", "10:10:", True, [pending(i=1)], None, why)
+    assert plan.action is Action.FULL and plan.reason == f"reinitialization requested: {why}"
+
+
 def test_truncate_forces_full_and_names_the_source() -> None:
     plan = plan_refresh("AUTO", "10:10:", False, [pending(t=True)])
     assert plan.action is Action.FULL and "public.orders was truncated" in plan.reason

@@ -126,6 +126,8 @@ def install(conn: psycopg.Connection, up_to: int | None = None) -> InstallResult
                                  False)
         # identity.sql first: api.sql's functions (and what it runs at install) call its helpers.
         conn.execute((_sql_dir() / "identity.sql").read_text())  # type: ignore[arg-type]
+        # Partition / inheritance capture first: api.sql's upgrade step rebuilds captures with it.
+        conn.execute((_sql_dir() / "capture_hierarchy.sql").read_text())  # type: ignore[arg-type]
         conn.execute((_sql_dir() / "api.sql").read_text())  # type: ignore[arg-type]
         event_triggers = _install_event_triggers(conn)
         repaired = repair_capture(conn)
@@ -166,7 +168,7 @@ def _install_event_triggers(conn: psycopg.Connection) -> bool:
     )
     conn.execute("DROP EVENT TRIGGER IF EXISTS pgtrickle_ddl_end")
     conn.execute(
-        "CREATE EVENT TRIGGER pgtrickle_ddl_end ON ddl_command_end WHEN TAG IN ('ALTER TABLE') "
+        "CREATE EVENT TRIGGER pgtrickle_ddl_end ON ddl_command_end WHEN TAG IN ('ALTER TABLE', 'CREATE TABLE') "
         "EXECUTE FUNCTION pgtrickle._on_ddl_end()"
     )
     # Renamed stream tables, sources and their schemas: the catalog follows the OIDs.

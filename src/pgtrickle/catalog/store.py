@@ -66,12 +66,13 @@ class StreamTable:
     """The minimum watermark of the applicable watermark groups at the last refresh."""
     watermark_positions: dict | None = None
     """hold_back: where each grouped source was read at the last refresh (see gates.watermark_gate)."""
+    reinit_reason: str | None = None
+    """Why pgtrickle asked for reinitialization (a partition attached with rows, a repaired change
+    capture...), if it did."""
     watermark_mark: Any = None
     """Set by the refresh engine for one refresh: the watermark state to commit with the frontier."""
     reads_clock: bool = False
     """The defining query reads the clock (now(), current_date, ...): recomputed on every scheduled refresh."""
-    reinit_reason: str | None = None
-    """Why ``needs_reinit`` was set, when the code that set it said (e.g. a repaired change capture)."""
 
     @property
     def qualified(self) -> str:

@@ -8,7 +8,9 @@ after the first successful refresh of a stream table reading it; ``wal``
 moves it as soon as the daemon can. When WAL capture is not possible
 (``wal_level`` is not ``logical``, the slot cannot be made, the decoder does
 not catch up in time) the source stays on triggers and the reason is
-recorded — changes are never lost either way.
+recorded — changes are never lost either way. A partitioned table or an
+inheritance parent stays on triggers (:func:`hierarchy_blocker`): its trigger
+capture follows every partition and child, WAL capture here does not.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class SourceCapture:
     setting: str  # 'default' | 'trigger' | 'auto' | 'wal'
     consumer_refreshed: bool  # some stream table reading it has completed a refresh
     reason: str | None
+    members: int = 0  # partitions / inheritance children below it, at any depth
 
 
 def desired_move(source: SourceCapture, default_mode: str) -> Move | None:
@@ -64,6 +67,20 @@ def wal_blocker(wal_level: str, max_replication_slots: int, slots_in_use: int, h
     return None
 
 
+def hierarchy_blocker(members: int) -> str | None:
+    """Why a source with partitions or inheritance children stays on triggers, or ``None`` (pure).
+
+    The decoder maps published relations to sources one to one; a write on a
+    partition or child is published under that table, and REPLICA IDENTITY
+    FULL would have to follow every member attached later. The trigger
+    capture covers them all (capture_hierarchy.sql).
+    """
+    if members:
+        return (f"the table has {members} partition(s) or inheritance child(ren): WAL capture does not follow "
+                "them, trigger capture does")
+    return None
+
+
 def load_sources(conn: psycopg.Connection) -> list[SourceCapture]:
     rows = conn.execute(
         """
@@ -71,13 +88,14 @@ def load_sources(conn: psycopg.Connection) -> list[SourceCapture]:
                c.cdc_mode_setting,
                EXISTS (SELECT 1 FROM pgtrickle.pgt_dependencies d JOIN pgtrickle.pgt_stream_tables s
                          USING (pgt_id) WHERE d.source_relid = c.source_relid AND s.frontier IS NOT NULL),
-               c.cdc_reason
+               c.cdc_reason,
+               (SELECT count(*) FROM pgtrickle._hierarchy_members(c.source_relid))
           FROM pgtrickle.pgt_change_sources c
          WHERE c.source_kind = 'TABLE'
          ORDER BY c.source_relid
         """
     ).fetchall()
-    return [SourceCapture(int(r[0]), r[1], r[2], r[3], bool(r[4]), r[5]) for r in rows]
+    return [SourceCapture(int(r[0]), r[1], r[2], r[3], bool(r[4]), r[5], int(r[6])) for r in rows]
 
 
 def default_mode(conn: psycopg.Connection) -> str:
@@ -187,6 +205,10 @@ class CaptureManager:
                 done.append((source.name, move, result))
 
     def _to_wal(self, source: SourceCapture) -> str | None:
+        hierarchy = hierarchy_blocker(source.members)
+        if hierarchy:
+            self._fallback(source, hierarchy)
+            return None
         wal_level, max_slots, in_use, has_slot = self.conn.execute(
             "SELECT current_setting('wal_level'), current_setting('max_replication_slots')::int,"
             " (SELECT count(*) FROM pg_replication_slots),"

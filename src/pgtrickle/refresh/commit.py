@@ -20,6 +20,11 @@ from pgtrickle.catalog.store import StreamTable
 from pgtrickle.errors import RefreshError
 
 
+# The reinitialization request is met by this refresh (see :func:`complete`).
+_REINIT_DONE = ("(%(full)s AND (reinit_xid IS NULL"
+                " OR pg_visible_in_snapshot(reinit_xid, %(s)s::pg_snapshot)))")
+
+
 def lock_for_apply(conn: psycopg.Connection, st: StreamTable) -> None:
     """Lock the catalog row; fail if the frontier moved since this refresh started."""
     conn.execute("SET LOCAL lock_timeout = '60s'")
@@ -38,8 +43,13 @@ def lock_for_apply(conn: psycopg.Connection, st: StreamTable) -> None:
 
 def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: str, history_id: int,
              inserted: int, deleted: int, spark_seconds: float, request_ids: Sequence[int],
-             data_timestamp: datetime | None = None) -> None:
+             recomputed: bool, data_timestamp: datetime | None = None) -> None:
     """Advance the frontier, mark the table healthy, complete the history row, consume requests.
+
+    A reinitialization request is cleared only by a refresh that ``recomputed`` the
+    table in full at a snapshot seeing the requesting transaction (``reinit_xid``;
+    requests without one, by any full recompute): a request committed while this
+    refresh ran - a partition attached with rows, say - survives it.
 
     The refresh's watermark state (``st.watermark_mark``: the effective
     watermark, and where a hold_back refresh read each grouped source) is
@@ -53,14 +63,17 @@ def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: s
         UPDATE pgtrickle.pgt_stream_tables
            SET frontier = %(s)s::pg_snapshot, frontier_lsn = %(lsn)s::pg_lsn,
                data_timestamp = coalesce(%(dt)s, now()), last_refresh_at = now(), last_attempt_at = now(),
-               needs_reinit = false, reinit_reason = NULL, consecutive_errors = 0, last_error = NULL,
+               needs_reinit = needs_reinit AND NOT {done},
+               reinit_reason = CASE WHEN needs_reinit AND NOT {done} THEN reinit_reason END,
+               reinit_xid = CASE WHEN needs_reinit AND NOT {done} THEN reinit_xid END,
+               consecutive_errors = 0, last_error = NULL,
                status = CASE WHEN status IN ('INITIALIZING', 'ERROR') THEN 'ACTIVE' ELSE status END,
                effective_watermark = CASE WHEN %(wm)s THEN %(ew)s ELSE effective_watermark END,
                watermark_positions = CASE WHEN %(wm)s THEN %(pos)s ELSE watermark_positions END,
                updated_at = now()
          WHERE pgt_id = %(id)s
-        """,
-        {"s": snapshot, "lsn": lsn, "id": st.pgt_id, "wm": mark is not None, "dt": data_timestamp,
+        """.replace("{done}", _REINIT_DONE),
+        {"s": snapshot, "lsn": lsn, "id": st.pgt_id, "wm": mark is not None, "full": recomputed, "dt": data_timestamp,
          "ew": mark.effective_watermark if mark else None,
          "pos": Jsonb(mark.positions) if mark and mark.positions else None},
     )

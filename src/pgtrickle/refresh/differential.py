@@ -745,7 +745,8 @@ class DifferentialRun:
                 else:
                     inserted, deleted = self._apply_algebraic(shape, result.rows, target, buffer)
             commit.complete(conn, st, snapshot=snapshot, lsn=lsn, history_id=history_id, inserted=inserted,
-                            deleted=deleted, spark_seconds=spark_seconds, request_ids=request_ids)
+                            deleted=deleted, spark_seconds=spark_seconds, request_ids=request_ids,
+                            recomputed=False)
             user_triggers.finish(conn, st, triggers, inserted, deleted, history_id)
             if self.r.group is not None:
                 self._drop_temps()  # the group's transaction goes on: the next member makes its own

@@ -725,7 +725,7 @@ class Refresher:
                 self._guard_keys(st, layout)
             commit.complete(self.conn, st, snapshot=snapshot, lsn=lsn, history_id=history_id,
                             inserted=int(inserted), deleted=int(deleted), spark_seconds=spark_seconds,
-                            request_ids=request_ids, data_timestamp=data_timestamp)
+                            request_ids=request_ids, data_timestamp=data_timestamp, recomputed=True)
             user_triggers.finish(self.conn, st, triggers, int(inserted), int(deleted), history_id)
             faults.point("refresh.before_commit")
         faults.point("refresh.after_commit")

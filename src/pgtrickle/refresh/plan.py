@@ -53,7 +53,7 @@ def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
                  reinit_reason: str | None = None) -> RefreshPlan:
     """Decide how to bring a stream table up to date.
 
-    ``pending`` is ``None`` when the stream table has no frontier yet.
+    ``pending`` is ``None`` when the stream table has no frontier yet;
     ``reinit_reason`` says why reinitialization was requested, when known.
     """
     mode = mode or ModeContext()

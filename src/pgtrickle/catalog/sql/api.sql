@@ -776,6 +776,10 @@ $f$ $b$,
                    'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
     EXECUTE format('CREATE TRIGGER pgt_capture_trunc AFTER TRUNCATE ON %s '
                    'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
+    -- Partitions and inheritance children write the same buffer; a source that is a
+    -- partition is captured through the tables above it too (capture_hierarchy.sql).
+    PERFORM pgtrickle._sync_member_capture(p_relid);
+    PERFORM pgtrickle._build_ancestor_capture(p_relid, body, fn);
 END
 $$;
 
@@ -893,6 +897,7 @@ BEGIN
     IF src.source_kind = 'TABLE' AND EXISTS (SELECT 1 FROM pg_class WHERE oid = p_relid) THEN
         PERFORM pgtrickle._drop_capture_triggers(p_relid);
     END IF;
+    PERFORM pgtrickle._drop_member_captures(p_relid);
     EXECUTE format('DROP FUNCTION IF EXISTS pgtrickle_changes.%I()', 'capture_' || p_relid);
     EXECUTE format('DROP VIEW IF EXISTS pgtrickle_changes.%I', src.buffer_name);
     EXECUTE format('DROP TABLE IF EXISTS %s, %s', pgtrickle._buffer_part(src.buffer_name, 'rows'),
@@ -2005,6 +2010,8 @@ DECLARE
     obj record;
     st pgtrickle.pgt_stream_tables;
 BEGIN
+    -- A partition or inheritance child dropped with its rows (capture_hierarchy.sql).
+    PERFORM pgtrickle._follow_member_drops();
     FOR obj IN SELECT * FROM pg_event_trigger_dropped_objects()
                 WHERE classid = 'pg_catalog.pg_class'::regclass AND objsubid = 0 LOOP
         FOR st IN SELECT * FROM pgtrickle.pgt_stream_tables WHERE pgt_relid = obj.objid LOOP
@@ -2039,6 +2046,13 @@ DECLARE
     src pgtrickle.pgt_change_sources;
     v_cols jsonb;
 BEGIN
+    -- Partitions and inheritance children created, attached, detached (capture_hierarchy.sql).
+    IF EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands()
+                WHERE command_tag IN ('CREATE TABLE', 'ALTER TABLE')
+                  AND classid = 'pg_catalog.pg_class'::regclass
+                  AND schema_name NOT IN ('pgtrickle', 'pgtrickle_changes')) THEN
+        PERFORM pgtrickle._follow_hierarchy_ddl();
+    END IF;
     FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands()
                 WHERE command_tag = 'ALTER TABLE' AND classid = 'pg_catalog.pg_class'::regclass LOOP
         SELECT * INTO src FROM pgtrickle.pgt_change_sources
@@ -2119,13 +2133,20 @@ BEGIN
         RETURN;
     END IF;
     EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', p_relid::regclass);
+    IF EXISTS (SELECT 1 FROM pgtrickle._hierarchy_members(p_relid)) THEN
+        RAISE EXCEPTION 'source % has partitions or inheritance children: WAL capture does not follow them',
+            p_relid::regclass USING ERRCODE = 'feature_not_supported',
+            HINT = 'The source stays on trigger capture, which captures every partition and child.';
+    END IF;
     SELECT relreplident INTO v_identity FROM pg_class WHERE oid = p_relid;
     IF v_identity <> 'f' THEN
         -- UPDATE and DELETE must carry the whole old row for the change buffers.
         EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p_relid::regclass);
     END IF;
-    EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s', p_publication, p_relid::regclass);
+    EXECUTE format('ALTER PUBLICATION %I ADD TABLE ONLY %s', p_publication, p_relid::regclass);
     PERFORM pgtrickle._drop_capture_triggers(p_relid);
+    -- (a partition's changes are published under its own name, whichever table a statement names)
+    PERFORM pgtrickle._drop_ancestor_captures(p_relid);
     UPDATE pgtrickle.pgt_change_sources
        SET cdc_mode = 'wal', cdc_reason = p_reason, transitioned_at = now(),
            original_replica_identity = coalesce(original_replica_identity, v_identity)
@@ -2145,7 +2166,8 @@ BEGIN
     SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid FOR UPDATE;
     FOR v_pub IN SELECT p.pubname FROM pg_publication p JOIN pg_publication_rel r ON r.prpubid = p.oid
                   WHERE r.prrelid = p_relid AND p.pubname = 'pgtrickle_pub' LOOP
-        EXECUTE format('ALTER PUBLICATION %I DROP TABLE %s', v_pub, p_relid::regclass);
+        -- ONLY: an inheritance child that joined meanwhile is not in the publication.
+        EXECUTE format('ALTER PUBLICATION %I DROP TABLE ONLY %s', v_pub, p_relid::regclass);
     END LOOP;
     IF src.original_replica_identity IS NOT NULL AND src.original_replica_identity <> 'f' THEN
         EXECUTE format('ALTER TABLE %s REPLICA IDENTITY %s', p_relid::regclass,
@@ -2229,6 +2251,11 @@ BEGIN
         RAISE EXCEPTION 'table % is not a source of any stream table', quote_literal(source)
             USING ERRCODE = 'undefined_object',
                   HINT = 'pgtrickle.check_cdc_health() lists the captured sources.';
+    END IF;
+    IF v_mode = 'wal' AND EXISTS (SELECT 1 FROM pgtrickle._hierarchy_members(v_relid)) THEN
+        RAISE EXCEPTION 'source % has partitions or inheritance children: WAL capture does not follow them',
+            v_relid::regclass USING ERRCODE = 'feature_not_supported',
+            HINT = 'Keep it on trigger capture (''trigger'' or ''auto''), which captures every partition and child.';
     END IF;
     UPDATE pgtrickle.pgt_change_sources SET cdc_mode_setting = v_mode WHERE source_relid = v_relid;
     PERFORM pg_notify('pgtrickle_refresh', '');
@@ -2326,8 +2353,12 @@ BEGIN
         EXECUTE format('DROP TABLE IF EXISTS %s', v_batches);
         PERFORM pgtrickle._create_buffer_parts(src.buffer_name, src.source_kind);
         FOR col IN
-            SELECT c->>'buf' AS buf, c->>'type' AS type
-              FROM jsonb_array_elements(src.columns) WITH ORDINALITY AS j(c, i) ORDER BY j.i
+            SELECT c->>'buf' AS buf,
+                   coalesce(pgtrickle._storage_type(a.atttypid, a.atttypmod), c->>'type') AS type
+              FROM jsonb_array_elements(src.columns) WITH ORDINALITY AS j(c, i)
+              LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = src.source_relid
+                                                 AND a.attnum = (c->>'attnum')::int AND NOT a.attisdropped
+             ORDER BY j.i
         LOOP
             EXECUTE format('ALTER TABLE %s ADD COLUMN %I %s, ADD COLUMN %I %s', v_rows,
                            'new_' || col.buf, col.type, 'old_' || col.buf, col.type);
@@ -2434,6 +2465,7 @@ BEGIN
                 v_problems := v_problems || 'REPLICA IDENTITY is not FULL'::text;
             END IF;
         END IF;
+        v_problems := v_problems || pgtrickle._hierarchy_problems(src.source_relid);
         problems := v_problems;
         RETURN NEXT;
     END LOOP;
@@ -2829,7 +2861,7 @@ BEGIN
     -- (A stream table going into ERROR needs re-creating, not reinitializing: one alert is enough.)
     IF NEW.needs_reinit AND NOT OLD.needs_reinit AND NEW.status <> 'ERROR' THEN
         PERFORM pgtrickle._alert('reinitialize_needed', NEW, jsonb_build_object(
-            'status', NEW.status, 'error', NEW.last_error));
+            'status', NEW.status, 'error', NEW.last_error, 'reason', NEW.reinit_reason));
     END IF;
     RETURN NULL;
 END
