@@ -40,3 +40,15 @@ class SparkError(PgTrickleError):
 
 class RefreshError(PgTrickleError):
     """A refresh failed; the stream table keeps its previous contents."""
+
+
+class ValueNotCarriedError(RefreshError):
+    """A source value Spark cannot carry exactly: the refresh was refused rather than store it altered.
+
+    ``sqlstate`` is PostgreSQL's code of the refusal: 22003 for a numeric
+    value, 22008 for a date/time value (see docs/TYPES.md).
+    """
+
+    def __init__(self, message: str, sqlstate: str) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate

@@ -27,7 +27,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pgtrickle.catalog.store import StreamTable
+from pgtrickle.catalog.store import Source, StreamTable
 from pgtrickle.cdc.buffers import pending_changes, rows_table
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle import faults
@@ -38,12 +38,12 @@ from pgtrickle.gates import breaker_gate, watermark_gate
 from pgtrickle.gates.skips import record_skip
 from pgtrickle.gates.watermark_gate import WatermarkMark
 from pgtrickle.ops import alerts, health
-from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError
+from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError, ValueNotCarriedError
 from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis, RecomputeShape, analyze, respect_sum_types
 from pgtrickle.dvm.layout import Layout, ensure_layout, plan_layout, row_index_name, state_types
 from pgtrickle.refresh import as_of, commit, user_triggers
 from pgtrickle.refresh.plan import DEFAULT_FALLBACK_RATIO, Action, ModeContext, RefreshPlan, plan_refresh
-from pgtrickle.spark import jdbc
+from pgtrickle.spark import carry, jdbc
 from pgtrickle.refresh.differential import finish_output
 from pgtrickle.sql.translate import translate_to_spark
 
@@ -211,10 +211,16 @@ class Refresher:
             raise
         except Exception as exc:
             message = _describe(exc)
+            refused = carry.refusal_in(exc)
+            if refused is not None:
+                message = refused.message + (f" (hint: {refused.hint})" if refused.hint else "")
             if self.group is None:
                 self._record_failure(st, history_id, message, fatal=health.is_fatal(exc))
             if isinstance(exc, PgTrickleError):
                 raise
+            if refused is not None:
+                raise ValueNotCarriedError(f"refresh of {st.display} refused: {message}",
+                                           refused.sqlstate) from exc
             raise RefreshError(f"refresh of {st.display} failed: {message}") from exc
 
     def cached(self, key: tuple, build: Callable[[], object]):  # type: ignore[no-untyped-def]
@@ -222,6 +228,18 @@ class Refresher:
         if key not in self.dvm_cache:
             self.dvm_cache[key] = build()
         return self.dvm_cache[key]
+
+    def carried_columns(self, source: Source) -> list[tuple[str, str]] | None:
+        """(name, base type) of ``source``'s columns when one is not read as it is; see spark/carry.py."""
+        return self.cached(("carry", source.relid, source.column_types), lambda: carry.source_columns(
+            self.conn, source.relid, source.column_types))
+
+    def source_select(self, source: Source) -> str | None:
+        """The select list reading ``source`` exactly (``None``: read it as it is); see spark/carry.py."""
+        columns = self.carried_columns(source)
+        if columns is None:
+            return None
+        return carry.select_list(columns, f"{source.schema}.{source.name}").as_string(self.conn)
 
     def view_name(self, pgt_id: int, key: tuple) -> str:
         """A stable Spark view name for a key-filtered read (so cached SQL keeps matching)."""
@@ -593,7 +611,8 @@ class Refresher:
                 parts = jdbc.partition_count(stats[source.relid], self.settings.jdbc_partition_rows,
                                              spark.sparkContext.defaultParallelism)
                 df = jdbc.read_table(spark, self.target, source.qualified, snap_id,
-                                     jdbc.ctid_predicates(stats[source.relid], parts))
+                                     jdbc.ctid_predicates(stats[source.relid], parts),
+                                     select=self.source_select(source))
                 if source.kind == "STREAM_TABLE":
                     df = df.drop(*[c for c in df.columns if c.startswith("__pgt_")])
                 cap = st.watermark_mark.caps.get(source.relid) if st.watermark_mark else None
