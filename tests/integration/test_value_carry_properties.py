@@ -77,14 +77,18 @@ times = st.one_of(
 instants = st.one_of(
     st.integers(int((FIRST - EPOCH).total_seconds() * 1e6), int((LAST - EPOCH).total_seconds() * 1e6))
     .map(lambda us: (EPOCH + timedelta(microseconds=us)).isoformat()),
-    st.sampled_from(["infinity", "-infinity", "10000-01-01 00:00:00+00", "0001-01-01 00:00:00+00"]),
+    st.sampled_from(["infinity", "-infinity", "10000-01-01 00:00:00+00", "0001-01-01 00:00:00+00",
+                     "1582-10-10T12:00:00.000001+00:00"]),
 )
+
+
+GAP = (datetime(1582, 10, 4, tzinfo=timezone.utc), datetime(1582, 10, 16, tzinfo=timezone.utc))
 
 
 def instant_fits(value: str) -> bool:
     if value in ("infinity", "-infinity") or value.startswith(("10000-", "0001-01-01 00:00")):
         return False
-    return True
+    return not GAP[0] <= datetime.fromisoformat(value) < GAP[1]
 
 
 @st.composite

@@ -593,6 +593,7 @@ class DifferentialRun:
             return DeltaResult([])
         w = WEIGHT
         states: dict[str, str] = {COUNT_COLUMN: f"SUM({w})"}
+        decimals = _decimal_columns(self.r.spark.sql(delta))
         for spec in shape.aggs:
             conds = []
             if spec.filter is not None:
@@ -602,7 +603,8 @@ class DifferentialRun:
                 conds.append(f"{x} IS NOT NULL")
             cond = " AND ".join(conds) or "true"
             if spec.kind in ("sum", "avg"):
-                states[spec.sum_column] = f"SUM(CASE WHEN {cond} THEN {x} * {w} END)"
+                weighted = _weighted(x, w) if agg_rules.value_arg(spec.index) in decimals else f"{x} * {w}"
+                states[spec.sum_column] = f"SUM(CASE WHEN {cond} THEN {weighted} END)"
                 states[spec.count_column] = f"SUM(CASE WHEN {cond} THEN {w} ELSE 0 END)"
             elif spec.kind in ("count", "count_star"):
                 states[spec.count_column] = f"SUM(CASE WHEN {cond} THEN {w} ELSE 0 END)"
@@ -956,6 +958,26 @@ def _buffer_columns(conn: psycopg.Connection, relids: list[int]) -> dict[int, di
             cols = json.loads(cols)
         result[int(relid)] = {c["name"]: c["buf"] for c in cols or []}
     return result
+
+
+def _weighted(x: str, w: str) -> str:
+    """Decimal ``x`` times its weight ``w`` (±1 in a delta), keeping ``x``'s type.
+
+    Spark types ``decimal(38,18) * bigint`` as ``decimal(38,6)`` and rounds
+    (``spark.sql.decimalOperations.allowPrecisionLoss``): a sum over an
+    unconstrained ``numeric`` would lose its 7th to 18th fraction digits.
+    A decimal is negated instead (which cannot overflow); a weight other
+    than ±1 fails loudly (docs/TYPES.md).
+    """
+    return (f"CASE WHEN {w} = 1 THEN {x} WHEN {w} = -1 THEN -{x} "
+            f"ELSE raise_error('pgtrickle: a delta weight other than 1 or -1 on a decimal sum') END")
+
+
+def _decimal_columns(df) -> set[str]:  # type: ignore[no-untyped-def]
+    """The names of ``df``'s decimal columns (analysis only, no Spark job)."""
+    from pyspark.sql.types import DecimalType
+
+    return {f.name for f in df.schema.fields if isinstance(f.dataType, DecimalType)}
 
 
 def _for_copy(column: str, pg_type: str) -> str:

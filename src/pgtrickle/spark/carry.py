@@ -22,7 +22,9 @@ their base type). Each kind is one of:
   negative scale) travels as ``decimal(38,18)``, so a value with more than
   20 integer or 18 fraction digits, ``NaN`` or ``±Infinity`` is refused;
   ``numeric(p,s)`` refuses ``NaN``; ``date`` and both timestamps refuse
-  ``±infinity`` and values outside years 1..9999 (Spark's and Python's range).
+  ``±infinity``, values outside years 1..9999 (Spark's and Python's range)
+  and the ten days 1582-10-05..14, which Java's hybrid calendar skips (the
+  JDBC driver moves them ten days on: ``1582-10-10`` arrives as ``1582-10-20``).
 * **re-carried** -- sent as another PostgreSQL type that maps exactly and
   converts back on write: ``time`` as a ``timestamp`` on 1970-01-01 (the
   Spark type it always had, now with microseconds; ``24:00:00`` is
@@ -61,8 +63,9 @@ _NUMERIC_HINT = ("Spark carries this column as decimal(38,18) (at most 20 digits
                  "decimal point, no NaN or Infinity); declare it numeric(p,s) with p <= 38 "
                  "(ALTER TABLE ... ALTER COLUMN ... TYPE numeric(p,s)) to carry s fraction digits, "
                  "or change the value.")
-_DATETIME_HINT = ("Spark carries dates and timestamps of years 1 to 9999 only (no infinity, no BC); "
-                  "change the value, or keep such rows out of the sources the stream table reads.")
+_DATETIME_HINT = ("Spark carries dates and timestamps of years 1 to 9999 only (no infinity, no BC), and "
+                  "not the ten days 1582-10-05 to 1582-10-14 that Java's calendar skips; change the value, "
+                  "or keep such rows out of the sources the stream table reads.")
 _TIME_HINT = "Spark carries a time of day below 24:00:00; store 24:00:00 as 00:00:00 of the next day."
 
 
@@ -96,15 +99,20 @@ def decide(base_type: str) -> Carry:
         return Carry(CHECKED, "scale({c}) <= 18 AND abs({c}) < 1e20", "numeric", NUMERIC_RANGE_SQLSTATE,
                      _NUMERIC_HINT)
     if t == "date":
-        return Carry(CHECKED, "{c} BETWEEN '0001-01-01'::date AND '9999-12-31'::date", None,
+        return Carry(CHECKED, "{c} BETWEEN '0001-01-01'::date AND '9999-12-31'::date"
+                     " AND NOT {c} BETWEEN '1582-10-05'::date AND '1582-10-14'::date", None,
                      DATETIME_RANGE_SQLSTATE, _DATETIME_HINT)
     if _TIMESTAMP.match(t):
         if t.endswith("without time zone"):
             bounds = "'0001-01-01 00:00:00'::timestamp AND '9999-12-31 23:59:59.999999'::timestamp"
+            gap = "'1582-10-05 00:00:00'::timestamp AND '1582-10-14 23:59:59.999999'::timestamp"
         else:
-            # Rendered in any session time zone, the instant must stay within years 1..9999.
+            # Rendered in any time zone (the JVM's, the session's), the instant must stay within
+            # years 1..9999 and outside the calendar gap, so a day is kept at each edge.
             bounds = "'0001-01-02 00:00:00+00'::timestamptz AND '9999-12-30 23:59:59.999999+00'::timestamptz"
-        return Carry(CHECKED, f"{{c}} BETWEEN {bounds}", None, DATETIME_RANGE_SQLSTATE, _DATETIME_HINT)
+            gap = "'1582-10-04 00:00:00+00'::timestamptz AND '1582-10-15 23:59:59.999999+00'::timestamptz"
+        return Carry(CHECKED, f"{{c}} BETWEEN {bounds} AND NOT {{c}} BETWEEN {gap}", None,
+                     DATETIME_RANGE_SQLSTATE, _DATETIME_HINT)
     if _TIME.match(t):
         return Carry(RECARRIED, "{c} < '24:00:00'::time", "timestamp without time zone",
                      DATETIME_RANGE_SQLSTATE, _TIME_HINT)
