@@ -93,6 +93,15 @@ def test_daemon_survives_a_watermark_beyond_range_in_the_catalog_and_the_api_und
         report = scheduler.tick()
         assert "plain" in {o.st.name for o in report.refreshed}, report
         assert_oracle(loaded, "plain")
+        # The CLI shows it too (as the far past or future) instead of failing.
+        from typer.testing import CliRunner
+
+        from pgtrickle.cli.main import app
+
+        runner = CliRunner(env={"COLUMNS": "250"})
+        for command in ("watermarks", "status"):
+            result = runner.invoke(app, ["--dsn", loaded.dsn, command], catch_exceptions=False)
+            assert result.exit_code == 0, result.output
         # The API replaces the bad value, even with an earlier watermark.
         loaded.sql("SELECT pgtrickle.advance_watermark('orders', %s)", (NOON + timedelta(minutes=5),))
         loaded.sql("SELECT pgtrickle.advance_watermark('lines', %s)", (NOON + timedelta(minutes=5),))

@@ -14,10 +14,10 @@ The API then replaces it (docs/WATERMARKS.md).
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import psycopg
-from psycopg.types.datetime import TimestamptzLoader
+from psycopg.types.datetime import IntervalLoader, TimestamptzLoader
 
 FAR_FUTURE = datetime.max.replace(tzinfo=timezone.utc)
 """A watermark after year 9999 (or ``infinity``) as Python sees it."""
@@ -51,9 +51,21 @@ class TolerantTimestamptzLoader(TimestamptzLoader):
             return _beyond(bytes(data).decode("ascii", "replace"))
 
 
+class TolerantIntervalLoader(IntervalLoader):
+    """psycopg's interval loader, reading ``±infinity`` (a lag to an infinite watermark) as a far stand-in."""
+
+    def load(self, data) -> timedelta:  # type: ignore[no-untyped-def, override]
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            text = bytes(data).decode("ascii", "replace").strip().lower()
+            return timedelta.min if text.startswith("-") else timedelta.max
+
+
 def tolerant(cursor: psycopg.Cursor) -> psycopg.Cursor:  # type: ignore[type-arg]
-    """``cursor`` with timestamptz values loaded by :class:`TolerantTimestamptzLoader`."""
+    """``cursor`` with timestamptz and interval values that Python cannot hold read as stand-ins."""
     cursor.adapters.register_loader("timestamptz", TolerantTimestamptzLoader)
+    cursor.adapters.register_loader("interval", TolerantIntervalLoader)
     return cursor
 
 
