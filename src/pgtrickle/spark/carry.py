@@ -12,16 +12,17 @@ expression :func:`read_expression` gives for its type (domains resolved to
 their base type). Each kind is one of:
 
 * **native** -- the JDBC mapping is exact (integers, floats incl. NaN and
-  ±Infinity and -0, ``numeric(p,s)`` with ``p <= 38``, text types, bytea,
-  bool, interval, uuid, json/jsonb, arrays, enums, network types, ranges,
-  composites...): selected as it is.
+  ±Infinity and -0, money, text types, bytea, bool, interval, uuid,
+  json/jsonb, arrays, enums, network types, ranges, composites...):
+  selected as it is.
 * **checked** -- exact for the values Spark's type can hold, which PostgreSQL
   checks row by row while reading (a ``CASE`` around the column, cheap
   built-in tests; the refusal function runs only for a value that fails):
   unconstrained ``numeric`` (and ``numeric(p,s)`` with ``p > 38`` or a
   negative scale) travels as ``decimal(38,18)``, so a value with more than
   20 integer or 18 fraction digits, ``NaN`` or ``±Infinity`` is refused;
-  ``numeric(p,s)`` refuses ``NaN``; ``date`` and both timestamps refuse
+  ``numeric(p,s)`` with ``p <= 38`` travels as ``decimal(p,s)`` and refuses
+  ``NaN``; ``date`` and both timestamps refuse
   ``±infinity``, values outside years 1..9999 (Spark's and Python's range)
   and the ten days 1582-10-05..14, which Java's hybrid calendar skips (the
   JDBC driver moves them ten days on: ``1582-10-10`` arrives as ``1582-10-20``).
@@ -33,7 +34,10 @@ their base type). Each kind is one of:
 
 A refused value stops the refresh before anything is written, with
 SQLSTATE 22003 (numeric) or 22008 (date/time) and a message naming the
-column, its type, the value and what to do; see docs/TYPES.md.
+column, its type, the value and what to do; :func:`refusal_in` finds it in
+a failed Spark job (the engine raises ``ValueNotCarriedError``; a
+DIFFERENTIAL refresh first falls back to FULL, since the refused value may
+be in a change that no longer exists at the new snapshot). See docs/TYPES.md.
 """
 
 from __future__ import annotations
