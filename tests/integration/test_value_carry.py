@@ -112,6 +112,10 @@ def test_numeric_beyond_38_digits_of_precision_and_negative_scale(db: Database, 
     refresh_and_check(db, "st")
     db.sql("INSERT INTO other VALUES (2, 12345678901234567890.25, -99900)")
     check(db, mode)
+    db.sql("CREATE TABLE wide (id int PRIMARY KEY, v numeric(39,19))")  # scale 19: its trailing zeros fit
+    db.sql("INSERT INTO wide VALUES (1, 1), (2, 0.123456789012345678)")
+    create_st(db, "wide_st", "SELECT id, v FROM wide", refresh_mode=mode)
+    refresh_and_check(db, "wide_st")
     db.sql("INSERT INTO other VALUES (3, 123456789012345678901234567890.25, 0)")
     assert_refused(db, "22003", "public.other.w", "numeric(50,2)")
 

@@ -54,7 +54,7 @@ def test_decide(type_name: str, kind: str, read_as: str | None) -> None:
 
 def test_unconstrained_numeric_is_checked_against_decimal_38_18() -> None:
     decision = carry.decide("numeric")
-    assert decision.test == "scale({c}) <= 18 AND abs({c}) < 1e20"
+    assert decision.test == "min_scale({c}) <= 18 AND abs({c}) < 1e20"
     assert decision.sqlstate == "22003"
     assert "numeric(p,s)" in (decision.hint or "")
 

@@ -100,7 +100,8 @@ def decide(base_type: str) -> Carry:
         if precision is not None and precision <= 38 and 0 <= scale <= precision:
             return Carry(CHECKED, "{c} <> 'NaN'::numeric", t, NUMERIC_RANGE_SQLSTATE, _NUMERIC_HINT)
         # Unconstrained (or beyond Spark's decimals): decimal(38,18) when the value fits it.
-        return Carry(CHECKED, "scale({c}) <= 18 AND abs({c}) < 1e20", "numeric", NUMERIC_RANGE_SQLSTATE,
+        # min_scale: trailing zeros do not count (1.0000000000000000000 fits).
+        return Carry(CHECKED, "min_scale({c}) <= 18 AND abs({c}) < 1e20", "numeric", NUMERIC_RANGE_SQLSTATE,
                      _NUMERIC_HINT)
     if t == "date":
         return Carry(CHECKED, "{c} BETWEEN '0001-01-01'::date AND '9999-12-31'::date"
