@@ -46,3 +46,15 @@ class CaptureBrokenError(RefreshError):
     """A change capture object (buffer table or view, trigger function, trigger) is missing:
     changes may have been lost. ``pgtrickle install`` recreates it; the stream tables reading the
     source are then recomputed in full."""
+
+
+class ValueNotCarriedError(RefreshError):
+    """A source value Spark cannot carry exactly: the refresh was refused rather than store it altered.
+
+    ``sqlstate`` is PostgreSQL's code of the refusal: 22003 for a numeric
+    value, 22008 for a date/time value (see docs/TYPES.md).
+    """
+
+    def __init__(self, message: str, sqlstate: str) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate

@@ -10,6 +10,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from pgtrickle.db.instants import tolerant
+
 
 @dataclass(frozen=True)
 class Column:
@@ -107,6 +109,8 @@ class RefreshRequest:
 def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dict[int, StreamTable]:
     """Every stream table (or just ``only``) with its columns and sources."""
     with conn.cursor(row_factory=dict_row) as cur:
+        # A watermark beyond Python's range must not stop the daemon (db/instants.py).
+        tolerant(cur)
         rows = cur.execute(
             """
             SELECT s.*,

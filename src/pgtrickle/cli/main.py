@@ -278,11 +278,12 @@ def _fmt_interval(value: timedelta | None) -> str:
 def status_view(dsn: str, *, alerts_shown: int = 5) -> Group:
     """Everything ``pgtrickle status`` shows, as one renderable (read now from the catalog)."""
     from pgtrickle.catalog.store import load_stream_tables
+    from pgtrickle.db.instants import tolerant_cursor
     from pgtrickle.scheduler.daemon import effective_groups
 
     with connect(dsn) as conn:
         require_installed(conn)
-        rows = conn.execute(
+        rows = tolerant_cursor(conn).execute(
             "SELECT name, status, effective_mode, schedule, last_refresh_at, staleness,"
             " pending_requests, consecutive_errors, last_error, watermark_gating, watermark_gating_origin,"
             " watermark_gate IS NOT NULL, effective_watermark, pgt_id"
@@ -469,6 +470,7 @@ def explain(
 def watermarks(ctx: typer.Context) -> None:
     """Show watermark groups (aligned or not, lag, effective watermark) and every source's watermark."""
     from pgtrickle.catalog.install import require_installed
+    from pgtrickle.db.instants import tolerant_cursor
 
     def ts(value) -> str:  # type: ignore[no-untyped-def]
         return value.strftime("%Y-%m-%d %H:%M:%S%z") if value is not None else "-"
@@ -476,10 +478,11 @@ def watermarks(ctx: typer.Context) -> None:
     def go() -> None:
         with connect(_dsn(ctx)) as conn:
             require_installed(conn)
-            groups = conn.execute(
+            # A watermark outside years 1..9999 left in the catalog is shown, not fatal (db/instants.py).
+            groups = tolerant_cursor(conn).execute(
                 "SELECT group_name, state, min_watermark, max_watermark, lag, tolerance, effective_watermark,"
                 " lagging_sources, stuck_sources, stream_tables FROM pgtrickle.watermark_status()").fetchall()
-            sources = conn.execute(
+            sources = tolerant_cursor(conn).execute(
                 "SELECT source, watermark, advanced_at, advanced_by, application_name, groups, stuck_in"
                 " FROM pgtrickle.watermarks()").fetchall()
         if not groups and not sources:

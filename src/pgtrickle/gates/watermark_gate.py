@@ -28,6 +28,7 @@ from psycopg import sql
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import PendingChanges
 from pgtrickle.gates import watermark as wm
+from pgtrickle.db.instants import parse_instant, tolerant_cursor
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class WatermarkCheck:
 
 
 def load_groups(conn: psycopg.Connection) -> list[wm.Group]:
-    rows = conn.execute(
+    rows = tolerant_cursor(conn).execute(
         """
         SELECT g.group_id, g.group_name, g.tolerance, g.stale_after, g.effective_watermark,
                coalesce(json_agg(json_build_object(
@@ -72,9 +73,9 @@ def load_groups(conn: psycopg.Connection) -> list[wm.Group]:
     ).fetchall()
     groups = []
     for gid, name, tolerance, stale_after, effective, members in rows:
-        watermarks = {int(m["relid"]): datetime.fromisoformat(m["wm"]) for m in members if m["wm"] is not None}
+        watermarks = {int(m["relid"]): parse_instant(m["wm"]) for m in members if m["wm"] is not None}
         aligned = {int(m["relid"]): wm.Advancement(int(m["adv"]), int(m["relid"]),
-                                                   datetime.fromisoformat(m["adv_wm"]), int(m["xid"]), m["snap"])
+                                                   parse_instant(m["adv_wm"]), int(m["xid"]), m["snap"])
                    for m in members if m["adv"] is not None}
         groups.append(wm.Group(int(gid), name, frozenset(int(m["relid"]) for m in members), tolerance,
                                watermarks, effective, aligned, stale_after))
@@ -106,7 +107,7 @@ def _graph(conn: psycopg.Connection) -> _Graph:
 
 
 def _group_points(positions: dict | None) -> dict[int, datetime]:
-    return {int(k): datetime.fromisoformat(v) for k, v in ((positions or {}).get("groups") or {}).items()}
+    return {int(k): parse_instant(v) for k, v in ((positions or {}).get("groups") or {}).items()}
 
 
 def _source_positions(positions: dict | None) -> dict[int, str]:
@@ -245,7 +246,7 @@ def send_stale_alerts(conn: psycopg.Connection) -> int:
     ``watermark_resumed`` is sent by advance_watermark itself, in the
     transaction that moves the watermark. Returns the alerts sent.
     """
-    rows = conn.execute(
+    rows = tolerant_cursor(conn).execute(
         """
         SELECT g.group_id, g.group_name, m.source_relid, pgtrickle._rel_display(m.source_relid),
                coalesce(w.advanced_at, g.created_at), w.watermark, g.stale_after,

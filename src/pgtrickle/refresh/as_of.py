@@ -25,7 +25,7 @@ from pgtrickle.catalog.store import Source
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.db.connection import JdbcTarget
 from pgtrickle.errors import RefreshError
-from pgtrickle.spark import jdbc
+from pgtrickle.spark import carry, jdbc
 
 
 def read_as_of(spark, conn: psycopg.Connection, target: JdbcTarget, dsn: str, source: Source,  # type: ignore[no-untyped-def]
@@ -49,9 +49,15 @@ def read_as_of(spark, conn: psycopg.Connection, target: JdbcTarget, dsn: str, so
         raise RefreshError(f"hold_back: {source.schema}.{source.name} was truncated after its watermark "
                            "snapshot; it cannot be read as of it")
 
+    bases = dict(carry.source_columns(conn, source.relid, source.column_types) or ())
+    label = f"{source.schema}.{source.name}"
+
     def images(prefix: str, actions: str) -> str:
         cols = sql.SQL(", ").join(
-            sql.SQL("{} AS {}").format(sql.Identifier(prefix + c["buf"]), sql.Identifier(c["name"]))
+            sql.SQL("{} AS {}").format(
+                carry.read_expression(sql.Identifier(prefix + c["buf"]), bases[c["name"]],
+                                      f"{label}.{c['name']}")
+                if c["name"] in bases else sql.Identifier(prefix + c["buf"]), sql.Identifier(c["name"]))
             for c in captured)
         return sql.SQL("SELECT {} FROM {} WHERE {} AND action IN ({})").format(
             cols, buffer, window, sql.SQL(actions)).as_string(conn)

@@ -61,7 +61,7 @@ from pgtrickle.dvm.linear import (
 from pgtrickle import faults
 from pgtrickle.errors import PgTrickleError
 from pgtrickle.refresh import commit, user_triggers
-from pgtrickle.spark import jdbc
+from pgtrickle.spark import carry, jdbc
 from pgtrickle.sql.translate import translate_to_spark
 
 PUSHDOWN_MIN_ROWS = 10_000
@@ -139,7 +139,17 @@ class DifferentialRun:
             t0 = time.monotonic()
             if changed:
                 faults.point("refresh.spark_job")
-                result = self._compute(coord, snap_id, snapshot, changed)
+                try:
+                    result = self._compute(coord, snap_id, snapshot, changed)
+                except Exception as exc:
+                    refused = carry.refusal_in(exc)
+                    if refused is None:
+                        raise
+                    # A change in the window (say, a row inserted and deleted again) holds a value
+                    # Spark cannot carry: the sources at the new snapshot may not, so recompute;
+                    # if they still do, the FULL refresh refuses it in turn.
+                    raise FallbackToFull(
+                        f"a change holds a value Spark cannot carry ({refused.message})") from exc
             else:
                 result = DeltaResult([])
             spark_seconds = time.monotonic() - t0
@@ -265,9 +275,14 @@ class DifferentialRun:
         buffer = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(source.buffer_name))
         win = window_predicate(self.st.frontier or "", self._snapshot)
 
+        bases = dict(self.r.carried_columns(source) or ())
+        label = f"{source.schema}.{source.name}"
+
         def side(prefix: str, weight: int, actions: str) -> sql.Composed:
-            select = [sql.SQL("{} AS {}").format(sql.Identifier(prefix + available[c]), sql.Identifier(c))
-                      for c in cols]
+            select = [sql.SQL("{} AS {}").format(
+                carry.read_expression(sql.Identifier(prefix + available[c]), bases[c], f"{label}.{c}")
+                if c in bases else sql.Identifier(prefix + available[c]), sql.Identifier(c))
+                for c in cols]
             select.append(sql.SQL("{}::bigint AS {}").format(sql.Literal(weight), sql.Identifier(WEIGHT)))
             return sql.SQL("SELECT {} FROM {} WHERE {} AND action IN ({})").format(
                 sql.SQL(", ").join(select), buffer, win, sql.SQL(actions))
@@ -306,7 +321,7 @@ class DifferentialRun:
             name = self.r.view_name(self.st.pgt_id, key)
             other_type = dict(other.column_types)[link.other_column]
             condition = self._key_condition(link.column, other_type, keys, with_null=False)
-            df = jdbc.read_query(self.r.spark, self.r.target, f"SELECT * FROM {source.qualified} WHERE {condition}",
+            df = jdbc.read_query(self.r.spark, self.r.target, self._select_from(source, condition),
                                  self._snap_id)
             self.timings["key_filtered_reads"] = self.timings.get("key_filtered_reads", 0) + 1
             self._finish_post(df, name, source)
@@ -319,7 +334,7 @@ class DifferentialRun:
         parts = jdbc.partition_count(stats, self.r.settings.jdbc_partition_rows,
                                      self.r.spark.sparkContext.defaultParallelism)
         df = jdbc.read_table(self.r.spark, self.r.target, source.qualified, self._snap_id,
-                             jdbc.ctid_predicates(stats, parts))
+                             jdbc.ctid_predicates(stats, parts), select=self.r.source_select(source))
         if stats.relpages * 8192 <= BROADCAST_MAX_BYTES:
             # Spark cannot size a JDBC relation: say it is small, so the join with the delta
             # broadcasts it instead of shuffling both sides.
@@ -330,6 +345,10 @@ class DifferentialRun:
         self._finish_post(df, name, source)
         self._views[key] = name
         return name
+
+    def _select_from(self, source: Source, condition: str) -> str:
+        """The rows of ``source`` meeting ``condition``, every column read exactly (spark/carry.py)."""
+        return f"SELECT {self.r.source_select(source) or '*'} FROM {source.qualified} WHERE {condition}"
 
     def _finish_post(self, df, name: str, source: Source) -> None:  # type: ignore[no-untyped-def]
         """Register a state read as view ``name``: the columns read, each row weighted 1."""
@@ -517,8 +536,8 @@ class DifferentialRun:
         """Views of ``source`` restricted to the keys: after the window, and before it (after − delta)."""
         cols = self._columns_of(source)
         condition = self._key_condition(column, dict(source.column_types)[column], keys, with_null)
-        post_df = jdbc.read_query(self.r.spark, self.r.target,
-                                  f"SELECT * FROM {source.qualified} WHERE {condition}", self._snap_id)
+        post_df = jdbc.read_query(self.r.spark, self.r.target, self._select_from(source, condition),
+                                  self._snap_id)
         post = f"{self.prefix}k{index}_{source.relid}"
         post_df.createOrReplaceTempView(f"{post}_raw")
         select = ", ".join(spark_name(c) for c in cols)
@@ -574,6 +593,7 @@ class DifferentialRun:
             return DeltaResult([])
         w = WEIGHT
         states: dict[str, str] = {COUNT_COLUMN: f"SUM({w})"}
+        decimals = _decimal_columns(self.r.spark.sql(delta))
         for spec in shape.aggs:
             conds = []
             if spec.filter is not None:
@@ -583,7 +603,8 @@ class DifferentialRun:
                 conds.append(f"{x} IS NOT NULL")
             cond = " AND ".join(conds) or "true"
             if spec.kind in ("sum", "avg"):
-                states[spec.sum_column] = f"SUM(CASE WHEN {cond} THEN {x} * {w} END)"
+                weighted = _weighted(x, w) if agg_rules.value_arg(spec.index) in decimals else f"{x} * {w}"
+                states[spec.sum_column] = f"SUM(CASE WHEN {cond} THEN {weighted} END)"
                 states[spec.count_column] = f"SUM(CASE WHEN {cond} THEN {w} ELSE 0 END)"
             elif spec.kind in ("count", "count_star"):
                 states[spec.count_column] = f"SUM(CASE WHEN {cond} THEN {w} ELSE 0 END)"
@@ -651,8 +672,8 @@ class DifferentialRun:
         for relid, (source, condition) in conditions.items():
             if not should_push_down(self._stats[relid].reltuples, len(keys)):
                 continue
-            df = jdbc.read_query(self.r.spark, self.r.target,
-                                 f"SELECT * FROM {source.qualified} WHERE {condition}", self._snap_id)
+            df = jdbc.read_query(self.r.spark, self.r.target, self._select_from(source, condition),
+                                 self._snap_id)
             name = f"{self.prefix}r_{relid}"
             self._finish_post(df, name, source)
             self.timings["key_filtered_reads"] = self.timings.get("key_filtered_reads", 0) + 1
@@ -938,6 +959,26 @@ def _buffer_columns(conn: psycopg.Connection, relids: list[int]) -> dict[int, di
             cols = json.loads(cols)
         result[int(relid)] = {c["name"]: c["buf"] for c in cols or []}
     return result
+
+
+def _weighted(x: str, w: str) -> str:
+    """Decimal ``x`` times its weight ``w`` (±1 in a delta), keeping ``x``'s type.
+
+    Spark types ``decimal(38,18) * bigint`` as ``decimal(38,6)`` and rounds
+    (``spark.sql.decimalOperations.allowPrecisionLoss``): a sum over an
+    unconstrained ``numeric`` would lose its 7th to 18th fraction digits.
+    A decimal is negated instead (which cannot overflow); a weight other
+    than ±1 fails loudly (docs/TYPES.md).
+    """
+    return (f"CASE WHEN {w} = 1 THEN {x} WHEN {w} = -1 THEN -{x} "
+            f"ELSE raise_error('pgtrickle: a delta weight other than 1 or -1 on a decimal sum') END")
+
+
+def _decimal_columns(df) -> set[str]:  # type: ignore[no-untyped-def]
+    """The names of ``df``'s decimal columns (analysis only, no Spark job)."""
+    from pyspark.sql.types import DecimalType
+
+    return {f.name for f in df.schema.fields if isinstance(f.dataType, DecimalType)}
 
 
 def _for_copy(column: str, pg_type: str) -> str:

@@ -39,8 +39,8 @@ from pgtrickle.gates import breaker_gate, watermark_gate
 from pgtrickle.gates.skips import record_skip
 from pgtrickle.gates.watermark_gate import WatermarkMark
 from pgtrickle.ops import alerts, health
-from pgtrickle.ops.error_redaction import full_error, public_error
-from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError
+from pgtrickle.ops.error_redaction import full_error, public_error, redact_message
+from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError, ValueNotCarriedError
 from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis, RecomputeShape, analyze, respect_sum_types
 from pgtrickle.dvm.layout import Layout, ensure_layout, plan_layout, row_index_name, state_types
 from pgtrickle.refresh import as_of, commit, user_triggers
@@ -48,7 +48,7 @@ from pgtrickle.scheduler.policy import STOPPED_STATUSES
 from pgtrickle.refresh.capture_check import require_capture
 from pgtrickle.refresh.plan import (DEFAULT_FALLBACK_RATIO, READS_CLOCK_REASON, Action, ModeContext, RefreshPlan,
                                     plan_refresh, reinit_text)
-from pgtrickle.spark import jdbc
+from pgtrickle.spark import carry, jdbc
 from pgtrickle.refresh.differential import finish_output
 from pgtrickle.sql.clock import clock_values, pin_clock
 from pgtrickle.sql.translate import translate_to_spark
@@ -218,11 +218,21 @@ class Refresher:
             raise
         except Exception as exc:
             message = _describe(exc)
+            refused = carry.refusal_in(exc)
+            full = message
+            if refused is not None:
+                # pgtrickle's own message, naming the column and the value: the value is masked where
+                # other roles read it (the catalog, alerts), kept in the raised error and the log.
+                full = refused.message + (f" (hint: {refused.hint})" if refused.hint else "")
+                message = redact_message(full)
             _log_full_error(st, exc, message)
             if self.group is None:
                 self._record_failure(st, history_id, message, fatal=health.is_fatal(exc))
             if isinstance(exc, PgTrickleError):
                 raise
+            if refused is not None:
+                raise ValueNotCarriedError(f"refresh of {st.display} refused: {full}",
+                                           refused.sqlstate) from exc
             raise RefreshError(f"refresh of {st.display} failed: {message}") from exc
 
     def cached(self, key: tuple, build: Callable[[], object]):  # type: ignore[no-untyped-def]
@@ -230,6 +240,18 @@ class Refresher:
         if key not in self.dvm_cache:
             self.dvm_cache[key] = build()
         return self.dvm_cache[key]
+
+    def carried_columns(self, source: Source) -> list[tuple[str, str]] | None:
+        """(name, base type) of ``source``'s columns when one is not read as it is; see spark/carry.py."""
+        return self.cached(("carry", source.relid, source.column_types), lambda: carry.source_columns(
+            self.conn, source.relid, source.column_types))
+
+    def source_select(self, source: Source) -> str | None:
+        """The select list reading ``source`` exactly (``None``: read it as it is); see spark/carry.py."""
+        columns = self.carried_columns(source)
+        if columns is None:
+            return None
+        return carry.select_list(columns, f"{source.schema}.{source.name}").as_string(self.conn)
 
     def view_name(self, pgt_id: int, key: tuple) -> str:
         """A stable Spark view name for a key-filtered read (so cached SQL keeps matching)."""
@@ -612,7 +634,8 @@ class Refresher:
                 parts = jdbc.partition_count(stats[source.relid], self.settings.jdbc_partition_rows,
                                              spark.sparkContext.defaultParallelism)
                 df = jdbc.read_table(spark, self.target, source.qualified, snap_id,
-                                     jdbc.ctid_predicates(stats[source.relid], parts))
+                                     jdbc.ctid_predicates(stats[source.relid], parts),
+                                     select=self.source_select(source))
                 if source.kind == "STREAM_TABLE":
                     df = df.drop(*[c for c in df.columns if c.startswith("__pgt_")])
                 cap = st.watermark_mark.caps.get(source.relid) if st.watermark_mark else None

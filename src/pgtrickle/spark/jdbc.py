@@ -74,8 +74,19 @@ def partition_count(stats: TableStats, rows_per_partition: int, parallelism: int
 
 
 def read_table(spark, target: JdbcTarget, qualified_name: str, snapshot_id: str,  # type: ignore[no-untyped-def]
-               predicates: list[str], fetch_size: int = 10_000):
-    """A DataFrame over one PostgreSQL relation, read at ``snapshot_id``."""
+               predicates: list[str], fetch_size: int = 10_000, select: str | None = None):
+    """A DataFrame over one PostgreSQL relation, read at ``snapshot_id``.
+
+    ``select`` is the select list to read (see :mod:`pgtrickle.spark.carry`);
+    by default every column as it is. With a select list each block range is
+    read as a query of its own and the parts are unioned.
+    """
+    if select is not None:
+        from functools import reduce
+
+        parts = [read_query(spark, target, f"SELECT {select} FROM {qualified_name} WHERE {pred}", snapshot_id,
+                            fetch_size) for pred in predicates]
+        return reduce(lambda a, b: a.unionAll(b), parts)
     props = dict(target.properties)
     props.update(
         {

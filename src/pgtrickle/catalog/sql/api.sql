@@ -1517,10 +1517,20 @@ BEGIN
         RAISE EXCEPTION 'watermark of % must be a finite timestamp, not %', v_name, p_watermark
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Python and Spark hold years 1..9999; a day is kept at each end so every time zone can show it.
+    IF p_watermark < '0001-01-02 00:00:00+00' OR p_watermark >= '9999-12-31 00:00:00+00' THEN
+        RAISE EXCEPTION 'watermark of % must lie from 0001-01-02 to 9999-12-30 (UTC), not %',
+            v_name, p_watermark
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'pgtrickle and Spark hold timestamps of years 1 to 9999 only (docs/WATERMARKS.md).';
+    END IF;
     -- One advancement of a source at a time (a first one has no row to lock yet).
     PERFORM pg_advisory_xact_lock((x'70677477'::bigint << 32) | p_relid::bigint);
     SELECT * INTO cur FROM pgtrickle.pgt_watermarks WHERE source_relid = p_relid FOR UPDATE;
-    IF FOUND AND p_watermark < cur.watermark THEN
+    -- A current watermark outside that range (left by an older version or written by hand) may be
+    -- replaced by any valid one, even an earlier one: that is how it is undone.
+    IF FOUND AND p_watermark < cur.watermark
+       AND cur.watermark >= '0001-01-02 00:00:00+00' AND cur.watermark < '9999-12-31 00:00:00+00' THEN
         RAISE EXCEPTION 'watermark of % cannot go backwards: % is before its current watermark %',
             v_name, p_watermark, cur.watermark
             USING ERRCODE = 'invalid_parameter_value',
@@ -3175,6 +3185,21 @@ BEGIN
             PERFORM pgtrickle._build_capture(src.source_relid);
         END IF;
     END LOOP;
+END
+$$;
+
+-- ------------------------------------------------------- values Spark cannot carry
+-- Called by a refresh's JDBC reads (spark/carry.py) only for a value that Spark's type for its
+-- column cannot hold exactly: the refresh stops, naming the column, its type and the value.
+CREATE OR REPLACE FUNCTION pgtrickle._value_not_carried(p_value anyelement, p_column text, p_type text,
+                                                        p_sqlstate text, p_hint text)
+RETURNS anyelement LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'column % (%) holds %, which Spark cannot carry exactly; the refresh changes nothing',
+        p_column, p_type, left(p_value::text, 100)
+        USING ERRCODE = p_sqlstate, HINT = p_hint,
+              DETAIL = 'pgtrickle refuses a value rather than store it altered (docs/TYPES.md).';
 END
 $$;
 
