@@ -154,6 +154,8 @@ LONG = "customer_lifetime_value_by_region_and_quarter_rollup_v2"
 
 def test_status_is_readable_at_80_columns(with_st: Database) -> None:
     with_st.sql(f"SELECT pgtrickle.create_stream_table('{LONG}', 'SELECT k FROM t', initialize => false)")
+    with_st.sql("""SELECT pgtrickle.create_stream_table('public."odd[/]name"', 'SELECT k FROM t',"""
+                " initialize => false)")
     result = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["--dsn", with_st.dsn, "status"])
     assert result.exit_code == 0, result.output
     assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
@@ -163,6 +165,7 @@ def test_status_is_readable_at_80_columns(with_st: Database) -> None:
                                        if line.startswith("│")), result.output
     for word in ("stream table", "status", "mode", "staleness", "INITIALIZING", "AUTO"):
         assert word in table, result.output
+    assert 'public."odd[/]name"' in table, "markup in a name is shown as typed"
 
 
 def test_status_and_explain_json(with_st: Database) -> None:

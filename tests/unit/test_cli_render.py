@@ -11,7 +11,7 @@ from rich.cells import cell_len
 
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cli.json_output import dumps, explain_document, refresh_document, status_document
-from pgtrickle.cli.render import ERROR_CHARS, Col, pick_columns, render_text, status_view
+from pgtrickle.cli.render import ERROR_CHARS, Col, natural_width, pick_columns, render_text, status_view
 from pgtrickle.cli.status_data import AlertRow, CaptureRow, StatusSnapshot, StreamTableRow
 from pgtrickle.refresh.capture_check import BrokenCapture
 from pgtrickle.refresh.engine import RefreshOutcome
@@ -139,6 +139,11 @@ def test_wide_shows_every_column() -> None:
         "stream table", "status", "mode", "schedule", "last refresh", "staleness", "queued",
         "watermark gating", "errors", "last error"]
     assert "slot lag" in out and "setting" in out
+    view = status_view(SNAPSHOT, 60, wide=True)
+    width = natural_width(view)
+    unfolded = render_text(view, width)
+    assert all(cell_len(line) <= width for line in unfolded.splitlines())
+    assert _visible(HOSTILE) in unfolded and LONG_NAME in unfolded, "nothing folds at the natural width"
 
 
 def test_markup_in_names_and_errors_is_shown_as_typed() -> None:
