@@ -166,6 +166,11 @@ def test_status_is_readable_at_80_columns(with_st: Database) -> None:
     for word in ("stream table", "status", "mode", "staleness", "INITIALIZING", "AUTO"):
         assert word in table, result.output
     assert 'public."odd[/]name"' in table, "markup in a name is shown as typed"
+    wide = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["--dsn", with_st.dsn, "status", "--wide"])
+    assert wide.exit_code == 0, wide.output
+    header = next(line for line in wide.output.splitlines() if "┃ stream table" in line)
+    assert "queued" in header and "watermark gating" in header and "last error" in header
+    assert any(f"public.{LONG} " in line for line in wide.output.splitlines()), "no name folds with --wide"
 
 
 def test_status_and_explain_json(with_st: Database) -> None:
@@ -182,10 +187,10 @@ def test_status_and_explain_json(with_st: Database) -> None:
 
     result = invoke(with_st, "explain", "--json", "per_k")
     assert result.exit_code == 0, result.output
+    reason = with_st.scalar("SELECT mode_reason FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'per_k'")
     assert json.loads(result.stdout) == {
         "schema_version": 1, "name": "public.per_k", "refresh_mode": "AUTO", "effective_mode": "DIFFERENTIAL",
-        "reason": with_st.scalar("SELECT mode_reason FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'per_k'"),
-        "recorded": True}
+        "reason": reason, "recorded": True}
     result = invoke(with_st, "explain", "--json", "nope")
     assert result.exit_code == 1 and result.stdout == "" and "nope" in result.stderr
 

@@ -223,11 +223,12 @@ class _SqlError(Exception):
 
 def test_refresh_json_has_each_outcome_and_the_summary() -> None:
     good = _st("good")
+    boom = "refresh of public.bad failed: boom"
     results = [
         ManualRefresh(good, Result.REFRESHED, "3 changes",
                       RefreshOutcome(good, Action.DIFFERENTIAL, "3 changes", rows_inserted=2, rows_deleted=1,
                                      seconds=0.25)),
-        ManualRefresh(_st("bad"), Result.FAILED, "refresh of public.bad failed: boom", error=_SqlError("boom")),
+        ManualRefresh(_st("bad"), Result.FAILED, boom, error=_SqlError("boom")),
         ManualRefresh(_st("bad_down"), Result.SKIPPED, "upstream public.bad failed in this run"),
     ]
     doc = json.loads(dumps(refresh_document(results)))
@@ -235,9 +236,9 @@ def test_refresh_json_has_each_outcome_and_the_summary() -> None:
     assert doc["stream_tables"] == [
         {"name": "public.good", "result": "REFRESHED", "action": "DIFFERENTIAL", "reason": "3 changes",
          "rows_inserted": 2, "rows_deleted": 1, "seconds": 0.25, "error": None},
-        {"name": "public.bad", "result": "FAILED", "action": None, "reason": "refresh of public.bad failed: boom",
+        {"name": "public.bad", "result": "FAILED", "action": None, "reason": boom,
          "rows_inserted": None, "rows_deleted": None, "seconds": None,
-         "error": {"type": "_SqlError", "sqlstate": "22P02", "message": "refresh of public.bad failed: boom"}},
+         "error": {"type": "_SqlError", "sqlstate": "22P02", "message": boom}},
         {"name": "public.bad_down", "result": "SKIPPED", "action": None,
          "reason": "upstream public.bad failed in this run", "rows_inserted": None, "rows_deleted": None,
          "seconds": None, "error": None},

@@ -288,7 +288,8 @@ def status(
         help="With --watch: stop after this many updates (default: until Ctrl-C).", min=1,
         show_default=False)] = None,
     wide: Annotated[bool, typer.Option(
-        "--wide", help="Show every column, as wide as they need (lines may be wider than the terminal).")] = False,
+        "--wide", help="Show every column, as wide as it needs (lines may be wider than the terminal).")
+    ] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON document (see docs/CLI.md).")] = False,
 ) -> None:
     """Show every stream table: status, mode, schedule, freshness, errors; change capture; recent alerts.
