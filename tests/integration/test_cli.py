@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -51,6 +52,15 @@ def test_refresh_status_verify(with_st: Database) -> None:
     result = invoke(with_st, "refresh", "--all")
     assert result.exit_code == 0
     assert invoke(with_st, "verify").exit_code == 0
+    with_st.sql("INSERT INTO t VALUES (101, 'new')")
+    result = invoke(with_st, "refresh", "--json", "per_k")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["summary"] == {"total": 1, "refreshed": 1, "failed": 0, "skipped": 0, "exit_code": 0}
+    [outcome] = doc["stream_tables"]
+    assert outcome["name"] == "public.per_k" and outcome["result"] == "REFRESHED"
+    assert outcome["action"] == "DIFFERENTIAL" and outcome["rows_inserted"] >= 1 and outcome["error"] is None
+    assert_oracle(with_st)
 
 
 def test_cli_errors_are_clean(with_st: Database) -> None:
@@ -137,3 +147,58 @@ def test_explain_says_which_mode_and_why(with_st: Database) -> None:
     assert result.exit_code == 0 and "ERROR" in result.output and "DISTINCT ON" in result.output
     result = invoke(with_st, "explain", "nope")
     assert result.exit_code == 1 and "nope" in result.output
+
+
+LONG = "customer_lifetime_value_by_region_and_quarter_rollup_v2"
+
+
+def test_status_is_readable_at_80_columns(with_st: Database) -> None:
+    with_st.sql(f"SELECT pgtrickle.create_stream_table('{LONG}', 'SELECT k FROM t', initialize => false)")
+    with_st.sql("""SELECT pgtrickle.create_stream_table('public."odd[/]name"', 'SELECT k FROM t',"""
+                " initialize => false)")
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["--dsn", with_st.dsn, "status"])
+    assert result.exit_code == 0, result.output
+    assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
+    table = result.output.split("change capture")[0]
+    assert "…" not in table, result.output
+    assert f"public.{LONG}" in "".join(line.split("│")[1].strip() for line in table.splitlines()
+                                       if line.startswith("│")), result.output
+    for word in ("stream table", "status", "mode", "staleness", "INITIALIZING", "AUTO"):
+        assert word in table, result.output
+    assert 'public."odd[/]name"' in table, "markup in a name is shown as typed"
+    wide = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["--dsn", with_st.dsn, "status", "--wide"])
+    assert wide.exit_code == 0, wide.output
+    header = next(line for line in wide.output.splitlines() if "┃ stream table" in line)
+    assert "queued" in header and "watermark gating" in header and "last error" in header
+    assert any(f"public.{LONG} " in line for line in wide.output.splitlines()), "no name folds with --wide"
+
+
+def test_status_and_explain_json(with_st: Database) -> None:
+    result = invoke(with_st, "status", "--json")
+    assert result.exit_code == 0 and result.stderr == "", result.output
+    doc = json.loads(result.stdout)
+    assert doc["capture_intact"] is True and doc["broken_capture"] == []
+    [st] = doc["stream_tables"]
+    assert st["name"] == "public.per_k" and st["schema"] == "public" and st["table"] == "per_k"
+    assert st["refresh_mode"] == "AUTO" and st["consecutive_errors"] == 0 and st["last_error"] is None
+    assert st["watermark"]["gate_closed"] is False
+    assert [c["source"] for c in doc["change_capture"]] == ["public.t"]
+    assert doc["change_capture"][0]["problems"] == []
+
+    result = invoke(with_st, "explain", "--json", "per_k")
+    assert result.exit_code == 0, result.output
+    reason = with_st.scalar("SELECT mode_reason FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'per_k'")
+    assert json.loads(result.stdout) == {
+        "schema_version": 1, "name": "public.per_k", "refresh_mode": "AUTO", "effective_mode": "DIFFERENTIAL",
+        "reason": reason, "recorded": True}
+    result = invoke(with_st, "explain", "--json", "nope")
+    assert result.exit_code == 1 and result.stdout == "" and "nope" in result.stderr
+
+    with_st.sql("DROP TRIGGER pgt_capture_upd ON t")
+    result = invoke(with_st, "status", "--json")
+    assert result.exit_code == 2, result.output
+    doc = json.loads(result.stdout)
+    assert doc["capture_intact"] is False and doc["stream_tables"][0]["capture_broken"] is True
+    assert doc["stream_tables"][0]["broken_sources"] == ["public.t"]
+    assert any("pgt_capture_upd" in p for p in doc["broken_capture"][0]["problems"])
+    assert invoke(with_st, "status", "--json", "--watch").exit_code == 1

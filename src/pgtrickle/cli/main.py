@@ -6,7 +6,6 @@ import logging
 import os
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Annotated
 
@@ -18,12 +17,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from pgtrickle.catalog.install import require_installed
-from pgtrickle.cli.reports import broken_capture, capture_repairs, refresh_results
+from pgtrickle.cli import render
+from pgtrickle.cli.json_output import dumps, explain_document, refresh_document, status_document
+from pgtrickle.cli.render import fmt_interval as _fmt_interval
+from pgtrickle.cli.reports import capture_repairs, refresh_results
+from pgtrickle.cli.status_data import load_status
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, redact, resolve_dsn
 from pgtrickle.db.redaction import install_log_redaction, register_dsn, scrub
 from pgtrickle.errors import PgTrickleError
-from pgtrickle.refresh.capture_check import broken_by_stream_table, find_broken
+from pgtrickle.refresh.capture_check import find_broken
 
 app = typer.Typer(
     help="Self-maintaining stream tables for PostgreSQL, computed on Apache Spark.",
@@ -92,10 +95,11 @@ def _run(fn):  # type: ignore[no-untyped-def]
     return None
 
 
-def _dsn(ctx: typer.Context) -> str:
+def _dsn(ctx: typer.Context, *, quiet: bool = False) -> str:
+    """The database's DSN (starting the embedded server if needed; its spinner on stderr when ``quiet``)."""
     settings = _settings(ctx)
     if settings.dsn is None:
-        with console.status("Starting the embedded PostgreSQL server…"):
+        with (err_console if quiet else console).status("Starting the embedded PostgreSQL server…"):
             return resolve_dsn(settings)
     return resolve_dsn(settings)
 
@@ -186,6 +190,8 @@ def refresh(
     all_: Annotated[bool, typer.Option("--all", help="Refresh every stream table.")] = False,
     force: Annotated[bool, typer.Option(
         "--force", help="Pass an open circuit breaker and a closed watermark gate.")] = False,
+    json_: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON document: each stream table's outcome and the summary.")] = False,
 ) -> None:
     """Refresh stream tables now, upstream first, and wait for the result.
 
@@ -202,11 +208,15 @@ def refresh(
         _fail("give either stream table names or --all, not both")
 
     def go() -> int:
-        dsn = _dsn(ctx)
-        with console.status("Refreshing (the first Spark job of a process takes a few seconds)…") as status:
+        dsn = _dsn(ctx, quiet=json_)
+        spinner = err_console if json_ else console
+        with spinner.status("Refreshing (the first Spark job of a process takes a few seconds)…") as status:
             results = refresh_all(_settings(ctx), dsn, None if all_ else names,
                                   progress=lambda msg: status.update(escape(msg)), force=force)
-        refresh_results(console, results)
+        if json_:
+            typer.echo(dumps(refresh_document(results)))
+        else:
+            refresh_results(console, results)
         return summarize(results).exit_code
 
     code = _run(go)
@@ -264,91 +274,9 @@ def run(
 # -------------------------------------------------------------- status
 
 
-def _fmt_interval(value: timedelta | None) -> str:
-    if value is None:
-        return "-"
-    seconds = int(value.total_seconds())
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
-
-
-def status_view(dsn: str, *, alerts_shown: int = 5) -> Group:
-    """Everything ``pgtrickle status`` shows, as one renderable (read now from the catalog)."""
-    from pgtrickle.catalog.store import load_stream_tables
-    from pgtrickle.db.instants import tolerant_cursor
-    from pgtrickle.scheduler.daemon import effective_groups
-
-    with connect(dsn) as conn:
-        require_installed(conn)
-        rows = tolerant_cursor(conn).execute(
-            "SELECT name, status, effective_mode, schedule, last_refresh_at, staleness,"
-            " pending_requests, consecutive_errors, last_error, watermark_gating, watermark_gating_origin,"
-            " watermark_gate IS NOT NULL, effective_watermark, pgt_id"
-            " FROM pgtrickle.stream_tables_info ORDER BY name"
-        ).fetchall()
-        broken = find_broken(conn) if rows else []
-        broken_sts = broken_by_stream_table(conn) if broken else {}
-        health = conn.execute(
-            "SELECT source, cdc_mode, cdc_mode_setting, slot_active, lag_bytes, pending_rows,"
-            " oldest_pending_age, problems FROM pgtrickle.check_cdc_health()").fetchall() if rows else []
-        recent = conn.execute(
-            "SELECT at, event, coalesce(pgtrickle._display_name(st_schema, st_name), payload->>'slot',"
-            " payload->>'source', payload->>'group', ''), payload FROM pgtrickle.alerts"
-            " ORDER BY alert_id DESC LIMIT %s", (alerts_shown,)).fetchall() if alerts_shown > 0 else []
-        now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-        sts = load_stream_tables(conn) if rows else {}
-        groups = [(g.name, [sts[m].display for m in sorted(g.members)]) for g in effective_groups(conn, sts)]
-    parts: list = []
-    table = Table("stream table", "status", "mode", "schedule", "last refresh", "staleness",
-                  "queued", "watermark gating", "errors", "last error",
-                  title=f"stream tables in {redact(dsn)} at {now.strftime('%Y-%m-%d %H:%M:%S %Z')}")
-    for (name, st_status, mode, schedule, last, staleness, queued, errors, error, gating, origin, gated,
-         effective, pgt_id) in rows:
-        colour = {"ACTIVE": "green", "INITIALIZING": "cyan", "SUSPENDED": "yellow",
-                  "ERROR": "red"}.get(st_status, "white")
-        gating_text = "-" if gating == "none" and origin == "inferred" else f"{gating} ({origin})"
-        if gated:
-            gating_text += " [yellow]closed[/]"
-        if effective is not None:
-            gating_text += f" @ {effective:%Y-%m-%d %H:%M:%S}"
-        status_text = f"[{colour}]{st_status}[/]"
-        if pgt_id in broken_sts:
-            status_text += " [red]capture broken[/]"
-            error = "change capture broken: " + ", ".join(b.source for b in broken_sts[pgt_id])
-        table.add_row(name, status_text, mode, schedule,
-                      last.strftime("%Y-%m-%d %H:%M:%S") if last else "never",
-                      _fmt_interval(staleness), str(queued), gating_text, str(errors) if errors else "",
-                      scrub(error or "")[:60])
-    parts.append(table)
-    if not rows:
-        parts.append("no stream tables yet: SELECT pgtrickle.create_stream_table(name, query)")
-        return Group(*parts)
-    cdc = Table("source", "capture", "setting", "decoder", "slot lag", "pending", "oldest",
-                "problems", title="change capture")
-    for source, mode, setting, active, lag, pending, oldest, problems in health:
-        decoder = "-" if mode == "trigger" else ("attached" if active else "[red]none[/]")
-        cdc.add_row(source, mode, setting, decoder, "-" if lag is None else f"{int(lag):,} B",
-                    "-" if pending is None else f"{pending:,}", _fmt_interval(oldest),
-                    "[red]" + escape("; ".join(problems)) + "[/]" if problems else "[green]ok[/]")
-    parts.append(cdc)
-    parts.extend(broken_capture(broken))
-    if groups:
-        group_table = Table("atomic group", "members (one snapshot, one transaction)", title="refresh groups")
-        for name, members in groups:
-            group_table.add_row(name, ", ".join(members))
-        parts.append(group_table)
-    if recent:
-        alert_table = Table("at", "event", "about", "details", title="recent alerts")
-        for at, event, about, payload in recent:
-            details = {k: v for k, v in payload.items()
-                       if k not in ("event", "st_name", "schema", "at", "alert_id")}
-            alert_table.add_row(at.strftime("%Y-%m-%d %H:%M:%S"), event, about,
-                                scrub(", ".join(f"{k}={v}" for k, v in details.items()))[:80])
-        parts.append(alert_table)
-    return Group(*parts)
+def status_view(dsn: str, *, alerts_shown: int = 5, width: int | None = None, wide: bool = False) -> Group:
+    """Everything ``pgtrickle status`` shows, read now from the catalog, laid out for ``width`` cells."""
+    return render.status_view(load_status(dsn, alerts_shown=alerts_shown), width or console.width, wide=wide)
 
 
 @app.command()
@@ -359,28 +287,40 @@ def status(
     count: Annotated[int | None, typer.Option(
         help="With --watch: stop after this many updates (default: until Ctrl-C).", min=1,
         show_default=False)] = None,
+    wide: Annotated[bool, typer.Option(
+        "--wide", help="Show every column, as wide as it needs (lines may be wider than the terminal).")
+    ] = False,
+    json_: Annotated[bool, typer.Option("--json", help="Print one JSON document (see docs/CLI.md).")] = False,
 ) -> None:
     """Show every stream table: status, mode, schedule, freshness, errors; change capture; recent alerts.
 
-    Exit status 2 when the change capture of a source is broken (objects dropped by hand; at the
-    end, with --watch).
+    The columns shown fit the terminal's width (the name, status, mode, staleness and last error
+    always); --wide shows them all. Exit status 2 when the change capture of a source is broken
+    (objects dropped by hand; at the end, with --watch).
     """
+    if json_ and watch:
+        _fail("--json prints one document: give --json or --watch, not both")
 
     def intact(dsn: str) -> bool:
         with connect(dsn) as conn:
             return not find_broken(conn)
 
     def go() -> bool:
-        dsn = _dsn(ctx)
+        dsn = _dsn(ctx, quiet=json_)
+        if json_:
+            typer.echo(dumps(status_document(load_status(dsn))))
+            return intact(dsn)
         if not watch:
-            console.print(status_view(dsn))
+            view = status_view(dsn, wide=wide)
+            out = Console(width=max(console.width, render.natural_width(view))) if wide else console
+            out.print(view)
             return intact(dsn)
         shown = 1
-        with Live(status_view(dsn), console=console, refresh_per_second=4, screen=False) as live:
+        with Live(status_view(dsn, wide=wide), console=console, refresh_per_second=4, screen=False) as live:
             try:
                 while count is None or shown < count:
                     time.sleep(interval)
-                    live.update(status_view(dsn))
+                    live.update(status_view(dsn, wide=wide))
                     shown += 1
             except KeyboardInterrupt:
                 pass
@@ -425,6 +365,7 @@ def verify(
 def explain(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(help="Stream table to explain.", show_default=False)],
+    json_: Annotated[bool, typer.Option("--json", help="Print one JSON document (see docs/CLI.md).")] = False,
 ) -> None:
     """Say which refresh mode a stream table gets (FULL or DIFFERENTIAL) and why.
 
@@ -436,7 +377,7 @@ def explain(
     from pgtrickle.refresh.plan import READS_CLOCK_REASON
 
     def go() -> None:
-        with connect(_dsn(ctx)) as conn:
+        with connect(_dsn(ctx, quiet=json_)) as conn:
             row = conn.execute("SELECT (pgtrickle._find_st(%s)).pgt_id", (name,)).fetchone()
             st = load_stream_tables(conn, only=int(row[0]))[int(row[0])]  # type: ignore[index]
             analysis = analyze(st.normalized_query)
@@ -453,6 +394,9 @@ def explain(
                 conn.execute(
                     "UPDATE pgtrickle.pgt_stream_tables SET mode_effective = %s, mode_reason = %s,"
                     " mode_analyzed_at = now() WHERE pgt_id = %s", (mode, reason, st.pgt_id))
+            if json_:
+                typer.echo(dumps(explain_document(st.display, st.refresh_mode, mode, reason)))
+                return
             console.print(f"{escape(st.display)}: refresh_mode {st.refresh_mode} → [bold]{mode}[/]",
                           highlight=False)
             console.print(f"  {escape(reason)}", highlight=False)

@@ -1,4 +1,4 @@
-"""What ``pgtrickle refresh``, ``install`` and ``status`` print about failures and repairs."""
+"""What ``pgtrickle refresh`` and ``install`` print about failures and repairs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from rich.text import Text
 
 from pgtrickle.db.redaction import scrub
 
@@ -46,14 +45,3 @@ def capture_repairs(console: Console, repaired: Sequence) -> None:  # type: igno
             console.print(f"  changes may have been lost: the next refresh of {readers} is FULL (reinitialization)",
                           highlight=False, soft_wrap=True)
 
-
-def broken_capture(broken: Sequence) -> list[Text]:  # type: ignore[type-arg]
-    """Lines naming the sources whose change capture is broken, under ``pgtrickle status``'s tables."""
-    if not broken:
-        return []
-    lines = [Text.from_markup(
-        "[bold red]change capture is broken[/] (changes may be lost; run `pgtrickle install` to repair it, "
-        "the stream tables reading it are then recomputed in full):")]
-    for b in broken:
-        lines.append(Text.from_markup(f"  [red]✗[/] {escape(b.source)}: {escape('; '.join(b.problems))}"))
-    return lines
