@@ -17,7 +17,14 @@ def refresh_results(console: Console, results: Sequence) -> None:  # type: ignor
     """One row per stream table (upstream first), each failure's error in full, and the summary."""
     from pgtrickle.scheduler.manual import Result, summarize
 
-    table = Table("stream table", "result", "action", "why", "inserted", "deleted", "seconds")
+    # Name and reason fold; result, action and the figures are never cut (scripts grep them).
+    table = Table()
+    table.add_column("stream table", overflow="fold", ratio=2)
+    for name in ("result", "action"):
+        table.add_column(name, no_wrap=True, min_width=len("DIFFERENTIAL") if name == "action" else None)
+    table.add_column("why", overflow="fold", ratio=3)
+    for name in ("inserted", "deleted", "seconds"):
+        table.add_column(name, no_wrap=True, justify="right")
     for r in results:
         o = r.outcome
         why = "see below" if r.result is Result.FAILED else r.reason
