@@ -1,11 +1,13 @@
 """Which metrics (and which of their labels) the dashboard and the alerting rules use.
 
-Pure functions over PromQL text, so a test can check every metric a panel or a rule reads against what a
-running daemon serves. The extraction is deliberately simple and conservative: it knows the PromQL
-constructs our own queries use (selectors with matchers, ``by``/``without``/``on``/``ignoring``/
-``group_left``/``group_right`` label lists, ``{{label}}`` legends and ``{{ $labels.x }}`` templates), and
-it attributes the labels of an expression's grouping clauses to every metric of that expression — so an
-expression must only combine metrics that share those labels, which is what a correct query does anyway.
+Pure functions over PromQL, parsed with ``promql-parser`` (Python bindings of a maintained PromQL parser),
+so a test can check every metric a panel or a rule reads against what a running daemon serves.
+
+The labels a selector is *expected* to carry are its own matchers plus the labels the expression around
+it reads from it: the ``by (...)`` of an aggregation over it, the ``on (...)`` / ``group_left (...)`` of a
+vector match it takes part in, and — at the top — the labels of the panel's legend (``{{st}}``) or of the
+alert's templates (``{{ $labels.st }}``). A legend or template label that the expression's own
+aggregation drops is an error in the query, reported as one.
 """
 
 from __future__ import annotations
@@ -13,35 +15,66 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import promql_parser as pp
 import yaml
 
 RULES_PATH = Path(__file__).with_name("pgtrickle-alerts.yml")
 
-METRIC_PREFIX = "pgtrickle_"
-_SELECTOR = re.compile(r"\b(pgtrickle_[a-zA-Z0-9_]+)\s*(\{[^}]*\})?")
-_MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
-_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
 _LEGEND = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
 _TEMPLATE = re.compile(r"\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)")
-_NOT_LABELS = {"le"}  # grouping by le is how histogram_quantile reads a histogram's buckets: a _bucket label
+_GRAFANA_RANGES = re.compile(r"\$(?:__rate_interval|__interval|__range)\b|\$\{(?:__rate_interval|__interval|__range)\}")
+
+
+class QueryError(ValueError):
+    """A query reads a label its own expression does not carry, or names no pgtrickle metric."""
+
+
+def _walk(node: object, required: frozenset[str], out: dict[str, set[str]]) -> None:
+    if isinstance(node, pp.VectorSelector):
+        labels = out.setdefault(node.name, set())
+        labels.update(required)
+        labels.update(m.name for m in node.matchers.matchers if m.name != "__name__")
+    elif isinstance(node, pp.MatrixSelector):
+        _walk(node.vector_selector, required, out)
+    elif isinstance(node, pp.AggregateExpr):
+        modifier = node.modifier
+        if modifier is not None and modifier.type == pp.AggModifierType.By:
+            if not required <= set(modifier.labels):
+                raise QueryError(f"{node}: reads label(s) {sorted(required - set(modifier.labels))} "
+                                 f"that its aggregation drops")
+            inner = frozenset(modifier.labels)
+        elif modifier is not None:  # without (...)
+            inner = required - set(modifier.labels)
+        else:
+            if required:
+                raise QueryError(f"{node}: reads label(s) {sorted(required)} that its aggregation drops")
+            inner = frozenset()
+        _walk(node.expr, inner, out)
+    elif isinstance(node, pp.BinaryExpr):
+        modifier = node.modifier
+        extra: set[str] = set()
+        if modifier is not None:
+            if modifier.matching is not None and modifier.matching.type == pp.LabelModifierType.Include:
+                extra.update(modifier.matching.labels)
+            extra.update(modifier.group_labels or [])
+        for side in (node.lhs, node.rhs):
+            _walk(side, required | extra, out)
+    elif isinstance(node, pp.Call):
+        for arg in node.args:
+            _walk(arg, required, out)
+    elif isinstance(node, (pp.ParenExpr, pp.UnaryExpr, pp.SubqueryExpr)):
+        _walk(node.expr, required, out)
 
 
 def uses(expr: str, *templates: str) -> dict[str, set[str]]:
-    """Metric sample names in ``expr`` and the labels the expression (or its legend/annotation templates)
-    expects each to carry."""
-    if "pgtrickle_" not in expr:
-        raise ValueError(f"no pgtrickle metric in {expr!r}")
-    grouped: set[str] = set()
-    for labels in _GROUPING.findall(expr):
-        grouped.update(label.strip() for label in labels.split(",") if label.strip())
-    for text in templates:
-        grouped.update(_LEGEND.findall(text))
-        grouped.update(_TEMPLATE.findall(text))
+    """Metric sample names in ``expr`` and the labels the expression (and its legend/annotation templates)
+    expects each to carry. Grafana's range variables ($__rate_interval, ...) are read as a range."""
+    tree = pp.parse(_GRAFANA_RANGES.sub("5m", expr))
+    read = frozenset(label for text in templates for label in _LEGEND.findall(text) + _TEMPLATE.findall(text))
     out: dict[str, set[str]] = {}
-    for name, matchers in _SELECTOR.findall(expr):
-        labels = out.setdefault(name, set())
-        labels.update(_MATCHER.findall(matchers or ""))
-        labels.update(grouped - (set() if name.endswith("_bucket") else _NOT_LABELS))
+    _walk(tree, read, out)
+    if not any(name.startswith("pgtrickle_") for name in out):
+        raise QueryError(f"no pgtrickle metric in {expr!r}")
     return out
 
 
@@ -56,7 +89,10 @@ def dashboard_uses(document: dict) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for panel in document.get("panels", []):
         for target in panel.get("targets", []):
-            merge(out, uses(target["expr"], target.get("legendFormat", "")))
+            try:
+                merge(out, uses(target["expr"], target.get("legendFormat", "")))
+            except ValueError as e:
+                raise QueryError(f"panel {panel.get('title')!r}: {e}") from e
     for variable in document.get("templating", {}).get("list", []):
         query = variable.get("query")
         match = isinstance(query, str) and re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", query)
@@ -71,7 +107,10 @@ def rules_uses(text: str) -> dict[str, set[str]]:
     for group in yaml.safe_load(text)["groups"]:
         for rule in group["rules"]:
             templates = [*rule.get("annotations", {}).values(), *rule.get("labels", {}).values()]
-            merge(out, uses(rule["expr"], *templates))
+            try:
+                merge(out, uses(rule["expr"], *templates))
+            except ValueError as e:
+                raise QueryError(f"rule {rule.get('alert')!r}: {e}") from e
     return out
 
 

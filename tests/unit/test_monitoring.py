@@ -79,7 +79,8 @@ def test_dashboard_covers_the_task() -> None:
 
 def test_uses_reads_selectors_groupings_and_legends() -> None:
     got = references.uses('histogram_quantile(0.95, sum by (st, mode, le) '
-                          '(rate(pgtrickle_refresh_duration_seconds_bucket{st=~"$st"}[5m])))', "{{st}} {{mode}}")
+                          '(rate(pgtrickle_refresh_duration_seconds_bucket{st=~"$st"}[$__rate_interval])))',
+                          "{{st}} {{mode}}")
     assert got == {"pgtrickle_refresh_duration_seconds_bucket": {"st", "mode", "le"}}
     got = references.uses('increase(pgtrickle_refresh_skips_total{reason="watermark"}[30m]) > 0 unless on (st) '
                           'increase(pgtrickle_refreshes_total{action=~"FULL|NO_DATA"}[30m]) > 0',
@@ -87,9 +88,21 @@ def test_uses_reads_selectors_groupings_and_legends() -> None:
     assert got == {"pgtrickle_refresh_skips_total": {"reason", "st"}, "pgtrickle_refreshes_total": {"action", "st"}}
     assert references.uses("max(pgtrickle_catalog_snapshot_age_seconds)") == {
         "pgtrickle_catalog_snapshot_age_seconds": set()}
-    assert references.uses("sum by (le) (pgtrickle_x_count)") == {"pgtrickle_x_count": set()}
-    with pytest.raises(ValueError, match="no pgtrickle metric"):
+    # by (...) applies to what is aggregated, not to the other side of a comparison
+    assert references.uses("sum by (st) (pgtrickle_a) > on () group_left max(pgtrickle_b)") == {
+        "pgtrickle_a": {"st"}, "pgtrickle_b": set()}
+    assert references.uses("sum without (mode) (pgtrickle_a)", "{{st}}") == {"pgtrickle_a": {"st"}}
+
+
+def test_uses_refuses_a_legend_the_query_drops_and_foreign_queries() -> None:
+    with pytest.raises(references.QueryError, match=r"reads label\(s\) \['st'\]"):
+        references.uses("sum(pgtrickle_refresh_failures_total)", "{{st}}")
+    with pytest.raises(references.QueryError, match=r"\['source'\]"):
+        references.uses("sum by (st) (pgtrickle_refresh_failures_total)", "{{st}} {{source}}")
+    with pytest.raises(references.QueryError, match="no pgtrickle metric"):
         references.uses("up == 0")
+    with pytest.raises(ValueError):
+        references.uses("sum by (st) (pgtrickle_a")
 
 
 def test_missing_names_each_problem() -> None:
