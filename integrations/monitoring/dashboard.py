@@ -105,73 +105,103 @@ def build() -> model.Dashboard:
                         .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(model.VariableSort.ALPHABETICAL_ASC)
                         .multi(True).include_all(True).all_value(".*")))
 
-    b = (b.with_row(dashboard.Row("Overview"))
-         .with_panel(_stat("Stream tables by status", "How many of the selected stream tables are in each status.",
-                           _query(f"sum by (status) (pgtrickle_stream_table_status{{{ST}}})", "{{status}}")))
-         .with_panel(_stat("Open circuit breakers", "Stream tables whose circuit breaker holds refreshes back.",
-                           _query(f"sum(pgtrickle_circuit_breaker_open{{{ST}}})"),
-                           thresholds=_thresholds((None, "green"), (1, "red"))))
-         .with_panel(_stat("Failed refreshes (1h)", "Refreshes that failed in the last hour.",
-                           _query(f"sum(increase(pgtrickle_refresh_failures_total{{{ST}}}[1h]))"),
-                           thresholds=_thresholds((None, "green"), (1, "orange"))))
-         .with_panel(_stat("Catalog snapshot age", "Seconds since the daemon last read the state series from the "
-                           "catalog; above a minute the daemon is stuck or down.",
-                           _query("max(pgtrickle_catalog_snapshot_age_seconds)"), unit="s",
-                           thresholds=_thresholds((None, "green"), (60, "red")))))
+    b = b.with_row(dashboard.Row("Overview"))
+    b = b.with_panel(_stat(
+        "Stream tables by status",
+        "How many of the selected stream tables are in each status.",
+        _query(f"sum by (status) (pgtrickle_stream_table_status{{{ST}}})", "{{status}}")))
+    b = b.with_panel(_stat(
+        "Open circuit breakers",
+        "Stream tables whose circuit breaker holds refreshes back.",
+        _query(f"sum(pgtrickle_circuit_breaker_open{{{ST}}})"),
+        thresholds=_thresholds((None, "green"), (1, "red"))))
+    b = b.with_panel(_stat(
+        "Failed refreshes (1h)",
+        "Refreshes that failed in the last hour.",
+        _query(f"sum(increase(pgtrickle_refresh_failures_total{{{ST}}}[1h]))"),
+        thresholds=_thresholds((None, "green"), (1, "orange"))))
+    b = b.with_panel(_stat(
+        "Catalog snapshot age",
+        "Seconds since the daemon last read the state series from the catalog; above a minute the daemon "
+        "is stuck or down.",
+        _query("max(pgtrickle_catalog_snapshot_age_seconds)"), unit="s",
+        thresholds=_thresholds((None, "green"), (60, "red"))))
 
     status_map = {str(code): (status, color) for status, (code, color) in STATUS_CODES.items()}
-    b = (b.with_row(dashboard.Row("Freshness"))
-         .with_panel(_series("Staleness", "Age of each stream table's data (now minus its data timestamp).", "s",
-                             _query(f"pgtrickle_staleness_seconds{{{ST}}}", "{{st}}")))
-         .with_panel(_timeline("Status", "Each stream table's status over time.",
-                               _query(status_code_expr(), "{{st}}"), _mapping(status_map))))
+    b = b.with_row(dashboard.Row("Freshness"))
+    b = b.with_panel(_series(
+        "Staleness",
+        "Age of each stream table's data (now minus its data timestamp).", "s",
+        _query(f"pgtrickle_staleness_seconds{{{ST}}}", "{{st}}")))
+    b = b.with_panel(_timeline(
+        "Status",
+        "Each stream table's status over time.",
+        _query(status_code_expr(), "{{st}}"), _mapping(status_map)))
 
-    b = (b.with_row(dashboard.Row("Refreshes"))
-         .with_panel(_series("Refreshes by action", "Refresh outcomes per second: FULL, DIFFERENTIAL, NO_DATA "
-                             "(nothing changed) and SKIP (a gate held it back).", "ops",
-                             _query(f"sum by (st, action) (rate(pgtrickle_refreshes_total{{{ST}}}[{rate}]))",
-                                    "{{st}} {{action}}")))
-         .with_panel(_series("Refresh duration (p95)", "95th percentile wall time of refreshes that ran, by mode.",
-                             "s", _query("histogram_quantile(0.95, sum by (st, mode, le) "
-                                         f"(rate(pgtrickle_refresh_duration_seconds_bucket{{{ST}}}[{rate}])))",
-                                         "{{st}} {{mode}}")))
-         .with_panel(_series("Spark job time (p95)", "95th percentile Spark job time of refreshes, by mode.", "s",
-                             _query("histogram_quantile(0.95, sum by (st, mode, le) "
-                                    f"(rate(pgtrickle_spark_job_seconds_bucket{{{ST}}}[{rate}])))",
-                                    "{{st}} {{mode}}")))
-         .with_panel(_series("Rows applied", "Rows refreshes inserted into or deleted from stream tables, per "
-                             "second.", "rowsps",
-                             _query(f"sum by (st, mode, change) (rate(pgtrickle_refresh_rows_total{{{ST}}}[{rate}]))",
-                                    "{{st}} {{mode}} {{change}}"))))
+    b = b.with_row(dashboard.Row("Refreshes"))
+    b = b.with_panel(_series(
+        "Refreshes by action",
+        "Refresh outcomes per second: FULL, DIFFERENTIAL, NO_DATA (nothing changed) and SKIP (a gate held "
+        "it back).", "ops",
+        _query(f"sum by (st, action) (rate(pgtrickle_refreshes_total{{{ST}}}[{rate}]))",
+               "{{st}} {{action}}")))
+    b = b.with_panel(_series(
+        "Refresh duration (p95)",
+        "95th percentile wall time of refreshes that ran, by mode.", "s",
+        _query("histogram_quantile(0.95, sum by (st, mode, le) "
+               f"(rate(pgtrickle_refresh_duration_seconds_bucket{{{ST}}}[{rate}])))", "{{st}} {{mode}}")))
+    b = b.with_panel(_series(
+        "Spark job time (p95)",
+        "95th percentile Spark job time of refreshes, by mode.", "s",
+        _query("histogram_quantile(0.95, sum by (st, mode, le) "
+               f"(rate(pgtrickle_spark_job_seconds_bucket{{{ST}}}[{rate}])))", "{{st}} {{mode}}")))
+    b = b.with_panel(_series(
+        "Rows applied",
+        "Rows refreshes inserted into or deleted from stream tables, per second.", "rowsps",
+        _query(f"sum by (st, mode, change) (rate(pgtrickle_refresh_rows_total{{{ST}}}[{rate}]))",
+               "{{st}} {{mode}} {{change}}")))
 
-    b = (b.with_row(dashboard.Row("Gates and errors"))
-         .with_panel(_timeline("Circuit breaker", "Open while an anomalous change volume holds the stream table's "
-                               "refreshes back (pgtrickle.reset_circuit_breaker closes it).",
-                               _query(f"pgtrickle_circuit_breaker_open{{{ST}}}", "{{st}}"),
-                               _mapping({"0": ("closed", "green"), "1": ("open", "red")})))
-         .with_panel(_series("Skipped refreshes by gate", "Refreshes a gate skipped: reason circuit_breaker, "
-                             "watermark (a watermark group is not aligned yet) or other.", "short",
-                             _query(f"sum by (st, reason) (increase(pgtrickle_refresh_skips_total{{{ST}}}[{rate}]))",
-                                    "{{st}} {{reason}}")))
-         .with_panel(_series("Failed refreshes", "Failed refreshes per interval.", "short",
-                             _query(f"sum by (st) (increase(pgtrickle_refresh_failures_total{{{ST}}}[{rate}]))",
-                                    "{{st}}")))
-         .with_panel(_series("Consecutive errors", "Failed refreshes in a row; at the auto-suspend threshold the "
-                             "stream table is suspended.", "short",
-                             _query(f"pgtrickle_consecutive_errors{{{ST}}}", "{{st}}"))))
+    b = b.with_row(dashboard.Row("Gates and errors"))
+    b = b.with_panel(_timeline(
+        "Circuit breaker",
+        "Open while an anomalous change volume holds the stream table's refreshes back "
+        "(pgtrickle.reset_circuit_breaker closes it).",
+        _query(f"pgtrickle_circuit_breaker_open{{{ST}}}", "{{st}}"),
+        _mapping({"0": ("closed", "green"), "1": ("open", "red")})))
+    b = b.with_panel(_series(
+        "Skipped refreshes by gate",
+        "Refreshes a gate skipped: reason circuit_breaker, watermark (a watermark group is not aligned yet) "
+        "or other.", "short",
+        _query(f"sum by (st, reason) (increase(pgtrickle_refresh_skips_total{{{ST}}}[{rate}]))",
+               "{{st}} {{reason}}")))
+    b = b.with_panel(_series(
+        "Failed refreshes",
+        "Failed refreshes per interval.", "short",
+        _query(f"sum by (st) (increase(pgtrickle_refresh_failures_total{{{ST}}}[{rate}]))", "{{st}}")))
+    b = b.with_panel(_series(
+        "Consecutive errors",
+        "Failed refreshes in a row; at the auto-suspend threshold the stream table is suspended.", "short",
+        _query(f"pgtrickle_consecutive_errors{{{ST}}}", "{{st}}")))
 
-    b = (b.with_row(dashboard.Row("Change capture"))
-         .with_panel(_series("Change buffer rows", "Rows in each source's change buffer (a statistics estimate; "
-                             "consumed rows stay until cleanup).", "short",
-                             _query("pgtrickle_change_buffer_rows", "{{source}}")))
-         .with_panel(_series("Change buffer size", "Size of each source's change buffer.", "bytes",
-                             _query("pgtrickle_change_buffer_bytes", "{{source}}")))
-         .with_panel(_series("Replication slot lag", "WAL retained by pgtrickle's replication slot (WAL capture).",
-                             "bytes", _query("pgtrickle_slot_lag_bytes", "{{slot}}")))
-         .with_panel(_timeline("Change capture broken", "A capture object of the source is missing or disabled: "
-                               "changes may be lost until `pgtrickle install` repairs it.",
-                               _query("pgtrickle_change_capture_broken", "{{source}}"),
-                               _mapping({"0": ("ok", "green"), "1": ("broken", "red")}))))
+    b = b.with_row(dashboard.Row("Change capture"))
+    b = b.with_panel(_series(
+        "Change buffer rows",
+        "Rows in each source's change buffer (a statistics estimate; consumed rows stay until cleanup).",
+        "short", _query("pgtrickle_change_buffer_rows", "{{source}}")))
+    b = b.with_panel(_series(
+        "Change buffer size",
+        "Size of each source's change buffer.", "bytes",
+        _query("pgtrickle_change_buffer_bytes", "{{source}}")))
+    b = b.with_panel(_series(
+        "Replication slot lag",
+        "WAL retained by pgtrickle's replication slot (WAL capture).", "bytes",
+        _query("pgtrickle_slot_lag_bytes", "{{slot}}")))
+    b = b.with_panel(_timeline(
+        "Change capture broken",
+        "A capture object of the source is missing or disabled: changes may be lost until "
+        "`pgtrickle install` repairs it.",
+        _query("pgtrickle_change_capture_broken", "{{source}}"),
+        _mapping({"0": ("ok", "green"), "1": ("broken", "red")})))
     built = b.build()
     for number, panel in enumerate(built.panels or [], start=1):
         panel.id_val = number  # stable, unique panel ids (links to a panel stay valid across regenerations)
@@ -201,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.output.read_text() if args.output.exists() else ""
         if current != text:
-            print(f"{args.output} is out of date: run python -m integrations.monitoring.dashboard", file=sys.stderr)
+            print(f"{args.output} is out of date: run python -m integrations.monitoring.dashboard",
+                  file=sys.stderr)
             return 1
         return 0
     args.output.write_text(text)

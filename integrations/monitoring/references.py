@@ -22,7 +22,8 @@ RULES_PATH = Path(__file__).with_name("pgtrickle-alerts.yml")
 
 _LEGEND = re.compile(r"\{\{\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\}\}")
 _TEMPLATE = re.compile(r"\$labels\.([a-zA-Z_][a-zA-Z0-9_]*)")
-_GRAFANA_RANGES = re.compile(r"\$(?:__rate_interval|__interval|__range)\b|\$\{(?:__rate_interval|__interval|__range)\}")
+_GRAFANA_RANGES = re.compile(r"\$(?:__rate_interval|__interval|__range)\b"
+                             r"|\$\{(?:__rate_interval|__interval|__range)\}")
 
 
 class QueryError(ValueError):
@@ -121,5 +122,6 @@ def missing(used: dict[str, set[str]], served: dict[str, set[str]]) -> list[str]
         if name not in served:
             problems.append(f"{name}: not served")
         elif not labels <= served[name]:
-            problems.append(f"{name}: lacks label(s) {sorted(labels - served[name])} (has {sorted(served[name])})")
+            lacking = sorted(labels - served[name])
+            problems.append(f"{name}: lacks label(s) {lacking} (has {sorted(served[name])})")
     return problems

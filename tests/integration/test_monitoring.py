@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from integrations.monitoring import dashboard, references
 from prometheus_client.parser import text_string_to_metric_families
 
-from integrations.monitoring import dashboard, references
 from pgtrickle.scheduler.daemon import Scheduler
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, create_st, refresh
@@ -27,7 +27,8 @@ def scrape(port: int) -> list[tuple[str, dict[str, str], float]]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         assert response.status == 200
         text = response.read().decode()
-    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
+    families = text_string_to_metric_families(text)
+    return [(s.name, s.labels, s.value) for family in families for s in family.samples]
 
 
 def served(samples: list[tuple[str, dict[str, str], float]]) -> dict[str, set[str]]:
@@ -66,20 +67,23 @@ def test_every_metric_the_dashboard_and_alerts_use_is_served(db: Database) -> No
 
     scheduler = Scheduler(db.settings.with_overrides(metrics_port=0), db.dsn)
     try:
-        thread = threading.Thread(target=scheduler.run, kwargs={"max_ticks": 1, "install_signal_handlers": False})
+        thread = threading.Thread(target=scheduler.run,
+                                  kwargs={"max_ticks": 1, "install_signal_handlers": False})
         thread.start()
         thread.join(timeout=180)
         assert not thread.is_alive()
         port = scheduler.metrics.port
         assert port
-        assert db.scalar("SELECT cdc_mode FROM pgtrickle.pgt_change_sources WHERE source_name = 'wsrc'") == "wal"
+        mode = db.scalar("SELECT cdc_mode FROM pgtrickle.pgt_change_sources WHERE source_name = 'wsrc'")
+        assert mode == "wal"
         assert_oracle(db)
 
         db.sql("INSERT INTO src VALUES (100, 'x')")  # a failed refresh
         db.sql("SELECT pgtrickle.refresh_stream_table('nums')")
         scheduler.tick()
         db.sql("DELETE FROM src WHERE id = 100")  # a circuit breaker skip
-        db.sql("SELECT pgtrickle.alter_stream_table('nums', circuit_breaker => 'fixed', circuit_breaker_ceiling => 1)")
+        db.sql("SELECT pgtrickle.alter_stream_table('nums', circuit_breaker => 'fixed', "
+               "circuit_breaker_ceiling => 1)")
         db.sql("UPDATE src SET s = '8' WHERE id <= 5")
         db.sql("SELECT pgtrickle.refresh_stream_table('nums')")
         scheduler.tick()
@@ -88,7 +92,7 @@ def test_every_metric_the_dashboard_and_alerts_use_is_served(db: Database) -> No
                "last_attempt_at = now() - interval '2h' WHERE pgt_name = 'joined'")
         db.sql("INSERT INTO wsrc VALUES (21, 21)")  # WAL for the slot to retain
         scheduler.tick()
-        scheduler._maintenance(force=True)  # noqa: SLF001 - refresh the state series now
+        scheduler._maintenance(force=True)  # refresh the state series now
         samples = scrape(port)
     finally:
         scheduler.close()
@@ -100,12 +104,13 @@ def test_every_metric_the_dashboard_and_alerts_use_is_served(db: Database) -> No
     assert references.missing(used_by_rules, got) == []
     # The series the watermark, breaker and slot lag alerts read carry the values they match on.
     value = {(name, tuple(sorted(labels.items()))): v for name, labels, v in samples}
-    assert value[("pgtrickle_refresh_skips_total", (("reason", "watermark"), ("st", "public.joined")))] == 1
-    assert value[("pgtrickle_refresh_skips_total", (("reason", "circuit_breaker"), ("st", "public.nums")))] == 1
-    assert value[("pgtrickle_circuit_breaker_open", (("st", "public.nums"),))] == 1
-    assert value[("pgtrickle_refresh_failures_total", (("st", "public.nums"),))] == 1
-    assert value[("pgtrickle_stream_table_status", (("st", "public.nums"), ("status", "ACTIVE")))] == 1
-    assert [v for name, _, v in samples if name == "pgtrickle_slot_lag_bytes"][0] > 0
+    nums, joined = ("st", "public.nums"), ("st", "public.joined")
+    assert value[("pgtrickle_refresh_skips_total", (("reason", "watermark"), joined))] == 1
+    assert value[("pgtrickle_refresh_skips_total", (("reason", "circuit_breaker"), nums))] == 1
+    assert value[("pgtrickle_circuit_breaker_open", (nums,))] == 1
+    assert value[("pgtrickle_refresh_failures_total", (nums,))] == 1
+    assert value[("pgtrickle_stream_table_status", (nums, ("status", "ACTIVE")))] == 1
+    assert next(v for name, _, v in samples if name == "pgtrickle_slot_lag_bytes") > 0
 
     # Bring every stream table back in line and check them against their queries.
     db.sql("SELECT pgtrickle.reset_circuit_breaker('nums')")

@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from integrations.monitoring import dashboard, references
 
 MONITORING = Path(dashboard.__file__).parent
@@ -52,7 +51,8 @@ def test_dashboard_is_importable_grafana_json() -> None:
     ids = [panel["id"] for panel in document["panels"]]
     assert len(ids) == len(set(ids)), "panel ids are unique"
     variables = {v["name"]: v for v in document["templating"]["list"]}
-    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
     for panel in document["panels"]:
         if panel["type"] == "row":
             continue
@@ -66,10 +66,11 @@ def test_dashboard_covers_the_task() -> None:
     used = references.dashboard_uses(json.loads(dashboard.JSON_PATH.read_text()))
     for name in ("pgtrickle_staleness_seconds", "pgtrickle_stream_table_status",
                  "pgtrickle_refresh_duration_seconds_bucket", "pgtrickle_spark_job_seconds_bucket",
-                 "pgtrickle_refreshes_total", "pgtrickle_refresh_rows_total", "pgtrickle_circuit_breaker_open",
-                 "pgtrickle_refresh_skips_total", "pgtrickle_slot_lag_bytes", "pgtrickle_change_buffer_rows",
-                 "pgtrickle_change_buffer_bytes", "pgtrickle_refresh_failures_total",
-                 "pgtrickle_consecutive_errors", "pgtrickle_change_capture_broken"):
+                 "pgtrickle_refreshes_total", "pgtrickle_refresh_rows_total",
+                 "pgtrickle_circuit_breaker_open", "pgtrickle_refresh_skips_total",
+                 "pgtrickle_slot_lag_bytes", "pgtrickle_change_buffer_rows", "pgtrickle_change_buffer_bytes",
+                 "pgtrickle_refresh_failures_total", "pgtrickle_consecutive_errors",
+                 "pgtrickle_change_capture_broken"):
         assert name in used, name
     assert used["pgtrickle_refresh_duration_seconds_bucket"] >= {"st", "mode", "le"}
 
@@ -82,10 +83,12 @@ def test_uses_reads_selectors_groupings_and_legends() -> None:
                           '(rate(pgtrickle_refresh_duration_seconds_bucket{st=~"$st"}[$__rate_interval])))',
                           "{{st}} {{mode}}")
     assert got == {"pgtrickle_refresh_duration_seconds_bucket": {"st", "mode", "le"}}
-    got = references.uses('increase(pgtrickle_refresh_skips_total{reason="watermark"}[30m]) > 0 unless on (st) '
+    got = references.uses('increase(pgtrickle_refresh_skips_total{reason="watermark"}[30m]) > 0 '
+                          'unless on (st) '
                           'increase(pgtrickle_refreshes_total{action=~"FULL|NO_DATA"}[30m]) > 0',
                           "{{ $labels.st }} is stuck")
-    assert got == {"pgtrickle_refresh_skips_total": {"reason", "st"}, "pgtrickle_refreshes_total": {"action", "st"}}
+    assert got == {"pgtrickle_refresh_skips_total": {"reason", "st"},
+                   "pgtrickle_refreshes_total": {"action", "st"}}
     assert references.uses("max(pgtrickle_catalog_snapshot_age_seconds)") == {
         "pgtrickle_catalog_snapshot_age_seconds": set()}
     # by (...) applies to what is aggregated, not to the other side of a comparison
@@ -143,7 +146,8 @@ def test_promtool_rule_tests_pass() -> None:
 def test_every_alert_has_a_firing_and_a_silent_case() -> None:
     import yaml
 
-    alerts = {rule["alert"] for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]}
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    alerts = {rule["alert"] for group in groups for rule in group["rules"]}
     firing: set[str] = set()
     silent: set[str] = set()
     for case in yaml.safe_load(RULE_TESTS.read_text())["tests"]:
@@ -154,7 +158,8 @@ def test_every_alert_has_a_firing_and_a_silent_case() -> None:
 
 def test_rule_tests_catch_a_broken_rule(tmp_path: Path) -> None:
     """The rule tests are not vacuous: loosen one threshold and they fail."""
-    broken = RULES.read_text().replace("pgtrickle_slot_lag_bytes > 1073741824", "pgtrickle_slot_lag_bytes > 0")
+    broken = RULES.read_text().replace("pgtrickle_slot_lag_bytes > 1073741824",
+                                       "pgtrickle_slot_lag_bytes > 0")
     assert broken != RULES.read_text()
     (tmp_path / RULES.name).write_text(broken)
     (tmp_path / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
