@@ -7,6 +7,7 @@ PY     := $(VENV)/bin/python
 
 setup: $(VENV)/.installed
 	@scripts/ensure-jdbc.sh
+	@scripts/ensure-promtool.sh
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

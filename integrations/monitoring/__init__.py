@@ -1,0 +1,1 @@
+"""Monitoring integrations: the Grafana dashboard (generated) and the Prometheus alerting rules."""
