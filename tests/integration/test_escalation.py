@@ -207,24 +207,42 @@ def test_a_pinned_relation_cannot_be_renamed_or_moved_until_the_transaction_ends
     db.sql("CREATE SCHEMA p")
     db.sql("CREATE TABLE p.t (id int)")
     relid = int(db.scalar("SELECT 'p.t'::regclass::oid::bigint"))  # type: ignore[arg-type]
-    with psycopg.connect(db.dsn) as holder:
-        identity.pin(holder, [identity.Pin(relid, "p", "t")], identity.READ)
+    for mode, blocked in ((identity.READ, ("ALTER SCHEMA p RENAME TO q", "DROP SCHEMA p CASCADE")),
+                          (identity.WRITE, ("ALTER SCHEMA p RENAME TO q", "ALTER TABLE p.t RENAME TO u",
+                                            "ALTER TABLE p.t SET SCHEMA public", "DROP SCHEMA p CASCADE"))):
+        with psycopg.connect(db.dsn) as holder:
+            identity.pin(holder, [identity.Pin(relid, "p", "t")], mode)
+            with psycopg.connect(db.dsn, autocommit=True) as other:
+                other.execute("SET lock_timeout = '300ms'")
+                for ddl in blocked:
+                    with pytest.raises(psycopg.errors.LockNotAvailable):
+                        other.execute(ddl)
+            holder.rollback()
+    # A reading session locks and checks the tables itself (a coordinator holding their locks for
+    # the whole job would deadlock with DDL that Spark's sessions queue behind).
+    guard = identity.session_guard([identity.Pin(relid, "p", "t")])
+    with psycopg.connect(db.dsn, autocommit=True) as reader:
+        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; " + guard)
         with psycopg.connect(db.dsn, autocommit=True) as other:
             other.execute("SET lock_timeout = '300ms'")
-            for ddl in ("ALTER SCHEMA p RENAME TO q", "ALTER TABLE p.t RENAME TO u", "ALTER TABLE p.t SET SCHEMA public",
-                        "DROP SCHEMA p CASCADE"):
-                with pytest.raises(psycopg.errors.LockNotAvailable):
-                    other.execute(ddl)
-        holder.rollback()
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                other.execute("ALTER TABLE p.t RENAME TO u")
+        reader.execute("ROLLBACK")
     # A stale name, a view in its place, a dropped table: refused before anything is read.
     db.sql("ALTER TABLE p.t RENAME TO u")
     with psycopg.connect(db.dsn) as conn:
         with pytest.raises(identity.RelationIdentityChanged, match="renamed to p.u"):
             identity.pin(conn, [identity.Pin(relid, "p", "t")], identity.READ)
+    with psycopg.connect(db.dsn, autocommit=True) as reader:
+        with pytest.raises(psycopg.errors.UndefinedTable):  # the name leads nowhere now
+            reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; " + guard)
     db.sql("CREATE VIEW p.t AS SELECT 1 AS id")
     with psycopg.connect(db.dsn) as conn:
         with pytest.raises(identity.RelationIdentityChanged):
             identity.pin(conn, [identity.Pin(relid, "p", "t")], identity.READ)
+    with psycopg.connect(db.dsn, autocommit=True) as reader:  # a view in its place: locked, never read
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="renamed or replaced"):
+            reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; " + guard)
     db.sql("DROP TABLE p.u")
     with psycopg.connect(db.dsn) as conn:
         with pytest.raises(identity.RelationIdentityChanged, match="no longer exists"):

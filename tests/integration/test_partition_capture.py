@@ -11,6 +11,8 @@ saying why. Every refresh is checked against the defining query.
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import psycopg
 import pytest
@@ -384,17 +386,32 @@ def test_a_partition_attached_during_a_refresh_is_not_forgotten(partitioned: Dat
     real_point = faults.point
     attached: list[bool] = []
 
-    def point(name: str) -> None:
-        if name == "refresh.spark_job" and not attached:
+    # The refresh pins its sources while it reads (catalog.identity): the ATTACH waits for the
+    # read to end, then commits while the refresh applies what it read before it.
+    failed: list[BaseException] = []
+
+    def attach() -> None:
+        try:
             with psycopg.connect(db.dsn, autocommit=True) as other:
-                other.execute("SET lock_timeout = '20s'")
+                other.execute("SET lock_timeout = '60s'")
                 other.execute("ALTER TABLE pt ATTACH PARTITION pt_3 FOR VALUES FROM (200) TO (300)")
             attached.append(True)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failed.append(exc)
+
+    worker = threading.Thread(target=attach)
+
+    def point(name: str) -> None:
+        if name == "refresh.spark_job" and not worker.is_alive() and not attached:
+            worker.start()
+            time.sleep(0.5)  # the ATTACH is queued behind the read
         real_point(name)
 
     monkeypatch.setattr(faults, "point", point)
     [outcome] = refresh(db, "agg")
     monkeypatch.setattr(faults, "point", real_point)
+    worker.join(60)
+    assert not failed, failed
     assert attached and outcome.action is Action.DIFFERENTIAL, (attached, outcome.action, outcome.reason)
     assert db.scalar("SELECT needs_reinit FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'agg'")
     outcomes = _actions(refresh_and_check(db, "agg", "flat"))

@@ -14,8 +14,10 @@ impostor with its own rights.
    ``ALTER SCHEMA ... RENAME`` and ``DROP SCHEMA`` wait until the transaction
    ends (a superuser session only: row locks on a catalog need UPDATE rights
    on it; a daemon that is no superuser is no prize for this attack);
-2. it takes the table lock (``ACCESS SHARE`` for reads, ``ROW EXCLUSIVE`` for
-   writes), so the relation itself cannot be renamed, moved or dropped;
+2. it takes the table lock (``ROW EXCLUSIVE`` for writes), so the relation
+   itself cannot be renamed, moved or dropped; for reads, each Spark session
+   takes ``ACCESS SHARE`` itself and checks the names again
+   (:func:`session_guard`), so the lock is held only while a table is read;
 3. it checks that each name now resolves to the expected OID and that the
    relation is of an expected kind (a table, never a view).
 
@@ -27,6 +29,7 @@ view only locks the tables under it.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,7 +62,13 @@ class Pin:
 
 
 def pin(conn: psycopg.Connection, pins: Sequence[Pin], mode: str) -> None:
-    """Pin every relation of ``pins`` for the rest of ``conn``'s open transaction (see the module)."""
+    """Pin every relation of ``pins`` for the rest of ``conn``'s open transaction (see the module).
+
+    ``READ`` (a refresh's coordinator) takes no table lock itself: the Spark sessions reading
+    the tables lock and check them (:func:`session_guard`). A coordinator holding table locks
+    for the whole job would deadlock with DDL on a source: the DDL's ACCESS EXCLUSIVE request
+    waits for the coordinator, and Spark's sessions queue behind the DDL.
+    """
     if mode not in (READ, WRITE):
         raise ValueError(f"not a pin lock mode: {mode!r}")
     if not pins:
@@ -75,6 +84,8 @@ def pin(conn: psycopg.Connection, pins: Sequence[Pin], mode: str) -> None:
     current = _current(conn, relids)
     for p in sorted(pins, key=lambda p: p.relid):
         _check(p, current.get(p.relid))
+    if mode == READ:
+        return
     for p in sorted(pins, key=lambda p: p.relid):
         conn.execute(sql.SQL("LOCK TABLE {} IN {} MODE").format(sql.Identifier(p.schema, p.name), sql.SQL(mode)))
     resolved = dict(conn.execute(
@@ -89,6 +100,32 @@ def pin(conn: psycopg.Connection, pins: Sequence[Pin], mode: str) -> None:
             raise RelationIdentityChanged(
                 f"{p.what} {p.display} is no longer the relation pgtrickle tracks (OID {p.relid}): it was "
                 "renamed or replaced meanwhile; nothing was read or written, the next refresh follows the change")
+
+
+def session_guard(pins: Sequence[Pin]) -> str | None:
+    """SQL a reading session runs first: lock the pinned tables, then refuse if a name no longer
+    leads to its OID (renamed meanwhile, or a view in its place). Runs no code of the tables' owners."""
+    if not pins:
+        return None
+    ordered = sorted(pins, key=lambda p: p.relid)
+    names = ", ".join(_quoted(p) for p in ordered)
+    checks = " OR ".join(f"pg_catalog.to_regclass({_literal(_quoted(p))}) IS DISTINCT FROM {int(p.relid)}::oid"
+                         for p in ordered)
+    body = (f"BEGIN IF {checks} THEN RAISE EXCEPTION 'pgtrickle: a source of this refresh was "
+            "renamed or replaced while it ran; nothing was read, the next refresh follows the change' "
+            "USING ERRCODE = 'object_not_in_prerequisite_state'; END IF; END")
+    tag = "$pgt_guard$"
+    while tag in body:  # a name may not close the dollar quote
+        tag = f"$pgt_{secrets.token_hex(4)}$"
+    return f"LOCK TABLE {names} IN ACCESS SHARE MODE; DO {tag}{body}{tag}"
+
+
+def _quoted(p: Pin) -> str:
+    return '"' + p.schema.replace('"', '""') + '"."' + p.name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _current(conn: psycopg.Connection, relids: list[int]) -> dict[int, tuple[str, str, str]]:

@@ -272,12 +272,18 @@ class WalDecoder:
         types = {name: (typ, ok) for _, name, typ, ok in
                  conn.execute(_COLUMN_TYPES_SQL, ([table.as_string(conn)],)).fetchall()}
         relation = self.relations.get(relid)
+        # A buffer stores a domain as its base type (catalog/sql/identity.sql), whose binary form
+        # the domain's value has.
+        wal_types = sorted({c.type_oid for c in relation.columns})
+        base = {int(t): int(b) for t, b in conn.execute(
+            "SELECT t::bigint, pgtrickle._base_type(t)::bigint FROM unnest(%s::oid[]) AS t", (wal_types,)).fetchall()}
         columns = []
         for (name, buf), pos in zip(source.columns, plan.positions, strict=True):
             new, old = types.get(f"new_{buf}"), types.get(f"old_{buf}")
             same = new is not None and old is not None and new[0] == old[0]
+            wal_type = relation.columns[pos].type_oid if pos is not None else None
             columns.append(ColumnTypes(
-                name, relation.columns[pos].type_oid if pos is not None else None,
+                name, base.get(wal_type, wal_type) if wal_type is not None else None,
                 new[0] if same else None, bool(same and new[1] and old[1])))  # type: ignore[index]
         problem = binary_problem(columns)
         if problem:

@@ -504,7 +504,9 @@ class Refresher:
             snap_id, snapshot, lsn = coord.execute(
                 "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
             ).fetchone()  # type: ignore[misc]
-            identity.pin(coord, identity.source_pins(sources), identity.READ)
+            pins = identity.source_pins(sources)
+            identity.pin(coord, pins, identity.READ)
+            jdbc.guard_snapshot(snap_id, identity.session_guard(pins))
         except BaseException:
             coord.close()
             raise

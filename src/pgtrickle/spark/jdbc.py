@@ -11,6 +11,7 @@ works for any heap table, with or without a numeric key.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from pgtrickle.db.connection import JdbcTarget
@@ -33,9 +34,36 @@ def table_stats(conn, relids: list[int]) -> dict[int, TableStats]:  # type: igno
     return {int(r[0]): TableStats(float(r[1]), int(r[2])) for r in rows}
 
 
+_session_guards: OrderedDict[str, str] = OrderedDict()
+"""Per exported snapshot: SQL each Spark session runs after joining it (see :func:`guard_snapshot`).
+Only the latest few are kept: an exported snapshot lives only as long as its refresh's read."""
+_GUARDS_KEPT = 256
+
+
+def guard_snapshot(snapshot_id: str, guard_sql: str | None) -> None:
+    """Have every Spark session that joins ``snapshot_id`` run ``guard_sql`` first (None: forget it).
+
+    The refresh pins its sources this way (pgtrickle.catalog.identity.session_guard): each
+    session locks the tables it may read and checks their names still lead to the tracked OIDs.
+    """
+    if guard_sql is None:
+        _session_guards.pop(snapshot_id, None)
+    else:
+        _session_guards[snapshot_id] = guard_sql
+        while len(_session_guards) > _GUARDS_KEPT:
+            _session_guards.popitem(last=False)
+
+
 def snapshot_init_statement(snapshot_id: str) -> str:
     if not snapshot_id.replace("-", "").isalnum():
         raise ValueError(f"not a snapshot id: {snapshot_id!r}")
+    guard = _session_guards.get(snapshot_id)
+    if guard:
+        return (
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
+            f"SET TRANSACTION SNAPSHOT '{snapshot_id}'; "
+            "SET LOCAL search_path = pg_catalog, pg_temp; " + guard
+        )
     # A fixed search_path: nothing Spark's queries name can resolve to another role's object.
     return (
         "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "
