@@ -58,3 +58,13 @@ class ValueNotCarriedError(RefreshError):
     def __init__(self, message: str, sqlstate: str) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
+
+
+class NoDeltaRuleError(UnsupportedQueryError):
+    """The defining query uses a construct the delta engine has no rule for (WITH RECURSIVE,
+    LATERAL, a volatile function, ...). ``construct`` names it, for callers that branch on it."""
+
+    def __init__(self, construct: str, detail: str = "") -> None:
+        message = f"{construct} has no delta rule" + (f": {detail}" if detail else "")
+        super().__init__(message)
+        self.construct = construct

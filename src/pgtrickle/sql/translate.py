@@ -147,6 +147,8 @@ from pgtrickle.errors import UnsupportedQueryError
 __all__ = [
     "is_volatile",
     "parse_query",
+    "set_returning_function",
+    "volatile_function",
     "referenced_tables",
     "translate_to_spark",
     "unsupported_reason",
@@ -456,13 +458,26 @@ def is_volatile(pg_sql: str) -> bool:
     Raises:
         UnsupportedQueryError: the text is not a single parseable query.
     """
-    query = parse_query(pg_sql)
-    for node in query.walk():
+    return volatile_function(parse_query(pg_sql)) is not None
+
+
+def volatile_function(tree: exp.Expr) -> str | None:
+    """The name of the first volatile function (see :func:`is_volatile`) a parsed query calls, or ``None``."""
+    for node in tree.walk():
         if isinstance(node, _VOLATILE_NODES):
-            return True
+            return _function_name(node)
         if isinstance(node, exp.Anonymous) and node.name.lower() in _VOLATILE_FUNCTIONS:
-            return True
-    return False
+            return node.name.lower()
+    return None
+
+
+def set_returning_function(node: exp.Expr) -> str | None:
+    """The PostgreSQL name of ``node`` when it is a set-returning function call (``generate_series``...)."""
+    if isinstance(node, exp.Func):
+        name = _function_name(node)
+        if name.lower() in _SET_RETURNING_FUNCTIONS:
+            return name.lower()
+    return None
 
 
 def translate_to_spark(
