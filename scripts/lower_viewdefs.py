@@ -4,8 +4,8 @@
 true)`` with ``search_path = pg_catalog``), not what a user typed. The unit tests run without a
 database, so this script asks a real (embedded) PostgreSQL once for that text of every test query —
 the 22 TPC-H-derived queries of ``benchmarks/tpch_data.py``, the shapes of
-``tests/integration/test_differential*.py`` and a few more — and stores it with each relation's
-columns, in order.
+``tests/integration/test_differential*.py`` and a few more — and stores it with the view's
+output columns and each relation's columns, in order.
 
     PYTHONPATH=src .venv/bin/python scripts/lower_viewdefs.py
 """
@@ -118,7 +118,10 @@ def main() -> int:
                         "SELECT set_config('search_path', 'pg_catalog', true), pg_get_viewdef(%s::regclass, true)",
                         (view,)).fetchone()[1]
                     conn.execute(f"SET search_path = {schema}")
-                    cases[f"{schema}.{name}"] = {"query": query, "viewdef": text}
+                    columns = [r[0] for r in conn.execute(
+                        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+                        "ORDER BY attnum", (view,)).fetchall()]
+                    cases[f"{schema}.{name}"] = {"query": query, "viewdef": text, "columns": columns}
             rows = conn.execute(
                 "SELECT n.nspname || '.' || c.relname, array_agg(a.attname ORDER BY a.attnum) "
                 "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "

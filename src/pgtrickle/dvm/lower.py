@@ -286,7 +286,8 @@ class Lowerer:
                      out: Sequence[str]) -> Node:
         ordered = [exp.Ordered(this=col(n), desc=bool(o.args.get("desc")), nulls_first=o.args.get("nulls_first"))
                    for n, o in order]
-        ordered += [exp.Ordered(this=col(n), desc=False, nulls_first=False) for n in out]
+        ordered += [exp.Ordered(this=col(n), desc=False, nulls_first=False) for n in out
+                    if n not in {name for name, _ in order}]
         window = exp.Window(this=exp.RowNumber(), partition_by=[col(n) for n in on],
                             order=exp.Order(expressions=ordered))
         rank = self.names.fresh("row_number")

@@ -116,10 +116,6 @@ def _test(lw: Lowerer, node: Node, term: exp.Expr, scope: Scope) -> Node:
         else:
             test = _is_not(compare, True)
         return Join(JoinKind.ANTI, node, body.node, conjoin([*body.lifted, test]))
-    for n in walk_skipping_subqueries(term):
-        if isinstance(n, (exp.Exists, exp.Any, exp.All)) or (isinstance(n, exp.In) and n.args.get("query")):
-            raise refuse(f"{_test_name(n)} (subquery) that is not a WHERE conjunct of its own",
-                         "only `AND`-ed EXISTS / IN / NOT IN / ANY / ALL tests become semi- and anti-joins")
     node, expr = scalars(lw, node, term, scope)
     resolved = resolve(expr, scope)
     if resolved.outer:
@@ -192,6 +188,10 @@ def scalars(lw: Lowerer, node: Node, expr: exp.Expr, scope: Scope, grouped: bool
 
     The value expressions are marked resolved (they already name the tree's unique columns).
     """
+    for n in walk_skipping_subqueries(expr):
+        if isinstance(n, (exp.Exists, exp.Any, exp.All)) or (isinstance(n, exp.In) and n.args.get("query")):
+            raise refuse(f"{_test_name(n)} (subquery) that is not a WHERE conjunct of its own",
+                         "only `AND`-ed EXISTS / IN / NOT IN / ANY / ALL tests become semi- and anti-joins")
     expr = expr.copy()
     found = [n for n in walk_skipping_subqueries(expr) if isinstance(n, exp.Subquery) and n is not expr]
     if isinstance(expr, exp.Subquery):
@@ -236,12 +236,12 @@ def _scalar(lw: Lowerer, node: Node, sub: exp.Subquery, scope: Scope, grouped: b
         raise refuse("a subquery inside a scalar subquery's aggregate expression")
     key_names = tuple((lw.names.fresh("corr_key"), inner_expr) for inner_expr, _ in keys)
     agg, post = lw.aggregate(rows, inner, key_names, [value])
-    present = lw.names.fresh("matched")
     result = lw.names.fresh(lw.base_name(value))
+    if not keys:
+        return Join(JoinKind.INNER, node, Project(agg, ((result, post[0]),)), None), col(result)
+    present = lw.names.fresh("matched")
     outputs = tuple((k, col(k)) for k, _ in key_names) + ((result, post[0]), (present, exp.true()))
     right = Project(agg, outputs)
-    if not keys:
-        return Join(JoinKind.INNER, node, right, None), col(result)
     condition = conjoin([exp.EQ(this=outer_expr, expression=col(k)) for (_, outer_expr), (k, _) in zip(keys, key_names)])
     joined = Join(JoinKind.LEFT, node, right, condition)
     empty = _over_no_rows(post[0], agg)
