@@ -15,8 +15,22 @@ import pytest
 from sqlglot import exp
 
 from pgtrickle.dvm import ir
-from pgtrickle.dvm.ir import (Aggregate, Distinct, Filter, Join, JoinKind, Node, Project, Scan, SetOp, SetOpKind,
-                              TopK, UnionAll, Values, Window)
+from pgtrickle.dvm.ir import (
+    Aggregate,
+    Distinct,
+    Filter,
+    Join,
+    JoinKind,
+    Node,
+    Project,
+    Scan,
+    SetOp,
+    SetOpKind,
+    TopK,
+    UnionAll,
+    Values,
+    Window,
+)
 from pgtrickle.dvm.lower import lower
 from pgtrickle.errors import NoDeltaRuleError, UnsupportedQueryError
 from pgtrickle.sql.translate import parse_query
@@ -85,7 +99,9 @@ REFUSED = {
     "props.exists_or": "EXISTS (subquery) that is not a WHERE conjunct of its own",
     "props.in_select_list": "IN / NOT IN (subquery) that is not a WHERE conjunct of its own",
     "props.not_in_select_list": "IN / NOT IN (subquery) that is not a WHERE conjunct of its own",
-    "props.scalar_correlated_two_keys": "a correlated scalar subquery whose correlation is not `inner = outer`",
+    "props.scalar_correlated_two_keys": (
+        "a correlated scalar subquery whose correlation is not `inner = outer`"
+    ),
 }
 
 
@@ -202,8 +218,11 @@ def test_q21_exists_and_not_exists_on_a_self_join() -> None:
 
 def test_q22_uncorrelated_scalar_is_a_cross_join_with_its_one_row() -> None:
     tree = lowered("tpch.q22")
-    crosses = [j for j in joins(tree, JoinKind.INNER) if isinstance(j.right, Project)
-               and isinstance(j.right.input, Aggregate) and not j.right.input.keys]
+    crosses = [
+        j
+        for j in joins(tree, JoinKind.INNER)
+        if isinstance(j.right, Project) and isinstance(j.right.input, Aggregate) and not j.right.input.keys
+    ]
     (cross,) = crosses
     assert sql(cross.condition).startswith("c_acctbal > ")
     (anti,) = joins(tree, JoinKind.ANTI)
@@ -250,7 +269,9 @@ def test_issue17_with_nested_in_a_derived_table_sees_the_outer_cte() -> None:
     relations = sorted(s.relation for s in of(tree, Scan))
     assert relations == ["props.base_a", "props.base_b"]
     (join,) = of(tree, Join)
-    assert join.kind is JoinKind.INNER and refs(join.condition) <= set(join.left.columns) | set(join.right.columns)
+    assert join.kind is JoinKind.INNER and refs(join.condition) <= set(join.left.columns) | set(
+        join.right.columns
+    )
 
 
 def test_cte_read_twice_in_one_join_is_shared_and_renamed() -> None:
@@ -293,8 +314,14 @@ def test_full_join_using_merges_the_key_with_coalesce() -> None:
     assert sql(dict(tree.outputs)["k"]) == merged.outputs[-1][0]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("name, kind", [("props.left_join", JoinKind.LEFT), ("props.right_join", JoinKind.RIGHT),
-                                        ("props.full_join", JoinKind.FULL)])
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("props.left_join", JoinKind.LEFT),
+        ("props.right_join", JoinKind.RIGHT),
+        ("props.full_join", JoinKind.FULL),
+    ],
+)
 def test_outer_joins_keep_their_on_predicate(name: str, kind: JoinKind) -> None:
     (join,) = of(lowered(name), Join)
     assert join.kind is kind and join.condition is not None
@@ -383,7 +410,9 @@ def test_group_by_expression_having_and_expressions_over_aggregates() -> None:
 def test_aggregate_filter_clause_is_kept() -> None:
     (agg,) = of(lowered("props.agg_filter"), Aggregate)
     assert [sql(a) for _, a in agg.aggregates] == [
-        "COUNT(*) FILTER(WHERE v > CAST(20 AS DECIMAL))", "SUM(n) FILTER(WHERE k = 1)"]
+        "COUNT(*) FILTER(WHERE v > CAST(20 AS DECIMAL))",
+        "SUM(n) FILTER(WHERE k = 1)",
+    ]
 
 
 def test_scalar_aggregate_has_no_keys() -> None:
@@ -424,7 +453,8 @@ def test_distinct_on_is_row_number_over_the_on_keys() -> None:
     assert isinstance(tree, Project) and isinstance(tree.input, Filter)
     (window,) = of(tree, Window)
     assert sql(window.functions[0][1]) == (
-        "ROW_NUMBER() OVER (PARTITION BY k_1 ORDER BY k_1 ASC, v_1 DESC, id_1 ASC)")
+        "ROW_NUMBER() OVER (PARTITION BY k_1 ORDER BY k_1 ASC, v_1 DESC, id_1 ASC)"
+    )
 
 
 def test_top_k_with_offset_and_order_by_without_limit() -> None:
@@ -449,40 +479,65 @@ def test_fromless_select_is_values() -> None:
 def test_star_expansion() -> None:
     assert lower_sql("SELECT * FROM props.c").columns == ("id", "a_id", "x")
     assert lower_sql("SELECT c.*, b.name FROM props.c JOIN props.b ON b.id = c.a_id").columns == (
-        "id", "a_id", "x", "name")
+        "id",
+        "a_id",
+        "x",
+        "name",
+    )
 
 
 # --------------------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize("query, construct", [
-    ("WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t WHERE n < 3) SELECT n FROM t",
-     "WITH RECURSIVE"),
-    ("SELECT g FROM generate_series(1, 3) g", "the set-returning function generate_series()"),
-    ("SELECT generate_series(1, a.k) AS s FROM props.a", "the set-returning function generate_series()"),
-    ("SELECT a.id, l.x FROM props.a, LATERAL (SELECT c.x FROM props.c WHERE c.a_id = a.id) l", "LATERAL"),
-    ("SELECT a.id FROM props.a FOR UPDATE", "FOR UPDATE / FOR SHARE"),
-    ("SELECT a.id, random() AS r FROM props.a", "the volatile function rand()"),
-    ("SELECT a.id, clock_timestamp() AS t FROM props.a", "the volatile function clock_timestamp()"),
-    ("SELECT nextval('s') AS n FROM props.a", "the volatile function nextval()"),
-    ("SELECT a.k, count(*) AS n FROM props.a GROUP BY ROLLUP (a.k)", "GROUPING SETS / ROLLUP / CUBE"),
-    ("SELECT a.k, count(*) AS n FROM props.a GROUP BY GROUPING SETS ((a.k), ())", "GROUPING SETS / ROLLUP / CUBE"),
-    ("SELECT sum(a.n) OVER w AS s FROM props.a WINDOW w AS (PARTITION BY a.k)", "a named WINDOW clause"),
-    ("SELECT a.id FROM props.a LIMIT 3", "LIMIT / OFFSET without ORDER BY"),
-    ("SELECT a.id FROM props.a WHERE a.k = 1 OR EXISTS (SELECT 1 FROM props.b WHERE b.k = a.k)",
-     "EXISTS (subquery) that is not a WHERE conjunct of its own"),
-    ("SELECT a.id, a.k NOT IN (SELECT b.w FROM props.b) AS absent FROM props.a",
-     "IN / NOT IN (subquery) that is not a WHERE conjunct of its own"),
-    ("SELECT a.id, (SELECT b.name FROM props.b WHERE b.id = a.k) AS name FROM props.a",
-     "a correlated subquery of this form"),
-    ("SELECT a.id, (SELECT sum(c.x) FROM props.c WHERE c.a_id = a.id AND c.x > a.n) AS s FROM props.a",
-     "a correlated scalar subquery whose correlation is not `inner = outer`"),
-    ("SELECT a.id FROM props.a WHERE a.k IN (SELECT b.k FROM props.b WHERE b.id = a.id GROUP BY b.k)",
-     "a correlated subquery of this form"),
-    ("SELECT a.id FROM props.a WHERE EXISTS (SELECT 1 FROM props.b WHERE EXISTS "
-     "(SELECT 1 FROM props.c WHERE c.a_id = a.id))", "a subquery correlated with a query two levels out"),
-    ("SELECT a.id FROM props.a TABLESAMPLE SYSTEM (10)", "TABLESAMPLE"),
-])
+@pytest.mark.parametrize(
+    "query, construct",
+    [
+        (
+            "WITH RECURSIVE t(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM t WHERE n < 3) SELECT n FROM t",
+            "WITH RECURSIVE",
+        ),
+        ("SELECT g FROM generate_series(1, 3) g", "the set-returning function generate_series()"),
+        ("SELECT generate_series(1, a.k) AS s FROM props.a", "the set-returning function generate_series()"),
+        ("SELECT a.id, l.x FROM props.a, LATERAL (SELECT c.x FROM props.c WHERE c.a_id = a.id) l", "LATERAL"),
+        ("SELECT a.id FROM props.a FOR UPDATE", "FOR UPDATE / FOR SHARE"),
+        ("SELECT a.id, random() AS r FROM props.a", "the volatile function rand()"),
+        ("SELECT a.id, clock_timestamp() AS t FROM props.a", "the volatile function clock_timestamp()"),
+        ("SELECT nextval('s') AS n FROM props.a", "the volatile function nextval()"),
+        ("SELECT a.k, count(*) AS n FROM props.a GROUP BY ROLLUP (a.k)", "GROUPING SETS / ROLLUP / CUBE"),
+        (
+            "SELECT a.k, count(*) AS n FROM props.a GROUP BY GROUPING SETS ((a.k), ())",
+            "GROUPING SETS / ROLLUP / CUBE",
+        ),
+        ("SELECT sum(a.n) OVER w AS s FROM props.a WINDOW w AS (PARTITION BY a.k)", "a named WINDOW clause"),
+        ("SELECT a.id FROM props.a LIMIT 3", "LIMIT / OFFSET without ORDER BY"),
+        (
+            "SELECT a.id FROM props.a WHERE a.k = 1 OR EXISTS (SELECT 1 FROM props.b WHERE b.k = a.k)",
+            "EXISTS (subquery) that is not a WHERE conjunct of its own",
+        ),
+        (
+            "SELECT a.id, a.k NOT IN (SELECT b.w FROM props.b) AS absent FROM props.a",
+            "IN / NOT IN (subquery) that is not a WHERE conjunct of its own",
+        ),
+        (
+            "SELECT a.id, (SELECT b.name FROM props.b WHERE b.id = a.k) AS name FROM props.a",
+            "a correlated subquery of this form",
+        ),
+        (
+            "SELECT a.id, (SELECT sum(c.x) FROM props.c WHERE c.a_id = a.id AND c.x > a.n) AS s FROM props.a",
+            "a correlated scalar subquery whose correlation is not `inner = outer`",
+        ),
+        (
+            "SELECT a.id FROM props.a WHERE a.k IN (SELECT b.k FROM props.b WHERE b.id = a.id GROUP BY b.k)",
+            "a correlated subquery of this form",
+        ),
+        (
+            "SELECT a.id FROM props.a WHERE EXISTS (SELECT 1 FROM props.b WHERE EXISTS "
+            "(SELECT 1 FROM props.c WHERE c.a_id = a.id))",
+            "a subquery correlated with a query two levels out",
+        ),
+        ("SELECT a.id FROM props.a TABLESAMPLE SYSTEM (10)", "TABLESAMPLE"),
+    ],
+)
 def test_refusals_name_the_construct(query: str, construct: str) -> None:
     with pytest.raises(NoDeltaRuleError) as info:
         lower_sql(query)
@@ -490,13 +545,16 @@ def test_refusals_name_the_construct(query: str, construct: str) -> None:
     assert construct in str(info.value)
 
 
-@pytest.mark.parametrize("query, words", [
-    ("SELECT x.id FROM props.missing x", "relation props.missing"),
-    ("SELECT a.nope FROM props.a", "column a.nope does not exist"),
-    ("SELECT id FROM props.a JOIN props.b ON a.k = b.k", "'id' is ambiguous"),
-    ("SELECT a.id, b.id FROM props.a JOIN props.b ON a.k = b.k", "'id' appears twice"),
-    ("SELECT a.k, a.n FROM props.a GROUP BY a.k", "column n must appear in the GROUP BY clause"),
-])
+@pytest.mark.parametrize(
+    "query, words",
+    [
+        ("SELECT x.id FROM props.missing x", "relation props.missing"),
+        ("SELECT a.nope FROM props.a", "column a.nope does not exist"),
+        ("SELECT id FROM props.a JOIN props.b ON a.k = b.k", "'id' is ambiguous"),
+        ("SELECT a.id, b.id FROM props.a JOIN props.b ON a.k = b.k", "'id' appears twice"),
+        ("SELECT a.k, a.n FROM props.a GROUP BY a.k", "column n must appear in the GROUP BY clause"),
+    ],
+)
 def test_bad_input_is_an_unsupported_query_error(query: str, words: str) -> None:
     with pytest.raises(UnsupportedQueryError) as info:
         lower_sql(query)

@@ -45,13 +45,24 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from pgtrickle.dvm.ir import (Aggregate, Distinct, Filter, Named, Node, Project, Scan, SetOp, SetOpKind, TopK,
-                              UnionAll, Values, Window)
-from pgtrickle.dvm.lower_scope import (Names, Scope, col, output_name, refuse, resolve, same, unparen,
-                                       walk_skipping_subqueries)
-from pgtrickle.dvm.lower_subquery import holds_subquery, is_placeholder, scalars, where
+from pgtrickle.dvm.ir import (
+    Aggregate,
+    Distinct,
+    Filter,
+    Named,
+    Node,
+    Project,
+    Scan,
+    SetOp,
+    SetOpKind,
+    UnionAll,
+    Values,
+)
+from pgtrickle.dvm.lower_check import check
+from pgtrickle.dvm.lower_group import aggregate, aggregate_calls, distinct_on, top_k, windows
+from pgtrickle.dvm.lower_scope import Names, Scope, col, output_name, refuse, resolve, same, unparen
+from pgtrickle.dvm.lower_subquery import holds_subquery, scalars, where
 from pgtrickle.errors import UnsupportedQueryError
-from pgtrickle.sql.translate import set_returning_function, volatile_function
 
 __all__ = ["lower"]
 
@@ -63,35 +74,9 @@ def lower(query: exp.Query, schema: Mapping[str, Sequence[str]]) -> Node:
         NoDeltaRuleError: the query uses a construct the delta engine has no rule for.
         UnsupportedQueryError: a relation or column does not resolve, or the query is malformed.
     """
-    _check(query)
+    check(query)
     node, _ = Lowerer(schema).query(query, None, {}, root=True)
     return node
-
-
-def _check(query: exp.Expr) -> None:
-    """Refuse, up front, constructs that no part of the lowering handles."""
-    for node in query.walk():
-        if isinstance(node, exp.With) and node.args.get("recursive"):
-            raise refuse("WITH RECURSIVE")
-        if isinstance(node, exp.Select):
-            if node.args.get("locks"):
-                raise refuse("FOR UPDATE / FOR SHARE")
-            if node.args.get("windows"):
-                raise refuse("a named WINDOW clause")
-        if isinstance(node, exp.Lateral) or (isinstance(node, (exp.Subquery, exp.Table, exp.Join))
-                                             and node.args.get("lateral")):
-            raise refuse("LATERAL")
-        if isinstance(node, exp.TableSample):
-            raise refuse("TABLESAMPLE")
-        if isinstance(node, (exp.Rollup, exp.Cube, exp.GroupingSets)) or (
-                isinstance(node, exp.Group) and any(node.args.get(a) for a in ("rollup", "cube", "grouping_sets"))):
-            raise refuse("GROUPING SETS / ROLLUP / CUBE")
-        srf = set_returning_function(node)
-        if srf is not None:
-            raise refuse(f"the set-returning function {srf}()")
-    volatile = volatile_function(query)
-    if volatile is not None:
-        raise refuse(f"the volatile function {volatile}()", "its value changes without any source changing")
 
 
 @dataclass
@@ -131,9 +116,11 @@ class Lowerer:
             alias = entry.definition.args.get("alias")
             given = [c.name for c in (alias.columns if alias is not None else [])]
             if len(given) > len(names):
-                raise UnsupportedQueryError(f"WITH query {name!r} has {len(names)} columns available "
-                                            f"but {len(given)} columns specified")
-            self._cte_nodes[key] = (node, given + names[len(given):])
+                raise UnsupportedQueryError(
+                    f"WITH query {name!r} has {len(names)} columns available "
+                    f"but {len(given)} columns specified"
+                )
+            self._cte_nodes[key] = (node, given + names[len(given) :])
             self.shared.add(id(node))
             return self._cte_nodes[key]
         node, names = self._cte_nodes[key]
@@ -141,8 +128,9 @@ class Lowerer:
         return renamed, names
 
     # ------------------------------------------------------------------ queries
-    def query(self, query: exp.Expr, outer: Scope | None, ctes: Mapping[str, object],
-              root: bool = False) -> tuple[Node, list[str]]:
+    def query(
+        self, query: exp.Expr, outer: Scope | None, ctes: Mapping[str, object], root: bool = False
+    ) -> tuple[Node, list[str]]:
         """Lower a SELECT or set operation; returns the node and its visible output names."""
         while isinstance(query, exp.Subquery) and not query.alias:
             query = query.this
@@ -166,8 +154,9 @@ class Lowerer:
             return tuple(names)
         return tuple(self.names.fresh(n) for n in names)
 
-    def _set_operation(self, query: exp.SetOperation, outer: Scope | None, ctes: Mapping[str, object],
-                       root: bool) -> tuple[Node, list[str]]:
+    def _set_operation(
+        self, query: exp.SetOperation, outer: Scope | None, ctes: Mapping[str, object], root: bool
+    ) -> tuple[Node, list[str]]:
         distinct = bool(query.args.get("distinct"))
         if isinstance(query, exp.Union):
             parts = [self.query(b, outer, ctes) for b in _union_branches(query, distinct)]
@@ -175,8 +164,9 @@ class Lowerer:
             parts = [self.query(query.this, outer, ctes), self.query(query.expression, outer, ctes)]
         names = parts[0][1]
         if any(len(p[1]) != len(names) for p in parts):
-            raise UnsupportedQueryError(f"each {type(query).__name__.upper()} query must have the same number "
-                                        "of columns")
+            raise UnsupportedQueryError(
+                f"each {type(query).__name__.upper()} query must have the same number of columns"
+            )
         limited = query.args.get("limit") or query.args.get("offset")
         out = self._outputs(names, root)
         node: Node
@@ -187,10 +177,16 @@ class Lowerer:
             kind = SetOpKind.INTERSECT if isinstance(query, exp.Intersect) else SetOpKind.EXCEPT
             node = SetOp(kind, not distinct, parts[0][0], parts[1][0], out)
         if limited:
-            keys = [self._output_key(o.this, names, out) for o in query.args["order"].expressions] \
-                if query.args.get("order") else []
-            node = self._top_k(node, query, [(k, o) for k, o in zip(keys, query.args["order"].expressions)]
-                               if keys else [])
+            keys = (
+                [self._output_key(o.this, names, out) for o in query.args["order"].expressions]
+                if query.args.get("order")
+                else []
+            )
+            node = top_k(
+                node,
+                query,
+                [(k, o) for k, o in zip(keys, query.args["order"].expressions, strict=True)] if keys else [],
+            )
         return node, list(names)
 
     def _output_key(self, key: exp.Expr, names: Sequence[str], columns: Sequence[str]) -> str:
@@ -201,22 +197,16 @@ class Lowerer:
             return columns[list(names).index(key.name)]
         raise refuse("an ORDER BY key of a set operation that is not an output column", key.sql("postgres"))
 
-    def _top_k(self, node: Node, query: exp.Query, keys: list[tuple[str, exp.Ordered]]) -> Node:
-        if not keys:
-            raise refuse("LIMIT / OFFSET without ORDER BY", "it keeps an arbitrary choice of rows")
-        order = tuple(exp.Ordered(this=col(name), desc=bool(o.args.get("desc")), nulls_first=o.args.get("nulls_first"))
-                      for name, o in keys)
-        return TopK(node, order, _count(query.args.get("limit"), "LIMIT"),
-                    _count(query.args.get("offset"), "OFFSET") or 0)
-
-    def _select(self, select: exp.Select, outer: Scope | None, ctes: Mapping[str, object],
-                root: bool) -> tuple[Node, list[str]]:
+    def _select(
+        self, select: exp.Select, outer: Scope | None, ctes: Mapping[str, object], root: bool
+    ) -> tuple[Node, list[str]]:
         scope = Scope(outer=outer, ctes=ctes)
         node, _lifted = where(self, select, scope, lift=False)
         items = self._items(select, scope)
         names = [n for n, _ in items]
         grouped = bool(select.args.get("group") or select.args.get("having")) or any(
-            _aggregate_calls(e) for _, e in items)
+            aggregate_calls(e) for _, e in items
+        )
         if node is None:
             if not grouped and not any(holds_subquery(e) or e.find(exp.Window) for _, e in items):
                 rows = (tuple(self._resolve_local(e, scope) for _, e in items),)
@@ -234,8 +224,8 @@ class Lowerer:
         if grouped:
             keys = self._group_keys(select, items, scope)
             node, done = self.aggregate(node, scope, keys, [*wanted, *_having(select)])
-            having = done[len(wanted):]
-            done = done[:len(wanted)]
+            having = done[len(wanted) :]
+            done = done[: len(wanted)]
             node, done = self._attach_all(node, done, scope, grouped=True)
             if having:
                 node, (cond,) = self._attach_all(node, having, scope, grouped=True)
@@ -244,16 +234,24 @@ class Lowerer:
             node, done = self._attach_all(node, wanted, scope, grouped=False)
             done = [self._resolve_local(e, scope) for e in done]
         node, done = self._windows(node, done)
-        values, hidden = done[:len(exprs)], done[len(exprs):]
+        values, hidden = done[: len(exprs)], done[len(exprs) :]
         key_columns: list[int | exp.Expr] = []
         it = iter(hidden)
         for e in extra:
             key_columns.append(e if isinstance(e, int) else next(it))
         return self._finish(node, select, names, values, key_columns, order if keep_order else [], on, root)
 
-    def _finish(self, node: Node, select: exp.Select, names: list[str], values: list[exp.Expr],
-                keys: list[int | exp.Expr], order: list[exp.Ordered], on: list[exp.Expr],
-                root: bool) -> tuple[Node, list[str]]:
+    def _finish(
+        self,
+        node: Node,
+        select: exp.Select,
+        names: list[str],
+        values: list[exp.Expr],
+        keys: list[int | exp.Expr],
+        order: list[exp.Ordered],
+        on: list[exp.Expr],
+        root: bool,
+    ) -> tuple[Node, list[str]]:
         """Project, then DISTINCT / DISTINCT ON / TopK, dropping sort-only columns at the end."""
         hidden_exprs: list[exp.Expr] = []
         positions: list[int] = []
@@ -269,45 +267,44 @@ class Lowerer:
         needs_final = bool(hidden_exprs) or bool(on)
         out = self._outputs(names, root and not needs_final)
         hidden = tuple(self.names.fresh("sort_key") for _ in hidden_exprs)
-        node = Project(node, tuple(zip(out, values)) + tuple(zip(hidden, hidden_exprs)))
+        node = Project(
+            node, tuple(zip(out, values, strict=True)) + tuple(zip(hidden, hidden_exprs, strict=True))
+        )
         columns = node.columns
-        order_keys = [(columns[p], o) for p, o in zip(positions[:len(order)], order)]
+        order_keys = [(columns[p], o) for p, o in zip(positions[: len(order)], order, strict=True)]
         if on:
-            node = self._distinct_on(node, [columns[p] for p in positions[len(order):]], order_keys, out)
+            node = distinct_on(
+                self.names, node, [columns[p] for p in positions[len(order) :]], order_keys, out
+            )
         elif select.args.get("distinct"):
             node = Distinct(node)
         if select.args.get("limit") or select.args.get("offset"):
-            node = self._top_k(node, select, order_keys)
+            node = top_k(node, select, order_keys)
         if needs_final:
-            node = Project(node, tuple(zip(self._outputs(names, root), (col(c) for c in out))))
+            node = Project(node, tuple(zip(self._outputs(names, root), [col(c) for c in out], strict=True)))
         return node, names
-
-    def _distinct_on(self, node: Node, on: list[str], order: list[tuple[str, exp.Ordered]],
-                     out: Sequence[str]) -> Node:
-        ordered = [exp.Ordered(this=col(n), desc=bool(o.args.get("desc")), nulls_first=o.args.get("nulls_first"))
-                   for n, o in order]
-        ordered += [exp.Ordered(this=col(n), desc=False, nulls_first=False) for n in out
-                    if n not in {name for name, _ in order}]
-        window = exp.Window(this=exp.RowNumber(), partition_by=[col(n) for n in on],
-                            order=exp.Order(expressions=ordered))
-        rank = self.names.fresh("row_number")
-        return Filter(Window(node, ((rank, window),)), exp.EQ(this=col(rank), expression=exp.Literal.number(1)))
 
     # ------------------------------------------------------------------ select list
     @staticmethod
     def _resolve_local(expr: exp.Expr, scope: Scope) -> exp.Expr:
         resolved = resolve(expr, scope)
         if resolved.outer:
-            raise refuse("a correlated subquery of this form",
-                         "only the WHERE clause of an EXISTS / IN subquery or of a scalar subquery computing "
-                         "one aggregate may read the enclosing query")
+            raise refuse(
+                "a correlated subquery of this form",
+                "only the WHERE clause of an EXISTS / IN subquery or of a scalar subquery computing "
+                "one aggregate may read the enclosing query",
+            )
         return resolved.expr
 
     def _items(self, select: exp.Select, scope: Scope) -> list[tuple[str, exp.Expr]]:
         items: list[tuple[str, exp.Expr]] = []
         for i, item in enumerate(select.expressions):
-            if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
-                for visible, unique in scope.star(item.table or None if isinstance(item, exp.Column) else None):
+            if isinstance(item, exp.Star) or (
+                isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+            ):
+                for visible, unique in scope.star(
+                    item.table or None if isinstance(item, exp.Column) else None
+                ):
                     ref = col(unique)
                     ref.meta["pgt_resolved"] = True
                     items.append((visible, ref))
@@ -315,7 +312,9 @@ class Lowerer:
             items.append((output_name(item, i), (item.this if isinstance(item, exp.Alias) else item).copy()))
         return items
 
-    def _order_expr(self, key: exp.Expr, items: list[tuple[str, exp.Expr]], select: exp.Select) -> int | exp.Expr:
+    def _order_expr(
+        self, key: exp.Expr, items: list[tuple[str, exp.Expr]], select: exp.Select
+    ) -> int | exp.Expr:
         """An ORDER BY / DISTINCT ON key: a select-list position, or an expression to compute."""
         inner = unparen(key)
         if isinstance(inner, exp.Literal) and inner.is_int:
@@ -345,25 +344,16 @@ class Lowerer:
         return tuple(keys)
 
     # ------------------------------------------------------------------ grouping
-    def aggregate(self, rows: Node, scope: Scope, keys: Named, exprs: Sequence[exp.Expr]) -> tuple[Node, list[exp.Expr]]:
+    def aggregate(
+        self, rows: Node, scope: Scope, keys: Named, exprs: Sequence[exp.Expr]
+    ) -> tuple[Aggregate, list[exp.Expr]]:
         """``Aggregate(rows)`` computing every aggregate call of ``exprs`` grouped by ``keys``; and
         ``exprs`` rewritten over its columns (subqueries inside them are left as they are)."""
-        resolved = []
-        for e in exprs:
-            r = resolve(e, scope)
-            if r.outer:
-                raise refuse("an aggregate or grouped expression read from an enclosing query")
-            resolved.append(r.expr)
-        calls: list[tuple[str, exp.Expr]] = []
-        for e in resolved:
-            for call in _aggregate_calls(e):
-                if not any(same(call, c) for _, c in calls):
-                    calls.append((self.names.fresh(self.base_name(call)), call.copy()))
-        node = Aggregate(rows, keys, tuple(calls))
-        return node, [_over_groups(e, keys, calls) for e in resolved]
+        return aggregate(self.names, rows, scope, keys, exprs, self.base_name)
 
-    def _attach_all(self, node: Node, exprs: Sequence[exp.Expr], scope: Scope,
-                    grouped: bool) -> tuple[Node, list[exp.Expr]]:
+    def _attach_all(
+        self, node: Node, exprs: Sequence[exp.Expr], scope: Scope, grouped: bool
+    ) -> tuple[Node, list[exp.Expr]]:
         done = []
         for e in exprs:
             if holds_subquery(e):
@@ -372,19 +362,7 @@ class Lowerer:
         return node, done
 
     def _windows(self, node: Node, exprs: list[exp.Expr]) -> tuple[Node, list[exp.Expr]]:
-        functions: list[tuple[str, exp.Expr]] = []
-
-        def take(n: exp.Expr) -> exp.Expr:
-            if not isinstance(n, exp.Window):
-                return n
-            match = next((name for name, f in functions if same(f, n)), None)
-            if match is None:
-                match = self.names.fresh(self.base_name(n.this))
-                functions.append((match, n.copy()))
-            return col(match)
-
-        out = [e.copy().transform(take, copy=False) for e in exprs]
-        return (Window(node, tuple(functions)) if functions else node), out
+        return windows(self.names, node, exprs, self.base_name)
 
     @staticmethod
     def base_name(expr: exp.Expr) -> str:
@@ -404,93 +382,15 @@ def _union_branches(query: exp.Expr, distinct: bool) -> list[exp.Expr]:
     """The branches of a UNION chain: UNION ALL flattens UNION ALL; UNION flattens both."""
     while isinstance(query, exp.Subquery) and not query.alias:
         query = query.this
-    if isinstance(query, exp.Union) and not any(query.args.get(a) for a in ("order", "limit", "offset", "with_")) \
-            and (distinct or not query.args.get("distinct")):
+    if (
+        isinstance(query, exp.Union)
+        and not any(query.args.get(a) for a in ("order", "limit", "offset", "with_"))
+        and (distinct or not query.args.get("distinct"))
+    ):
         return _union_branches(query.this, distinct) + _union_branches(query.expression, distinct)
     return [query]
-
-
-def _count(clause: exp.Expr | None, what: str) -> int | None:
-    if clause is None:
-        return None
-    value = unparen(clause.expression)
-    while isinstance(value, exp.Cast):
-        value = unparen(value.this)
-    if isinstance(value, exp.Null):
-        return None
-    if isinstance(value, exp.Literal) and value.is_int and int(value.name) >= 0:
-        return int(value.name)
-    raise refuse(f"{what} that is not a constant", value.sql("postgres"))
 
 
 def _having(select: exp.Select) -> list[exp.Expr]:
     having = select.args.get("having")
     return [having.this.copy()] if having is not None else []
-
-
-def _is_aggregate(node: exp.Expr) -> bool:
-    if isinstance(node, exp.Filter) and isinstance(node.this, exp.AggFunc):
-        return True
-    return isinstance(node, exp.AggFunc) and not isinstance(node.parent, (exp.Window, exp.Filter))
-
-
-def _aggregate_calls(node: exp.Expr) -> list[exp.Expr]:
-    """Outermost aggregate calls (with their FILTER) outside subqueries; a window's own function
-    is not one, but aggregates in its arguments are."""
-    found: list[exp.Expr] = []
-    for n in walk_skipping_subqueries(node):
-        if isinstance(n, (exp.Subquery, exp.Select, exp.SetOperation)):
-            continue
-        if _is_aggregate(n) and not any(_is_aggregate(a) for a in _ancestors(n, node)):
-            found.append(n)
-    return found
-
-
-def _ancestors(node: exp.Expr, top: exp.Expr) -> list[exp.Expr]:
-    out = []
-    current = node.parent
-    while current is not None and current is not top.parent:
-        out.append(current)
-        current = current.parent
-    return out
-
-
-def _over_groups(expr: exp.Expr, keys: Named, calls: Sequence[tuple[str, exp.Expr]]) -> exp.Expr:
-    """``expr`` (resolved) over an Aggregate's columns: key expressions and aggregate calls become
-    their columns; a column left over is neither grouped nor aggregated."""
-
-    def swap(n: exp.Expr) -> exp.Expr:
-        for name, k in keys:
-            if same(n, k):
-                return col(name)
-        if _is_aggregate(n):
-            for name, c in calls:
-                if same(n, c):
-                    return col(name)
-        return n
-
-    out = _transform_outside_subqueries(expr.copy(), swap)
-    for c in walk_skipping_subqueries(out):
-        if isinstance(c, exp.Column) and not is_placeholder(c) and not c.meta.get("pgt_group"):
-            names = {n for n, _ in keys} | {n for n, _ in calls}
-            if c.name not in names:
-                raise UnsupportedQueryError(f"column {c.name} must appear in the GROUP BY clause or be used "
-                                            "in an aggregate function")
-    return out
-
-
-def _transform_outside_subqueries(node: exp.Expr, fn) -> exp.Expr:  # type: ignore[no-untyped-def]
-    """Top-down replace, not descending into replaced nodes nor into subqueries."""
-    replaced = fn(node)
-    if replaced is not node:
-        return replaced
-    for key, value in list(node.args.items()):
-        if isinstance(value, exp.Expr):
-            if not isinstance(value, (exp.Subquery, exp.Select, exp.SetOperation)):
-                node.set(key, _transform_outside_subqueries(value, fn))
-        elif isinstance(value, list):
-            node.set(key, [(_transform_outside_subqueries(v, fn)
-                            if isinstance(v, exp.Expr) and not isinstance(v, (exp.Subquery, exp.Select,
-                                                                                exp.SetOperation)) else v)
-                           for v in value])
-    return node

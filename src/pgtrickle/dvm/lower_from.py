@@ -42,8 +42,13 @@ def from_groups(lw: Lowerer, select: exp.Select, scope: Scope) -> list[Node]:
     groups: list[tuple[exp.Expr, list[exp.Join]]] = [(from_.this, [])]
     for join in select.args.get("joins") or []:
         kind = (join.args.get("kind") or "").upper()
-        explicit = join.args.get("on") is not None or join.args.get("using") or join.args.get("side") \
-            or join.args.get("method") or kind in ("INNER", "OUTER")
+        explicit = (
+            join.args.get("on") is not None
+            or join.args.get("using")
+            or join.args.get("side")
+            or join.args.get("method")
+            or kind in ("INNER", "OUTER")
+        )
         if explicit:
             groups[-1][1].append(join)
         else:
@@ -89,8 +94,9 @@ def _alias_columns(item: exp.Expr, names: Sequence[str]) -> list[str]:
     given = [c.name for c in (alias.columns if alias is not None else [])]
     if len(given) > len(names):
         raise UnsupportedQueryError(
-            f"{item.alias_or_name} has {len(names)} columns available but {len(given)} columns specified")
-    return given + list(names[len(given):])
+            f"{item.alias_or_name} has {len(names)} columns available but {len(given)} columns specified"
+        )
+    return given + list(names[len(given) :])
 
 
 def _bind(scope: Scope, alias: str, visible: Sequence[str], node: Node) -> Node:
@@ -141,7 +147,7 @@ def _join(lw: Lowerer, left: Node, join: exp.Join, scope: Scope) -> Node:
     using = [u.name for u in join.args.get("using") or []]
     if (join.args.get("method") or "").upper() == "NATURAL":
         left_names = {v for _, v, _ in left_star}
-        using = [v for _, v, _ in scope.star_order[len(left_star):] if v in left_names]
+        using = [v for _, v, _ in scope.star_order[len(left_star) :] if v in left_names]
     if using:
         return _using(lw, left, right, jkind, using, left_star, scope)
     on = join.args.get("on")
@@ -157,15 +163,24 @@ def _join(lw: Lowerer, left: Node, join: exp.Join, scope: Scope) -> Node:
     return Join(jkind, left, right, resolved.expr)
 
 
-def _using(lw: Lowerer, left: Node, right: Node, kind: JoinKind, using: list[str],
-           left_star: list[tuple[str | None, str, str]], scope: Scope) -> Node:
-    right_star = scope.star_order[len(left_star):]
+def _using(
+    lw: Lowerer,
+    left: Node,
+    right: Node,
+    kind: JoinKind,
+    using: list[str],
+    left_star: list[tuple[str | None, str, str]],
+    scope: Scope,
+) -> Node:
+    right_star = scope.star_order[len(left_star) :]
 
     def pick(star: list[tuple[str | None, str, str]], name: str, side: str) -> str:
         found = [u for _, v, u in star if v == name]
         if len(found) != 1:
-            raise UnsupportedQueryError(f"column {name!r} specified in USING clause "
-                                        f"{'does not exist' if not found else 'is ambiguous'} in the {side} table")
+            raise UnsupportedQueryError(
+                f"column {name!r} specified in USING clause "
+                f"{'does not exist' if not found else 'is ambiguous'} in the {side} table"
+            )
         return found[0]
 
     pairs = [(pick(left_star, n, "left"), pick(right_star, n, "right")) for n in using]
@@ -173,15 +188,21 @@ def _using(lw: Lowerer, left: Node, right: Node, kind: JoinKind, using: list[str
     node: Node = Join(kind, left, right, condition)
     merged: dict[str, str] = {}
     if kind is JoinKind.FULL:
-        extra = [(lw.names.fresh(n), exp.func("COALESCE", col(lu), col(ru))) for n, (lu, ru) in zip(using, pairs)]
+        extra = [
+            (lw.names.fresh(n), exp.func("COALESCE", col(lu), col(ru)))
+            for n, (lu, ru) in zip(using, pairs, strict=True)
+        ]
         node = Project(node, tuple((c, col(c)) for c in node.columns) + tuple(extra))
-        merged = {n: name for n, (name, _) in zip(using, extra)}
+        merged = {n: name for n, (name, _) in zip(using, extra, strict=True)}
     else:
-        merged = {n: (ru if kind is JoinKind.RIGHT else lu) for n, (lu, ru) in zip(using, pairs)}
+        merged = {n: (ru if kind is JoinKind.RIGHT else lu) for n, (lu, ru) in zip(using, pairs, strict=True)}
     scope.merged.update(merged)
     hidden = {u for pair in pairs for u in pair}
-    scope.star_order[:] = ([(None, n, merged[n]) for n in using]
-                           + [s for s in left_star if s[2] not in hidden] + [s for s in right_star if s[2] not in hidden])
+    scope.star_order[:] = (
+        [(None, n, merged[n]) for n in using]
+        + [s for s in left_star if s[2] not in hidden]
+        + [s for s in right_star if s[2] not in hidden]
+    )
     return node
 
 
@@ -196,7 +217,10 @@ def combine(groups: Sequence[Node], predicates: Sequence[exp.Expr]) -> Node:
         pick = 0
         for i, candidate in enumerate(remaining):
             theirs = set(candidate.columns)
-            if any((cols := column_names(p)) & have and cols & theirs and cols <= have | theirs for p in predicates):
+            if any(
+                (cols := column_names(p)) & have and cols & theirs and cols <= have | theirs
+                for p in predicates
+            ):
                 pick = i
                 break
         node = Join(JoinKind.INNER, node, remaining.pop(pick), None)
@@ -209,8 +233,11 @@ def push_filters(node: Node, predicates: Sequence[exp.Expr], shared: set[int]) -
 
     if not predicates:
         return node
-    if isinstance(node, Join) and id(node) not in shared and node.kind in (JoinKind.INNER, JoinKind.LEFT,
-                                                                             JoinKind.RIGHT):
+    if (
+        isinstance(node, Join)
+        and id(node) not in shared
+        and node.kind in (JoinKind.INNER, JoinKind.LEFT, JoinKind.RIGHT)
+    ):
         left_cols, right_cols = set(node.left.columns), set(node.right.columns)
         to_left, to_right, here = [], [], []
         for p in predicates:
@@ -227,7 +254,7 @@ def push_filters(node: Node, predicates: Sequence[exp.Expr], shared: set[int]) -
             terms = ([node.condition] if node.condition is not None else []) + here
             return Join(node.kind, left, right, conjoin(terms))
         rebuilt = Join(node.kind, left, right, node.condition)
-        return Filter(rebuilt, conjoin(here)) if here else rebuilt
+        return Filter(rebuilt, conjoin(here) or exp.true()) if here else rebuilt
     if isinstance(node, Filter) and id(node) not in shared:
         return Filter(node.input, conjoin([node.predicate, *predicates]) or node.predicate)
     return Filter(node, conjoin(list(predicates)) or exp.true())

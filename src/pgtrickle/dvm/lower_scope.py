@@ -62,8 +62,10 @@ def unparen(node: exp.Expr) -> exp.Expr:
 
 def same(a: exp.Expr, b: exp.Expr) -> bool:
     """Whether two expressions are the same up to redundant parentheses."""
+
     def strip(n: exp.Expr) -> exp.Expr:
         return n.this if isinstance(n, exp.Paren) else n
+
     return a.copy().transform(strip, copy=False) == b.copy().transform(strip, copy=False)
 
 
@@ -177,7 +179,8 @@ def resolve(node: exp.Expr, scope: Scope) -> Resolved:
         if n.find_ancestor(exp.Subquery, exp.Select, exp.SetOperation) is not None:
             return n
         name, table = n.name, (n.table or None)
-        level, current = 0, scope
+        level = 0
+        current: Scope | None = scope
         while current is not None:
             unique = current.lookup(name, table)
             if unique is not None:

@@ -33,8 +33,20 @@ from sqlglot import exp
 
 from pgtrickle.dvm.ir import Aggregate, Join, JoinKind, Node, Project
 from pgtrickle.dvm.lower_from import combine, from_groups, push_filters
-from pgtrickle.dvm.lower_scope import (PLACEHOLDER, Scope, col, column_names, conjoin, conjuncts, is_subquery, refuse, resolve,
-                                       subquery_body, unparen, walk_skipping_subqueries)
+from pgtrickle.dvm.lower_scope import (
+    PLACEHOLDER,
+    Scope,
+    col,
+    column_names,
+    conjoin,
+    conjuncts,
+    is_subquery,
+    refuse,
+    resolve,
+    subquery_body,
+    unparen,
+    walk_skipping_subqueries,
+)
 from pgtrickle.errors import UnsupportedQueryError
 
 if TYPE_CHECKING:
@@ -66,11 +78,14 @@ def where(lw: Lowerer, select: exp.Select, scope: Scope, lift: bool) -> tuple[No
         resolved = resolve(term, scope)
         if resolved.outer:
             if not lift or resolved.outer_depth > 1:
-                raise refuse("a subquery correlated with a query two levels out" if lift else
-                             "a correlated subquery of this form",
-                             "correlation must sit in the WHERE clause of an EXISTS / IN subquery or of a "
-                             "scalar subquery computing one aggregate; derived tables and CTEs cannot read "
-                             "an enclosing query")
+                raise refuse(
+                    "a subquery correlated with a query two levels out"
+                    if lift
+                    else "a correlated subquery of this form",
+                    "correlation must sit in the WHERE clause of an EXISTS / IN subquery or of a "
+                    "scalar subquery computing one aggregate; derived tables and CTEs cannot read "
+                    "an enclosing query",
+                )
             lifted.append(resolved.expr)
         else:
             plain.append(resolved.expr)
@@ -144,8 +159,12 @@ def _operands(node: exp.Expr, scope: Scope) -> list[exp.Expr]:
 def _equalities(left: list[exp.Expr], right: list[exp.Expr]) -> exp.Expr:
     if len(left) != len(right):
         raise UnsupportedQueryError(
-            f"subquery has {'too many' if len(right) > len(left) else 'too few'} columns for IN")
-    return conjoin([exp.EQ(this=lv, expression=rv.copy()) for lv, rv in zip(left, right)]) or exp.true()
+            f"subquery has {'too many' if len(right) > len(left) else 'too few'} columns for IN"
+        )
+    return (
+        conjoin([exp.EQ(this=lv, expression=rv.copy()) for lv, rv in zip(left, right, strict=True)])
+        or exp.true()
+    )
 
 
 def _simple(select: exp.Query) -> bool:
@@ -165,13 +184,11 @@ def _body(lw: Lowerer, operand: exp.Expr, scope: Scope) -> Body:
         return Body(node, [col(c) for c in node.columns], [])
     assert isinstance(query, exp.Select)
     inner = Scope(outer=scope, ctes=scope.ctes)
-    node, lifted = where(lw, query, inner, lift=True)
-    if node is None:
-        node = lw.one_row()
-    exprs = []
+    rows, lifted = where(lw, query, inner, lift=True)
+    exprs: list[exp.Expr] = []
     for item in query.expressions:
         if isinstance(item, exp.Star) or (isinstance(item, exp.Column) and isinstance(item.this, exp.Star)):
-            exprs.extend(col(u) for _, u in inner.star(item.table or None))
+            exprs.extend(col(u) for _, u in inner.star(item.table if isinstance(item, exp.Column) else None))
             continue
         value = item.this if isinstance(item, exp.Alias) else item
         if lw.has_subquery(value):
@@ -180,18 +197,22 @@ def _body(lw: Lowerer, operand: exp.Expr, scope: Scope) -> Body:
         if resolved.outer:
             raise refuse("a select list of an IN subquery that reads the enclosing query")
         exprs.append(resolved.expr)
-    return Body(node, exprs, lifted)
+    return Body(rows if rows is not None else lw.one_row(), exprs, lifted)
 
 
-def scalars(lw: Lowerer, node: Node, expr: exp.Expr, scope: Scope, grouped: bool = False) -> tuple[Node, exp.Expr]:
+def scalars(
+    lw: Lowerer, node: Node, expr: exp.Expr, scope: Scope, grouped: bool = False
+) -> tuple[Node, exp.Expr]:
     """Join ``node`` with every scalar subquery of ``expr``; ``expr`` with each replaced by its value.
 
     The value expressions are marked resolved (they already name the tree's unique columns).
     """
     for n in walk_skipping_subqueries(expr):
         if isinstance(n, (exp.Exists, exp.Any, exp.All)) or (isinstance(n, exp.In) and n.args.get("query")):
-            raise refuse(f"{_test_name(n)} (subquery) that is not a WHERE conjunct of its own",
-                         "only `AND`-ed EXISTS / IN / NOT IN / ANY / ALL tests become semi- and anti-joins")
+            raise refuse(
+                f"{_test_name(n)} (subquery) that is not a WHERE conjunct of its own",
+                "only `AND`-ed EXISTS / IN / NOT IN / ANY / ALL tests become semi- and anti-joins",
+            )
     expr = expr.copy()
     found = [n for n in walk_skipping_subqueries(expr) if isinstance(n, exp.Subquery) and n is not expr]
     if isinstance(expr, exp.Subquery):
@@ -209,7 +230,7 @@ def scalars(lw: Lowerer, node: Node, expr: exp.Expr, scope: Scope, grouped: bool
 
 def _scalar(lw: Lowerer, node: Node, sub: exp.Subquery, scope: Scope, grouped: bool) -> tuple[Node, exp.Expr]:
     query = subquery_body(sub)
-    aggregate = (isinstance(query, exp.Select) and len(query.expressions) == 1 and _simple_aggregate(query))
+    aggregate = isinstance(query, exp.Select) and len(query.expressions) == 1 and _simple_aggregate(query)
     if not aggregate:
         found, names = lw.query(query, scope, scope.ctes)
         if len(names) != 1:
@@ -227,8 +248,9 @@ def _scalar(lw: Lowerer, node: Node, sub: exp.Subquery, scope: Scope, grouped: b
     for term in lifted:
         pair = _correlation_pair(term, mine)
         if pair is None:
-            raise refuse("a correlated scalar subquery whose correlation is not `inner = outer`",
-                         term.sql("postgres"))
+            raise refuse(
+                "a correlated scalar subquery whose correlation is not `inner = outer`", term.sql("postgres")
+            )
         keys.append(pair)
     item = query.expressions[0]
     value = item.this if isinstance(item, exp.Alias) else item
@@ -240,20 +262,28 @@ def _scalar(lw: Lowerer, node: Node, sub: exp.Subquery, scope: Scope, grouped: b
     if not keys:
         return Join(JoinKind.INNER, node, Project(agg, ((result, post[0]),)), None), col(result)
     present = lw.names.fresh("matched")
-    outputs = tuple((k, col(k)) for k, _ in key_names) + ((result, post[0]), (present, exp.true()))
+    outputs = (*((k, col(k)) for k, _ in key_names), (result, post[0]), (present, exp.true()))
     right = Project(agg, outputs)
-    condition = conjoin([exp.EQ(this=outer_expr, expression=col(k)) for (_, outer_expr), (k, _) in zip(keys, key_names)])
+    condition = conjoin(
+        [
+            exp.EQ(this=outer_expr, expression=col(k))
+            for (_, outer_expr), (k, _) in zip(keys, key_names, strict=True)
+        ]
+    )
     joined = Join(JoinKind.LEFT, node, right, condition)
     empty = _over_no_rows(post[0], agg)
     if isinstance(empty, exp.Null):
         return joined, col(result)
-    case = exp.Case(ifs=[exp.If(this=exp.Is(this=col(present), expression=exp.Null()), true=empty)],
-                    default=col(result))
+    case = exp.Case(
+        ifs=[exp.If(this=exp.Is(this=col(present), expression=exp.Null()), true=empty)], default=col(result)
+    )
     return joined, case
 
 
 def _simple_aggregate(select: exp.Select) -> bool:
-    if any(select.args.get(a) for a in ("group", "having", "limit", "offset", "windows", "distinct", "with_")):
+    if any(
+        select.args.get(a) for a in ("group", "having", "limit", "offset", "windows", "distinct", "with_")
+    ):
         return False
     item = select.expressions[0]
     return bool(item.find(exp.AggFunc)) and not item.find(exp.Window)
@@ -275,15 +305,22 @@ def _correlation_pair(term: exp.Expr, inner: set[str]) -> tuple[exp.Expr, exp.Ex
 
 def _over_no_rows(post: exp.Expr, agg: Aggregate) -> exp.Expr:
     """The aggregate expression's value over no input rows: COUNT is 0, other aggregates NULL."""
-    values = {name: (exp.Literal.number(0) if isinstance(_call(call), exp.Count) else exp.Null())
-              for name, call in agg.aggregates}
+    values = {
+        name: (exp.Literal.number(0) if isinstance(_call(call), exp.Count) else exp.Null())
+        for name, call in agg.aggregates
+    }
     replaced = post.copy().transform(
-        lambda n: values[n.name].copy() if isinstance(n, exp.Column) and n.name in values else n, copy=False)
+        lambda n: values[n.name].copy() if isinstance(n, exp.Column) and n.name in values else n, copy=False
+    )
     if isinstance(unparen(replaced), exp.Null):
         return exp.Null()
     strict = (exp.Binary, exp.Paren, exp.Neg, exp.Cast, exp.Null, exp.Literal)
-    counts = any(isinstance(values[c.name], exp.Literal) for c in post.find_all(exp.Column) if c.name in values)
-    if not counts and all(isinstance(n, strict) and not isinstance(n, exp.Connector) for n in replaced.walk()):
+    counts = any(
+        isinstance(values[c.name], exp.Literal) for c in post.find_all(exp.Column) if c.name in values
+    )
+    if not counts and all(
+        isinstance(n, strict) and not isinstance(n, exp.Connector) for n in replaced.walk()
+    ):
         return exp.Null()
     return replaced
 
