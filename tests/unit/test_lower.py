@@ -471,6 +471,34 @@ def test_top_k_on_a_key_outside_the_select_list_is_dropped_after() -> None:
     assert isinstance(tree.input, TopK) and len(tree.input.columns) == 2
 
 
+def test_set_operation_with_order_by_limit_and_limit_all() -> None:
+    tree = lower_sql("SELECT a.k FROM props.a UNION SELECT b.w FROM props.b ORDER BY 1 DESC LIMIT 2")
+    assert isinstance(tree, TopK) and isinstance(tree.input, Distinct) and tree.limit == 2
+    assert [sql(o) for o in tree.order] == ["k DESC"]
+    tree = lower_sql("SELECT a.id FROM props.a ORDER BY a.id LIMIT ALL")
+    assert not of(tree, TopK)  # no limit, no offset: the order is dropped
+    tree = lower_sql("SELECT a.id FROM props.a ORDER BY a.id LIMIT ALL OFFSET 3")
+    assert isinstance(tree, TopK) and (tree.limit, tree.offset) == (None, 3)
+
+
+def test_order_by_an_aggregate_outside_the_select_list() -> None:
+    tree = lower_sql("SELECT a.k FROM props.a GROUP BY a.k ORDER BY sum(a.v) DESC LIMIT 3")
+    assert isinstance(tree, Project) and tree.columns == ("k",)
+    top = tree.input
+    assert isinstance(top, TopK) and isinstance(top.input, Project)
+    assert [sql(a) for _, a in of(tree, Aggregate)[0].aggregates] == ["SUM(v)"]
+
+
+def test_values_in_from_and_row_in_subquery() -> None:
+    tree = lower_sql("SELECT v.x, v.y FROM (VALUES (1, 'a'), (2, 'b')) v(x, y)")
+    assert tree.columns == ("x", "y") and len(of(tree, Values)[0].rows) == 2
+    (semi,) = joins(
+        lower_sql("SELECT a.id FROM props.a WHERE (a.k, a.n) IN (SELECT b.k, b.w FROM props.b)"),
+        JoinKind.SEMI,
+    )
+    assert sql(semi.condition) == "k = k_1 AND n = w"
+
+
 def test_fromless_select_is_values() -> None:
     tree = lowered("props.fromless")
     assert isinstance(tree, Values) and tree.columns == ("one", "two") and len(tree.rows) == 1

@@ -59,7 +59,7 @@ from pgtrickle.dvm.ir import (
     Values,
 )
 from pgtrickle.dvm.lower_check import check
-from pgtrickle.dvm.lower_group import aggregate, aggregate_calls, distinct_on, top_k, windows
+from pgtrickle.dvm.lower_group import aggregate, aggregate_calls, distinct_on, is_limited, top_k, windows
 from pgtrickle.dvm.lower_scope import Names, Scope, col, output_name, refuse, resolve, same, unparen
 from pgtrickle.dvm.lower_subquery import holds_subquery, scalars, where
 from pgtrickle.errors import UnsupportedQueryError
@@ -159,7 +159,8 @@ class Lowerer:
     ) -> tuple[Node, list[str]]:
         distinct = bool(query.args.get("distinct"))
         if isinstance(query, exp.Union):
-            parts = [self.query(b, outer, ctes) for b in _union_branches(query, distinct)]
+            branches = _union_branches(query.this, distinct) + _union_branches(query.expression, distinct)
+            parts = [self.query(b, outer, ctes) for b in branches]
         else:
             parts = [self.query(query.this, outer, ctes), self.query(query.expression, outer, ctes)]
         names = parts[0][1]
@@ -167,7 +168,7 @@ class Lowerer:
             raise UnsupportedQueryError(
                 f"each {type(query).__name__.upper()} query must have the same number of columns"
             )
-        limited = query.args.get("limit") or query.args.get("offset")
+        limited = is_limited(query)
         out = self._outputs(names, root)
         node: Node
         if isinstance(query, exp.Union):
@@ -213,7 +214,7 @@ class Lowerer:
                 return Values(rows, self._outputs(names, root)), names
             node = self.one_row()
         order = list(select.args["order"].expressions) if select.args.get("order") else []
-        limited = bool(select.args.get("limit") or select.args.get("offset"))
+        limited = is_limited(select)
         distinct = select.args.get("distinct")
         on = list(distinct.args["on"].expressions) if distinct is not None and distinct.args.get("on") else []
         keep_order = limited or bool(on)
@@ -278,7 +279,7 @@ class Lowerer:
             )
         elif select.args.get("distinct"):
             node = Distinct(node)
-        if select.args.get("limit") or select.args.get("offset"):
+        if is_limited(select):
             node = top_k(node, select, order_keys)
         if needs_final:
             node = Project(node, tuple(zip(self._outputs(names, root), [col(c) for c in out], strict=True)))

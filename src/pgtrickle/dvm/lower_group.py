@@ -195,8 +195,18 @@ def count_of(clause: exp.Expr | None, what: str) -> int | None:
     value = unparen(clause.expression)
     while isinstance(value, exp.Cast):
         value = unparen(value.this)
-    if isinstance(value, exp.Null):
+    if isinstance(value, exp.Null) or (
+        isinstance(value, (exp.Column, exp.Var)) and value.name.upper() == "ALL"
+    ):
         return None
     if isinstance(value, exp.Literal) and value.is_int and int(value.name) >= 0:
         return int(value.name)
     raise refuse(f"{what} that is not a constant", value.sql("postgres"))
+
+
+def is_limited(query: exp.Expr) -> bool:
+    """Whether LIMIT / OFFSET drop any row (``LIMIT ALL``, ``LIMIT NULL`` and ``OFFSET 0`` do not)."""
+    return (
+        count_of(query.args.get("limit"), "LIMIT") is not None
+        or (count_of(query.args.get("offset"), "OFFSET") or 0) > 0
+    )
