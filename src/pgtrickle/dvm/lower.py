@@ -60,6 +60,7 @@ from pgtrickle.dvm.ir import (
 )
 from pgtrickle.dvm.lower_check import check
 from pgtrickle.dvm.lower_group import aggregate, aggregate_calls, distinct_on, is_limited, top_k, windows
+from pgtrickle.dvm.lower_prune import prune
 from pgtrickle.dvm.lower_scope import Names, Scope, col, output_name, refuse, resolve, same, unparen
 from pgtrickle.dvm.lower_subquery import holds_subquery, scalars, where
 from pgtrickle.errors import UnsupportedQueryError
@@ -76,7 +77,7 @@ def lower(query: exp.Query, schema: Mapping[str, Sequence[str]]) -> Node:
     """
     check(query)
     node, _ = Lowerer(schema).query(query, None, {}, root=True)
-    return node
+    return prune(node)
 
 
 @dataclass
