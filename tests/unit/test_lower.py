@@ -406,6 +406,15 @@ def test_correlated_count_keeps_zero_for_rows_without_a_group() -> None:
     assert "THEN 0 + 1 ELSE" in sql(dict(tree.outputs)["nb1"])  # type: ignore[attr-defined]
 
 
+def test_correlation_on_the_outer_row_alone_joins_the_aggregate_on_it() -> None:
+    tree = lower_sql(
+        "SELECT a.id, (SELECT count(*) FROM props.b WHERE b.k = a.k AND a.n > 1) AS nb FROM props.a"
+    )
+    (left,) = joins(tree, JoinKind.LEFT)
+    assert sql(left.condition) == "k = corr_key AND n > 1"
+    assert sql(dict(tree.outputs)["nb"]).startswith("CASE WHEN matched IS NULL THEN 0")  # type: ignore[attr-defined]
+
+
 def test_correlated_max_needs_no_case() -> None:
     tree = lowered("props.scalar_correlated_where")
     (left,) = joins(tree, JoinKind.LEFT)
@@ -560,7 +569,7 @@ def test_star_expansion() -> None:
         ("SELECT generate_series(1, a.k) AS s FROM props.a", "the set-returning function generate_series()"),
         ("SELECT a.id, l.x FROM props.a, LATERAL (SELECT c.x FROM props.c WHERE c.a_id = a.id) l", "LATERAL"),
         ("SELECT a.id FROM props.a FOR UPDATE", "FOR UPDATE / FOR SHARE"),
-        ("SELECT a.id, random() AS r FROM props.a", "the volatile function rand()"),
+        ("SELECT a.id, random() AS r FROM props.a", "the volatile function random()"),
         ("SELECT a.id, clock_timestamp() AS t FROM props.a", "the volatile function clock_timestamp()"),
         ("SELECT nextval('s') AS n FROM props.a", "the volatile function nextval()"),
         ("SELECT a.k, count(*) AS n FROM props.a GROUP BY ROLLUP (a.k)", "GROUPING SETS / ROLLUP / CUBE"),

@@ -15,9 +15,10 @@ subquery test anywhere else (under OR, in the select list) is refused.
 - A scalar subquery ``(q)``: uncorrelated, an aggregate without GROUP BY is exactly one row, so
   it is an inner cross join with that row; any other ``q`` is a LEFT JOIN ON TRUE (no row: NULL).
   Correlated, ``q`` must be one aggregate expression whose correlation is equalities
-  ``inner = outer``: it becomes a LEFT JOIN to ``q``'s aggregate grouped by the inner sides,
-  on the outer sides. A row with no group reads ``q``'s value over no rows — COUNT is 0 there,
-  not NULL (the COUNT bug) — through ``CASE WHEN <group matched> IS NULL THEN <value over no
+  ``inner = outer`` (and conditions on the outer row alone): it becomes a LEFT JOIN to ``q``'s
+  aggregate grouped by the inner sides, on the outer sides (and those conditions). A row
+  with no group reads ``q``'s value over no rows — COUNT is 0 there, not NULL (the COUNT
+  bug) — through ``CASE WHEN <group matched> IS NULL THEN <value over no
   rows> ELSE <value> END``, where the value over no rows is the expression with COUNT(...) as 0
   and every other aggregate as NULL.
 - Correlation reaching two query levels out, or outside the WHERE clause of the subquery, is
@@ -245,7 +246,11 @@ def _scalar(lw: Lowerer, node: Node, sub: exp.Subquery, scope: Scope, grouped: b
         raise refuse("a correlated scalar subquery in a grouped query's select list or HAVING")
     mine = set(rows.columns)
     keys: list[tuple[exp.Expr, exp.Expr]] = []
+    outer_only: list[exp.Expr] = []
     for term in lifted:
+        if not column_names(term) & mine:
+            outer_only.append(term)  # decides for the whole outer row: a join condition
+            continue
         pair = _correlation_pair(term, mine)
         if pair is None:
             raise refuse(
@@ -259,7 +264,7 @@ def _scalar(lw: Lowerer, node: Node, sub: exp.Subquery, scope: Scope, grouped: b
     key_names = tuple((lw.names.fresh("corr_key"), inner_expr) for inner_expr, _ in keys)
     agg, post = lw.aggregate(rows, inner, key_names, [value])
     result = lw.names.fresh(lw.base_name(value))
-    if not keys:
+    if not keys and not outer_only:
         return Join(JoinKind.INNER, node, Project(agg, ((result, post[0]),)), None), col(result)
     present = lw.names.fresh("matched")
     outputs = (*((k, col(k)) for k, _ in key_names), (result, post[0]), (present, exp.true()))
@@ -269,6 +274,7 @@ def _scalar(lw: Lowerer, node: Node, sub: exp.Subquery, scope: Scope, grouped: b
             exp.EQ(this=outer_expr, expression=col(k))
             for (_, outer_expr), (k, _) in zip(keys, key_names, strict=True)
         ]
+        + outer_only
     )
     joined = Join(JoinKind.LEFT, node, right, condition)
     empty = _over_no_rows(post[0], agg)

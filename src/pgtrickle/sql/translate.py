@@ -366,6 +366,7 @@ _PG_FUNCTION_NAMES = {
     "Explode": "unnest",
     "Unnest": "unnest",
     "Posexplode": "unnest",
+    "Rand": "random",
 }
 
 
