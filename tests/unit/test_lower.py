@@ -636,3 +636,24 @@ def test_lowering_does_not_change_the_parsed_query() -> None:
     before = query.sql("postgres")
     lower(query, RELATIONS)
     assert query.sql("postgres") == before
+
+
+def test_quoted_mixed_case_names_keep_their_spelling() -> None:
+    relations = {"public.Orders": ["Id", "Amount", "region name"]}
+    query = parse_query(
+        'SELECT o."Id", sum(o."Amount") AS "Total", o."region name" FROM public."Orders" o '
+        'GROUP BY o."Id", o."region name"'
+    )
+    tree = lower(query, relations)
+    assert tree.columns == ("Id", "Total", "region name")
+    (scan,) = of(tree, Scan)
+    assert scan.relation == "public.Orders" and scan.source_columns == ("Id", "Amount", "region name")
+    (agg,) = of(tree, Aggregate)
+    assert [sql(k) for _, k in agg.keys] == ['"Id"', '"region name"']
+
+
+def test_lowering_is_deterministic() -> None:
+    def shape(tree: Node) -> list[tuple[str, tuple[str, ...]]]:
+        return [(type(n).__name__, n.columns) for n in ir.walk(tree)]
+
+    assert shape(lowered("tpch.q20")) == shape(lowered("tpch.q20"))
