@@ -89,14 +89,13 @@ def _present(z: Mapping[tuple[Any, ...], int]) -> list[tuple[Any, ...]]:
 class _Evaluator:
     def __init__(self, env: Env) -> None:
         self.env = env
-        self.memo: dict[int, ZSet] = {}
+        self.memo: dict[ir.Node, ZSet] = {}  # by identity; holding the node keeps its hash unique
         self._pre: _Evaluator | None = None
 
     def value(self, node: ir.Node) -> ZSet:
-        key = id(node)
-        if key not in self.memo:
-            self.memo[key] = consolidate(self._compute(node))
-        return self.memo[key]
+        if node not in self.memo:
+            self.memo[node] = consolidate(self._compute(node))
+        return self.memo[node]
 
     def _compute(self, node: ir.Node) -> ZSet:
         handler = _HANDLERS.get(type(node))

@@ -84,14 +84,16 @@ class _Fold:
     def __init__(self, root: ir.Node, changed: frozenset[str], materialized: Collection[ir.Node]) -> None:
         self.root = root
         self.changed = changed
-        self.materialized = {id(m) for m in materialized if m is not root}
-        self._touched: dict[int, bool] = {}
-        self._delta: dict[int, ir.Node | None] = {}
-        self._pre: dict[int, ir.Node] = {}
-        self._post: dict[int, ir.Node] = {}
+        self.materialized = {m for m in materialized if m is not root}
+        # Keyed by the node itself (identity hash), not id(): the memo keeps every node it has
+        # seen alive, so a node a rule built and dropped cannot lend its id to another.
+        self._touched: dict[ir.Node, bool] = {}
+        self._delta: dict[ir.Node, ir.Node | None] = {}
+        self._pre: dict[ir.Node, ir.Node] = {}
+        self._post: dict[ir.Node, ir.Node] = {}
 
     def touched(self, node: ir.Node) -> bool:
-        key = id(node)
+        key = node
         if key not in self._touched:
             if isinstance(node, ir.Scan):
                 self._touched[key] = node.relation in self.changed
@@ -100,7 +102,7 @@ class _Fold:
         return self._touched[key]
 
     def delta(self, node: ir.Node) -> ir.Node | None:
-        key = id(node)
+        key = node
         if key not in self._delta:
             self._delta[key] = self._plan(node)
         return self._delta[key]
@@ -113,12 +115,12 @@ class _Fold:
             raise UnsupportedQueryError(f"no delta rule for the operator {type(node).__name__}")
         if not self.touched(node):
             return None
-        if id(node) in self.materialized:
+        if node in self.materialized:
             return ir.UnionAll((ir.Materialized(node), ir.Negate(ir.Materialized(node, pre=True))), node.columns)
         return rule(node, self)
 
     def post(self, node: ir.Node) -> ir.Node:
-        key = id(node)
+        key = node
         if key not in self._post:
             if key in self.materialized:
                 self._post[key] = ir.Materialized(node)
@@ -139,7 +141,7 @@ class _Fold:
         return dataclasses.replace(node, **changes)
 
     def pre(self, node: ir.Node) -> ir.Node:
-        key = id(node)
+        key = node
         if key not in self._pre:
             change = self.delta(node)
             if change is None:
