@@ -54,7 +54,11 @@ def table(draw: st.DrawFn, columns: tuple[str, ...]) -> tuple[Table, bool]:
     change: Counter = Counter()
     remaining = list(before)
     is_changed = draw(st.integers(0, 3)) > 0
-    ops = st.lists(st.sampled_from(["insert", "delete", "update"]), min_size=1, max_size=3) if is_changed else st.just([])
+    ops = (
+        st.lists(st.sampled_from(["insert", "delete", "update"]), min_size=1, max_size=3)
+        if is_changed
+        else st.just([])
+    )
     for op in draw(ops):
         if op == "insert":
             change[draw(ROW)] += 1
@@ -70,7 +74,9 @@ def table(draw: st.DrawFn, columns: tuple[str, ...]) -> tuple[Table, bool]:
 
 
 @st.composite
-def envs(draw: st.DrawFn, names: tuple[str, ...] = tuple(RELATIONS)) -> tuple[dict[str, Table], frozenset[str]]:
+def envs(
+    draw: st.DrawFn, names: tuple[str, ...] = tuple(RELATIONS)
+) -> tuple[dict[str, Table], frozenset[str]]:
     """Tables ``names`` (the others empty and unchanged) and the set of changed ones."""
     env = {name: Table(columns, Counter()) for name, columns in RELATIONS.items()}
     changed: set[str] = set()
@@ -112,7 +118,12 @@ OPERATORS: dict[str, Callable[[], ir.Node]] = {
     "values_union": lambda: ir.UnionAll((R1, ir.Values(((e("1"), e("2")),), ("p", "q"))), ("a", "b")),
     "filter": lambda: ir.Filter(R1, e("a > 0 OR b IS NULL")),
     "project": lambda: ir.Project(
-        R1, (("s", e("a + b")), ("c", e("CASE WHEN a IS NULL THEN 'n' ELSE 'v' END")), ("k", e("COALESCE(b, 7)")))
+        R1,
+        (
+            ("s", e("a + b")),
+            ("c", e("CASE WHEN a IS NULL THEN 'n' ELSE 'v' END")),
+            ("k", e("COALESCE(b, 7)")),
+        ),
     ),
     "union_all": lambda: ir.UnionAll((R1, R2, R1), ("a", "b")),
     "inner": lambda: ir.Join(ir.JoinKind.INNER, R1, R2, e("a = c")),
@@ -147,7 +158,8 @@ OPERATORS: dict[str, Callable[[], ir.Node]] = {
         ),
     ),
     "window_whole": lambda: ir.Window(
-        R1, (("rn", e("ROW_NUMBER() OVER (ORDER BY a)")), ("rk", e("RANK() OVER (PARTITION BY b ORDER BY a)")))
+        R1,
+        (("rn", e("ROW_NUMBER() OVER (ORDER BY a)")), ("rk", e("RANK() OVER (PARTITION BY b ORDER BY a)"))),
     ),
     "topk": lambda: ir.TopK(R1, order("a DESC, b"), limit=2),
     "topk_offset": lambda: ir.TopK(ir.Filter(R1, e("b IS NOT NULL")), order("b"), limit=3, offset=1),
@@ -199,7 +211,9 @@ def _fold(node: ir.Node, changed: frozenset[str]):  # type: ignore[no-untyped-de
 
 
 def test_unchanged_tree_has_no_change_and_pre_is_post() -> None:
-    node = ir.Join(ir.JoinKind.LEFT, R1, ir.Aggregate(R2, (("c", e("c")),), (("n", e("COUNT(*)")),)), e("a = c"))
+    node = ir.Join(
+        ir.JoinKind.LEFT, R1, ir.Aggregate(R2, (("c", e("c")),), (("n", e("COUNT(*)")),)), e("a = c")
+    )
     assert delta(node, frozenset({"r3"})) is None
     assert pre(node, frozenset()) is node
 
@@ -223,7 +237,7 @@ def _positive_deltas(plan: ir.Node) -> list[ir.Delta]:
 
 def _chain(scans: list[ir.Scan]) -> ir.Node:
     node: ir.Node = scans[0]
-    for left_col, right in zip(("a", "c", "e"), scans[1:]):
+    for left_col, right in zip(("a", "c", "e")[: len(scans) - 1], scans[1:], strict=True):
         node = ir.Join(ir.JoinKind.INNER, node, right, e(f"{left_col} = {right.columns[0]}"))
     return node
 
@@ -255,8 +269,17 @@ def test_four_way_join_chain(drawn: tuple[dict[str, Table], frozenset[str]]) -> 
 
 
 TREE_KINDS = [
-    "filter", "project", "aggregate", "aggregate_all", "distinct", "window", "topk",
-    "union_all", "union", "setop", *(f"join.{k.value}" for k in ir.JoinKind),
+    "filter",
+    "project",
+    "aggregate",
+    "aggregate_all",
+    "distinct",
+    "window",
+    "topk",
+    "union_all",
+    "union",
+    "setop",
+    *(f"join.{k.value}" for k in ir.JoinKind),
 ]
 
 
@@ -270,7 +293,7 @@ def trees(draw: st.DrawFn, root: str, depth: int = 3) -> ir.Node:
         return tuple(f"x{next(counter)}" for _ in range(n))
 
     def rename(node: ir.Node, exprs: tuple[exp.Expr, exp.Expr]) -> ir.Node:
-        return ir.Project(node, tuple(zip(names(), exprs)))
+        return ir.Project(node, tuple(zip(names(), exprs, strict=True)))
 
     def c(name: str) -> exp.Column:
         return exp.column(name)
@@ -288,7 +311,9 @@ def trees(draw: st.DrawFn, root: str, depth: int = 3) -> ir.Node:
         if kind == "project":
             return rename(x, (e(f"COALESCE({a}, {b})"), e(f"CASE WHEN {b} > 1 THEN {a} ELSE {b} END")))
         if kind == "aggregate":
-            call = draw(st.sampled_from(["COUNT(*)", f"SUM({b})", f"MIN({b})", f"MAX({b})", f"COUNT(DISTINCT {b})"]))
+            call = draw(
+                st.sampled_from(["COUNT(*)", f"SUM({b})", f"MIN({b})", f"MAX({b})", f"COUNT(DISTINCT {b})"])
+            )
             return ir.Aggregate(x, ((names(1)[0], c(a)),), ((names(1)[0], e(call)),))
         if kind == "aggregate_all":
             return ir.Aggregate(x, (), ((names(1)[0], e("COUNT(*)")), (names(1)[0], e(f"SUM({b})"))))
@@ -300,7 +325,9 @@ def trees(draw: st.DrawFn, root: str, depth: int = 3) -> ir.Node:
             w = ir.Window(x, ((names(1)[0], e(f"{call} OVER ({partition}ORDER BY {b})")),))
             return rename(w, (c(a), c(w.columns[2])))
         if kind == "topk":
-            return ir.TopK(x, order(f"{b} DESC, {a}"), limit=draw(st.integers(1, 3)), offset=draw(st.integers(0, 1)))
+            return ir.TopK(
+                x, order(f"{b} DESC, {a}"), limit=draw(st.integers(1, 3)), offset=draw(st.integers(0, 1))
+            )
         y = build(level - 1)
         p, q = y.columns
         if kind == "union_all":

@@ -147,8 +147,10 @@ def test_non_linear_operators_read_net_weights() -> None:
 def test_set_operations() -> None:
     a = ir.Project(T, (("x", e("a")),))
     c = ir.Project(U, (("y", e("c")),))
+
     def op(kind: ir.SetOpKind, all_: bool) -> Counter:
         return evaluate(ir.SetOp(kind, all_, a, c, ("x",)), ENV)
+
     assert op(ir.SetOpKind.INTERSECT, True) == Counter({(1,): 2, (None,): 1})
     assert op(ir.SetOpKind.INTERSECT, False) == z((1,), (None,))
     assert op(ir.SetOpKind.EXCEPT, True) == z((1,), (2,))
@@ -199,5 +201,5 @@ def test_delta_materialized_and_pre() -> None:
 
 
 def test_missing_relation_is_named() -> None:
-    with pytest.raises(UnsupportedQueryError, match="public.nope"):
+    with pytest.raises(UnsupportedQueryError, match=r"public\.nope"):
         evaluate(ir.Scan("public.nope", ("a",), ("a",)), ENV)

@@ -128,14 +128,18 @@ class _Evaluator:
     def filter(self, node: ir.Filter) -> ZSet:
         cols = node.input.columns
         return Counter(
-            {row: w for row, w in self.value(node.input).items() if holds(node.predicate, dict(zip(cols, row)))}
+            {
+                row: w
+                for row, w in self.value(node.input).items()
+                if holds(node.predicate, dict(zip(cols, row, strict=True)))
+            }
         )
 
     def project(self, node: ir.Project) -> ZSet:
         cols = node.input.columns
         out: ZSet = Counter()
         for row, w in self.value(node.input).items():
-            named = dict(zip(cols, row))
+            named = dict(zip(cols, row, strict=True))
             out[tuple(scalar(e, named) for _, e in node.outputs)] += w
         return out
 
@@ -164,7 +168,7 @@ class _Evaluator:
         both = lcols + rcols
 
         def matches(l_row: tuple[Any, ...], r_row: tuple[Any, ...]) -> bool:
-            return holds(node.condition, dict(zip(both, l_row + r_row)))
+            return holds(node.condition, dict(zip(both, l_row + r_row, strict=True)))
 
         out: ZSet = Counter()
         kind = node.kind
@@ -195,7 +199,7 @@ class _Evaluator:
         cols = node.input.columns
         groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
         for row in _occurrences(self.value(node.input)):
-            named = dict(zip(cols, row))
+            named = dict(zip(cols, row, strict=True))
             groups.setdefault(tuple(scalar(e, named) for _, e in node.keys), []).append(named)
         if not node.keys and not groups:
             groups[()] = []

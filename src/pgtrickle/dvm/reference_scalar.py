@@ -33,6 +33,7 @@ from typing import Any
 
 from sqlglot import exp
 
+from pgtrickle.dvm.ir import split_aggregate
 from pgtrickle.errors import PgTrickleError, UnsupportedQueryError
 
 Row = Mapping[str, Any]
@@ -203,30 +204,6 @@ def holds(predicate: exp.Expr | None, row: Row) -> bool:
 
 # --- aggregates -------------------------------------------------------------------------------
 
-_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
-
-
-def split_aggregate(node: exp.Expr) -> tuple[exp.Expr, exp.Expr | None, bool, exp.Expr | None]:
-    """``(call, argument or None for COUNT(*), distinct, filter predicate or None)``."""
-    where: exp.Expr | None = None
-    call = node
-    if isinstance(call, exp.Filter):
-        where = call.expression.this if isinstance(call.expression, exp.Where) else call.expression
-        call = call.this
-    if not isinstance(call, _AGGREGATES):
-        raise _unsupported(node, "aggregate")
-    argument = call.this
-    distinct = False
-    if isinstance(argument, exp.Distinct):
-        if len(argument.expressions) != 1:
-            raise _unsupported(node, "aggregate")
-        distinct, argument = True, argument.expressions[0]
-    if isinstance(argument, exp.Star):
-        if not isinstance(call, exp.Count) or distinct:
-            raise _unsupported(node, "aggregate")
-        argument = None
-    return call, argument, distinct, where
-
 
 def aggregate(node: exp.Expr, rows: Sequence[Row]) -> Any:
     """The value of the aggregate call ``node`` over ``rows`` (one entry per occurrence)."""
@@ -270,12 +247,12 @@ def order_key(order: Sequence[exp.Ordered], columns: Sequence[str]) -> Callable[
         specs.append((item.this, desc, desc if nulls_first is None else bool(nulls_first)))
 
     def compare(a: tuple[Any, ...], b: tuple[Any, ...]) -> int:
-        row_a, row_b = dict(zip(columns, a)), dict(zip(columns, b))
+        row_a, row_b = dict(zip(columns, a, strict=True)), dict(zip(columns, b, strict=True))
         for expression, desc, nulls_first in specs:
             result = _compare_values(scalar(expression, row_a), scalar(expression, row_b), desc, nulls_first)
             if result:
                 return result
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             result = _compare_values(x, y, False, False)
             if result:
                 return result
@@ -298,13 +275,15 @@ def window_values(function: exp.Expr, rows: Sequence[tuple[Any, ...]], columns: 
     order: list[exp.Ordered] = list(order_node.expressions) if order_node is not None else []
     partitions: dict[tuple[Any, ...], list[int]] = {}
     for index, row in enumerate(rows):
-        named = dict(zip(columns, row))
+        named = dict(zip(columns, row, strict=True))
         partitions.setdefault(tuple(scalar(p, named) for p in partition_by), []).append(index)
     key = order_key(order, columns)
     out: list[Any] = [None] * len(rows)
     for members in partitions.values():
         members.sort(key=lambda i: key(rows[i]))
-        peers = [tuple(scalar(o.this, dict(zip(columns, rows[i]))) for o in order) for i in members]
+        peers = [
+            tuple(scalar(o.this, dict(zip(columns, rows[i], strict=True))) for o in order) for i in members
+        ]
         rank = dense = 0
         for position, index in enumerate(members):
             if position == 0 or peers[position] != peers[position - 1]:
@@ -320,5 +299,5 @@ def window_values(function: exp.Expr, rows: Sequence[tuple[Any, ...]], columns: 
                 out[index] = dense
             else:
                 frame = members[: last_peer + 1] if order else members
-                out[index] = aggregate(call, [dict(zip(columns, rows[i])) for i in frame])
+                out[index] = aggregate(call, [dict(zip(columns, rows[i], strict=True)) for i in frame])
     return out

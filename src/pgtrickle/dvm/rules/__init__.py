@@ -109,14 +109,18 @@ class _Fold:
 
     def _plan(self, node: ir.Node) -> ir.Node | None:
         if isinstance(node, (ir.Delta, ir.Negate, ir.Materialized)):
-            raise UnsupportedQueryError(f"{type(node).__name__} belongs to delta plans, not to a query's tree")
+            raise UnsupportedQueryError(
+                f"{type(node).__name__} belongs to delta plans, not to a query's tree"
+            )
         rule = _RULES.get(type(node))
         if rule is None:
             raise UnsupportedQueryError(f"no delta rule for the operator {type(node).__name__}")
         if not self.touched(node):
             return None
         if node in self.materialized:
-            return ir.UnionAll((ir.Materialized(node), ir.Negate(ir.Materialized(node, pre=True))), node.columns)
+            return ir.UnionAll(
+                (ir.Materialized(node), ir.Negate(ir.Materialized(node, pre=True))), node.columns
+            )
         return rule(node, self)
 
     def post(self, node: ir.Node) -> ir.Node:
@@ -132,7 +136,7 @@ class _Fold:
         """``node`` with its inputs replaced by their ``post`` (the same object if none differs)."""
         if isinstance(node, ir.UnionAll):
             branches = tuple(self.post(b) for b in node.branches)
-            same = all(a is b for a, b in zip(branches, node.branches))
+            same = all(a is b for a, b in zip(branches, node.branches, strict=True))
             return node if same else ir.UnionAll(branches, node.output)
         fields = _INPUT_FIELDS.get(type(node), ())
         changes = {f: self.post(getattr(node, f)) for f in fields}

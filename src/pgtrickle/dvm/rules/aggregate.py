@@ -33,7 +33,6 @@ import weakref
 from sqlglot import exp
 
 from pgtrickle.dvm import ir
-from pgtrickle.dvm.reference_scalar import split_aggregate
 from pgtrickle.dvm.rules.common import Context, col, minus, null_safe_match, restrict, touched_keys
 
 ROW_COUNT = "__pgt_count"
@@ -45,7 +44,7 @@ _STATES: weakref.WeakKeyDictionary[ir.Aggregate, ir.Aggregate] = weakref.WeakKey
 def invertible(node: ir.Aggregate) -> bool:
     """Whether every aggregate is COUNT, SUM or AVG without DISTINCT (FILTER allowed)."""
     for _, call in node.aggregates:
-        inner, _, distinct, _ = split_aggregate(call)
+        inner, _, distinct, _ = ir.split_aggregate(call)
         if distinct or not isinstance(inner, (exp.Count, exp.Sum, exp.Avg)):
             return False
     return True
@@ -61,7 +60,7 @@ def _with(call: exp.Expr, new: exp.Expr) -> exp.Expr:
 def _state_columns(node: ir.Aggregate) -> tuple[tuple[str, exp.Expr], ...]:
     out: list[tuple[str, exp.Expr]] = []
     for name, call in node.aggregates:
-        inner, argument, _, _ = split_aggregate(call)
+        inner, argument, _, _ = ir.split_aggregate(call)
         if isinstance(inner, exp.Count):
             out.append((name, call))
             continue
@@ -70,7 +69,10 @@ def _state_columns(node: ir.Aggregate) -> tuple[tuple[str, exp.Expr], ...]:
         if isinstance(inner, exp.Sum):
             out += [(name, call), (f"__pgt_n_{name}", count)]
         else:
-            out += [(f"__pgt_s_{name}", _with(call, exp.Sum(this=argument.copy()))), (f"__pgt_n_{name}", count)]
+            out += [
+                (f"__pgt_s_{name}", _with(call, exp.Sum(this=argument.copy()))),
+                (f"__pgt_n_{name}", count),
+            ]
     out.append((ROW_COUNT, exp.Count(this=exp.Star())))
     return tuple(out)
 
@@ -79,7 +81,7 @@ def _sum_counts(node: ir.Aggregate) -> dict[str, str]:
     """Each SUM column of the state → the column counting its non-NULL values."""
     out: dict[str, str] = {}
     for name, call in node.aggregates:
-        inner = split_aggregate(call)[0]
+        inner = ir.split_aggregate(call)[0]
         if isinstance(inner, exp.Sum):
             out[name] = f"__pgt_n_{name}"
         elif isinstance(inner, exp.Avg):
@@ -100,11 +102,22 @@ def visible(node: ir.Aggregate, state_rows: ir.Node) -> ir.Node:
     """Rows of the state projected onto the aggregate's own columns."""
     outputs: list[tuple[str, exp.Expr]] = [(k, col(k)) for k, _ in node.keys]
     for name, call in node.aggregates:
-        inner = split_aggregate(call)[0]
+        inner = ir.split_aggregate(call)[0]
         if isinstance(inner, exp.Avg):
             n = col(f"__pgt_n_{name}")
             quotient = exp.Div(this=exp.cast(col(f"__pgt_s_{name}"), exp.DType.DECIMAL), expression=n)
-            outputs.append((name, exp.Case(ifs=[exp.If(this=exp.GT(this=n.copy(), expression=exp.Literal.number(0)), true=quotient)])))
+            outputs.append(
+                (
+                    name,
+                    exp.Case(
+                        ifs=[
+                            exp.If(
+                                this=exp.GT(this=n.copy(), expression=exp.Literal.number(0)), true=quotient
+                            )
+                        ]
+                    ),
+                )
+            )
         else:
             outputs.append((name, col(name)))
     return ir.Project(state_rows, tuple(outputs))
@@ -120,7 +133,9 @@ def recompute(node: ir.Aggregate, ctx: Context) -> ir.Node | None:
         keys = touched_keys(change, exprs, node.input.columns)
         pre, post = restrict(pre, keys, exprs), restrict(post, keys, exprs)
     return minus(
-        ir.Aggregate(post, node.keys, node.aggregates), ir.Aggregate(pre, node.keys, node.aggregates), node.columns
+        ir.Aggregate(post, node.keys, node.aggregates),
+        ir.Aggregate(pre, node.keys, node.aggregates),
+        node.columns,
     )
 
 

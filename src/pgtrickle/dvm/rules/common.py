@@ -71,12 +71,12 @@ def touched_keys(change: ir.Node, keys: Sequence[exp.Expr], taken: Iterable[str]
     ``change`` touches — including a group whose net change is zero (an update inside it) —
     named ``__pgt_k<i>``, avoiding ``taken``."""
     names = fresh("k", [*taken, *change.columns], len(keys))
-    return ir.Distinct(ir.Project(touched_rows(change), tuple(zip(names, keys))))
+    return ir.Distinct(ir.Project(touched_rows(change), tuple(zip(names, keys, strict=True))))
 
 
 def null_safe_match(exprs: Sequence[exp.Expr], names: Sequence[str]) -> exp.Expr:
     """``e1 IS NOT DISTINCT FROM k1 AND …``: NULL keys match NULL keys, as GROUP BY groups them."""
-    terms = [exp.NullSafeEQ(this=e.copy(), expression=col(n)) for e, n in zip(exprs, names)]
+    terms = [exp.NullSafeEQ(this=e.copy(), expression=col(n)) for e, n in zip(exprs, names, strict=True)]
     return exp.and_(*terms) if len(terms) > 1 else terms[0]
 
 

@@ -14,7 +14,9 @@ def expand(node: ir.Distinct) -> ir.Node:
     """``node`` as ``π cols (GROUP BY cols, COUNT(*))`` (same columns)."""
     columns = node.input.columns
     (count,) = fresh("count", columns, 1)
-    grouped = ir.Aggregate(node.input, tuple((c, col(c)) for c in columns), ((count, exp.Count(this=exp.Star())),))
+    grouped = ir.Aggregate(
+        node.input, tuple((c, col(c)) for c in columns), ((count, exp.Count(this=exp.Star())),)
+    )
     return ir.Project(grouped, tuple((c, col(c)) for c in columns))
 
 

@@ -28,9 +28,13 @@ def expand(node: ir.Join) -> ir.Node:
     left, right, condition = node.left, node.right, node.condition
     parts: list[ir.Node] = [ir.Join(ir.JoinKind.INNER, left, right, condition)]
     if node.kind in (ir.JoinKind.LEFT, ir.JoinKind.FULL):
-        parts.append(_pad(ir.Join(ir.JoinKind.ANTI, left, right, condition), left.columns, right.columns, True))
+        parts.append(
+            _pad(ir.Join(ir.JoinKind.ANTI, left, right, condition), left.columns, right.columns, True)
+        )
     if node.kind in (ir.JoinKind.RIGHT, ir.JoinKind.FULL):
-        parts.append(_pad(ir.Join(ir.JoinKind.ANTI, right, left, condition), left.columns, right.columns, False))
+        parts.append(
+            _pad(ir.Join(ir.JoinKind.ANTI, right, left, condition), left.columns, right.columns, False)
+        )
     return ir.UnionAll(tuple(parts), node.columns)
 
 

@@ -15,13 +15,16 @@ from pgtrickle.dvm.rules.common import Context, col, fresh, minus, restrict, tou
 
 
 def delta(node: ir.SetOp, ctx: Context) -> ir.Node | None:
-    changes = [(side, ctx.delta(side)) for side in (node.left, node.right)]
-    changes = [(side, change) for side, change in changes if change is not None]
+    changes: list[tuple[ir.Node, ir.Node]] = []
+    for side in (node.left, node.right):
+        change = ctx.delta(side)
+        if change is not None:
+            changes.append((side, change))
     if not changes:
         return None
     names = fresh("k", [*node.left.columns, *node.right.columns], len(node.output))
     touched = [
-        ir.Project(touched_rows(change), tuple((n, col(c)) for n, c in zip(names, side.columns)))
+        ir.Project(touched_rows(change), tuple((n, col(c)) for n, c in zip(names, side.columns, strict=True)))
         for side, change in changes
     ]
     keys = ir.Distinct(touched[0] if len(touched) == 1 else ir.UnionAll(tuple(touched), names))
