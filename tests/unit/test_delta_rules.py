@@ -284,7 +284,7 @@ TREE_KINDS = [
 
 
 @st.composite
-def trees(draw: st.DrawFn, root: str, depth: int = 3) -> ir.Node:
+def trees(draw: st.DrawFn, root: str, depth: int = 4) -> ir.Node:
     """A random tree of two-column nodes with unique column names (``x<n>``), whose root is a
     ``root`` node and whose subtrees are random."""
     counter = itertools.count()
