@@ -106,18 +106,8 @@ def visible(node: ir.Aggregate, state_rows: ir.Node) -> ir.Node:
         if isinstance(inner, exp.Avg):
             n = col(f"__pgt_n_{name}")
             quotient = exp.Div(this=exp.cast(col(f"__pgt_s_{name}"), exp.DType.DECIMAL), expression=n)
-            outputs.append(
-                (
-                    name,
-                    exp.Case(
-                        ifs=[
-                            exp.If(
-                                this=exp.GT(this=n.copy(), expression=exp.Literal.number(0)), true=quotient
-                            )
-                        ]
-                    ),
-                )
-            )
+            positive = exp.GT(this=n.copy(), expression=exp.Literal.number(0))
+            outputs.append((name, exp.Case(ifs=[exp.If(this=positive, true=quotient)])))
         else:
             outputs.append((name, col(name)))
     return ir.Project(state_rows, tuple(outputs))
