@@ -28,6 +28,12 @@ projection, a group key, an aggregate call, a window function, a sort key)
 is a sqlglot expression whose ``exp.Column`` references are unqualified
 names of its input's columns (for a join condition: of either input).
 
+Helpers
+-------
+:func:`walk` and :func:`scans` visit a tree; :func:`split_aggregate` takes an aggregate call
+(``COUNT``/``SUM``/``AVG``/``MIN``/``MAX``, with ``DISTINCT`` and ``FILTER``) apart for the
+rules and the evaluator.
+
 Identity
 --------
 Nodes are frozen and compare by identity (``eq=False``): a subtree the
@@ -42,6 +48,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from sqlglot import exp
+
+from pgtrickle.errors import UnsupportedQueryError
 
 Named = tuple[tuple[str, exp.Expr], ...]
 """Named expressions: ``((output name, expression over the input's columns), ...)``."""
@@ -335,3 +343,32 @@ def walk(node: Node) -> Iterator[Node]:
 def scans(node: Node) -> list[Scan]:
     """The base relations a tree reads, each once, in tree order."""
     return [n for n in walk(node) if isinstance(n, Scan)]
+
+
+AGGREGATE_FUNCTIONS = (exp.Count, exp.Sum, exp.Avg, exp.Min, exp.Max)
+"""The aggregate functions an ``Aggregate`` node (and a window's aggregate) may call."""
+
+
+def split_aggregate(call: exp.Expr) -> tuple[exp.Expr, exp.Expr | None, bool, exp.Expr | None]:
+    """``(function call, argument or None for COUNT(*), DISTINCT?, FILTER predicate or None)``
+    of an aggregate call; :class:`UnsupportedQueryError` naming it if it is none of
+    :data:`AGGREGATE_FUNCTIONS` over one argument (or ``COUNT(*)``)."""
+    where: exp.Expr | None = None
+    function = call
+    if isinstance(function, exp.Filter):
+        clause = function.expression
+        where = clause.this if isinstance(clause, exp.Where) else clause
+        function = function.this
+    if not isinstance(function, AGGREGATE_FUNCTIONS):
+        raise UnsupportedQueryError(f"unsupported aggregate {call.sql()!r}")
+    argument = function.this
+    distinct = False
+    if isinstance(argument, exp.Distinct):
+        if len(argument.expressions) != 1:
+            raise UnsupportedQueryError(f"unsupported aggregate {call.sql()!r}: DISTINCT over several values")
+        distinct, argument = True, argument.expressions[0]
+    if isinstance(argument, exp.Star):
+        if not isinstance(function, exp.Count) or distinct:
+            raise UnsupportedQueryError(f"unsupported aggregate {call.sql()!r}")
+        argument = None
+    return function, argument, distinct, where

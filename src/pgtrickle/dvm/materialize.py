@@ -1,0 +1,81 @@
+"""Which nodes of a query's tree become hidden internal stream tables, and why.
+
+Pure decision over the IR. A non-linear node's ``post`` (and ``pre``) is cheap when its
+consumer restricts it to touched keys that push down to its input — an aggregate joined on its
+group columns reads only the touched groups. Where no such restriction reaches it, the rules
+would recompute it whole from its inputs on every refresh; such a node is **materialized**
+instead: it becomes a hidden stream table refreshed first, in the same atomic group and at the
+same snapshot, so that ``post`` is a table read and ``Δ`` its change buffer. The rules read a
+materialized node as ``Materialized(node)`` / ``Materialized(node, pre=True)``; the values are
+the same (the delta-rule tests prove every tree with and without it).
+
+The decisions (:func:`decide`), each with its reason:
+
+- :data:`TOPK_INPUT` — the input of a ``TopK``, unless it is a base relation: the visible rows
+  depend on all of it (``Δ TopK(X) = −TopK(pre X) ⊎ TopK(post X)``), so it is kept
+  incrementally rather than recomputed twice.
+- :data:`AGGREGATE_JOINED_ON_VALUES` — an ``Aggregate`` (seen through ``Filter``/``Project``)
+  that is an input of a join whose condition uses its aggregate (non-group) columns, or of a
+  cross join: the join's touched keys do not select groups, so its value would be computed whole.
+- :data:`AGGREGATE_OF_AGGREGATE` — an ``Aggregate`` (through ``Filter``/``Project``) read by
+  another ``Aggregate``: the outer one's touched groups do not bound the inner one's.
+
+The root is never materialized: it is the stream table itself.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from pgtrickle.dvm import ir
+
+TOPK_INPUT = "the input of a TopK: its visible rows depend on all of it"
+AGGREGATE_JOINED_ON_VALUES = "an aggregate joined on its aggregate (non-group) columns or cross joined"
+AGGREGATE_OF_AGGREGATE = "an aggregate read by another aggregate"
+
+
+def _referenced(expression: exp.Expr) -> set[str]:
+    return {c.name for c in expression.find_all(exp.Column)}
+
+
+def trace(node: ir.Node, columns: set[str]) -> tuple[ir.Aggregate, set[str]] | None:
+    """The ``Aggregate`` reached from ``node`` through ``Filter``/``Project`` nodes, with the
+    aggregate's columns that ``columns`` (of ``node``) are computed from; ``None`` if the chain
+    ends at any other node."""
+    while True:
+        if isinstance(node, ir.Aggregate):
+            return node, columns
+        if isinstance(node, ir.Filter):
+            node = node.input
+        elif isinstance(node, ir.Project):
+            wanted = set()
+            for name, expression in node.outputs:
+                if name in columns:
+                    wanted |= _referenced(expression)
+            node, columns = node.input, wanted
+        else:
+            return None
+
+
+def _value_columns(aggregate: ir.Aggregate) -> set[str]:
+    return {name for name, _ in aggregate.aggregates}
+
+
+def decide(root: ir.Node) -> dict[ir.Node, str]:
+    """``{node: reason}`` for the nodes of ``root``'s tree to keep as hidden stream tables."""
+    out: dict[ir.Node, str] = {}
+    for node in ir.walk(root):
+        if isinstance(node, ir.TopK) and not isinstance(node.input, (ir.Scan, ir.Values)):
+            out.setdefault(node.input, TOPK_INPUT)
+        elif isinstance(node, ir.Join):
+            used = None if node.condition is None else _referenced(node.condition)
+            for side in (node.left, node.right):
+                found = trace(side, set(side.columns) if used is None else used & set(side.columns))
+                if found is not None and (used is None or found[1] & _value_columns(found[0])):
+                    out.setdefault(found[0], AGGREGATE_JOINED_ON_VALUES)
+        elif isinstance(node, ir.Aggregate):
+            found = trace(node.input, set(node.input.columns))
+            if found is not None:
+                out.setdefault(found[0], AGGREGATE_OF_AGGREGATE)
+    out.pop(root, None)
+    return out
