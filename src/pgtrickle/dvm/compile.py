@@ -137,7 +137,9 @@ class ReadKind(str, Enum):
 @dataclass(frozen=True)
 class Read:
     """One relation the query reads: ``node`` is the first ``Scan`` / ``Materialized`` resolved to
-    it; ``uses`` how many places of the query read it (register once; persist when > 1)."""
+    it; ``uses`` how many times the query reads it (every path from the root to a leaf reading
+    it: a shared subtree read by two consumers counts twice). Register it once; persist it
+    when ``uses`` > 1."""
 
     kind: ReadKind
     name: RelationName
@@ -201,6 +203,18 @@ def compile_ir(node: Node, reads: Reads, *, dialect: Dialect,
 _LEFT, _RIGHT = "__pgt_l", "__pgt_r"
 
 
+def _reference_paths(root: Node) -> dict[int, int]:
+    """For every node, how many times the query reads it: the number of paths from the root
+    (a CTE referenced twice is read twice - Spark and PostgreSQL may inline it) (pure)."""
+    order = list(walk(root))
+    paths = {id(node): 0 for node in order}
+    paths[id(root)] = 1
+    for node in reversed(order):  # parents before children
+        for child in node.inputs:
+            paths[id(child)] += paths[id(node)]
+    return paths
+
+
 class _Fold:
     """One compilation: CTEs by node, reads by name, types and positivity by node."""
 
@@ -211,7 +225,8 @@ class _Fold:
         self._ctes: list[exp.CTE] = []
         self._cte_of: dict[int, str] = {}
         self._read_order: list[tuple[ReadKind, RelationName]] = []
-        self._read_info: dict[tuple[ReadKind, RelationName], tuple[Node, int]] = {}
+        self._read_first: dict[tuple[ReadKind, RelationName], Node] = {}
+        self._read_by_node: dict[int, tuple[ReadKind, RelationName]] = {}
         self._types: dict[int, dict[str, str | None]] = {}
         self._positive: dict[int, bool] = {}
 
@@ -224,7 +239,11 @@ class _Fold:
             self._cte_of[id(node)] = name
         query = select([*columns_of(root.columns), weight()], table(self._cte_of[id(root)]))
         query.set("with_", exp.With(expressions=self._ctes))
-        reads = tuple(Read(kind, name, self._read_info[(kind, name)][0], self._read_info[(kind, name)][1])
+        paths = _reference_paths(root)
+        uses: dict[tuple[ReadKind, RelationName], int] = {}
+        for node_id, key in self._read_by_node.items():
+            uses[key] = uses.get(key, 0) + paths[node_id]
+        reads = tuple(Read(kind, name, self._read_first[(kind, name)], uses[(kind, name)])
                       for kind, name in self._read_order)
         return Compiled(query, tuple(root.columns), reads, self._dialect)
 
@@ -245,32 +264,32 @@ class _Fold:
             return self._ref(node, as_)
         return derived(positive(self._ref(node), list(node.columns)), as_)
 
-    def _read(self, kind: ReadKind, node: Node, name: object) -> exp.Table:
+    def _read(self, kind: ReadKind, node: Node, reader: Node, name: object) -> exp.Table:
+        """The FROM item of ``reader`` (a leaf of the tree) reading relation ``name``."""
         if not (isinstance(name, str) or (isinstance(name, tuple) and all(isinstance(p, str) for p in name))):
             raise InvalidPlanError(f"the reads resolver gave {name!r} for a {kind.value} read; "
                                    "it must give a relation name (a string, or a tuple of strings)")
-        key = (kind, name)
-        if key not in self._read_info:
+        key: tuple[ReadKind, RelationName] = (kind, name)
+        if key not in self._read_first:
             self._read_order.append(key)
-            self._read_info[key] = (node, 0)
-        first, uses = self._read_info[key]
-        self._read_info[key] = (first, uses + 1)
+            self._read_first[key] = node
+        self._read_by_node[id(reader)] = key
         return table(name, "__pgt_src")
 
     # -- one CTE body per node type
 
-    def _body(self, node: Node) -> exp.Query:  # noqa: C901, PLR0911 - one branch per node type
+    def _body(self, node: Node) -> exp.Query:
         if isinstance(node, Scan):
-            source = self._read(ReadKind.POST, node, self._reads.post(node))
-            return select([*(alias(col(s), o) for s, o in zip(node.source_columns, node.output)),
-                           alias(one(), WEIGHT)], source)
+            source = self._read(ReadKind.POST, node, node, self._reads.post(node))
+            renamed = zip(node.source_columns, node.output, strict=True)
+            return select([*(alias(col(s), o) for s, o in renamed), alias(one(), WEIGHT)], source)
         if isinstance(node, Delta):
             scan = node.scan
-            source = self._read(ReadKind.DELTA, scan, self._reads.delta(scan))
-            return select([*(alias(col(s), o) for s, o in zip(scan.source_columns, scan.output)),
-                           alias(bigint(weight()), WEIGHT)], source)
+            source = self._read(ReadKind.DELTA, scan, node, self._reads.delta(scan))
+            renamed = zip(scan.source_columns, scan.output, strict=True)
+            return select([*(alias(col(s), o) for s, o in renamed), alias(bigint(weight()), WEIGHT)], source)
         if isinstance(node, Materialized):
-            source = self._read(ReadKind.MATERIALIZED, node, self._reads.materialized(node))
+            source = self._read(ReadKind.MATERIALIZED, node, node, self._reads.materialized(node))
             return select([*columns_of(node.columns), alias(one(), WEIGHT)], source)
         if isinstance(node, Values):
             return self._values(node)
@@ -285,12 +304,12 @@ class _Fold:
             return select([*columns_of(node.columns), alias(exp.Neg(this=weight()), WEIGHT)],
                           self._ref(node.input))
         if isinstance(node, UnionAll):
-            branches = [select([*(alias(col(c), o) for c, o in zip(b.columns, node.output)), weight()],
-                               self._ref(b)) for b in node.branches]
-            query: exp.Query = branches[0]
+            branches = [select([*(alias(col(c), o) for c, o in zip(b.columns, node.output, strict=True)),
+                                weight()], self._ref(b)) for b in node.branches]
+            united: exp.Query = branches[0]
             for branch in branches[1:]:
-                query = exp.union(query, branch, distinct=False)
-            return query
+                united = exp.union(united, branch, distinct=False)
+            return united
         if isinstance(node, Join):
             return self._join(node)
         if isinstance(node, Distinct):
@@ -313,12 +332,14 @@ class _Fold:
         raise InvalidPlanError(f"the IR compiler has no rule for {type(node).__name__} nodes")
 
     def _values(self, node: Values) -> exp.Query:
-        rows = [select([*(alias(render(e, {}, self._dialect), n) for e, n in zip(row, node.output)),
+        rows = [select([*(alias(render(value, {}, self._dialect), name)
+                          for value, name in zip(row, node.output, strict=True)),
                         alias(one(), WEIGHT)]) for row in node.rows]
         if not rows:
             empty = select([*(alias(exp.Null(), n) for n in node.output), alias(one(), WEIGHT)])
             query = select([*columns_of(node.output), weight()], derived(empty, "__pgt_v"))
-            query.set("where", exp.Where(this=exp.EQ(this=exp.Literal.number(1), expression=exp.Literal.number(0))))
+            never = exp.EQ(this=exp.Literal.number(1), expression=exp.Literal.number(0))
+            query.set("where", exp.Where(this=never))
             return query
         result: exp.Query = rows[0]
         for row in rows[1:]:

@@ -124,8 +124,8 @@ def aggregate(src: exp.Expr, names: Sequence[str], types: Types, keys: Named, ca
         outputs = [call for _, call in calls]
     key_exprs = [render(expression, types, dialect) for _, expression in keys]
     query = select([
-        *(alias(k, name) for k, (name, _) in zip(key_exprs, keys)),
-        *(alias(render(o, types, dialect), name) for o, (name, _) in zip(outputs, calls)),
+        *(alias(k, name) for k, (name, _) in zip(key_exprs, keys, strict=True)),
+        *(alias(render(o, types, dialect), name) for o, (name, _) in zip(outputs, calls, strict=True)),
         alias(one(), WEIGHT),
     ], source)
     if key_exprs:
@@ -178,7 +178,7 @@ def set_operation(left: exp.Expr, left_names: Sequence[str], right: exp.Expr, ri
                   output: Sequence[str], kind: SetOpKind, all_: bool) -> exp.Select:
     """INTERSECT / EXCEPT [ALL] of two weighted relations, matched by position, named ``output``."""
     def tagged(source: exp.Expr, names: Sequence[str], side: int) -> exp.Select:
-        return select([*(alias(col(n), o) for n, o in zip(names, output)), weight(),
+        return select([*(alias(col(n), o) for n, o in zip(names, output, strict=True)), weight(),
                        alias(exp.Literal.number(side), _SIDE)], source)
 
     union = exp.union(tagged(left, left_names, 0), tagged(right, right_names, 1), distinct=False)
@@ -200,8 +200,8 @@ def set_operation(left: exp.Expr, left_names: Sequence[str], right: exp.Expr, ri
     else:
         right_test = exp.GT(this=rc, expression=zero.copy()) if kind is SetOpKind.INTERSECT else \
             exp.EQ(this=rc, expression=zero.copy())
-        count = exp.Case(ifs=[exp.If(this=exp.and_(exp.GT(this=lc.copy(), expression=zero.copy()), right_test),
-                                     true=exp.Literal.number(1))], default=zero.copy())
+        both = exp.and_(exp.GT(this=lc.copy(), expression=zero.copy()), right_test)
+        count = exp.Case(ifs=[exp.If(this=both, true=exp.Literal.number(1))], default=zero.copy())
     query = select([*columns_of(output), alias(bigint(count), WEIGHT)], derived(counts, "__pgt_c"))
     query.set("where", exp.Where(this=exp.GT(this=count.copy(), expression=exp.Literal.number(0))))
     return query

@@ -130,7 +130,8 @@ def expand(source: exp.Expr, names: Sequence[str], dialect: Dialect) -> exp.Sele
     bounds = [one(), weight()]
     series: exp.Expr
     if dialect == "spark":
-        series = exp.Anonymous(this="explode", expressions=[exp.Anonymous(this="sequence", expressions=bounds)])
+        sequence = exp.Anonymous(this="sequence", expressions=bounds)
+        series = exp.Anonymous(this="explode", expressions=[sequence])
     else:
         series = exp.Anonymous(this="generate_series", expressions=bounds)
     return select([*columns_of(names), alias(series, COPY)], source)

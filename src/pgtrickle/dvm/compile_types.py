@@ -64,10 +64,11 @@ def check_node(node: Node) -> None:
             raise InvalidPlanError("UnionAll: no branches")
         widths = {len(b.columns) for b in node.branches}
         if widths != {len(node.output)}:
-            raise InvalidPlanError(f"UnionAll: branches of widths {sorted(widths)} for {len(node.output)} outputs")
-    if isinstance(node, SetOp) and not (len(node.left.columns) == len(node.right.columns) == len(node.output)):
-        raise InvalidPlanError(f"SetOp: inputs of widths {len(node.left.columns)} and {len(node.right.columns)} "
-                               f"for {len(node.output)} outputs")
+            raise InvalidPlanError(
+                f"UnionAll: branches of widths {sorted(widths)} for {len(node.output)} outputs")
+    if isinstance(node, SetOp) and not len(node.left.columns) == len(node.right.columns) == len(node.output):
+        raise InvalidPlanError(f"SetOp: inputs of widths {len(node.left.columns)} and "
+                               f"{len(node.right.columns)} for {len(node.output)} outputs")
     if isinstance(node, Values) and any(len(row) != len(node.output) for row in node.rows):
         raise InvalidPlanError(f"Values: a row's width differs from the {len(node.output)} outputs")
     if isinstance(node, TopK):
@@ -80,7 +81,8 @@ def check_node(node: Node) -> None:
         raise InvalidPlanError(f"Join: a {node.kind.value} join needs a condition")
 
 
-def node_types(node: Node, column_types: ColumnTypes, memo: dict[int, dict[str, str | None]]) -> dict[str, str | None]:
+def node_types(node: Node, column_types: ColumnTypes,
+               memo: dict[int, dict[str, str | None]]) -> dict[str, str | None]:
     """Column name -> PostgreSQL type category of ``node``'s output (memoized in ``memo`` by node)."""
     for current in walk(node):
         if id(current) not in memo:
@@ -88,7 +90,7 @@ def node_types(node: Node, column_types: ColumnTypes, memo: dict[int, dict[str, 
     return memo[id(node)]
 
 
-def _types_of(node: Node, column_types: ColumnTypes,  # noqa: C901, PLR0911 - one branch per node type
+def _types_of(node: Node, column_types: ColumnTypes,
               memo: dict[int, dict[str, str | None]]) -> dict[str, str | None]:
     def of(child: Node) -> dict[str, str | None]:
         return node_types(child, column_types, memo)
@@ -96,7 +98,7 @@ def _types_of(node: Node, column_types: ColumnTypes,  # noqa: C901, PLR0911 - on
     if isinstance(node, (Scan, Delta)):
         scan = node.scan if isinstance(node, Delta) else node
         known = column_types.get(scan.relation, {})
-        return {out: known.get(src) for src, out in zip(scan.source_columns, scan.output)}
+        return {out: known.get(src) for src, out in zip(scan.source_columns, scan.output, strict=True)}
     if isinstance(node, Materialized):
         return dict(of(node.node))
     if isinstance(node, Values):
