@@ -215,8 +215,14 @@ def test_bad_resolver_answers_and_dialects_are_refused() -> None:
         def post(self, scan: Scan) -> str:
             return 42  # type: ignore[return-value]
 
+    class Empty(Views):
+        def delta(self, scan: Scan) -> str:
+            return ""
+
     with pytest.raises(InvalidPlanError, match="relation name"):
         compile_ir(A, Broken(), dialect="postgres")
+    with pytest.raises(InvalidPlanError, match="relation name"):
+        compile_ir(Delta(A), Empty(), dialect="postgres")
     with pytest.raises(ValueError, match="dialect"):
         compile_ir(A, Views(), dialect="mysql")  # type: ignore[arg-type]
 

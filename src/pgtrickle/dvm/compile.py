@@ -266,15 +266,17 @@ class _Fold:
 
     def _read(self, kind: ReadKind, node: Node, reader: Node, name: object) -> exp.Table:
         """The FROM item of ``reader`` (a leaf of the tree) reading relation ``name``."""
-        if not (isinstance(name, str) or (isinstance(name, tuple) and all(isinstance(p, str) for p in name))):
-            raise InvalidPlanError(f"the reads resolver gave {name!r} for a {kind.value} read; "
-                                   "it must give a relation name (a string, or a tuple of strings)")
-        key: tuple[ReadKind, RelationName] = (kind, name)
+        parts = (name,) if isinstance(name, str) else name
+        valid = isinstance(parts, tuple) and 1 <= len(parts) <= 3
+        if not (valid and all(isinstance(p, str) and p for p in parts)):
+            raise InvalidPlanError(f"the reads resolver gave {name!r} for a {kind.value} read; it must give "
+                                   "a relation name (a non-empty string, or a tuple of 1 to 3 of them)")
+        key: tuple[ReadKind, RelationName] = (kind, parts if len(parts) > 1 else parts[0])
         if key not in self._read_first:
             self._read_order.append(key)
             self._read_first[key] = node
         self._read_by_node[id(reader)] = key
-        return table(name, "__pgt_src")
+        return table(parts, "__pgt_src")
 
     # -- one CTE body per node type
 
