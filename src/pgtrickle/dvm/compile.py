@@ -266,11 +266,12 @@ class _Fold:
 
     def _read(self, kind: ReadKind, node: Node, reader: Node, name: object) -> exp.Table:
         """The FROM item of ``reader`` (a leaf of the tree) reading relation ``name``."""
-        parts = (name,) if isinstance(name, str) else name
-        valid = isinstance(parts, tuple) and 1 <= len(parts) <= 3
-        if not (valid and all(isinstance(p, str) and p for p in parts)):
+        given: object = (name,) if isinstance(name, str) else name
+        if not (isinstance(given, tuple) and 1 <= len(given) <= 3
+                and all(isinstance(p, str) and p for p in given)):
             raise InvalidPlanError(f"the reads resolver gave {name!r} for a {kind.value} read; it must give "
                                    "a relation name (a non-empty string, or a tuple of 1 to 3 of them)")
+        parts: tuple[str, ...] = given
         key: tuple[ReadKind, RelationName] = (kind, parts if len(parts) > 1 else parts[0])
         if key not in self._read_first:
             self._read_order.append(key)
