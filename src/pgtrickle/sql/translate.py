@@ -22,6 +22,8 @@ Public API
 ``unsupported_reason``   why a query cannot run on Spark, or ``None``.
 ``is_volatile``          whether the result can change without the data changing.
 ``translate_to_spark``   the Spark SQL text to run.
+``translate_expression`` one expression over typed input columns, as a Spark expression.
+``expression_type``      the inferred PostgreSQL type category of one such expression.
 
 Semantic decisions
 ------------------
@@ -145,11 +147,13 @@ from sqlglot.tokens import TokenType
 from pgtrickle.errors import UnsupportedQueryError
 
 __all__ = [
+    "expression_type",
     "is_volatile",
     "parse_query",
     "set_returning_function",
     "volatile_function",
     "referenced_tables",
+    "translate_expression",
     "translate_to_spark",
     "unsupported_reason",
 ]
@@ -535,6 +539,47 @@ def translate_to_spark(
             "the query contains '${', which Spark SQL would treat as a variable reference and substitute"
         )
     return spark_sql
+
+
+_EXPRESSION_INPUT = ("pgt_ir", "input")
+"""The stand-in relation an expression's columns are read from while it is translated alone."""
+
+
+def _expression_select(expression: exp.Expr) -> exp.Select:
+    """``SELECT <expression> FROM <stand-in>``: the query form the rewriting works on."""
+    schema, table = _EXPRESSION_INPUT
+    source = exp.Table(this=exp.to_identifier(table, quoted=True), db=exp.to_identifier(schema, quoted=True))
+    select = exp.Select(expressions=[expression.copy()])
+    select.set(_FROM_KEY, exp.From(this=source))
+    return select
+
+
+def expression_type(expression: exp.Expr, column_types: Mapping[str, str]) -> str | None:
+    """The PostgreSQL type category (``"int4"``, ``"numeric"``, ``"text"``, ...) of one expression.
+
+    ``expression`` is a PostgreSQL expression whose unqualified columns are named in
+    ``column_types`` (column name -> type name or category); ``None`` when unknown.
+    """
+    select = _expression_select(expression)
+    return _TypeInference(select, {_EXPRESSION_INPUT: column_types}).type_of(select.expressions[0])
+
+
+def translate_expression(expression: exp.Expr, column_types: Mapping[str, str]) -> exp.Expr:
+    """Translate one PostgreSQL expression (a predicate, a projection, an aggregate or window
+    call) over the unqualified columns named in ``column_types`` into a Spark expression with
+    the same result, by the rules :func:`translate_to_spark` applies to a whole query.
+
+    Raises:
+        UnsupportedQueryError: the expression holds a construct Spark cannot run.
+    """
+    select = _expression_select(expression)
+    reason = _find_unsupported(select)
+    if reason is not None:
+        raise UnsupportedQueryError(reason)
+    select = _rewrite_quantified(select)  # type: ignore[assignment]
+    _TypeInference(select, {_EXPRESSION_INPUT: column_types}).annotate()
+    select = _Rewriter().rewrite(select)  # type: ignore[assignment]
+    return select.expressions[0]
 
 
 # --------------------------------------------------------------------------- parsing helpers

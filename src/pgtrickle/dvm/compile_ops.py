@@ -1,0 +1,207 @@
+"""The non-linear operators of the IR compiler: Aggregate, Window, TopK and SetOp as SQL.
+
+Each reads its input's *consolidated positive weights* (``src`` below: a relation with the
+input's columns and ``__pgt_w`` > 0, see :func:`pgtrickle.dvm.compile_sql.positive`) and
+returns the node's columns plus a weight column:
+
+- ``Aggregate``: one row per group, weight 1. ``count(*)``/``count(x)`` become sums of
+  weights; ``sum(x)`` of an integer is ``sum(x * w)``; on PostgreSQL also ``sum`` of a
+  numeric and ``avg`` of an integer or numeric (``sum(x * w) / sum(w)`` in ``numeric`` is
+  what ``avg`` itself computes); ``min``/``max``/``bool_and``/``bool_or``/``every`` and any
+  ``DISTINCT`` aggregate ignore multiplicity and read the weighted rows as they are; each
+  with its ``FILTER``. Anything else (``string_agg``, floating-point sums, Spark's ``avg``,
+  an argument of unknown type) makes the node expand its input (each row repeated by its
+  weight) and run the calls unchanged - exact, and dearer.
+- ``Window``: the expanded input, the functions added, weight 1 per row.
+- ``TopK``: no expansion: rows are ordered by the sort keys, ties broken by the whole row
+  ascending (PostgreSQL's NULLS LAST), and a running sum of weights gives each row the
+  span ``(end - w, end]`` of positions it occupies; its output weight is the overlap of
+  that span with ``(offset, offset + limit]``.
+- ``SetOp``: per row value, the net counts of each side (clamped at 0) from one tagged
+  UNION ALL grouped by the row; the output weight is ``least(l, r)`` (INTERSECT ALL),
+  ``greatest(l - r, 0)`` (EXCEPT ALL), or 1 where ``l > 0 and r > 0`` (INTERSECT) /
+  ``l > 0 and r = 0`` (EXCEPT); rows of weight 0 are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlglot import exp
+
+from pgtrickle.dvm.compile_sql import (
+    Dialect,
+    Types,
+    alias,
+    bigint,
+    col,
+    columns_of,
+    derived,
+    expand,
+    group_by,
+    one,
+    render,
+    select,
+    type_of,
+    weight,
+)
+from pgtrickle.dvm.ir import Named, SetOpKind
+from pgtrickle.dvm.linear import WEIGHT
+
+_INTEGERS = ("int2", "int4", "int8")
+_INSENSITIVE = (exp.Min, exp.Max, exp.LogicalAnd, exp.LogicalOr)
+_INSENSITIVE_NAMES = frozenset({"every", "bool_and", "bool_or", "bit_and", "bit_or"})
+
+_END = "__pgt_end"
+_SIDE = "__pgt_side"
+_LEFT_COUNT = "__pgt_lc"
+_RIGHT_COUNT = "__pgt_rc"
+
+
+# --------------------------------------------------------------------------- Aggregate
+
+
+def weighted_call(call: exp.Expr, types: Types, dialect: Dialect) -> exp.Expr | None:
+    """The aggregate ``call`` (PostgreSQL, over columns of ``types``) computed over weighted rows
+    without expanding them, or ``None`` where no exact weighted form is known (pure)."""
+    inner, where = (call.this, call.expression) if isinstance(call, exp.Filter) else (call, None)
+    argument = inner.args.get("this")
+    if _ignores_multiplicity(inner):
+        return call.copy()
+
+    def filtered(aggregate: exp.Expr) -> exp.Expr:
+        return exp.Filter(this=aggregate, expression=where.copy()) if where is not None else aggregate
+
+    def counted(value: exp.Expr | None) -> exp.Expr:
+        if value is None:
+            return weight()
+        return exp.Case(ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()),
+                                    true=exp.Literal.number(0))], default=weight())
+
+    if isinstance(inner, exp.Count) and not inner.expressions:
+        value = None if argument is None or isinstance(argument, exp.Star) else argument
+        return bigint(exp.Coalesce(this=filtered(exp.Sum(this=counted(value))),
+                                   expressions=[exp.Literal.number(0)]))
+    if not isinstance(inner, (exp.Sum, exp.Avg)) or argument is None or inner.expressions:
+        return None
+    arg_type = type_of(argument, types)
+    if isinstance(inner, exp.Sum):
+        if arg_type in ("int2", "int4"):
+            return bigint(filtered(exp.Sum(this=exp.Mul(this=argument.copy(), expression=weight()))))
+        if arg_type == "int8" and dialect == "spark":
+            return filtered(exp.Sum(this=exp.Mul(this=argument.copy(), expression=weight())))
+        if arg_type in ("int8", "numeric") and dialect == "postgres":
+            return filtered(exp.Sum(this=exp.Mul(this=_numeric(argument.copy()), expression=weight())))
+        return None
+    if dialect == "postgres" and arg_type in (*_INTEGERS, "numeric"):
+        total = filtered(exp.Sum(this=exp.Mul(this=_numeric(argument.copy()), expression=weight())))
+        count = filtered(exp.Sum(this=counted(argument)))
+        return exp.Div(this=_numeric(total), expression=_numeric(count), typed=False, safe=False)
+    return None
+
+
+def _numeric(expression: exp.Expr) -> exp.Cast:
+    return exp.Cast(this=expression, to=exp.DataType.build("NUMERIC", dialect="postgres"))
+
+
+def _ignores_multiplicity(call: exp.Expr) -> bool:
+    if isinstance(call.args.get("this"), exp.Distinct):
+        return True
+    if isinstance(call, _INSENSITIVE):
+        return True
+    return isinstance(call, exp.Anonymous) and call.name.lower() in _INSENSITIVE_NAMES
+
+
+def aggregate(src: exp.Expr, names: Sequence[str], types: Types, keys: Named, calls: Named,
+              dialect: Dialect) -> exp.Select:
+    """GROUP BY ``keys`` computing ``calls`` over the positive-weight relation ``src``."""
+    weighted = [weighted_call(call, types, dialect) for _, call in calls]
+    if all(w is not None for w in weighted):
+        source = src
+        outputs = [w for w in weighted if w is not None]
+    else:
+        source = derived(expand(src, names, dialect), "__pgt_x")
+        outputs = [call for _, call in calls]
+    key_exprs = [render(expression, types, dialect) for _, expression in keys]
+    query = select([
+        *(alias(k, name) for k, (name, _) in zip(key_exprs, keys, strict=True)),
+        *(alias(render(o, types, dialect), name) for o, (name, _) in zip(outputs, calls, strict=True)),
+        alias(one(), WEIGHT),
+    ], source)
+    if key_exprs:
+        query.set("group", exp.Group(expressions=[k.copy() for k in key_exprs]))
+    return query
+
+
+# --------------------------------------------------------------------------- Window
+
+
+def window(src: exp.Expr, names: Sequence[str], types: Types, functions: Named,
+           dialect: Dialect) -> exp.Select:
+    """The expanded input with one column per window function, weight 1 per row."""
+    source = derived(expand(src, names, dialect), "__pgt_x")
+    return select([
+        *columns_of(names),
+        *(alias(render(fn, types, dialect), name) for name, fn in functions),
+        alias(one(), WEIGHT),
+    ], source)
+
+
+# --------------------------------------------------------------------------- TopK
+
+
+def top_k(src: exp.Expr, names: Sequence[str], types: Types, order: Sequence[exp.Ordered],
+          limit: int | None, offset: int, dialect: Dialect) -> exp.Select:
+    """The rows at positions ``(offset, offset + limit]`` of the ordered input, by weight spans."""
+    keys = [exp.Ordered(this=render(o.this, types, dialect), desc=bool(o.args.get("desc")),
+                        nulls_first=bool(o.args.get("nulls_first"))) for o in order]
+    keys += [exp.Ordered(this=col(n), desc=False, nulls_first=False) for n in names]
+    running = exp.Window(this=exp.Sum(this=weight()), order=exp.Order(expressions=keys),
+                         spec=exp.WindowSpec(kind="ROWS", start="UNBOUNDED", start_side="PRECEDING",
+                                             end="CURRENT ROW"))
+    spans = derived(select([*columns_of(names), weight(), alias(running, _END)], src), "__pgt_s")
+    end = col(_END)
+    start = exp.Sub(this=col(_END), expression=weight())
+    upper: exp.Expr = end if limit is None else exp.Least(
+        this=end, expressions=[exp.Literal.number(offset + limit)])
+    lower = exp.Greatest(this=start, expressions=[exp.Literal.number(offset)])
+    overlap = exp.Sub(this=upper, expression=lower)
+    query = select([*columns_of(names), alias(bigint(overlap), WEIGHT)], spans)
+    query.set("where", exp.Where(this=exp.GT(this=overlap.copy(), expression=exp.Literal.number(0))))
+    return query
+
+
+# --------------------------------------------------------------------------- SetOp
+
+
+def set_operation(left: exp.Expr, left_names: Sequence[str], right: exp.Expr, right_names: Sequence[str],
+                  output: Sequence[str], kind: SetOpKind, all_: bool) -> exp.Select:
+    """INTERSECT / EXCEPT [ALL] of two weighted relations, matched by position, named ``output``."""
+    def tagged(source: exp.Expr, names: Sequence[str], side: int) -> exp.Select:
+        return select([*(alias(col(n), o) for n, o in zip(names, output, strict=True)), weight(),
+                       alias(exp.Literal.number(side), _SIDE)], source)
+
+    union = exp.union(tagged(left, left_names, 0), tagged(right, right_names, 1), distinct=False)
+
+    def side_count(side: int) -> exp.Expr:
+        mine = exp.Case(ifs=[exp.If(this=exp.EQ(this=col(_SIDE), expression=exp.Literal.number(side)),
+                                    true=weight())], default=exp.Literal.number(0))
+        return exp.Greatest(this=bigint(exp.Sum(this=mine)), expressions=[exp.Literal.number(0)])
+
+    counts = group_by(select([*columns_of(output), alias(side_count(0), _LEFT_COUNT),
+                              alias(side_count(1), _RIGHT_COUNT)], derived(union, "__pgt_u")), output)
+    lc, rc = col(_LEFT_COUNT), col(_RIGHT_COUNT)
+    zero = exp.Literal.number(0)
+    count: exp.Expr
+    if kind is SetOpKind.INTERSECT and all_:
+        count = exp.Least(this=lc, expressions=[rc])
+    elif kind is SetOpKind.EXCEPT and all_:
+        count = exp.Greatest(this=exp.Sub(this=lc, expression=rc), expressions=[zero])
+    else:
+        right_test = exp.GT(this=rc, expression=zero.copy()) if kind is SetOpKind.INTERSECT else \
+            exp.EQ(this=rc, expression=zero.copy())
+        both = exp.and_(exp.GT(this=lc.copy(), expression=zero.copy()), right_test)
+        count = exp.Case(ifs=[exp.If(this=both, true=exp.Literal.number(1))], default=zero.copy())
+    query = select([*columns_of(output), alias(bigint(count), WEIGHT)], derived(counts, "__pgt_c"))
+    query.set("where", exp.Where(this=exp.GT(this=count.copy(), expression=exp.Literal.number(0))))
+    return query
