@@ -141,7 +141,8 @@ class DifferentialRun:
             if changed:
                 faults.point("refresh.spark_job")
                 try:
-                    result = self._compute(coord, snap_id, snapshot, changed)
+                    with carry.refusals_checked(lambda: self.r.spark, coord):
+                        result = self._compute(coord, snap_id, snapshot, changed)
                 except Exception as exc:
                     refused = carry.refusal_in(exc)
                     if refused is None:

@@ -624,7 +624,7 @@ class Refresher:
         self._check_cancel()
         staging = f"stage_{st.pgt_id}"
         coordinator, snap_id, snapshot, lsn = self.coordinator(st.sources)
-        with coordinator as coord:
+        with coordinator as coord, carry.refusals_checked(lambda: spark, coord):
             stats = jdbc.table_stats(coord, [s.relid for s in st.sources])
             self.progress(f"{st.display}: reading {len(st.sources)} source(s) at snapshot {snapshot}")
             table_map = {}

@@ -8,6 +8,8 @@ Connect client does not have):
   it (``defaultParallelism``); on Spark Connect it is measured once per
   session with one tiny job: ``range()`` without a partition count is split
   into exactly the default parallelism.
+* failed jobs -- a local session's error carries the Java exception chain
+  (the JDBC driver's SQLSTATE); a Spark Connect client gets text only.
 * naming and cancelling a refresh's jobs -- a job group (interrupting the
   tasks' threads on cancel) on a local JVM; a job tag and ``interruptAll`` on
   Spark Connect.
@@ -28,6 +30,11 @@ class Capabilities:
     connect: bool
     """A Spark Connect client (no JVM, no SparkContext, in this process)."""
     parallelism: int
+
+    @property
+    def java_errors(self) -> bool:
+        """A failed job's error carries the Java exception chain (PostgreSQL's SQLSTATE among it)."""
+        return not self.connect
 
 
 _lock = threading.Lock()
