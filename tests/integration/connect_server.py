@@ -13,6 +13,7 @@ Policy: where it cannot start, the tests that need it FAIL in CI
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -45,10 +46,8 @@ class ConnectServer:
     def stop(self) -> None:
         """Stop the server's whole process group (TERM, then KILL) and remove its directory."""
         if self.process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -56,10 +55,8 @@ class ConnectServer:
                 self.process.wait(timeout=30)
         else:
             # The launcher ended; a JVM it started may not have.
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
@@ -127,4 +124,5 @@ def start(jdbc_jar: str, timeout: float = START_TIMEOUT) -> ConnectServer:
         time.sleep(0.5)
     tail = server.log_tail()
     server.stop()
-    raise ConnectServerError(f"the Spark Connect server did not accept connections within {timeout:.0f}s:\n{tail}")
+    raise ConnectServerError(
+        f"the Spark Connect server did not accept connections within {timeout:.0f}s:\n{tail}")

@@ -24,14 +24,14 @@ from typer.testing import CliRunner
 import pgtrickle
 from pgtrickle.cli.main import app
 from pgtrickle.config import Settings
-from pgtrickle.errors import SparkConnectUnreachableError
+from pgtrickle.errors import SparkConnectUnreachableError, ValueNotCarriedError
 from pgtrickle.refresh.plan import Action
 from pgtrickle.scheduler.daemon import Scheduler
 from pgtrickle.spark.capabilities import capabilities, is_connect
 from pgtrickle.spark.session import get_spark
 from tests.conftest import Database, _free_port
 from tests.integration import connect_server
-from tests.integration.helpers import assert_oracle, create_st, refresh
+from tests.integration.helpers import assert_oracle, create_st, refresh, refresh_and_check
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark_connect]
 
@@ -71,13 +71,15 @@ def _orders(db: Database, rows: int = 300) -> None:
 
 def _random_dml(db: Database, rng: random.Random, next_id: int) -> int:
     for _ in range(rng.randint(1, 4)):
-        db.sql("INSERT INTO orders VALUES (%s, %s, %s)", (next_id, rng.randint(1, 45), rng.randint(0, 9999) / 100))
+        db.sql("INSERT INTO orders VALUES (%s, %s, %s)",
+               (next_id, rng.randint(1, 45), rng.randint(0, 9999) / 100))
         next_id += 1
     db.sql("UPDATE orders SET amount = amount + 1, customer = %s WHERE id = %s",
            (rng.randint(1, 45), rng.randint(1, next_id)))
     db.sql("DELETE FROM orders WHERE id IN (%s, %s)", (rng.randint(1, next_id), rng.randint(1, next_id)))
     if rng.random() < 0.5:
-        db.sql("UPDATE customers SET region = %s WHERE id = %s", (f"r{rng.randint(0, 6)}", rng.randint(1, 40)))
+        db.sql("UPDATE customers SET region = %s WHERE id = %s",
+               (f"r{rng.randint(0, 6)}", rng.randint(1, 40)))
     return next_id
 
 
@@ -94,7 +96,8 @@ QUERIES = {
     "with_customers": ("SELECT c.id AS cid, c.region, o.id AS oid, o.amount FROM customers c "
                        "LEFT JOIN orders o ON o.customer = c.id"),
     # set operation
-    "ids": "SELECT customer AS id FROM orders WHERE amount > 50 EXCEPT SELECT id FROM customers WHERE region = 'r1'",
+    "ids": ("SELECT customer AS id FROM orders WHERE amount > 50 "
+            "EXCEPT SELECT id FROM customers WHERE region = 'r1'"),
 }
 
 
@@ -115,10 +118,32 @@ def test_full_and_differential_refreshes_through_spark_connect(cdb: Database) ->
         outcomes = refresh(db)
         assert_oracle(db)
         actions = {o.st.name: o.action for o in outcomes}
-        assert actions["by_customer"] is Action.DIFFERENTIAL and actions["joined"] is Action.DIFFERENTIAL, actions
-    history = db.sql("SELECT count(*) FILTER (WHERE action = 'DIFFERENTIAL'), count(*) FILTER (WHERE status <> "
-                     "'COMPLETED') FROM pgtrickle.pgt_refresh_history")
+        assert actions["by_customer"] is Action.DIFFERENTIAL, actions
+        assert actions["joined"] is Action.DIFFERENTIAL, actions
+    history = db.sql("SELECT count(*) FILTER (WHERE action = 'DIFFERENTIAL'), "
+                     "count(*) FILTER (WHERE status <> 'COMPLETED') FROM pgtrickle.pgt_refresh_history")
     assert history[0][0] >= 6 and history[0][1] == 0, history
+
+
+@pytest.mark.parametrize("mode", ["FULL", "DIFFERENTIAL"])
+def test_a_value_spark_cannot_carry_is_refused_through_spark_connect(cdb: Database, mode: str) -> None:
+    """The server's error carries no SQLSTATE: the refusal is found in PostgreSQL, typed as on a local JVM."""
+    db = cdb
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
+    db.sql("CREATE TABLE src (id int PRIMARY KEY, v numeric, t time)")
+    db.sql("INSERT INTO src VALUES (1, 1.5, '23:59:59.999999')")
+    create_st(db, "st", "SELECT id, v, t FROM src", refresh_mode=mode)
+    refresh_and_check(db, "st")
+    db.sql("INSERT INTO src VALUES (2, 'NaN', '12:00')")
+    before = db.sql("SELECT * FROM st ORDER BY 1")
+    with pytest.raises(ValueNotCarriedError) as err:
+        refresh(db, "st")
+    assert err.value.sqlstate == "22003" and "public.src.v" in str(err.value), str(err.value)
+    assert db.sql("SELECT * FROM st ORDER BY 1") == before, "a refused refresh changes nothing"
+    db.sql("DELETE FROM src WHERE id = 2")
+    db.sql("INSERT INTO src VALUES (3, 2.25, '00:00:00.000001')")
+    outcomes = refresh_and_check(db, "st")
+    assert [o.action for o in outcomes] == [Action.FULL if mode == "FULL" else Action.DIFFERENTIAL]
 
 
 def test_atomic_group_and_daemon_through_spark_connect(cdb: Database) -> None:
@@ -150,6 +175,7 @@ def test_atomic_group_and_daemon_through_spark_connect(cdb: Database) -> None:
 
 
 def test_cli_refresh_and_run_with_spark_remote(db: Database, connect_url: str) -> None:
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     _orders(db, rows=50)
     create_st(db, "by_customer", QUERIES["by_customer"])
     result = runner.invoke(app, ["--dsn", db.dsn, "refresh", "--spark-remote", connect_url, "by_customer"],
@@ -213,7 +239,8 @@ def test_the_client_needs_no_java(db: Database, connect_url: str, tmp_path: Path
         "            for p in os.listdir('/proc') if p.isdigit() and os.path.exists(f'/proc/{p}/stat')\n"
         "            and open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1] == me]\n"
         "from pyspark.core.context import SparkContext\n"
-        "print(json.dumps({'codes': codes, 'children': children, 'gateway': SparkContext._gateway is not None}))\n"
+        "gateway = SparkContext._gateway is not None\n"
+        "print(json.dumps({'codes': codes, 'children': children, 'gateway': gateway}))\n"
     )
     first = subprocess.run([sys.executable, "-c", program, db.dsn, connect_url, "joined"], env=env,
                            capture_output=True, text=True, timeout=600, check=False)
