@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 import pgtrickle
 from pgtrickle.cli.main import app
 from pgtrickle.config import Settings
-from pgtrickle.errors import SparkConnectUnreachableError, ValueNotCarriedError
+from pgtrickle.errors import PgTrickleError, SparkConnectUnreachableError, ValueNotCarriedError
 from pgtrickle.refresh.plan import Action
 from pgtrickle.scheduler.daemon import Scheduler
 from pgtrickle.spark.capabilities import capabilities, is_connect
@@ -216,6 +216,23 @@ def test_an_unreachable_server_is_a_clear_error_and_changes_nothing(cdb: Databas
     assert url in result.output and "s3cret" not in result.output
     result = runner.invoke(app, ["--dsn", db.dsn, "refresh", "--spark-remote", "http://nowhere:1", "--all"])
     assert result.exit_code == 1 and "not a Spark Connect URL" in result.output
+
+
+def test_a_session_the_server_lost_is_replaced(cdb: Database) -> None:
+    """A server that no longer knows the session (restarted, expired): a refresh fails, the next one works."""
+    db = cdb
+    _orders(db, rows=20)
+    create_st(db, "by_customer", QUERIES["by_customer"])
+    refresh_and_check(db, "by_customer")
+    spark = get_spark(db.settings)
+    spark.client.release_session()  # the server closes it
+    db.sql("INSERT INTO orders VALUES (9101, 1, 5)")
+    before = db.sql("SELECT * FROM by_customer ORDER BY 1")
+    with pytest.raises(PgTrickleError):
+        refresh(db, "by_customer")
+    assert db.sql("SELECT * FROM by_customer ORDER BY 1") == before
+    assert get_spark(db.settings) is not spark
+    refresh_and_check(db, "by_customer")
 
 
 def test_the_client_needs_no_java(db: Database, connect_url: str, tmp_path: Path) -> None:

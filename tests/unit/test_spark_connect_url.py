@@ -52,3 +52,19 @@ def test_the_environment_variable_sets_it(monkeypatch: pytest.MonkeyPatch) -> No
     assert Settings.from_env().spark_remote == "sc://h:1"
     monkeypatch.setenv("PGTRICKLE_SPARK_REMOTE", "")
     assert Settings.from_env().spark_remote is None
+
+
+def test_a_lost_session_is_recognised_by_its_error_condition() -> None:
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+
+    from pgtrickle.spark.session import session_lost
+
+    lost = SparkConnectGrpcException("gone", errorClass="INVALID_HANDLE.SESSION_CLOSED",
+                                     messageParameters={"handle": "h"})
+    assert session_lost(lost)
+    try:
+        raise RuntimeError("refresh failed") from lost
+    except RuntimeError as wrapped:
+        assert session_lost(wrapped)
+    other = SparkConnectGrpcException("bad", errorClass="DIVIDE_BY_ZERO", messageParameters={"config": "c"})
+    assert not session_lost(other) and not session_lost(ValueError("x"))

@@ -219,6 +219,9 @@ class Refresher:
                 self._record_abandoned(history_id)
             raise
         except Exception as exc:
+            from pgtrickle.spark.session import discard_lost_session
+
+            discard_lost_session(exc)
             message = _describe(exc)
             refused = carry.refusal_in(exc)
             full = message

@@ -201,3 +201,45 @@ def stop_spark() -> None:
             session.stop()
         _sessions.clear()
         _session = None
+
+
+def session_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says the Spark Connect server no longer knows this client's session (pure).
+
+    A restarted server, or one that expired or closed the session, answers
+    with error condition ``INVALID_HANDLE.SESSION_*``: the session can
+    never work again, but a new one can.
+    """
+    current: BaseException | None = exc
+    for _ in range(10):
+        if current is None:
+            return False
+        condition = getattr(current, "getCondition", None)
+        try:
+            name = condition() if callable(condition) else None
+        except Exception:  # noqa: BLE001 - a foreign exception's accessor
+            name = None
+        if isinstance(name, str) and name.startswith("INVALID_HANDLE.SESSION"):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def discard_lost_session(exc: BaseException) -> bool:
+    """After a failed refresh: forget the Spark Connect sessions if ``exc`` says the server lost them,
+    so the next refresh opens a new one (the daemon keeps running). Returns whether it did."""
+    if not session_lost(exc):
+        return False
+    from pgtrickle.spark import capabilities
+
+    with _lock:
+        for key in [k for k in _sessions if k is not None]:
+            session = _sessions.pop(key)
+            capabilities.forget(session)
+            try:
+                session.stop()
+            except Exception:  # noqa: BLE001 - closing a client whose server is gone
+                log.debug("closing a lost Spark Connect session failed", exc_info=True)
+    log.warning("the Spark Connect server no longer knows pgtrickle's session; "
+                "the next refresh opens a new one")
+    return True
