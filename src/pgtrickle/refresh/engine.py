@@ -145,11 +145,11 @@ class Refresher:
     def cancel(self) -> None:
         """Abandon the refresh in progress: cancel its Spark jobs; nothing is applied."""
         self._cancel_requested = True
-        from pgtrickle.spark import capabilities
         from pgtrickle.spark import session as spark_session
+        from pgtrickle.spark.capabilities import interrupt_all
 
         for session in spark_session.active_sessions():
-            capabilities.interrupt_all(session)
+            interrupt_all(session)
 
     def _check_cancel(self) -> None:
         if self._cancel_requested:
