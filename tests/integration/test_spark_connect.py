@@ -235,6 +235,30 @@ def test_a_session_the_server_lost_is_replaced(cdb: Database) -> None:
     refresh_and_check(db, "by_customer")
 
 
+def test_a_cancelled_refresh_on_spark_connect_is_abandoned(cdb: Database) -> None:
+    """The second stop signal's cancel reaches the server (interruptAll) and nothing is applied."""
+    from pgtrickle.catalog.store import load_stream_tables
+    from pgtrickle.refresh.engine import Cancelled, Refresher
+
+    db = cdb
+    _orders(db, rows=20)
+    create_st(db, "joined", QUERIES["joined"], refresh_mode="FULL")
+    refresh_and_check(db, "joined")
+    db.sql("UPDATE orders SET amount = amount + 1 WHERE id < 5")
+    before = db.sql("SELECT * FROM joined ORDER BY 1")
+    refresher = Refresher(db.settings, db.dsn, progress=lambda msg: refresher.cancel())
+    try:
+        [st] = load_stream_tables(db.conn).values()
+        with pytest.raises(Cancelled):
+            refresher.refresh(st, "MANUAL")
+    finally:
+        refresher.close()
+    assert db.sql("SELECT status FROM pgtrickle.pgt_refresh_history ORDER BY refresh_id DESC LIMIT 1") == [
+        ("ABANDONED",)]
+    assert db.sql("SELECT * FROM joined ORDER BY 1") == before
+    refresh_and_check(db, "joined")
+
+
 def test_the_client_needs_no_java(db: Database, connect_url: str, tmp_path: Path) -> None:
     """``pgtrickle refresh --spark-remote`` with no Java anywhere: no JVM starts, the refresh is exact."""
     _orders(db, rows=50)
