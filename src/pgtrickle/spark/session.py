@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from pgtrickle.config import Settings
 from pgtrickle.errors import SparkError
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _session = None
 """The session started last (kept for callers that look at it)."""
-_sessions: dict[str | None, object] = {}
+_sessions: dict[str | None, Any] = {}
 """Per Spark Connect URL (``None``: the local JVM driver), the session of this process."""
 _startup_seconds: float | None = None
 
