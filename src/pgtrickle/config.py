@@ -81,6 +81,10 @@ class Settings:
 
     embedded_port: int = DEFAULT_EMBEDDED_PORT
     spark_master: str = "local[*]"
+    spark_remote: str | None = None
+    """Spark Connect URL (``sc://host:port``): every refresh runs on that server, no local JVM
+    (``spark_master`` and ``jdbc_jar`` are then the server's business)."""
+
     spark_conf: dict[str, str] = field(default_factory=dict)
     jdbc_jar: str = DEFAULT_JDBC_JAR
     tick_seconds: float = 1.0
@@ -107,6 +111,7 @@ class Settings:
             data_dir=Path(data_dir) if data_dir else _default_data_dir(),
             embedded_port=int(_env_number("PORT", DEFAULT_EMBEDDED_PORT, int)),
             spark_master=_env("SPARK_MASTER") or "local[*]",
+            spark_remote=_env("SPARK_REMOTE"),
             spark_conf=_parse_spark_conf(_env("SPARK_CONF")),
             jdbc_jar=_env("JDBC_JAR") or DEFAULT_JDBC_JAR,
             tick_seconds=_env_number("TICK_SECONDS", 1.0, float),

@@ -38,6 +38,17 @@ class SparkError(PgTrickleError):
     """Spark could not be started or a Spark job failed."""
 
 
+class SparkConnectUnreachableError(SparkError):
+    """The Spark Connect server (``--spark-remote``) cannot be reached or refused the session.
+
+    ``url`` is the server's address without its parameters (no token).
+    """
+
+    def __init__(self, message: str, url: str) -> None:
+        super().__init__(message)
+        self.url = url
+
+
 class RefreshError(PgTrickleError):
     """A refresh failed; the stream table keeps its previous contents."""
 

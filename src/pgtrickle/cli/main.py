@@ -42,6 +42,10 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+SPARK_REMOTE_HELP = ("Run every refresh on this Spark Connect server, e.g. sc://spark-host:15002 "
+                     "($PGTRICKLE_SPARK_REMOTE); no local Java needed. The server reads PostgreSQL itself.")
+
+
 def _settings(ctx: typer.Context) -> Settings:
     return ctx.obj  # type: ignore[no-any-return]
 
@@ -60,6 +64,7 @@ def main(
         show_default=False)] = None,
     spark_master: Annotated[str | None, typer.Option(
         help="Spark master URL ($PGTRICKLE_SPARK_MASTER, default local[*]).", show_default=False)] = None,
+    spark_remote: Annotated[str | None, typer.Option(help=SPARK_REMOTE_HELP, show_default=False)] = None,
     jdbc_jar: Annotated[str | None, typer.Option(
         help="Path of the PostgreSQL JDBC driver jar ($PGTRICKLE_JDBC_JAR).", show_default=False)] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens.")] = False,
@@ -72,9 +77,28 @@ def main(
     register_dsn(dsn or os.environ.get("PGTRICKLE_DSN"))
     try:
         ctx.obj = Settings.from_env().with_overrides(
-            dsn=dsn, data_dir=data_dir, embedded_port=port, spark_master=spark_master, jdbc_jar=jdbc_jar)
+            dsn=dsn, data_dir=data_dir, embedded_port=port, spark_master=spark_master,
+            spark_remote=spark_remote, jdbc_jar=jdbc_jar)
     except PgTrickleError as exc:
         _fail(str(exc))
+
+
+def _remote(ctx: typer.Context, spark_remote: str | None) -> Settings:
+    """The settings, with a command's own --spark-remote (checked: a bad URL is refused here)."""
+    settings = _settings(ctx).with_overrides(spark_remote=spark_remote)
+    if settings.spark_remote is not None:
+        from pgtrickle.spark.connect import parse_remote
+
+        parse_remote(settings.spark_remote)
+    return settings
+
+
+def _spark_where(settings: Settings) -> str:
+    if settings.spark_remote is None:
+        return f"Spark master {settings.spark_master}"
+    from pgtrickle.spark.connect import parse_remote
+
+    return f"Spark Connect server {parse_remote(settings.spark_remote).shown}"
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -192,6 +216,7 @@ def refresh(
         "--force", help="Pass an open circuit breaker and a closed watermark gate.")] = False,
     json_: Annotated[bool, typer.Option(
         "--json", help="Print one JSON document: each stream table's outcome and the summary.")] = False,
+    spark_remote: Annotated[str | None, typer.Option(help=SPARK_REMOTE_HELP, show_default=False)] = None,
 ) -> None:
     """Refresh stream tables now, upstream first, and wait for the result.
 
@@ -208,10 +233,11 @@ def refresh(
         _fail("give either stream table names or --all, not both")
 
     def go() -> int:
+        settings = _remote(ctx, spark_remote)
         dsn = _dsn(ctx, quiet=json_)
         spinner = err_console if json_ else console
         with spinner.status("Refreshing (the first Spark job of a process takes a few seconds)…") as status:
-            results = refresh_all(_settings(ctx), dsn, None if all_ else names,
+            results = refresh_all(settings, dsn, None if all_ else names,
                                   progress=lambda msg: status.update(escape(msg)), force=force)
         if json_:
             typer.echo(dumps(refresh_document(results)))
@@ -236,13 +262,14 @@ def run(
     metrics_address: Annotated[str | None, typer.Option(
         help="Address of the metrics server ($PGTRICKLE_METRICS_ADDRESS, default 127.0.0.1).",
         show_default=False)] = None,
+    spark_remote: Annotated[str | None, typer.Option(help=SPARK_REMOTE_HELP, show_default=False)] = None,
 ) -> None:
     """Run the daemon: refresh due stream tables in dependency order until stopped."""
     from pgtrickle.scheduler.daemon import Scheduler
 
     def go() -> None:
-        settings = _settings(ctx).with_overrides(tick_seconds=tick, metrics_port=metrics_port,
-                                                 metrics_address=metrics_address)
+        settings = _remote(ctx, spark_remote).with_overrides(tick_seconds=tick, metrics_port=metrics_port,
+                                                             metrics_address=metrics_address)
         dsn = _dsn(ctx)
         scheduler = Scheduler(
             settings, dsn,
@@ -250,14 +277,14 @@ def run(
                 escape(f"{o.st.display}: {o.action.value} ({o.reason}) +{o.rows_inserted:,} "
                        f"-{o.rows_deleted:,} in {o.seconds:.2f}s"), highlight=False),
         )
-        console.print(escape(f"pgtrickle daemon on {redact(dsn)}, Spark master {settings.spark_master}; "
+        console.print(escape(f"pgtrickle daemon on {redact(dsn)}, {_spark_where(settings)}; "
                              "Ctrl-C to stop"), highlight=False)
         try:
             # Start Spark now: a master or Java that cannot work is a clear error here, not a failed
             # (and eventually suspended) refresh of every stream table later.
             from pgtrickle.spark.session import get_spark
 
-            with console.status(escape(f"Starting Spark (master {settings.spark_master})…")):
+            with console.status(escape(f"Starting Spark ({_spark_where(settings)})…")):
                 get_spark(settings)
             port = scheduler.start_metrics()
             if port is not None:

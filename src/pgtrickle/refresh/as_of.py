@@ -31,8 +31,6 @@ from pgtrickle.spark import carry, jdbc
 def read_as_of(spark, conn: psycopg.Connection, target: JdbcTarget, dsn: str, source: Source,  # type: ignore[no-untyped-def]
                current, cap: str, upto: str):
     """``current`` (the source's DataFrame at ``upto``) rolled back to snapshot ``cap``."""
-    from pyspark.sql import functions as F
-
     row = conn.execute("SELECT columns FROM pgtrickle.pgt_change_sources WHERE source_relid = %s",
                        (source.relid,)).fetchone()
     assert row is not None
@@ -67,5 +65,12 @@ def read_as_of(spark, conn: psycopg.Connection, target: JdbcTarget, dsn: str, so
     names = [c["name"] for c in captured]
     rebuilt = current.select(*names).unionAll(old).exceptAll(new)
     types = {f.name: f.dataType for f in current.schema.fields}
-    return rebuilt.select(*[F.col(c) if c in names else F.lit(None).cast(types[c]).alias(c)
-                            for c in current.columns])
+    # SQL expressions (not pyspark.sql.functions): the same for a local and a Spark Connect session.
+    return rebuilt.selectExpr(*[quoted(c) if c in names
+                                else f"CAST(NULL AS {types[c].simpleString()}) AS {quoted(c)}"
+                                for c in current.columns])
+
+
+def quoted(name: str) -> str:
+    """A column name as a Spark column reference."""
+    return "`" + name.replace("`", "``") + "`"

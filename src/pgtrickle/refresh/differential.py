@@ -62,6 +62,7 @@ from pgtrickle import faults
 from pgtrickle.errors import PgTrickleError
 from pgtrickle.refresh import commit, user_triggers
 from pgtrickle.spark import carry, jdbc
+from pgtrickle.spark.capabilities import capabilities, tag_jobs
 from pgtrickle.sql.translate import translate_to_spark
 
 PUSHDOWN_MIN_ROWS = 10_000
@@ -140,7 +141,8 @@ class DifferentialRun:
             if changed:
                 faults.point("refresh.spark_job")
                 try:
-                    result = self._compute(coord, snap_id, snapshot, changed)
+                    with carry.refusals_checked(lambda: self.r.spark, coord):
+                        result = self._compute(coord, snap_id, snapshot, changed)
                 except Exception as exc:
                     refused = carry.refusal_in(exc)
                     if refused is None:
@@ -170,7 +172,7 @@ class DifferentialRun:
     def _compute(self, coord: psycopg.Connection, snap_id: str, snapshot: str,
                  changed: dict[int, PendingChanges]) -> DeltaResult:
         spark = self.r.spark
-        spark.sparkContext.setJobGroup(f"pgtrickle-{self.st.pgt_id}", f"refresh {self.st.display}", True)
+        tag_jobs(spark, f"pgtrickle-{self.st.pgt_id}", f"refresh {self.st.display}")
         self._snap_id, self._snapshot, self._coord = snap_id, snapshot, coord
         self._stats = jdbc.table_stats(coord, [s.relid for s in self.st.sources])
         self._buffer_cols = _buffer_columns(self.conn, [s.relid for s in self.st.sources])
@@ -178,7 +180,7 @@ class DifferentialRun:
         self._column_types: dict[tuple[str, str], dict[str, str]] = {}
         shape = self.analysis.shape
         total = sum(p.rows for p in changed.values())
-        partitions = max(1, min(spark.sparkContext.defaultParallelism, 1 + total // 50_000))
+        partitions = max(1, min(capabilities(spark).parallelism, 1 + total // 50_000))
         # Size the shuffle to the delta, not to the sources; small deltas skip AQE's re-planning.
         tuned = {"spark.sql.shuffle.partitions": str(partitions),
                  "spark.sql.adaptive.enabled": "false" if total < 100_000 else "true"}
@@ -332,15 +334,13 @@ class DifferentialRun:
             return self._views[key]
         name = f"{self.prefix}p_{source.relid}"
         parts = jdbc.partition_count(stats, self.r.settings.jdbc_partition_rows,
-                                     self.r.spark.sparkContext.defaultParallelism)
+                                     capabilities(self.r.spark).parallelism)
         df = jdbc.read_table(self.r.spark, self.r.target, source.qualified, self._snap_id,
                              jdbc.ctid_predicates(stats, parts), select=self.r.source_select(source))
         if stats.relpages * 8192 <= BROADCAST_MAX_BYTES:
             # Spark cannot size a JDBC relation: say it is small, so the join with the delta
             # broadcasts it instead of shuffling both sides.
-            from pyspark.sql import functions as F  # noqa: N812
-
-            df = F.broadcast(df)
+            df = df.hint("broadcast")
         self.timings["whole_table_reads"] = self.timings.get("whole_table_reads", 0) + 1
         self._finish_post(df, name, source)
         self._views[key] = name
@@ -1010,19 +1010,21 @@ def finish_output(df, n_data: int, hash_positions: Sequence[int], dates: bool = 
     aggregate), computed the same way for FULL and DIFFERENTIAL refreshes.
     Timestamps are rendered with their offset for COPY.
     """
-    from pyspark.sql import functions as F  # noqa: N812
     from pyspark.sql.types import TimestampType
 
+    # SQL expressions, not pyspark.sql.functions: the same code serves a local session and a
+    # Spark Connect one, whichever kind the process's functions module was set up for.
     names = [f"c{i}" for i in range(n_data)] + list(df.columns[n_data:])
     named = df.toDF(*names)
     if hash_positions:
-        row_id = F.xxhash64(*[F.col(names[i]) for i in hash_positions])
+        row_id = f"xxhash64({', '.join(spark_name(names[i]) for i in hash_positions)})"
     else:
-        row_id = F.lit(0).cast("bigint")
+        row_id = "CAST(0 AS BIGINT)"
     cols = []
     for field_ in named.schema.fields:
         if dates and isinstance(field_.dataType, TimestampType):
-            cols.append(F.date_format(F.col(field_.name), "yyyy-MM-dd HH:mm:ss.SSSSSSXXX").alias(field_.name))
+            cols.append(f"date_format({spark_name(field_.name)}, 'yyyy-MM-dd HH:mm:ss.SSSSSSXXX') "
+                        f"AS {spark_name(field_.name)}")
         else:
-            cols.append(F.col(spark_name(field_.name)))
-    return named.select(*cols, row_id.alias(ROW_ID))
+            cols.append(spark_name(field_.name))
+    return named.selectExpr(*cols, f"{row_id} AS {ROW_ID}")

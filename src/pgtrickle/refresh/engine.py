@@ -49,6 +49,7 @@ from pgtrickle.refresh.capture_check import require_capture
 from pgtrickle.refresh.plan import (DEFAULT_FALLBACK_RATIO, READS_CLOCK_REASON, Action, ModeContext, RefreshPlan,
                                     plan_refresh, reinit_text)
 from pgtrickle.spark import carry, jdbc
+from pgtrickle.spark.capabilities import capabilities, tag_jobs
 from pgtrickle.refresh.differential import finish_output
 from pgtrickle.sql.clock import clock_values, pin_clock
 from pgtrickle.sql.translate import translate_to_spark
@@ -145,9 +146,10 @@ class Refresher:
         """Abandon the refresh in progress: cancel its Spark jobs; nothing is applied."""
         self._cancel_requested = True
         from pgtrickle.spark import session as spark_session
+        from pgtrickle.spark.capabilities import interrupt_all
 
-        if spark_session._session is not None:  # noqa: SLF001 - same package
-            spark_session._session.sparkContext.cancelAllJobs()
+        for session in spark_session.active_sessions():
+            interrupt_all(session)
 
     def _check_cancel(self) -> None:
         if self._cancel_requested:
@@ -217,6 +219,9 @@ class Refresher:
                 self._record_abandoned(history_id)
             raise
         except Exception as exc:
+            from pgtrickle.spark.session import discard_lost_session
+
+            discard_lost_session(exc)
             message = _describe(exc)
             refused = carry.refusal_in(exc)
             full = message
@@ -622,7 +627,7 @@ class Refresher:
         self._check_cancel()
         staging = f"stage_{st.pgt_id}"
         coordinator, snap_id, snapshot, lsn = self.coordinator(st.sources)
-        with coordinator as coord:
+        with coordinator as coord, carry.refusals_checked(lambda: spark, coord):
             stats = jdbc.table_stats(coord, [s.relid for s in st.sources])
             self.progress(f"{st.display}: reading {len(st.sources)} source(s) at snapshot {snapshot}")
             table_map = {}
@@ -634,7 +639,7 @@ class Refresher:
                     table_map[(source.schema, source.name)] = view
                     continue
                 parts = jdbc.partition_count(stats[source.relid], self.settings.jdbc_partition_rows,
-                                             spark.sparkContext.defaultParallelism)
+                                             capabilities(spark).parallelism)
                 df = jdbc.read_table(spark, self.target, source.qualified, snap_id,
                                      jdbc.ctid_predicates(stats[source.relid], parts),
                                      select=self.source_select(source))
@@ -660,7 +665,7 @@ class Refresher:
                 )
             result = finish_output(result, len(layout.columns), layout.key_positions)
             estimate = sum(stats[s.relid].reltuples for s in st.sources)
-            spark.sparkContext.setJobGroup(f"pgtrickle-{st.pgt_id}", f"refresh {st.display}", True)
+            tag_jobs(spark, f"pgtrickle-{st.pgt_id}", f"refresh {st.display}")
             faults.point("refresh.spark_job")
             t1 = time.monotonic()
             rows: list[tuple] | None = None

@@ -41,6 +41,7 @@ from pgtrickle.refresh.group_plan import frontier_with_own_xid, member_actions
 from pgtrickle.refresh.plan import Action, RefreshPlan
 from pgtrickle.scheduler.groups import RefreshGroup
 from pgtrickle.spark import jdbc
+from pgtrickle.spark.capabilities import capabilities
 from pgtrickle.sql.translate import translate_to_spark
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ class GroupContext:
                 df = self.view_of(refresher, source.relid)
             else:
                 parts = jdbc.partition_count(stats[source.relid], refresher.settings.jdbc_partition_rows,
-                                             spark.sparkContext.defaultParallelism)
+                                             capabilities(spark).parallelism)
                 df = jdbc.read_table(spark, refresher.target, source.qualified, self.snap_id,
                                      jdbc.ctid_predicates(stats[source.relid], parts),
                                      select=refresher.source_select(source))

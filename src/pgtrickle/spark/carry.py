@@ -43,7 +43,8 @@ be in a change that no longer exists at the new snapshot). See docs/TYPES.md.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psycopg
@@ -220,17 +221,29 @@ class Refusal:
     hint: str | None
 
 
+class RefusedRead(Exception):  # noqa: N818 - a carrier of a Refusal, raised from the Spark error
+    """A failed Spark job whose reads hold a refused value, as PostgreSQL itself reported it."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
 def refusal_in(exc: BaseException) -> Refusal | None:
     """The refusal of :func:`read_expression` that failed ``exc`` (a Spark job's error), if it is one.
 
     Walks the Java exception's causes for the JDBC driver's
     ``PSQLException`` and matches its server error's SQLSTATE and routine
-    (the refusal function's), never the message text.
+    (the refusal function's), never the message text. (A Spark Connect
+    client sees no Java exceptions: :func:`refusals_checked` finds the
+    refusal in PostgreSQL and raises :class:`RefusedRead`.)
     """
     python: BaseException | None = exc
     for _ in range(10):  # the Python chain (__cause__/__context__), bounded against cycles
         if python is None:
             break
+        if isinstance(python, RefusedRead):
+            return python.refusal
         found = _refusal_in_java(getattr(python, "java_exception", None) or getattr(python, "_origin", None))
         if found is not None:
             return found
@@ -252,4 +265,42 @@ def _refusal_in_java(java: object) -> Refusal | None:  # noqa: C901 - walks a py
             java = java.getCause()  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - a JVM gone or a foreign object: not a refusal we can read
             return None
+    return None
+
+
+@contextmanager
+def refusals_checked(spark: Callable[[], object], conn: psycopg.Connection) -> Iterator[None]:
+    """Within: a Spark job that failed on a refused value raises :class:`RefusedRead`, wherever Spark runs.
+
+    A local JVM session's error carries PostgreSQL's (:func:`refusal_in`).
+    A Spark Connect client gets only the server's text, so the reads with
+    checked columns started in the block (:func:`pgtrickle.spark.jdbc.checked_reads`)
+    are run again in PostgreSQL on ``conn`` -- the refresh's coordinator,
+    whose snapshot is the one Spark read -- each in a savepoint, until one
+    raises the refusal; its SQLSTATE and routine say what it is.
+    """
+    from pgtrickle.spark import jdbc
+    from pgtrickle.spark.capabilities import capabilities
+
+    with jdbc.checked_reads() as reads:
+        try:
+            yield
+        except Exception as exc:
+            if reads and refusal_in(exc) is None and not capabilities(spark()).java_errors:
+                found = find_refusal(conn, reads)
+                if found is not None:
+                    raise RefusedRead(found) from exc
+            raise
+
+
+def find_refusal(conn: psycopg.Connection, queries: Sequence[str]) -> Refusal | None:
+    """The refusal one of ``queries`` (checked reads) raises when PostgreSQL runs it on ``conn``, if any."""
+    for query in dict.fromkeys(queries):
+        try:
+            with conn.transaction():  # a savepoint: the coordinator's transaction goes on
+                conn.execute(sql.SQL("SELECT count(q.*) FROM ({}) AS q").format(sql.SQL(query)))  # type: ignore[arg-type]
+        except psycopg.Error as err:
+            diag = err.diag
+            if err.sqlstate in REFUSAL_SQLSTATES and "_value_not_carried" in (diag.context or ""):
+                return Refusal(str(err.sqlstate), str(diag.message_primary), diag.message_hint)
     return None

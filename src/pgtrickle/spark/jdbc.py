@@ -11,7 +11,10 @@ works for any heap table, with or without a numeric key.
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pgtrickle.db.connection import JdbcTarget
@@ -150,6 +153,22 @@ def write_append(df, target: JdbcTarget, qualified_name: str, batch_size: int = 
     )
 
 
+_recording = threading.local()
+
+
+@contextmanager
+def checked_reads() -> Iterator[list[str]]:
+    """The queries of the reads this thread starts within the block whose values are checked
+    (:mod:`pgtrickle.spark.carry`): where a failed job's refusal is looked for."""
+    previous = getattr(_recording, "reads", None)
+    reads: list[str] = []
+    _recording.reads = reads
+    try:
+        yield reads
+    finally:
+        _recording.reads = previous
+
+
 def read_query(spark, target: JdbcTarget, query: str, snapshot_id: str | None,  # type: ignore[no-untyped-def]
                fetch_size: int = 10_000):
     """A DataFrame over the rows of a PostgreSQL query (one partition).
@@ -158,6 +177,9 @@ def read_query(spark, target: JdbcTarget, query: str, snapshot_id: str | None,  
     at a fresh snapshot of its own (change-buffer reads filter their window
     explicitly, so they need none).
     """
+    reads = getattr(_recording, "reads", None)
+    if reads is not None and "pgtrickle._value_not_carried(" in query:
+        reads.append(query)
     props = dict(target.properties)
     props.update({"driver": "org.postgresql.Driver", "fetchsize": str(fetch_size),
                   "preferTimestampNTZ": "true"})

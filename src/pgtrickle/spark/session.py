@@ -1,5 +1,8 @@
 """One long-lived SparkSession for the daemon (starting one costs ~5 s).
 
+A local JVM driver by default; with ``--spark-remote`` a Spark Connect client
+(see :mod:`pgtrickle.spark.connect`).
+
 Any Spark setting can be given through :class:`~pgtrickle.config.Settings`
 (``spark_master``, ``spark_conf``); the PostgreSQL JDBC driver jar is put on
 the classpath of the driver and shipped to executors with ``spark.jars``.
@@ -15,6 +18,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from pgtrickle.config import Settings
 from pgtrickle.errors import SparkError
@@ -23,6 +27,9 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _session = None
+"""The session started last (kept for callers that look at it)."""
+_sessions: dict[str | None, Any] = {}
+"""Per Spark Connect URL (``None``: the local JVM driver), the session of this process."""
 _startup_seconds: float | None = None
 
 
@@ -116,51 +123,124 @@ def check_java() -> str:
 
 
 def get_spark(settings: Settings):  # type: ignore[no-untyped-def]
-    """The process's SparkSession, created on first use."""
+    """The process's SparkSession, created on first use.
+
+    With ``settings.spark_remote`` a Spark Connect session on that server
+    (:mod:`pgtrickle.spark.connect`; no JVM here), else a local JVM driver
+    for ``settings.spark_master``. One of each kind is kept per process.
+    """
     global _session, _startup_seconds
+    key = settings.spark_remote
     with _lock:
-        if _session is not None:
-            return _session
-        jar = check_jdbc_jar(settings)
-        check_master(settings.spark_master)
-        check_java()
-        reach_master(settings.spark_master)
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        settings.spark_local_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            from pyspark.sql import SparkSession
-        except ImportError as exc:  # pragma: no cover - declared dependency
-            raise SparkError("pyspark is not installed; run `make setup`") from exc
-        conf = default_conf(settings)
-        conf.update(settings.spark_conf)
-        existing_jars = conf.get("spark.jars", "")
-        conf["spark.jars"] = ",".join(j for j in (existing_jars, str(jar)) if j)
-        builder = SparkSession.builder.master(settings.spark_master)
-        for key, value in conf.items():
-            builder = builder.config(key, value)
+        if key in _sessions:
+            return _sessions[key]
         started = time.monotonic()
-        try:
-            session = builder.getOrCreate()
-        except Exception as exc:  # noqa: BLE001 - Spark raises many kinds
-            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise SparkError(
-                f"Spark could not start with master {settings.spark_master!r}: {detail}; check the master "
-                "(--spark-master / PGTRICKLE_SPARK_MASTER) and any PGTRICKLE_SPARK_CONF settings"
-            ) from exc
-        session.sparkContext.setLogLevel("ERROR")
+        if key is not None:
+            from pgtrickle.spark import connect
+
+            session = connect.open_session(settings, default_conf(settings))
+            where = f"Spark Connect server {connect.parse_remote(key).shown}"
+        else:
+            session = _start_local(settings)
+            where = f"master {settings.spark_master}"
         _startup_seconds = time.monotonic() - started
-        log.info("SparkSession started in %.1fs (master %s)", _startup_seconds, settings.spark_master)
+        log.info("SparkSession started in %.1fs (%s)", _startup_seconds, where)
+        _sessions[key] = session
         _session = session
         return session
+
+
+def _start_local(settings: Settings):  # type: ignore[no-untyped-def]
+    """A SparkSession with a JVM driver in this process."""
+    jar = check_jdbc_jar(settings)
+    check_master(settings.spark_master)
+    check_java()
+    reach_master(settings.spark_master)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    settings.spark_local_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:  # pragma: no cover - declared dependency
+        raise SparkError("pyspark is not installed; run `make setup`") from exc
+    conf = default_conf(settings)
+    conf.update(settings.spark_conf)
+    existing_jars = conf.get("spark.jars", "")
+    conf["spark.jars"] = ",".join(j for j in (existing_jars, str(jar)) if j)
+    builder = SparkSession.builder.master(settings.spark_master)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    try:
+        session = builder.getOrCreate()
+    except Exception as exc:  # noqa: BLE001 - Spark raises many kinds
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SparkError(
+            f"Spark could not start with master {settings.spark_master!r}: {detail}; check the master "
+            "(--spark-master / PGTRICKLE_SPARK_MASTER) and any PGTRICKLE_SPARK_CONF settings"
+        ) from exc
+    session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
 def startup_seconds() -> float | None:
     return _startup_seconds
 
 
-def stop_spark() -> None:
-    global _session
+def active_sessions() -> list:  # type: ignore[type-arg]
+    """The sessions this process has started (to cancel their jobs)."""
     with _lock:
-        if _session is not None:
-            _session.stop()
-            _session = None
+        return list(_sessions.values())
+
+
+def stop_spark() -> None:
+    """Stop every session this process started (a Spark Connect session only closes its client)."""
+    global _session
+    from pgtrickle.spark import capabilities
+
+    with _lock:
+        for session in _sessions.values():
+            capabilities.forget(session)
+            session.stop()
+        _sessions.clear()
+        _session = None
+
+
+def session_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says the Spark Connect server no longer knows this client's session (pure).
+
+    A restarted server, or one that expired or closed the session, answers
+    with error condition ``INVALID_HANDLE.SESSION_*``: the session can
+    never work again, but a new one can.
+    """
+    current: BaseException | None = exc
+    for _ in range(10):
+        if current is None:
+            return False
+        condition = getattr(current, "getCondition", None)
+        try:
+            name = condition() if callable(condition) else None
+        except Exception:  # noqa: BLE001 - a foreign exception's accessor
+            name = None
+        if isinstance(name, str) and name.startswith("INVALID_HANDLE.SESSION"):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def discard_lost_session(exc: BaseException) -> bool:
+    """After a failed refresh: forget the Spark Connect sessions if ``exc`` says the server lost them,
+    so the next refresh opens a new one (the daemon keeps running). Returns whether it did."""
+    if not session_lost(exc):
+        return False
+    from pgtrickle.spark import capabilities
+
+    with _lock:
+        for key in [k for k in _sessions if k is not None]:
+            session = _sessions.pop(key)
+            capabilities.forget(session)
+            try:
+                session.stop()
+            except Exception:  # noqa: BLE001 - closing a client whose server is gone
+                log.debug("closing a lost Spark Connect session failed", exc_info=True)
+    log.warning("the Spark Connect server no longer knows pgtrickle's session; "
+                "the next refresh opens a new one")
+    return True
