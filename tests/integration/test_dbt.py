@@ -118,7 +118,7 @@ def test_example_project_create_alter_replace_full_refresh(project: Project) -> 
     assert db.scalar("SELECT schedule FROM pgtrickle.stream_tables_info WHERE name = %s",
                      (qualified("customer_totals"),)) == "5m"
     # The same SQL written differently is the same query (compared normalized): still no replace.
-    model.write_text(model.read_text().replace("count(*) as orders", "COUNT(*)   AS orders  -- reformatted"))
+    model.write_text(model.read_text().replace("count(*) as orders", "COUNT(*)   AS orders /* reformatted */"))
     out = project.ok("run")
     assert "is up to date" in out and "replacing" not in out, out
     assert project.relid("customer_totals") == relid
