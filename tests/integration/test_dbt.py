@@ -25,7 +25,8 @@ import yaml
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, catalog_fingerprint, refresh
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
+# Each dbt command is a process that parses the project (seconds each on a loaded machine).
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark"), pytest.mark.timeout(1800)]
 
 PACKAGE = Path(__file__).resolve().parents[2] / "integrations" / "dbt"
 SCHEMA = "dbt Shop"  # every model lands here: a schema name that needs quoting
@@ -39,7 +40,7 @@ class Project:
 
     def dbt(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "DBT_SEND_ANONYMOUS_USAGE_STATS": "false", "DBT_VERSION_CHECK": "false",
-               "DBT_PARTIAL_PARSE": "false", "DBT_USE_COLORS": "false", "DBT_PRINTER_WIDTH": "200"}
+               "DBT_USE_COLORS": "false", "DBT_PRINTER_WIDTH": "200"}
         return subprocess.run(
             [sys.executable, "-c", "from dbt.cli.main import cli; cli()", *args,
              "--project-dir", str(self.root), "--profiles-dir", str(self.root)],
@@ -67,7 +68,7 @@ def qualified(name: str) -> str:
 @pytest.fixture
 def project(db: Database, tmp_path: Path) -> Iterator[Project]:
     root = tmp_path / "example"
-    shutil.copytree(PACKAGE / "example", root, ignore=shutil.ignore_patterns("target", "logs", "dbt_packages"))
+    shutil.copytree(PACKAGE / "example", root, ignore=shutil.ignore_patterns("target", "logs", "dbt_packages", "package-lock.yml", "profiles.yml"))
     (root / "packages.yml").write_text(yaml.safe_dump({"packages": [{"local": str(PACKAGE)}]}))
     url = urlsplit(db.dsn)
     (root / "profiles.yml").write_text(yaml.safe_dump({"pgtrickle_example": {"target": "test", "outputs": {"test": {
@@ -105,7 +106,6 @@ def test_example_project_create_alter_replace_full_refresh(project: Project) -> 
     db.sql(f"UPDATE {qualified('customers')} SET region = 'west' WHERE customer_id = 5")
     refresh(db)
     assert_oracle(db)
-    project.ok("test")
 
     # Only an option changed: altered in place (same table, same OID).
     relid, down = project.relid("customer_totals"), project.relid("region_totals")
@@ -151,44 +151,37 @@ def test_example_project_create_alter_replace_full_refresh(project: Project) -> 
     project.ok("test")
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (("refresh_mode='AUTO'", "refresh_mode='SOMETIMES'"), "invalid refresh_mode 'SOMETIMES'"),
-    (("schedule='1m'", "schedule='every tuesday'"), "invalid schedule 'every tuesday'"),
-    (("schedule='1m'", "schedule='1m', circuit_breaker='sometimes'"), "invalid circuit_breaker 'sometimes'"),
-])
-def test_bad_config_fails_the_run_and_changes_nothing(project: Project, change: tuple[str, str],
-                                                      message: str) -> None:
+def test_bad_config_fails_the_run_and_changes_nothing(project: Project) -> None:
     db = project.db
     model = project.model("customer_totals")
     original = model.read_text()
-    model.write_text(original.replace(*change))
+
+    def run_with(change: tuple[str, str], message: str) -> None:
+        model.write_text(original.replace(*change))
+        before = catalog_fingerprint(db)
+        result = project.dbt("run", "-s", "customer_totals")
+        assert result.returncode == 1, result.stdout
+        assert message in result.stdout, result.stdout
+        assert catalog_fingerprint(db) == before
+
     # Creating: refused, nothing created.
-    before = catalog_fingerprint(db)
-    result = project.dbt("run", "-s", "customer_totals")
-    assert result.returncode == 1, result.stdout
-    assert message in result.stdout, result.stdout
-    assert catalog_fingerprint(db) == before
+    run_with(("refresh_mode='AUTO'", "refresh_mode='SOMETIMES'"), "invalid refresh_mode 'SOMETIMES'")
+    assert db.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables") == 0
     # Altering an existing stream table: refused, nothing altered.
     model.write_text(original)
-    project.ok("run")
-    model.write_text(original.replace(*change))
-    before = catalog_fingerprint(db)
-    result = project.dbt("run", "-s", "customer_totals")
-    assert result.returncode == 1 and message in result.stdout, result.stdout
-    assert catalog_fingerprint(db) == before
+    project.ok("run", "-s", "customer_totals")
+    run_with(("schedule='1m'", "schedule='every tuesday'"), "invalid schedule 'every tuesday'")
+    run_with(("schedule='1m'", "schedule='1m', circuit_breaker='sometimes'"), "invalid circuit_breaker 'sometimes'")
+    assert db.sql("SELECT schedule FROM pgtrickle.stream_tables_info") == [("1m",)]
 
 
-def test_hostile_names_and_a_table_that_becomes_a_stream_table(project: Project) -> None:
+def test_hostile_alias_and_a_table_model_that_becomes_a_stream_table(project: Project) -> None:
     db = project.db
     hostile = project.model("hostile")
-    body = ("select customer_id, region from {{ ref('customers') }} where region <> 'south'\n")
-    hostile.write_text("{{ config(materialized='table', alias=%r) }}\n%s" % (HOSTILE, body))
-    project.ok("run", "-s", "hostile")
-    assert db.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables") == 0
-
-    hostile.write_text("{{ config(materialized='stream_table', alias=%r, schedule='10m') }}\n%s" % (HOSTILE, body))
+    body = "select customer_id, region from {{ ref('customers') }} where region <> 'south'\n"
+    hostile.write_text("{{ config(alias=%r, schedule='10m') }}\n%s" % (HOSTILE, body))
     out = project.ok("run", "-s", "hostile")
-    assert f"pgtrickle: replacing table {qualified(HOSTILE)}, which is not a stream table" in out, out
+    assert f"pgtrickle: created stream table {qualified(HOSTILE)}" in out, out
     assert db.sql("SELECT schema_name, table_name, schedule FROM pgtrickle.stream_tables_info") == \
         [(SCHEMA, HOSTILE, "10m")]
     refresh(db)
@@ -196,7 +189,27 @@ def test_hostile_names_and_a_table_that_becomes_a_stream_table(project: Project)
     assert db.scalar(f"SELECT count(*) FROM {qualified(HOSTILE)}") == 3
 
     relid = project.relid(HOSTILE)
-    hostile.write_text("{{ config(materialized='stream_table', alias=%r, schedule='1h') }}\n%s" % (HOSTILE, body))
+    hostile.write_text("{{ config(alias=%r, schedule='1h') }}\n%s" % (HOSTILE, body))
     out = project.ok("run", "-s", "hostile")
     assert f"pgtrickle: altered stream table {qualified(HOSTILE)} (schedule: 10m -> 1h)" in out, out
     assert project.relid(HOSTILE) == relid
+    hostile.write_text("{{ config(alias=%r, schedule='1h') }}\n%s" % (HOSTILE, body.replace("<>", "=")))
+    out = project.ok("run", "-s", "hostile")
+    assert f"pgtrickle: replacing stream table {qualified(HOSTILE)} (its defining query changed)" in out, out
+    refresh(db)
+    assert_oracle(db)
+
+    # A model that was a table becomes a stream table.
+    model = project.model("legacy")
+    body = "select region, count(*) as customers from {{ ref('customers') }} group by region\n"
+    model.write_text("{{ config(materialized='table') }}\n" + body)
+    project.ok("run", "-s", "legacy")
+    assert db.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'legacy'") == 0
+    model.write_text("{{ config(materialized='stream_table', grants={'select': ['pgtrickle_user']}) }}\n" + body)
+    out = project.ok("run", "-s", "legacy")
+    assert f"pgtrickle: replacing table {qualified('legacy')}, which is not a stream table" in out, out
+    # schedule not set: the default_schedule setting.
+    assert db.sql("SELECT schedule FROM pgtrickle.stream_tables_info WHERE table_name = 'legacy'") == [("1m",)]
+    assert db.scalar("SELECT has_table_privilege('pgtrickle_user', %s, 'SELECT')", (qualified("legacy"),)) is True
+    refresh(db)
+    assert_oracle(db)
