@@ -68,13 +68,15 @@ def qualified(name: str) -> str:
 @pytest.fixture
 def project(db: Database, tmp_path: Path) -> Iterator[Project]:
     root = tmp_path / "example"
-    shutil.copytree(PACKAGE / "example", root, ignore=shutil.ignore_patterns("target", "logs", "dbt_packages", "package-lock.yml", "profiles.yml"))
+    local = ("target", "logs", "dbt_packages", "package-lock.yml", "profiles.yml")
+    shutil.copytree(PACKAGE / "example", root, ignore=shutil.ignore_patterns(*local))
     (root / "packages.yml").write_text(yaml.safe_dump({"packages": [{"local": str(PACKAGE)}]}))
     url = urlsplit(db.dsn)
-    (root / "profiles.yml").write_text(yaml.safe_dump({"pgtrickle_example": {"target": "test", "outputs": {"test": {
-        "type": "postgres", "host": url.hostname, "port": url.port, "user": unquote(url.username or ""),
-        "password": unquote(url.password or ""), "dbname": url.path.lstrip("/"), "schema": SCHEMA,
-        "threads": 1}}}}))
+    output = {"type": "postgres", "host": url.hostname, "port": url.port, "user": unquote(url.username or ""),
+              "password": unquote(url.password or ""), "dbname": url.path.lstrip("/"), "schema": SCHEMA,
+              "threads": 1}
+    profile = {"pgtrickle_example": {"target": "test", "outputs": {"test": output}}}
+    (root / "profiles.yml").write_text(yaml.safe_dump(profile))
     project = Project(root, db)
     project.ok("deps")
     project.ok("seed")
@@ -87,7 +89,8 @@ def test_example_project_create_alter_replace_full_refresh(project: Project) -> 
     assert f'pgtrickle: created stream table {qualified("customer_totals")}' in out, out
     assert f'pgtrickle: created stream table {qualified("region_totals")}' in out, out
     info = db.sql("SELECT name, schedule, refresh_mode FROM pgtrickle.stream_tables_info ORDER BY pgt_id")
-    assert info == [(qualified("customer_totals"), "1m", "AUTO"), (qualified("region_totals"), "calculated", "AUTO")]
+    assert info == [(qualified("customer_totals"), "1m", "AUTO"),
+                    (qualified("region_totals"), "calculated", "AUTO")]
     # The ref() is an edge of pgtrickle's DAG.
     edge = db.sql("SELECT s.pgt_name, c.source_kind FROM pgtrickle.pgt_dependencies d"
                   " JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)"
@@ -118,7 +121,7 @@ def test_example_project_create_alter_replace_full_refresh(project: Project) -> 
     assert db.scalar("SELECT schedule FROM pgtrickle.stream_tables_info WHERE name = %s",
                      (qualified("customer_totals"),)) == "5m"
     # The same SQL written differently is the same query (compared normalized): still no replace.
-    model.write_text(model.read_text().replace("count(*) as orders", "COUNT(*)   AS orders /* reformatted */"))
+    model.write_text(model.read_text().replace("count(*) as orders", "COUNT(*)  AS orders /* reformatted */"))
     out = project.ok("run")
     assert "is up to date" in out and "replacing" not in out, out
     assert project.relid("customer_totals") == relid
@@ -171,15 +174,21 @@ def test_bad_config_fails_the_run_and_changes_nothing(project: Project) -> None:
     model.write_text(original)
     project.ok("run", "-s", "customer_totals")
     run_with(("schedule='1m'", "schedule='every tuesday'"), "invalid schedule 'every tuesday'")
-    run_with(("schedule='1m'", "schedule='1m', circuit_breaker='sometimes'"), "invalid circuit_breaker 'sometimes'")
+    run_with(("schedule='1m'", "schedule='1m', circuit_breaker='sometimes'"),
+             "invalid circuit_breaker 'sometimes'")
     assert db.sql("SELECT schedule FROM pgtrickle.stream_tables_info") == [("1m",)]
+
+
+def config(alias: str, schedule: str) -> str:
+    """A model's config() call with this alias (a Jinja string literal) and schedule."""
+    return f"{{{{ config(alias={alias!r}, schedule={schedule!r}) }}}}\n"
 
 
 def test_hostile_alias_and_a_table_model_that_becomes_a_stream_table(project: Project) -> None:
     db = project.db
     hostile = project.model("hostile")
     body = "select customer_id, region from {{ ref('customers') }} where region <> 'south'\n"
-    hostile.write_text("{{ config(alias=%r, schedule='10m') }}\n%s" % (HOSTILE, body))
+    hostile.write_text(config(HOSTILE, "10m") + body)
     out = project.ok("run", "-s", "hostile")
     assert f"pgtrickle: created stream table {qualified(HOSTILE)}" in out, out
     assert db.sql("SELECT schema_name, table_name, schedule FROM pgtrickle.stream_tables_info") == \
@@ -189,11 +198,11 @@ def test_hostile_alias_and_a_table_model_that_becomes_a_stream_table(project: Pr
     assert db.scalar(f"SELECT count(*) FROM {qualified(HOSTILE)}") == 3
 
     relid = project.relid(HOSTILE)
-    hostile.write_text("{{ config(alias=%r, schedule='1h') }}\n%s" % (HOSTILE, body))
+    hostile.write_text(config(HOSTILE, "1h") + body)
     out = project.ok("run", "-s", "hostile")
     assert f"pgtrickle: altered stream table {qualified(HOSTILE)} (schedule: 10m -> 1h)" in out, out
     assert project.relid(HOSTILE) == relid
-    hostile.write_text("{{ config(alias=%r, schedule='1h') }}\n%s" % (HOSTILE, body.replace("<>", "=")))
+    hostile.write_text(config(HOSTILE, "1h") + body.replace("<>", "="))
     out = project.ok("run", "-s", "hostile")
     assert f"pgtrickle: replacing stream table {qualified(HOSTILE)} (its defining query changed)" in out, out
     refresh(db)
@@ -205,11 +214,14 @@ def test_hostile_alias_and_a_table_model_that_becomes_a_stream_table(project: Pr
     model.write_text("{{ config(materialized='table') }}\n" + body)
     project.ok("run", "-s", "legacy")
     assert db.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'legacy'") == 0
-    model.write_text("{{ config(materialized='stream_table', grants={'select': ['pgtrickle_user']}) }}\n" + body)
+    grants = "grants={'select': ['pgtrickle_user']}"
+    model.write_text(f"{{{{ config(materialized='stream_table', {grants}) }}}}\n" + body)
     out = project.ok("run", "-s", "legacy")
     assert f"pgtrickle: replacing table {qualified('legacy')}, which is not a stream table" in out, out
     # schedule not set: the default_schedule setting.
-    assert db.sql("SELECT schedule FROM pgtrickle.stream_tables_info WHERE table_name = 'legacy'") == [("1m",)]
-    assert db.scalar("SELECT has_table_privilege('pgtrickle_user', %s, 'SELECT')", (qualified("legacy"),)) is True
+    assert db.sql("SELECT schedule FROM pgtrickle.stream_tables_info WHERE table_name = 'legacy'") == \
+        [("1m",)]
+    assert db.scalar("SELECT has_table_privilege('pgtrickle_user', %s, 'SELECT')",
+                     (qualified("legacy"),)) is True
     refresh(db)
     assert_oracle(db)

@@ -43,7 +43,8 @@ def test_query_changed(shop: Database) -> None:
     name = "\"Sales 'EU'\".\"Order \"\"Totals\"\"\""
     same = "select customer, sum(amount) as total from \"Sales 'EU'\".orders group by customer"
     assert shop.scalar("SELECT pgtrickle.stream_table_query_changed(%s, %s)", (name, same)) is False
-    other = "SELECT customer, sum(amount) AS total FROM \"Sales 'EU'\".orders WHERE amount > 1 GROUP BY customer"
+    other = ("SELECT customer, sum(amount) AS total FROM \"Sales 'EU'\".orders WHERE amount > 1"
+             " GROUP BY customer")
     assert shop.scalar("SELECT pgtrickle.stream_table_query_changed(%s, %s)", (name, other)) is True
     renamed = "SELECT customer, max(amount) AS total FROM \"Sales 'EU'\".orders GROUP BY customer"
     assert shop.scalar("SELECT pgtrickle.stream_table_query_changed(%s, %s)", (name, renamed)) is True
@@ -62,6 +63,7 @@ def test_query_changed(shop: Database) -> None:
     ("SELECT 1 AS a; DROP TABLE \"Sales 'EU'\".orders", "42601"),
     ("DELETE FROM \"Sales 'EU'\".orders RETURNING id", "42601"),
     ("SELEC 1", "42601"),
+    ("WITH d AS (DELETE FROM \"Sales 'EU'\".orders RETURNING id) SELECT id FROM d", "0A000"),
 ])
 def test_bad_queries_are_refused_and_change_nothing(shop: Database, query: str | None, sqlstate: str) -> None:
     before = catalog_fingerprint(shop)
@@ -70,6 +72,7 @@ def test_bad_queries_are_refused_and_change_nothing(shop: Database, query: str |
     assert err.value.sqlstate == sqlstate, err.value
     assert shop.scalar("SELECT count(*) FROM \"Sales 'EU'\".orders") == 10
     assert catalog_fingerprint(shop) == before
+    assert shop.scalar("SELECT count(*) FROM pg_class WHERE relname LIKE 'pgt_normalize_%'") == 0
 
 
 def test_unknown_stream_table(shop: Database) -> None:
