@@ -2970,6 +2970,69 @@ BEGIN
 END
 $$;
 
+-- ------------------------------------------------------ normalized queries
+-- What a defining query becomes once PostgreSQL has parsed it (pg_get_viewdef, schema-qualified):
+-- the form the catalog compares, so tools (the dbt materialization) can tell whether a stream
+-- table's query changed without comparing whitespace, comments or how names were written.
+-- SECURITY INVOKER: the caller parses the query as a temporary view of their own session,
+-- with their own rights, and it is gone when the function returns.
+CREATE OR REPLACE FUNCTION pgtrickle._api_normalize_query(query text, caller_path text)
+RETURNS text LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    v_query text;
+    v_view text := 'pgt_normalize_' || pg_catalog.pg_backend_pid() || '_' || pg_catalog.pg_current_xact_id();
+    v_norm text;
+    v_check refcursor;
+    v_state text;
+    v_msg text;
+    v_detail text;
+    v_hint text;
+BEGIN
+    IF query IS NULL OR btrim(query) = '' THEN
+        RAISE EXCEPTION 'query must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM pgtrickle._check_query_text(query, '(candidate)');
+    v_query := regexp_replace(query, ';\s*$', '');
+    BEGIN
+        PERFORM pg_catalog.set_config('search_path', coalesce(caller_path, ''), true);
+        OPEN v_check FOR EXECUTE 'EXPLAIN ' || v_query;
+        CLOSE v_check;
+        EXECUTE pg_catalog.format('CREATE TEMPORARY VIEW %I AS %s', v_view, v_query);
+        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pgtrickle, pg_temp', true);
+    EXCEPTION WHEN others THEN
+        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pgtrickle, pg_temp', true);
+        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT,
+                                v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
+        IF v_state = '42P11' THEN
+            RAISE EXCEPTION 'a defining query must be a single SELECT statement'
+                USING ERRCODE = 'syntax_error', DETAIL = 'The query text contains more than one statement.';
+        END IF;
+        RAISE EXCEPTION 'invalid defining query: %', v_msg
+            USING ERRCODE = v_state, DETAIL = coalesce(v_detail, ''), HINT = coalesce(v_hint, '');
+    END;
+    v_norm := pgtrickle._normalized_query(pg_catalog.format('pg_temp.%I', v_view)::regclass);
+    EXECUTE pg_catalog.format('DROP VIEW pg_temp.%I', v_view);
+    RETURN v_norm;
+END
+$$;
+
+-- Whether create_stream_table(name, query) would now define a different query than the
+-- stream table `name` has (compared in normalized form, against the defining view as it is
+-- now, so renames of sources since creation do not count as a change).
+CREATE OR REPLACE FUNCTION pgtrickle._api_stream_table_query_changed(name text, query text, caller_path text)
+RETURNS boolean LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+#variable_conflict use_variable
+DECLARE
+    st pgtrickle.pgt_stream_tables := pgtrickle._find_st(name, caller_path);
+BEGIN
+    RETURN pgtrickle._api_normalize_query(query, caller_path)
+           IS DISTINCT FROM coalesce(pgtrickle._normalized_query(st.def_view), st.normalized_query);
+END
+$$;
+
 -- ---------------------------------------------------------- public entry points
 --
 -- The functions that take names take them in the caller's terms: an unqualified
@@ -3131,8 +3194,26 @@ BEGIN ATOMIC
     SELECT pgtrickle._api_set_cdc_mode($1, $2, pg_catalog.current_setting('search_path'));
 END;
 
+CREATE OR REPLACE FUNCTION pgtrickle.normalize_query(query text)
+RETURNS text LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_normalize_query($1, pg_catalog.current_setting('search_path'));
+END;
+
+CREATE OR REPLACE FUNCTION pgtrickle.stream_table_query_changed(name text, query text)
+RETURNS boolean LANGUAGE sql
+BEGIN ATOMIC
+    SELECT pgtrickle._api_stream_table_query_changed($1, $2, pg_catalog.current_setting('search_path'));
+END;
+
 COMMENT ON FUNCTION pgtrickle.create_stream_table(text, text, text, text, boolean) IS
 'Create a stream table: a table kept equal to the result of a query. schedule: duration (''30s'', ''1h30m''), cron, or ''calculated''; refresh_mode: AUTO | FULL | DIFFERENTIAL.';
+
+COMMENT ON FUNCTION pgtrickle.normalize_query(text) IS
+'A defining query in the normalized, schema-qualified form the catalog keeps (pg_get_viewdef), parsed in the caller''s search_path with the caller''s rights; nothing is created.';
+
+COMMENT ON FUNCTION pgtrickle.stream_table_query_changed(text, text) IS
+'Whether a query differs, in normalized form, from the defining query a stream table has now (so replacing the stream table would change what it computes).';
 
 COMMENT ON FUNCTION pgtrickle.refresh_stream_table(text, boolean) IS
 'Ask the pgtrickle daemon to refresh a stream table now (force => true passes an open circuit breaker and a closed watermark gate). Runs when the calling transaction commits; `pgtrickle refresh NAME` refreshes synchronously.';
