@@ -37,6 +37,7 @@ QUERIES = {
 
 @pytest.fixture
 def chars(db: Database) -> Database:
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     db.sql("CREATE TABLE ch (id int, c char(5), d char(3), v text)")
     db.sql("CREATE TABLE ch2 (id int, d char(3))")
     for i, value in enumerate(HOSTILE):

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
 
 @pytest.fixture
 def bases(db: Database) -> Database:
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     db.sql("CREATE TABLE base_a (i int, j int)")
     db.sql("CREATE TABLE base_b (i int, j int)")
     db.sql("INSERT INTO base_a SELECT g, g * 10 FROM generate_series(1, 20) g")
@@ -63,6 +64,8 @@ def test_nested_with_refreshes_differentially(bases: Database, name: str) -> Non
 def udt(db: Database) -> Database:
     """A base type (as a superuser creates one) whose `=` and opclass live in schema s."""
     for stmt in (
+        # tiny tables: keep refreshes differential however many rows change (adaptive fallback off)
+        "UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'",
         "CREATE SCHEMA s",
         "CREATE TYPE s.mytype",
         "CREATE FUNCTION s.mytype_in(cstring) RETURNS s.mytype AS 'int4in' LANGUAGE internal STRICT IMMUTABLE",
@@ -193,3 +196,36 @@ def test_auto_records_why_it_chose_full(bases: Database) -> None:
     assert mode == "FULL" and "volatile function" in reason
     history = db.sql("SELECT action, mode_reason FROM pgtrickle.pgt_refresh_history ORDER BY refresh_id")
     assert history[-1][0] == "FULL" and "volatile function" in history[-1][1]
+
+
+@pytest.mark.parametrize("mode", ["AUTO", "DIFFERENTIAL"])
+def test_differential_plan_spark_refuses_falls_back_to_full_in_auto(bases: Database, mode: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delta query that cannot run (as the nested WITH's once could not) never leaves AUTO stale."""
+    from pgtrickle.errors import UnsupportedQueryError
+    from pgtrickle.refresh.differential import DifferentialRun
+
+    db = bases
+    create_st(db, "st", "SELECT a.i, b.j FROM base_a a JOIN base_b b ON a.i = b.i", refresh_mode=mode)
+    assert _actions(refresh_and_check(db, "st")) == [Action.FULL]
+    calls = []
+
+    def refuse(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        raise UnsupportedQueryError("synthetic: the delta query does not translate")
+
+    monkeypatch.setattr(DifferentialRun, "_compute", refuse)
+    db.sql("INSERT INTO base_a VALUES (6, 1), (7, 2)")
+    if mode == "DIFFERENTIAL":
+        with pytest.raises(UnsupportedQueryError, match="synthetic"):
+            refresh_and_check(db, "st")
+        return
+    assert _actions(refresh_and_check(db, "st")) == [Action.FULL]
+    history = db.sql("SELECT action, was_full_fallback, mode_reason FROM pgtrickle.pgt_refresh_history "
+                     "ORDER BY refresh_id")
+    assert history[-1][:2] == ("FULL", True) and "differential plan" in history[-1][2]
+    mode_now, reason = db.sql("SELECT effective_mode, reason FROM pgtrickle.explain_refresh_mode('st')")[0]
+    assert mode_now == "FULL" and "synthetic" in reason
+    db.sql("DELETE FROM base_b WHERE i = 6")
+    assert _actions(refresh_and_check(db, "st")) == [Action.FULL]
+    assert len(calls) == 1  # settled on FULL: no second attempt at the failing plan

@@ -59,7 +59,7 @@ from pgtrickle.dvm.linear import (
     weighted,
 )
 from pgtrickle import faults
-from pgtrickle.errors import PgTrickleError
+from pgtrickle.errors import PgTrickleError, UnsupportedQueryError
 from pgtrickle.refresh import commit, user_triggers
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.sql.translate import translate_to_spark
@@ -144,6 +144,7 @@ class DifferentialRun:
                 except Exception as exc:
                     refused = carry.refusal_in(exc)
                     if refused is None:
+                        self._demote_if_plan_fails(exc)
                         raise
                     # A change in the window (say, a row inserted and deleted again) holds a value
                     # Spark cannot carry: the sources at the new snapshot may not, so recompute;
@@ -165,6 +166,24 @@ class DifferentialRun:
         self.timings["apply"] = time.monotonic() - t1
         self.timings["spark_job"] = spark_seconds
         return inserted, deleted, sum(p.rows for p in changed.values()), spark_seconds
+
+    def _demote_if_plan_fails(self, exc: BaseException) -> None:
+        """AUTO never settles on a differential plan Spark refuses: refresh FULL from now on, saying why.
+
+        A delta query Spark cannot analyse (or pgtrickle cannot translate)
+        fails the same way at every refresh; the query itself ran at the
+        initial FULL. So an ``AUTO`` stream table runs FULL now and is
+        analysed FULL (with this reason) until the daemon restarts; with
+        ``refresh_mode => 'DIFFERENTIAL'`` the error stands.
+        """
+        from pyspark.errors import AnalysisException
+
+        if self.st.refresh_mode != "AUTO" or not isinstance(exc, (AnalysisException, UnsupportedQueryError)):
+            return
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        reason = f"the differential plan of this query cannot run on Spark ({first}): it is refreshed in full"
+        self.r.demote(self.st, reason)
+        raise FallbackToFull(reason) from exc
 
     # ------------------------------------------------------------- spark
     def _compute(self, coord: psycopg.Connection, snap_id: str, snapshot: str,

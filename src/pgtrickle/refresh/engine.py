@@ -274,6 +274,11 @@ class Refresher:
             self._analyses[key] = cached
         return cached
 
+    def demote(self, st: StreamTable, reason: str) -> None:
+        """Analyse ``st``'s query as FULL-only from now on (its differential plan failed on Spark)."""
+        self._analyses[(st.pgt_id, st.normalized_query)] = Analysis(False, reason)
+        self._record_mode(st, "FULL", reason)
+
     def _prepare(self, st: StreamTable, initiated_by: str) -> tuple[Analysis, bool, Layout, bool]:
         """Analyse the query, record the effective mode, and make the table's layout match it."""
         denied = self.conn.execute("SELECT pgtrickle._owner_cannot_read(%s)", (st.pgt_id,)).fetchone()
