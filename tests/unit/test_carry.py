@@ -17,7 +17,7 @@ CASES = [
     ("real", carry.NATIVE, None),
     ("money", carry.NATIVE, None),
     ("text", carry.NATIVE, None),
-    ("character(5)", carry.NATIVE, None),
+    ("character(5)", carry.RECARRIED, "text"),
     ("bytea", carry.NATIVE, None),
     ("interval", carry.NATIVE, None),
     ("jsonb", carry.NATIVE, None),

@@ -598,7 +598,6 @@ def test_dollar_brace_is_refused_because_spark_would_substitute_it() -> None:
         (" SELECT (orders.ts AT TIME ZONE 'UTC'::text) AS x\n   FROM public.orders;", "AT TIME ZONE"),
         (" SELECT orders.id\n   FROM public.orders TABLESAMPLE system (10);", "TABLESAMPLE"),
         (" SELECT orders.id\n   FROM ONLY public.orders;", "ONLY"),
-        (" SELECT orders.customer::character(3) AS x\n   FROM public.orders;", "char(3)"),
         (" SELECT orders.amount::numeric(50,2) AS x\n   FROM public.orders;", "38 digits"),
         (" SELECT CURRENT_USER AS u\n   FROM public.orders;", "current_user"),
         (" SELECT initcap(orders.customer) AS x\n   FROM public.orders;", "initcap()"),

@@ -17,7 +17,7 @@ Pure: builds sqlglot trees and SQL text, never touches a database.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -175,15 +175,28 @@ def output_expression(shape: AggregateShape, output_expr: exp.Expr, key_ref: Cal
     return output_expr.copy().transform(replace, copy=False)
 
 
-def _match(shape: AggregateShape, left: str, right: str) -> str:
+def same_value(left: str, right: str, operator: str | None = None) -> str:
+    """SQL that is true when two values are equal or both NULL (else false, never NULL).
+
+    ``operator`` is ``None`` for ``IS NOT DISTINCT FROM`` (``=`` as resolved with
+    ``search_path = pg_catalog``), or the schema-qualified ``OPERATOR(s.=)`` of a
+    type whose ``=`` lives in another schema (``pgtrickle._equality_operator``).
+    """
+    if operator is None:
+        return f"{left} IS NOT DISTINCT FROM {right}"
+    return f"coalesce({left} {operator} {right} OR ({left} IS NULL AND {right} IS NULL), false)"
+
+
+def _match(shape: AggregateShape, left: str, right: str, equality: Mapping[str, str] | None = None) -> str:
     parts = [f"{left}.{ROW_ID} = {right}.{ROW_ID}"]
     for key in shape.keys:
         col = quote_ident(key.column)
-        parts.append(f"{left}.{col} IS NOT DISTINCT FROM {right}.{col}")
+        parts.append(same_value(f"{left}.{col}", f"{right}.{col}", (equality or {}).get(key.column)))
     return " AND ".join(parts)
 
 
-def merge_statements(shape: AggregateShape, target: str, visible: Sequence[str]) -> MergeSql:
+def merge_statements(shape: AggregateShape, target: str, visible: Sequence[str],
+                     equality: Mapping[str, str] | None = None) -> MergeSql:
     """Fold the per-group state deltas in ``__pgt_delta`` into ``target``.
 
     ``__pgt_delta`` holds the key columns, ``__pgt_row_id`` and the *change*
@@ -235,7 +248,7 @@ def merge_statements(shape: AggregateShape, target: str, visible: Sequence[str])
     if shape.scalar:
         update = f"UPDATE {target} AS t SET {set_list} FROM {d} AS d"
         return MergeSql(delete="", update=update, insert="")
-    match = _match(shape, "t", "d")
+    match = _match(shape, "t", "d", equality)
     delete = (f"DELETE FROM {target} AS t USING {d} AS d WHERE {match} "
               f"AND t.{COUNT_COLUMN} + d.{COUNT_COLUMN} = 0")
     update = (f"UPDATE {target} AS t SET {set_list} FROM {d} AS d WHERE {match} "
@@ -250,7 +263,8 @@ def merge_statements(shape: AggregateShape, target: str, visible: Sequence[str])
     return MergeSql(delete=delete, update=update, insert=insert)
 
 
-def replace_statements(shape: AggregateShape, target: str, columns: Sequence[str]) -> MergeSql:
+def replace_statements(shape: AggregateShape, target: str, columns: Sequence[str],
+                       equality: Mapping[str, str] | None = None) -> MergeSql:
     """Replace the groups listed in ``__pgt_keys`` by their recomputed rows in ``__pgt_delta``.
 
     ``columns`` are every stored column but ``__pgt_row_id`` (visible and hidden).
@@ -258,7 +272,8 @@ def replace_statements(shape: AggregateShape, target: str, columns: Sequence[str
     whole; a group (one row per key) is updated in place when it survives.
     """
     d, k = DELTA_TABLE, KEYS_TABLE
-    match_tk, match_dk, match_td = _match(shape, "t", "k"), _match(shape, "d", "k"), _match(shape, "t", "d")
+    match_tk, match_dk = _match(shape, "t", "k", equality), _match(shape, "d", "k", equality)
+    match_td = _match(shape, "t", "d", equality)
     all_cols = [*columns, ROW_ID]
     if shape.many_rows_per_key:
         delete = f"DELETE FROM {target} AS t USING {k} AS k WHERE {match_tk}"
@@ -270,7 +285,9 @@ def replace_statements(shape: AggregateShape, target: str, columns: Sequence[str
     changing = [c for c in columns if c not in {key.column for key in shape.keys}]
     if changing:
         set_list = ", ".join(f"{quote_ident(c)} = d.{quote_ident(c)}" for c in changing)
-        differs = " OR ".join(f"t.{quote_ident(c)} IS DISTINCT FROM d.{quote_ident(c)}" for c in changing)
+        differs = " OR ".join(
+            f"NOT ({same_value(f't.{quote_ident(c)}', f'd.{quote_ident(c)}', (equality or {}).get(c))})"
+            for c in changing)
         update = f"UPDATE {target} AS t SET {set_list} FROM {d} AS d WHERE {match_td} AND ({differs})"
     else:
         update = ""

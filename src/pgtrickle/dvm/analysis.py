@@ -32,16 +32,23 @@ construct.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import date, datetime, time, timezone
 
 from sqlglot import exp
 
 from pgtrickle.dvm.linear import NotDifferentiable, RecomputeOnly, check_linear, check_linear_select, inline_ctes
 from pgtrickle.dvm.partitioned import PartitionedShape, analyze_partitioned
 from pgtrickle.errors import UnsupportedQueryError
-from pgtrickle.sql.translate import is_volatile, parse_query, unsupported_reason
+from pgtrickle.sql.clock import ClockValues, pin_clock, reads_clock
+from pgtrickle.sql.translate import is_volatile, parse_query, translate_to_spark, unsupported_reason
 
 COUNT_COLUMN = "__pgt_count"
+
+_ANY_INSTANT = ClockValues(datetime(2000, 1, 1, tzinfo=timezone.utc), date(2000, 1, 1), datetime(2000, 1, 1),
+                           time(0, 0, tzinfo=timezone.utc), time(0, 0))
+"""Clock values for deciding whether a clock-reading query can run at all (any instant will do)."""
 
 ALGEBRAIC = "algebraic"
 RESCAN = "rescan"
@@ -141,6 +148,9 @@ class Analysis:
     differential: bool
     reason: str
     shape: LinearShape | AggregateShape | PartitionedShape | RecomputeShape | None = field(default=None)
+    runnable: bool = True
+    """False: no refresh can run the query at all (not even FULL: Spark cannot compute it);
+    ``reason`` names the construct. Creation refuses such queries (``pgtrickle._query_refusal``)."""
 
 
 def analyze(pg_sql: str) -> Analysis:
@@ -148,10 +158,11 @@ def analyze(pg_sql: str) -> Analysis:
     try:
         query = parse_query(pg_sql)
     except UnsupportedQueryError as err:
-        return Analysis(False, str(err))
-    reason = unsupported_reason(pg_sql)
+        return Analysis(False, str(err), runnable=False)
+    # A query that reads the clock runs with the clock pinned to literals (sql/clock.py).
+    reason = unsupported_reason(pin_clock(pg_sql, _ANY_INSTANT) if reads_clock(pg_sql) else pg_sql)
     if reason is not None:
-        return Analysis(False, reason)
+        return Analysis(False, reason, runnable=False)
     if is_volatile(pg_sql):
         return Analysis(False, "the query calls a volatile function (now(), random(), ...)")
     try:
@@ -480,6 +491,25 @@ def _check_grouped(node: exp.Expr, keys: list[exp.Expr]) -> None:
             walk(child)
 
     walk(node)
+
+
+def with_translation(analysis: Analysis, pg_sql: str, table_map: Mapping[tuple[str, str], str],
+                     column_types: Mapping[tuple[str, str], Mapping[str, str]]) -> Analysis:
+    """``analysis``, made not runnable when the query does not translate to Spark with its sources' types.
+
+    Some refusals depend on column types (a ``LIKE`` on a ``bpchar`` without a
+    length, sql/blank_padded.py), which the text alone does not show: trying
+    the translation here means no refresh is planned that its FULL path
+    would refuse. Pure (translation does not touch Spark or a database).
+    """
+    if not analysis.runnable:
+        return analysis
+    try:
+        translate_to_spark(pin_clock(pg_sql, _ANY_INSTANT) if reads_clock(pg_sql) else pg_sql, table_map,
+                           column_types)
+    except UnsupportedQueryError as err:
+        return Analysis(False, str(err), runnable=False)
+    return analysis
 
 
 INEXACT_TYPES = ("double precision", "real")

@@ -10,11 +10,11 @@ correct OLD / NEW rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pgtrickle.catalog.store import quote_ident
-from pgtrickle.dvm.aggregate import DELTA_TABLE, ROW_ID
+from pgtrickle.dvm.aggregate import DELTA_TABLE, ROW_ID, same_value
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,20 @@ class LinearSql:
     """How many rows ``delete`` must remove (else the delta does not match the table)."""
 
 
-def linear_statements(target: str, columns: Sequence[str]) -> LinearSql:
+def equality_operators(conn, relid: int) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Column name -> ``OPERATOR(s.=)`` for the columns of ``relid`` that need one (see :func:`same_value`)."""
+    rows = conn.execute(
+        "SELECT attname::text, pgtrickle._equality_operator(atttypid, format('column %%I has', attname))"
+        " FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped", (relid,)).fetchall()
+    return {name: op for name, op in rows if op is not None}
+
+
+def linear_statements(target: str, columns: Sequence[str], equality: Mapping[str, str] | None = None) -> LinearSql:
     d = DELTA_TABLE
+    equality = equality or {}
     same = " AND ".join([f"t.{ROW_ID} = d.{ROW_ID}"]
-                        + [f"t.{quote_ident(c)} IS NOT DISTINCT FROM d.{quote_ident(c)}" for c in columns])
+                        + [same_value(f"t.{quote_ident(c)}", f"d.{quote_ident(c)}", equality.get(c))
+                           for c in columns])
     returning = ", ".join(f"t.{quote_ident(c)}" for c in columns) or "1"
     delete = (
         f"DELETE FROM {target} AS t WHERE t.ctid = ANY(ARRAY("

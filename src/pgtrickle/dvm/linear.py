@@ -84,23 +84,34 @@ class Weighted:
 
 
 def inline_ctes(query: exp.Query) -> exp.Query:
-    """Replace every reference to a (non-recursive) CTE by a copy of its body."""
+    """Replace every reference to a (non-recursive) CTE by a copy of its body.
+
+    Every ``WITH`` is inlined, not only the top one: a ``WITH`` inside a
+    derived table, a subquery or another CTE's body too. The innermost
+    ``WITH`` goes first, so by the time an outer one is inlined no inner
+    definition of the same name is left to shadow it, and a reference that
+    remains in its scope is its own (PostgreSQL's normalized text qualifies
+    every real table with its schema, so an unqualified name there is a CTE).
+    """
     query = query.copy()
-    with_ = query.args.get("with_") or query.args.get("with")
-    if with_ is None:
-        return query
-    if with_.args.get("recursive"):
-        raise NotDifferentiable("WITH RECURSIVE")
-    bodies: dict[str, exp.Query] = {}
-    for cte in with_.expressions:
-        body = cte.this.copy()
-        _replace_cte_refs(body, bodies)
-        if cte.args.get("alias") is not None and cte.args["alias"].columns:
-            body = _rename_outputs(body, [c.name for c in cte.args["alias"].columns])
-        bodies[cte.alias_or_name] = body
-    query.set("with_", None)
-    query.set("with", None)
-    _replace_cte_refs(query, bodies)
+    withs = [w for w in query.find_all(exp.With)]
+    for with_ in withs:
+        if with_.args.get("recursive"):
+            raise NotDifferentiable("WITH RECURSIVE")
+    for with_ in sorted(withs, key=lambda w: -w.depth):
+        owner = with_.parent
+        bodies: dict[str, exp.Query] = {}
+        for cte in with_.expressions:
+            body = cte.this.copy()
+            _replace_cte_refs(body, bodies)
+            if cte.args.get("alias") is not None and cte.args["alias"].columns:
+                body = _rename_outputs(body, [c.name for c in cte.args["alias"].columns])
+            bodies[cte.alias_or_name] = body
+        if owner is None:
+            continue
+        owner.set("with_", None)
+        owner.set("with", None)
+        _replace_cte_refs(owner, bodies)
     return query
 
 

@@ -41,7 +41,7 @@ from pgtrickle.dvm.aggregate import DELTA_TABLE, KEYS_TABLE, ROW_ID
 
 RAW_TABLE = "pg_temp.__pgt_raw"
 from pgtrickle.dvm.analysis import COUNT_COLUMN, RESCAN, AggregateShape, Analysis, LinearShape, RecomputeShape
-from pgtrickle.dvm.apply import linear_statements
+from pgtrickle.dvm.apply import equality_operators, linear_statements
 from pgtrickle.dvm.layout import Layout
 from pgtrickle.dvm.partitioned import PartitionedShape
 from pgtrickle.dvm.linear import (
@@ -59,7 +59,7 @@ from pgtrickle.dvm.linear import (
     weighted,
 )
 from pgtrickle import faults
-from pgtrickle.errors import PgTrickleError
+from pgtrickle.errors import PgTrickleError, UnsupportedQueryError
 from pgtrickle.refresh import commit, user_triggers
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
@@ -146,6 +146,7 @@ class DifferentialRun:
                 except Exception as exc:
                     refused = carry.refusal_in(exc)
                     if refused is None:
+                        self._demote_if_plan_fails(exc)
                         raise
                     # A change in the window (say, a row inserted and deleted again) holds a value
                     # Spark cannot carry: the sources at the new snapshot may not, so recompute;
@@ -167,6 +168,24 @@ class DifferentialRun:
         self.timings["apply"] = time.monotonic() - t1
         self.timings["spark_job"] = spark_seconds
         return inserted, deleted, sum(p.rows for p in changed.values()), spark_seconds
+
+    def _demote_if_plan_fails(self, exc: BaseException) -> None:
+        """AUTO never settles on a differential plan Spark refuses: refresh FULL from now on, saying why.
+
+        A delta query Spark cannot analyse (or pgtrickle cannot translate)
+        fails the same way at every refresh; the query itself ran at the
+        initial FULL. So an ``AUTO`` stream table runs FULL now and is
+        analysed FULL (with this reason) until the daemon restarts; with
+        ``refresh_mode => 'DIFFERENTIAL'`` the error stands.
+        """
+        from pyspark.errors import AnalysisException
+
+        if self.st.refresh_mode != "AUTO" or not isinstance(exc, (AnalysisException, UnsupportedQueryError)):
+            return
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        reason = f"the differential plan of this query cannot run on Spark ({first}): it is refreshed in full"
+        self.r.demote(self.st, reason)
+        raise FallbackToFull(reason) from exc
 
     # ------------------------------------------------------------- spark
     def _compute(self, coord: psycopg.Connection, snap_id: str, snapshot: str,
@@ -820,6 +839,11 @@ class DifferentialRun:
                         self.conn.execute(f"DROP VIEW {view}")
                 self.conn.execute(f"DROP TABLE IF EXISTS {data.table}")
 
+    def _equality(self) -> dict[str, str]:
+        """``OPERATOR(s.=)`` of the stored columns whose type has its ``=`` outside pg_catalog."""
+        return self.r.cached(("equality", self.st.pgt_id, self.st.relid),
+                             lambda: equality_operators(self.conn, self.st.relid))
+
     def _apply_linear(self, rows: list[tuple] | Staged, target: str, buffer: _Buffer | None,
                       replaces: bool = False) -> tuple[int, int]:
         """Apply weighted rows; with ``replaces`` the rows are the whole new result (minus the table's rows)."""
@@ -835,7 +859,7 @@ class DifferentialRun:
                           f"SELECT {cols}, sum(__pgt_w)::bigint AS __pgt_w, (row_number() OVER ())::int AS __pgt_seq"
                           f" FROM {raw} GROUP BY {cols} HAVING sum(__pgt_w) <> 0")
         self.conn.execute(f"ANALYZE {DELTA_TABLE}")
-        stmts = linear_statements(target, visible)
+        stmts = linear_statements(target, visible, self._equality())
         expected = int(self.conn.execute(stmts.expected_deletes).fetchone()[0])  # type: ignore[index]
         deleted = self._run_captured(stmts.delete, buffer, "D")
         if deleted != expected:
@@ -879,8 +903,8 @@ class DifferentialRun:
         self._load(DELTA_TABLE, [*key_cols, *hidden_states, ROW_ID], rows, [*key_cols, *hidden_states, ROW_ID])
         visible = [c.name for c in self.st.columns]
         stmts = self.r.cached(("merge", self.st.pgt_id, self.st.normalized_query, target),
-                              lambda: agg_rules.merge_statements(shape, target, visible))
-        match = agg_rules._match(shape, "t", "d") if not shape.scalar else "true"  # noqa: SLF001
+                              lambda: agg_rules.merge_statements(shape, target, visible, self._equality()))
+        match = agg_rules._match(shape, "t", "d", self._equality()) if not shape.scalar else "true"  # noqa: SLF001
         self._snapshot_groups(buffer, DELTA_TABLE, match, "D")
         deleted = self.conn.execute(stmts.delete).rowcount if stmts.delete else 0
         updated = self.conn.execute(stmts.update).rowcount
@@ -904,7 +928,7 @@ class DifferentialRun:
                               f"NULL::bigint AS {ROW_ID}")
         else:
             self._load(KEYS_TABLE, [*key_cols, ROW_ID], result.keys, [*key_cols, ROW_ID])
-            match_k = agg_rules._match(shape, "t", "d")  # noqa: SLF001
+            match_k = agg_rules._match(shape, "t", "d", self._equality())  # noqa: SLF001
         if shape.scalar:
             self._snapshot_groups(buffer, KEYS_TABLE, "true", "D")
             deleted = self.conn.execute(f"DELETE FROM {target}").rowcount
@@ -912,7 +936,7 @@ class DifferentialRun:
             inserted = self.conn.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {DELTA_TABLE}").rowcount
             self._snapshot_groups(buffer, KEYS_TABLE, "true", "I")
             return inserted, deleted
-        stmts = agg_rules.replace_statements(shape, target, stored)
+        stmts = agg_rules.replace_statements(shape, target, stored, self._equality())
         self._snapshot_groups(buffer, KEYS_TABLE, match_k, "D")
         deleted = self.conn.execute(stmts.delete).rowcount
         updated = self.conn.execute(stmts.update).rowcount if stmts.update else 0

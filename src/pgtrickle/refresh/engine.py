@@ -41,7 +41,8 @@ from pgtrickle.gates.watermark_gate import WatermarkMark
 from pgtrickle.ops import alerts, health
 from pgtrickle.ops.error_redaction import full_error, public_error, redact_message
 from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError, ValueNotCarriedError
-from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis, RecomputeShape, analyze, respect_sum_types
+from pgtrickle.dvm.analysis import (ALGEBRAIC, AggregateShape, Analysis, RecomputeShape, analyze, respect_sum_types,
+                                    with_translation)
 from pgtrickle.dvm.layout import Layout, ensure_layout, plan_layout, row_index_name, state_types
 from pgtrickle.refresh import as_of, commit, user_triggers
 from pgtrickle.scheduler.policy import STOPPED_STATUSES
@@ -270,11 +271,18 @@ class Refresher:
         key = (st.pgt_id, st.normalized_query)
         cached = self._analyses.get(key)
         if cached is None:
-            cached = analyze(st.normalized_query)
+            cached = with_translation(analyze(st.normalized_query), st.normalized_query,
+                                      {(s.schema, s.name): f"pgt_src_{s.relid}" for s in st.sources},
+                                      {(s.schema, s.name): dict(s.column_types) for s in st.sources})
             if isinstance(cached.shape, AggregateShape) and cached.shape.strategy == ALGEBRAIC:
                 cached = respect_sum_types(cached, state_types(self.conn, cached.shape))
             self._analyses[key] = cached
         return cached
+
+    def demote(self, st: StreamTable, reason: str) -> None:
+        """Analyse ``st``'s query as FULL-only from now on (its differential plan failed on Spark)."""
+        self._analyses[(st.pgt_id, st.normalized_query)] = Analysis(False, reason)
+        self._record_mode(st, "FULL", reason)
 
     def _prepare(self, st: StreamTable, initiated_by: str) -> tuple[Analysis, bool, Layout, bool]:
         """Analyse the query, record the effective mode, and make the table's layout match it."""
@@ -283,6 +291,15 @@ class Refresher:
             raise RefreshError(str(denied[0]))
         require_capture(self.conn, st)
         analysis = self.analysis(st)
+        if not analysis.runnable:
+            # Refused at creation since pgtrickle._query_refusal; a table created before keeps failing
+            # here, before any Spark job, with the construct named.
+            message = f"{st.display} cannot be refreshed in any mode: {analysis.reason}"
+            self._record_mode(st, "FULL", message)
+            plan = RefreshPlan(Action.FULL, message, 0)
+            history_id = self._start_history(st, plan, initiated_by)
+            self._record_failure(st, history_id, message, fatal=True)
+            raise _AlreadyRecorded(UnsupportedQueryError(message))
         if st.refresh_mode == "DIFFERENTIAL" and not analysis.differential:
             message = (f"refresh_mode DIFFERENTIAL is not possible for {st.display}: {analysis.reason}; "
                        "use refresh_mode => 'AUTO' or 'FULL'")

@@ -30,7 +30,9 @@ their base type). Each kind is one of:
   converts back on write: ``time`` as a ``timestamp`` on 1970-01-01 (the
   Spark type it always had, now with microseconds; ``24:00:00`` is
   refused); ``timetz`` and ``bit(n)`` as text (``bit(n)`` otherwise arrives
-  as binary or boolean, which does not convert back).
+  as binary or boolean, which does not convert back); ``character(n)`` as
+  ``text``, which drops its insignificant trailing blanks (PostgreSQL pads
+  it again on write; see :mod:`pgtrickle.sql.blank_padded`).
 
 A refused value stops the refresh before anything is written, with
 SQLSTATE 22003 (numeric) or 22008 (date/time) and a message naming the
@@ -49,6 +51,8 @@ from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
+
+from pgtrickle.sql.blank_padded import width_from_type_name
 
 NATIVE = "native"
 CHECKED = "checked"
@@ -123,6 +127,9 @@ def decide(base_type: str) -> Carry:
         return Carry(RECARRIED, "{c} < '24:00:00'::time", "timestamp without time zone",
                      DATETIME_RANGE_SQLSTATE, _TIME_HINT)
     if _TIMETZ.match(t) or _BIT.match(t):
+        return Carry(RECARRIED, "", "text")
+    if width_from_type_name(t) is not None:
+        # character(n): its value without the insignificant trailing blanks (sql/blank_padded.py).
         return Carry(RECARRIED, "", "text")
     return Carry(NATIVE)
 

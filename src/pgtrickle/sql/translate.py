@@ -113,7 +113,12 @@ stay exact (sqlglot would make them approximate); ``concat`` prints
 booleans as ``t``/``f``.  Constructs that cannot be reproduced are refused
 with a reason (see :func:`unsupported_reason`): ``WITH RECURSIVE``,
 ``LATERAL``, ``FOR UPDATE``, set-returning functions, arrays, JSON,
-``AT TIME ZONE``, ``character(n)``, functions without a Spark equivalent...
+``AT TIME ZONE``, functions without a Spark equivalent...  ``character(n)``
+values are carried without their trailing blanks (``sql/blank_padded.py``):
+casts to it drop them, and ``LIKE``, regular expressions, ``octet_length``
+and ``concat`` see the value padded back.  CTEs whose names clash across
+nesting levels are renamed apart (``sql/ctes.py``), since the Spark text has
+every CTE at its top.
 
 Assumptions about the Spark session: ANSI mode on (the Spark 4 default);
 timestamps of both kinds are Spark ``TIMESTAMP`` values and the session time
@@ -145,6 +150,8 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 from sqlglot.tokens import TokenType
 
 from pgtrickle.errors import UnsupportedQueryError
+from pgtrickle.sql import blank_padded
+from pgtrickle.sql.ctes import rename_clashing_ctes
 
 __all__ = [
     "expression_type",
@@ -525,7 +532,7 @@ def translate_to_spark(
         schema, table = missing[0]
         raise UnsupportedQueryError(f"no Spark view was given for table {_qualified_name(schema, table)}")
 
-    query = _rewrite_quantified(query)
+    query = rename_clashing_ctes(_rewrite_quantified(query))
     _TypeInference(query, column_types or {}).annotate()
     query = _Rewriter().rewrite(query)
     query = _rewrite_distinct_on(query)
@@ -831,7 +838,7 @@ def _cast_reason(cast: exp.Cast) -> str | None:
             return None
         return f"casts to the array type {type_name} are not supported"
     if kind in _BLANK_PADDED:
-        return f"casts to {type_name} are not supported (blank-padded character semantics differ on Spark)"
+        return None  # carried without trailing blanks (sql/blank_padded.py)
     if kind in (exp.DType.TEXT, exp.DType.VARCHAR, exp.DType.NVARCHAR, exp.DType.NAME, exp.DType.UUID):
         return None
     if kind in (exp.DType.SMALLINT, exp.DType.INT, exp.DType.BIGINT, exp.DType.DOUBLE, exp.DType.FLOAT):
@@ -1414,6 +1421,10 @@ class _TypeInference:
             (schema, table): {name: _category_from_name(type_name) for name, type_name in columns.items()}
             for (schema, table), columns in column_types.items()
         }
+        self._widths: dict[tuple[str, str], dict[str, int | None]] = {
+            key: {name: blank_padded.width_from_type_name(type_name) for name, type_name in columns.items()}
+            for key, columns in column_types.items()
+        }
         self._ctes = _cte_names(query)
         self._scope_of: dict[int, Scope] = {}
         try:
@@ -1430,6 +1441,50 @@ class _TypeInference:
         """Store the inferred category on every node of the query."""
         for node in list(self._query.walk()):
             node.meta[_META_KEY] = self.type_of(node)
+            width = self.padded_width(node)
+            if width is not None:
+                node.meta[blank_padded.WIDTH_KEY] = width
+
+    def padded_width(self, node: exp.Expr | None, depth: int = 0) -> int | None:
+        """``n`` when ``node`` is a ``character(n)`` value, ``0`` for ``bpchar`` without a length, else None."""
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if node is None or depth > 32:
+            return None
+        if isinstance(node, exp.Cast):
+            return blank_padded.width_from_datatype(node.to)
+        if isinstance(node, (exp.Coalesce, exp.Min, exp.Max)):
+            widths = {self.padded_width(arg, depth + 1) for arg in [node.this, *node.expressions]
+                      if not isinstance(arg, exp.Null)}
+            return widths.pop() if len(widths) == 1 else (0 if None not in widths and widths else None)
+        if not isinstance(node, exp.Column):
+            return None
+        found = self._column_source(node)
+        if found is None:
+            return None
+        source, name = found
+        if isinstance(source, Scope):
+            names = _scope_output_names(source)
+            if names is None or name not in names:
+                return None
+            return self._query_width(source.expression, names.index(name), depth + 1)
+        return self._widths.get(self._table_key(source), {}).get(name)
+
+    def _query_width(self, node: exp.Expr, index: int, depth: int) -> int | None:
+        while isinstance(node, exp.Subquery):
+            node = node.this
+        if isinstance(node, exp.Select):
+            projections = node.expressions
+            if index < len(projections) and not isinstance(projections[index], exp.Star):
+                projection = projections[index]
+                return self.padded_width(projection.this if isinstance(projection, exp.Alias) else projection,
+                                         depth)
+            return None
+        if isinstance(node, exp.SetOperation):
+            widths = {self._query_width(node.this, index, depth + 1),
+                      self._query_width(node.expression, index, depth + 1)}
+            return widths.pop() if len(widths) == 1 else (0 if None not in widths else None)
+        return None
 
     def type_of(self, node: exp.Expr | None) -> str | None:
         """Return the inferred category of ``node`` (memoised)."""
@@ -1534,6 +1589,11 @@ class _TypeInference:
 
     def _column_type(self, column: exp.Column) -> str | None:
         """Resolve a column reference to its source and return that column's category."""
+        found = self._column_source(column)
+        return None if found is None else self._source_column_type(*found)
+
+    def _column_source(self, column: exp.Column) -> tuple[exp.Table | Scope, str] | None:
+        """The FROM source (a table, or a derived table's scope) a column reference reads, and its name."""
         scope = self._scope_of.get(id(column))
         name = column.name
         table = column.table
@@ -1541,13 +1601,13 @@ class _TypeInference:
             if table:
                 source = scope.sources.get(table)
                 if source is not None:
-                    return self._source_column_type(source, name)
+                    return source, name
             else:
                 sources = [source for _node, source in scope.selected_sources.values()]
                 knowledge = [self._source_has_column(source, name) for source in sources]
                 matches = [source for source, has in zip(sources, knowledge) if has]
                 if len(matches) == 1:
-                    return self._source_column_type(matches[0], name)
+                    return matches[0], name
                 if matches or any(has is None for has in knowledge):
                     return None
             scope = scope.parent
@@ -1680,6 +1740,8 @@ class _Rewriter:
             exp.Add: self._date_arithmetic,
             exp.Sub: self._date_arithmetic,
             exp.Collate: self._collate,
+            exp.Like: self._blank_sensitive,
+            exp.ILike: self._blank_sensitive,
         }
 
     def rewrite(self, node: exp.Expr) -> exp.Expr:
@@ -1696,6 +1758,8 @@ class _Rewriter:
             return node
         if _META_KEY not in replacement.meta:
             replacement.meta[_META_KEY] = pg_type
+        if blank_padded.WIDTH_KEY in node.meta and blank_padded.WIDTH_KEY not in replacement.meta:
+            replacement.meta[blank_padded.WIDTH_KEY] = node.meta[blank_padded.WIDTH_KEY]
         if parent is not None:
             parent.set(arg_key, replacement, index)
         return replacement
@@ -1755,6 +1819,8 @@ class _Rewriter:
         kind = to.this
         if kind == exp.DType.ARRAY:
             return node
+        if kind in _BLANK_PADDED:
+            return blank_padded.cast_to_blank_padded(value, blank_padded.width_from_datatype(to) or 0)
         if kind in (exp.DType.TEXT, exp.DType.VARCHAR, exp.DType.NVARCHAR, exp.DType.NAME, exp.DType.UUID):
             text = value if _is_string_literal(value) else _cast(value, "STRING")
             params = _type_params(to)
@@ -1898,7 +1964,13 @@ class _Rewriter:
     def _regexp_like(self, node: exp.Expr) -> exp.Expr:
         """``~`` and ``~*``: ``.`` matches newlines in PostgreSQL regular expressions."""
         flags = "i" if isinstance(node, exp.RegexpILike) else ""
-        return exp.RegexpLike(this=node.this, expression=_java_pattern(node.expression, flags))
+        return exp.RegexpLike(this=blank_padded.padded(node.this, "a regular expression match"),
+                              expression=_java_pattern(node.expression, flags))
+
+    def _blank_sensitive(self, node: exp.Like | exp.ILike) -> exp.Expr:
+        """LIKE / ILIKE see a ``character(n)`` value's padding blanks in PostgreSQL."""
+        node.set("this", blank_padded.padded(node.this, "LIKE"))
+        return node
 
     def _regexp_replace(self, node: exp.RegexpReplace) -> exp.Expr:
         """``regexp_replace``: first match only unless the ``g`` flag is given."""
@@ -1962,12 +2034,13 @@ class _Rewriter:
 
     def _concat(self, node: exp.Concat) -> exp.Expr:
         """``concat`` ignores NULL arguments in PostgreSQL."""
-        return _func("CONCAT_WS", exp.Literal.string(""), *(_as_pg_text(arg) for arg in node.expressions))
+        return _func("CONCAT_WS", exp.Literal.string(""),
+                     *(_as_pg_text(blank_padded.padded(arg, "concat()")) for arg in node.expressions))
 
     def _concat_ws(self, node: exp.ConcatWs) -> exp.Expr:
         """``concat_ws`` with every argument converted to text."""
         separator, *values = node.expressions
-        return _func("CONCAT_WS", separator, *(_as_pg_text(arg) for arg in values))
+        return _func("CONCAT_WS", separator, *(_as_pg_text(blank_padded.padded(arg, "concat_ws()")) for arg in values))
 
     def _collate(self, node: exp.Collate) -> exp.Expr:
         """``COLLATE "C"`` is Spark's default code-point ordering."""
@@ -1986,6 +2059,9 @@ class _Rewriter:
     def _anonymous(self, node: exp.Anonymous) -> exp.Expr:
         """Functions sqlglot does not model that have a direct Spark replacement."""
         name = node.name.lower()
+        if name == "octet_length":
+            node.set("expressions", [blank_padded.padded(arg, "octet_length()") for arg in node.expressions])
+            return node
         if name in _TIMESTAMP_FUNCTIONS:
             return exp.CurrentTimestamp()
         if name in _UUID_FUNCTIONS:

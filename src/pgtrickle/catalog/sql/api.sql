@@ -282,6 +282,79 @@ SET search_path = pg_catalog, pg_temp AS $$
                                                 'transaction_timestamp', 'timeofday'))))
 $$;
 
+-- Why a defining view cannot become a stream table refreshed in p_mode, or NULL. Read, like
+-- _reads_clock, from PostgreSQL's own parse tree of the view: node fields print as ':field value'
+-- and names print with blanks escaped, constants as bytes, so nothing the user writes can imitate a
+-- node. Every refresh computes the query on Spark (sql/translate.py); what it can never run there
+-- is refused in every mode, what has no delta rule is refused for 'DIFFERENTIAL' (dvm/analysis.py
+-- decides the same from the query text: tests/integration/test_creation_refusals.py holds both to it).
+CREATE OR REPLACE FUNCTION pgtrickle._query_refusal(p_view oid, p_mode text)
+RETURNS text LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_tree text;
+    v_name text;
+BEGIN
+    SELECT string_agg(r.ev_action::text, ' ') INTO v_tree FROM pg_catalog.pg_rewrite r WHERE r.ev_class = p_view;
+    IF v_tree IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF v_tree ~ ':hasRecursive true' THEN
+        RETURN 'WITH RECURSIVE (a recursive common table expression) cannot be refreshed in any mode: '
+            'every refresh computes the query on Spark, where pgtrickle does not run recursive queries';
+    END IF;
+    -- A function in FROM (RTE_FUNCTION = 3, RTE_TABLEFUNC = 4: XMLTABLE / JSON_TABLE).
+    IF v_tree ~ ':rtekind [34] ' THEN
+        SELECT p.proname INTO v_name
+          FROM regexp_matches(v_tree, 'RANGETBLFUNCTION :funcexpr \{FUNCEXPR :funcid ([0-9]+) ', 'g') AS f(id)
+          JOIN pg_catalog.pg_proc p ON p.oid = f.id[1]::oid LIMIT 1;
+        RETURN format('the function %s in FROM cannot be refreshed in any mode: every refresh computes the '
+                      'query on Spark, which has no equivalent of a function in FROM',
+                      coalesce(quote_ident(v_name) || '()', '(XMLTABLE / JSON_TABLE)'));
+    END IF;
+    SELECT p.proname INTO v_name
+      FROM regexp_matches(v_tree, 'FUNCEXPR :funcid ([0-9]+) :funcresulttype [0-9]+ :funcretset true ', 'g') AS f(id)
+      JOIN pg_catalog.pg_proc p ON p.oid = f.id[1]::oid LIMIT 1;
+    IF v_name IS NOT NULL OR v_tree ~ ':opretset true ' THEN
+        RETURN format('the set-returning function %s cannot be refreshed in any mode: every refresh computes '
+                      'the query on Spark, which has no equivalent of it', coalesce(quote_ident(v_name) || '()', 'operator'));
+    END IF;
+    SELECT p.proname INTO v_name
+      FROM regexp_matches(v_tree, ':funcid ([0-9]+) ', 'g') AS f(id)
+      JOIN pg_catalog.pg_proc p ON p.oid = f.id[1]::oid
+     WHERE p.pronamespace = 'pg_catalog'::regnamespace
+       AND p.proname IN ('nextval', 'currval', 'setval', 'lastval') LIMIT 1;
+    IF v_name IS NOT NULL THEN
+        RETURN format('the sequence function %s() cannot be refreshed in any mode: it changes or reads '
+                      'PostgreSQL session state, which a refresh on Spark cannot', v_name);
+    END IF;
+    IF p_mode <> 'DIFFERENTIAL' THEN
+        RETURN NULL;
+    END IF;
+    -- No delta rule: a volatile function (its result changes without the data changing), the clock.
+    SELECT p.oid::regprocedure::text INTO v_name
+      FROM regexp_matches(v_tree, ':(?:funcid|aggfnoid|winfnoid|opfuncid) ([0-9]+) ', 'g') AS f(id)
+      JOIN pg_catalog.pg_proc p ON p.oid = f.id[1]::oid
+     WHERE p.provolatile = 'v' LIMIT 1;
+    IF v_name IS NULL THEN
+        SELECT p.oid::regprocedure::text INTO v_name
+          FROM regexp_matches(v_tree, ':opno ([0-9]+) ', 'g') AS f(id)
+          JOIN pg_catalog.pg_operator o ON o.oid = f.id[1]::oid
+          JOIN pg_catalog.pg_proc p ON p.oid = o.oprcode
+         WHERE p.provolatile = 'v' LIMIT 1;
+    END IF;
+    IF v_name IS NOT NULL THEN
+        RETURN format('refresh_mode DIFFERENTIAL is not possible: the query calls the volatile function %s, '
+                      'whose result changes without the data changing (no delta rule)', v_name);
+    END IF;
+    IF pgtrickle._reads_clock(p_view) THEN
+        RETURN 'refresh_mode DIFFERENTIAL is not possible: the query reads the clock (now(), current_date, ...), '
+               'whose result changes without the data changing (no delta rule)';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 -- Find a stream table by name: qualified, or resolved through the caller's search_path.
 DROP FUNCTION IF EXISTS pgtrickle._find_st(text);
 CREATE OR REPLACE FUNCTION pgtrickle._find_st(p_name text, p_path text)
@@ -1139,11 +1212,25 @@ BEGIN
         END IF;
     END LOOP;
 
+    -- What no refresh can run, and what refresh_mode DIFFERENTIAL has no rule for: refused now
+    -- rather than at the first refresh.
+    v_msg := pgtrickle._query_refusal(v_view, v_mode);
+    IF v_msg IS NOT NULL THEN
+        RAISE EXCEPTION 'stream table % cannot be created: %', v_display, v_msg
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = CASE WHEN v_mode = 'DIFFERENTIAL' AND v_msg LIKE 'refresh_mode DIFFERENTIAL%'
+                              THEN 'Use refresh_mode => ''AUTO'' or ''FULL''.'
+                              ELSE 'Rewrite the query without it.' END;
+    END IF;
+
     v_norm := pgtrickle._normalized_query(v_view);
 
     -- Columns in storage types: a domain is stored as its base type (writing a domain value
     -- would run its CHECK, code of the domain's owner, with the daemon's rights).
     PERFORM pgtrickle._check_storable(v_view, NULL, format('stream table %s:', v_display));
+    -- Refreshes compare stored values (the apply): each column's type needs an equality they may run.
+    PERFORM pgtrickle._equality_operator(a.atttypid, format('stream table %s: column %I has', v_display, a.attname))
+       FROM pg_attribute a WHERE a.attrelid = v_view AND a.attnum > 0 AND NOT a.attisdropped;
     EXECUTE format('CREATE TABLE %I.%I (%s)', v_schema, v_name,
                    (SELECT string_agg(format('%I %s%s', a.attname, pgtrickle._storage_type(a.atttypid, a.atttypmod),
                                              CASE WHEN a.attcollation <> 0 THEN
@@ -1223,6 +1310,12 @@ BEGIN
          WHERE pgt_id = st.pgt_id;
     END IF;
     IF refresh_mode IS NOT NULL THEN
+        v_dc := pgtrickle._query_refusal(st.def_view, pgtrickle._validate_refresh_mode(refresh_mode));
+        IF v_dc IS NOT NULL THEN
+            RAISE EXCEPTION 'stream table % cannot be altered: %', pgtrickle._display_name(st.pgt_schema, st.pgt_name),
+                v_dc USING ERRCODE = 'feature_not_supported', HINT = 'Use refresh_mode => ''AUTO'' or ''FULL''.';
+        END IF;
+        v_dc := NULL;
         UPDATE pgtrickle.pgt_stream_tables SET refresh_mode = pgtrickle._validate_refresh_mode(refresh_mode),
                updated_at = now()
          WHERE pgt_id = st.pgt_id;

@@ -96,6 +96,61 @@ BEGIN
 END
 $$;
 
+-- How the daemon's statements compare two stored values of type p_type (a domain: its base type).
+-- NULL: `=` as PostgreSQL resolves it with search_path = pg_catalog (built-in types, and enums,
+-- composites, ranges and arrays, whose `=` is built in and polymorphic). A base type from another
+-- schema (CREATE TYPE by a superuser, or an extension's such as citext) has its `=` beside it,
+-- which pg_catalog's search_path does not find: the result is then the schema-qualified
+-- OPERATOR(schema.=) of the type's default btree (else hash) operator class, the one GROUP BY,
+-- DISTINCT and EXCEPT ALL use. That operator's function runs inside the daemon's statements, so it
+-- must be code no ordinary role controls: built in, or owned by a superuser or pgtrickle's owner
+-- (as for functions in a defining query); else, or with no such operator class, p_what is refused.
+CREATE OR REPLACE FUNCTION pgtrickle._equality_operator(p_type oid, p_what text)
+RETURNS text LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_type oid := pgtrickle._base_type(p_type);
+    t record;
+    o record;
+BEGIN
+    SELECT typtype, typnamespace, typcategory, typelem INTO t FROM pg_type WHERE oid = v_type;
+    IF NOT FOUND OR t.typtype <> 'b' OR t.typnamespace = 'pg_catalog'::regnamespace
+       OR (t.typcategory = 'A' AND t.typelem <> 0) THEN
+        RETURN NULL;
+    END IF;
+    SELECT op.oid, n.nspname, op.oprcode, p.pronamespace, p.proowner, r.rolsuper INTO o
+      FROM pg_opclass c
+      JOIN pg_am am ON am.oid = c.opcmethod
+      JOIN pg_amop ao ON ao.amopfamily = c.opcfamily AND ao.amoplefttype = c.opcintype
+                     AND ao.amoprighttype = c.opcintype
+                     AND ao.amopstrategy = CASE am.amname WHEN 'btree' THEN 3 ELSE 1 END
+      JOIN pg_operator op ON op.oid = ao.amopopr
+      JOIN pg_namespace n ON n.oid = op.oprnamespace
+      JOIN pg_proc p ON p.oid = op.oprcode
+      JOIN pg_roles r ON r.oid = p.proowner
+     WHERE c.opcdefault AND c.opcintype = v_type AND am.amname IN ('btree', 'hash') AND op.oprname = '='
+     ORDER BY am.amname = 'btree' DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION '% type % has no default btree or hash operator class with an = operator, so pgtrickle cannot compare its values',
+            p_what, v_type::regtype
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Cast the column to a type with equality in the query, or create a default operator class for the type.';
+    END IF;
+    IF o.pronamespace <> 'pg_catalog'::regnamespace AND NOT o.rolsuper
+       AND o.proowner <> (SELECT relowner FROM pg_class WHERE oid = 'pgtrickle.pgt_stream_tables'::regclass) THEN
+        RAISE EXCEPTION '% type % compares with %, whose function % is owned by %: pgtrickle would run it with its own rights',
+            p_what, v_type::regtype, o.oid::regoperator, o.oprcode::regprocedure,
+            quote_ident((SELECT rolname FROM pg_roles WHERE oid = o.proowner))
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Have a superuser own the function (ALTER FUNCTION ... OWNER TO), or cast the column to a built-in type in the query.';
+    END IF;
+    IF o.nspname = 'pg_catalog' THEN
+        RETURN NULL;
+    END IF;
+    RETURN format('OPERATOR(%I.=)', o.nspname);
+END
+$$;
+
 -- Refuse a column whose values pgtrickle could not store without running a domain's code.
 CREATE OR REPLACE FUNCTION pgtrickle._check_storable(p_rel regclass, p_columns text[], p_what text)
 RETURNS void LANGUAGE plpgsql STABLE
