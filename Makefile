@@ -30,7 +30,7 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check src
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy src
-	PYTHONPATH=src $(VENV)/bin/lint-imports
+	PYTHONPATH=src $(VENV)/bin/lint-imports --no-logo
 
 # The benchmark suite: `make bench` (quick), `make bench PRESET=standard`, `make bench PRESET=full`
 # (100M rows: hours and ~60 GiB; see `$(PY) benchmarks/suite.py --preset full --dry-run`).

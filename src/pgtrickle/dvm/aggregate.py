@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from pgtrickle.catalog.store import quote_ident
 from pgtrickle.dvm.analysis import COUNT_COLUMN, AggregateShape, AggSpec, same_expr
+from pgtrickle.sql.ident import quote_ident
 
 ROW_ID = "__pgt_row_id"
 DELTA_TABLE = "pg_temp.__pgt_delta"
@@ -175,7 +175,8 @@ def output_expression(shape: AggregateShape, output_expr: exp.Expr, key_ref: Cal
     return output_expr.copy().transform(replace, copy=False)
 
 
-def _match(shape: AggregateShape, left: str, right: str) -> str:
+def key_match(shape: AggregateShape, left: str, right: str) -> str:
+    """The join condition matching the rows of ``left`` and ``right`` that hold the same group."""
     parts = [f"{left}.{ROW_ID} = {right}.{ROW_ID}"]
     for key in shape.keys:
         col = quote_ident(key.column)
@@ -235,7 +236,7 @@ def merge_statements(shape: AggregateShape, target: str, visible: Sequence[str])
     if shape.scalar:
         update = f"UPDATE {target} AS t SET {set_list} FROM {d} AS d"
         return MergeSql(delete="", update=update, insert="")
-    match = _match(shape, "t", "d")
+    match = key_match(shape, "t", "d")
     delete = (f"DELETE FROM {target} AS t USING {d} AS d WHERE {match} "
               f"AND t.{COUNT_COLUMN} + d.{COUNT_COLUMN} = 0")
     update = (f"UPDATE {target} AS t SET {set_list} FROM {d} AS d WHERE {match} "
@@ -258,7 +259,7 @@ def replace_statements(shape: AggregateShape, target: str, columns: Sequence[str
     whole; a group (one row per key) is updated in place when it survives.
     """
     d, k = DELTA_TABLE, KEYS_TABLE
-    match_tk, match_dk, match_td = _match(shape, "t", "k"), _match(shape, "d", "k"), _match(shape, "t", "d")
+    match_tk, match_dk, match_td = key_match(shape, "t", "k"), key_match(shape, "d", "k"), key_match(shape, "t", "d")
     all_cols = [*columns, ROW_ID]
     if shape.many_rows_per_key:
         delete = f"DELETE FROM {target} AS t USING {k} AS k WHERE {match_tk}"

@@ -36,7 +36,13 @@ from dataclasses import dataclass, field, replace
 
 from sqlglot import exp
 
-from pgtrickle.dvm.linear import NotDifferentiable, RecomputeOnly, check_linear, check_linear_select, inline_ctes
+from pgtrickle.dvm.linear import (
+    NotDifferentiable,
+    RecomputeOnly,
+    check_linear,
+    check_linear_select,
+    inline_ctes,
+)
 from pgtrickle.dvm.partitioned import PartitionedShape, analyze_partitioned
 from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.sql.translate import is_volatile, parse_query, unsupported_reason

@@ -33,17 +33,17 @@ import psycopg
 from psycopg import sql
 from sqlglot import exp
 
-from pgtrickle.catalog.store import Source, StreamTable, quote_ident
+from pgtrickle.catalog.store import Source, StreamTable
 from pgtrickle.cdc.buffers import PendingChanges, pending_changes, rows_table
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.dvm import aggregate as agg_rules
 from pgtrickle.dvm.aggregate import DELTA_TABLE, KEYS_TABLE, ROW_ID
 
 RAW_TABLE = "pg_temp.__pgt_raw"
+from pgtrickle import faults
 from pgtrickle.dvm.analysis import COUNT_COLUMN, RESCAN, AggregateShape, Analysis, LinearShape, RecomputeShape
 from pgtrickle.dvm.apply import linear_statements
 from pgtrickle.dvm.layout import Layout
-from pgtrickle.dvm.partitioned import PartitionedShape
 from pgtrickle.dvm.linear import (
     WEIGHT,
     NotDifferentiable,
@@ -58,10 +58,12 @@ from pgtrickle.dvm.linear import (
     terms,
     weighted,
 )
-from pgtrickle import faults
+from pgtrickle.dvm.partitioned import PartitionedShape
 from pgtrickle.errors import PgTrickleError
-from pgtrickle.refresh import commit, user_triggers
+from pgtrickle.refresh import commit, history, user_triggers
+from pgtrickle.refresh.context import RefreshContext
 from pgtrickle.spark import carry, jdbc
+from pgtrickle.sql.ident import quote_ident
 from pgtrickle.sql.translate import translate_to_spark
 
 PUSHDOWN_MIN_ROWS = 10_000
@@ -110,7 +112,7 @@ class DeltaResult:
 class DifferentialRun:
     """One differential refresh of one stream table (used by the engine)."""
 
-    def __init__(self, refresher, st: StreamTable, analysis: Analysis, layout: Layout) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, refresher: RefreshContext, st: StreamTable, analysis: Analysis, layout: Layout) -> None:
         self.r = refresher
         self.st = st
         self.analysis = analysis
@@ -128,7 +130,7 @@ class DifferentialRun:
         coordinator, snap_id, snapshot, lsn = self.r.coordinator(st.sources)
         with coordinator as coord:
             if self.r.group is None and (any(s.kind == "TABLE" and s.cdc_mode == "wal" for s in st.sources)
-                                         or self.r._wal_capture_set_up()):  # noqa: SLF001
+                                         or history.wal_capture_set_up(self.conn)):
                 wait_for_decoder(self.conn, self.r.dsn)
             assert st.frontier is not None
             pending = pending_changes(self.conn, st.sources, st.frontier, snapshot)
@@ -155,7 +157,7 @@ class DifferentialRun:
             spark_seconds = time.monotonic() - t0
             if self.r.group is None:
                 coord.rollback()
-        self.r._check_cancel()  # noqa: SLF001
+        self.r.check_cancel()
         t1 = time.monotonic()
         try:
             inserted, deleted = self._apply(result, history_id, self.r.commit_snapshot(snapshot), lsn,
@@ -880,7 +882,7 @@ class DifferentialRun:
         visible = [c.name for c in self.st.columns]
         stmts = self.r.cached(("merge", self.st.pgt_id, self.st.normalized_query, target),
                               lambda: agg_rules.merge_statements(shape, target, visible))
-        match = agg_rules._match(shape, "t", "d") if not shape.scalar else "true"  # noqa: SLF001
+        match = agg_rules.key_match(shape, "t", "d") if not shape.scalar else "true"
         self._snapshot_groups(buffer, DELTA_TABLE, match, "D")
         deleted = self.conn.execute(stmts.delete).rowcount if stmts.delete else 0
         updated = self.conn.execute(stmts.update).rowcount
@@ -904,7 +906,7 @@ class DifferentialRun:
                               f"NULL::bigint AS {ROW_ID}")
         else:
             self._load(KEYS_TABLE, [*key_cols, ROW_ID], result.keys, [*key_cols, ROW_ID])
-            match_k = agg_rules._match(shape, "t", "d")  # noqa: SLF001
+            match_k = agg_rules.key_match(shape, "t", "d")
         if shape.scalar:
             self._snapshot_groups(buffer, KEYS_TABLE, "true", "D")
             deleted = self.conn.execute(f"DELETE FROM {target}").rowcount

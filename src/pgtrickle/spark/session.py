@@ -158,6 +158,13 @@ def startup_seconds() -> float | None:
     return _startup_seconds
 
 
+def cancel_all_jobs() -> None:
+    """Cancel every Spark job of the process's session, if one was started."""
+    session = _session
+    if session is not None:
+        session.sparkContext.cancelAllJobs()
+
+
 def stop_spark() -> None:
     global _session
     with _lock:
