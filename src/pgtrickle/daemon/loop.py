@@ -27,6 +27,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -161,10 +162,8 @@ class Scheduler:
         the loss cut off are marked ``ABANDONED`` right away.
         """
         for old in (self.conn, self.refresher.conn):
-            try:
+            with suppress(psycopg.Error):
                 old.close()
-            except psycopg.Error:
-                pass
         self.conn = connect(self.dsn, application_name="pgtrickle-scheduler")
         require_installed(self.conn)
         self.locks = StreamTableLocks(self.conn)
@@ -332,7 +331,7 @@ class Scheduler:
             log.error("refresh of %s failed: %s", st.display, exc)
             report.failed.append((st, str(exc)))
             self.metrics.observe_failure(st.display)
-        except Exception as exc:  # noqa: BLE001 - one stream table must not stop the daemon
+        except Exception as exc:
             log.exception("refresh of %s failed unexpectedly", st.display)
             report.failed.append((st, f"{type(exc).__name__}: {exc}"))
             self.metrics.observe_failure(st.display)
@@ -354,7 +353,7 @@ class Scheduler:
             return
         except Cancelled:
             raise
-        except Exception as exc:  # noqa: BLE001 - one group must not stop the daemon
+        except Exception as exc:
             if not isinstance(exc, PgTrickleError):
                 log.exception("refresh of atomic group %s failed unexpectedly", group.name)
             else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 import psycopg
 
@@ -30,7 +30,7 @@ from pgtrickle.refresh.plan import Action
 from pgtrickle.scheduler.policy import stopped_note
 
 
-class Result(str, Enum):
+class Result(StrEnum):
     REFRESHED = "REFRESHED"
     """The refresh ran (FULL, DIFFERENTIAL) or found nothing to do (NO_DATA)."""
     FAILED = "FAILED"
@@ -161,7 +161,7 @@ def refresh_all(settings: Settings, dsn: str, names: Sequence[str] | None, *,
                                              LockedElsewhere)]
             except Cancelled:
                 raise
-            except Exception as exc:  # noqa: BLE001 - one stream table must not block the others
+            except Exception as exc:
                 failed(members, exc)
                 continue
             results.extend(_outcome_result(o) for o in outcomes)

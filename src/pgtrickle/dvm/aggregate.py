@@ -211,7 +211,7 @@ def merge_statements(shape: AggregateShape, target: str, visible: Sequence[str])
         return state
 
     hidden = shape.hidden_columns()
-    non_key_outputs = [(o, name) for o, name in zip(shape.outputs, visible) if o.key is None]
+    non_key_outputs = [(o, name) for o, name in zip(shape.outputs, visible, strict=False) if o.key is None]
 
     def assignments(old: Callable[[str], exp.Expr], key_table: str) -> list[tuple[str, str]]:
         state = state_from(old)
@@ -301,7 +301,7 @@ def finalize_statement(shape: AggregateShape, target: str, visible: Sequence[str
                         default=_col("t", agg.sum_column))
 
     assignments = []
-    for output, name in zip(shape.outputs, visible):
+    for output, name in zip(shape.outputs, visible, strict=False):
         if output.key is None and any(True for _ in _aggregate_nodes(output.expr)):
             expr = output_expression(shape, output.expr, lambda i: _col("t", shape.keys[i].column), state)
             assignments.append(f"{quote_ident(name)} = {expr.sql('postgres')}")

@@ -31,7 +31,7 @@ from pgtrickle.spark import carry, jdbc
 def read_as_of(spark, conn: psycopg.Connection, target: JdbcTarget, dsn: str, source: Source,  # type: ignore[no-untyped-def]
                current, cap: str, upto: str):
     """``current`` (the source's DataFrame at ``upto``) rolled back to snapshot ``cap``."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as F  # noqa: N812 - pyspark's own convention for its functions module
 
     row = conn.execute("SELECT columns FROM pgtrickle.pgt_change_sources WHERE source_relid = %s",
                        (source.relid,)).fetchone()

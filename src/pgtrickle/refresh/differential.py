@@ -33,14 +33,12 @@ import psycopg
 from psycopg import sql
 from sqlglot import exp
 
+from pgtrickle import faults
 from pgtrickle.catalog.store import Source, StreamTable
 from pgtrickle.cdc.buffers import PendingChanges, pending_changes, rows_table
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.dvm import aggregate as agg_rules
 from pgtrickle.dvm.aggregate import DELTA_TABLE, KEYS_TABLE, ROW_ID
-
-RAW_TABLE = "pg_temp.__pgt_raw"
-from pgtrickle import faults
 from pgtrickle.dvm.analysis import COUNT_COLUMN, RESCAN, AggregateShape, Analysis, LinearShape, RecomputeShape
 from pgtrickle.dvm.apply import linear_statements
 from pgtrickle.dvm.layout import Layout
@@ -65,6 +63,8 @@ from pgtrickle.refresh.context import RefreshContext
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.sql.ident import quote_ident
 from pgtrickle.sql.translate import translate_to_spark
+
+RAW_TABLE = "pg_temp.__pgt_raw"
 
 PUSHDOWN_MIN_ROWS = 10_000
 """Tables smaller than this are read whole: a key filter would not pay for itself."""
@@ -237,7 +237,7 @@ class DifferentialRun:
                 else:
                     views[(index, False)] = self._post_view(source, index, deltas, occ_source, links)
             spark_sql = self._translated(("term", id(template.query), deltas, tuple(sorted(views.items()))),
-                                         lambda: term_query(template, deltas, views))
+                                         lambda deltas=deltas, views=views: term_query(template, deltas, views))
             if spark_sql is None:
                 continue
             outer = ", ".join(spark_name(n) for n in names)
@@ -400,7 +400,7 @@ class DifferentialRun:
         is xxhash64 of the columns at ``hash_positions``, exactly as a FULL
         refresh computes it (:func:`finish_output`).
         """
-        cols = [_for_copy(spark_name(n), t) + f" AS c{i}" for i, (n, t) in enumerate(zip(names, pg_types))]
+        cols = [_for_copy(spark_name(n), t) + f" AS c{i}" for i, (n, t) in enumerate(zip(names, pg_types, strict=True))]
         cols += [spark_name(e) for e in extra]
         row_id = (f"xxhash64({', '.join(spark_name(names[i]) for i in hash_positions)})"
                   if hash_positions else "CAST(0 AS BIGINT)")
@@ -413,7 +413,7 @@ class DifferentialRun:
         table = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(name))
         target_cols = self._target_columns(df.columns)
         cols = [sql.SQL("{} {}").format(sql.Identifier(df_col), sql.SQL(stored.get(t, "bigint")))
-                for df_col, t in zip(df.columns, target_cols)]
+                for df_col, t in zip(df.columns, target_cols, strict=True)]
         with self.r.staging_conn() as conn:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
             conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, sql.SQL(", ").join(cols)))
@@ -798,7 +798,7 @@ class DifferentialRun:
         if kind is not None:
             conn.execute(f"DROP {'VIEW' if kind[0] == 'v' else 'TABLE'} {table}")
         if isinstance(rows, Staged):
-            select = [f"{quote_ident(src)} AS {quote_ident(dst)}" for src, dst in zip(rows.columns, columns)]
+            select = [f"{quote_ident(src)} AS {quote_ident(dst)}" for src, dst in zip(rows.columns, columns, strict=False)]
             conn.execute(f"CREATE TEMP VIEW {short} AS SELECT {', '.join(select)} FROM {rows.table}")
             return
         select_like = ", ".join(quote_ident(c) for c in like_columns) or "1 AS __pgt_none"
@@ -808,7 +808,7 @@ class DifferentialRun:
             conn.execute(f"ALTER TABLE {table} {extra}")
         col_list = ", ".join(quote_ident(c) for c in columns)
         with conn.cursor().copy(f"COPY {table} ({col_list}) FROM STDIN") as copy:
-            for i, row in enumerate(rows):
+            for row in rows:
                 copy.write_row(row)
         conn.execute(f"ANALYZE {table}")
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -133,10 +133,8 @@ class Refresher:
 
     def reconnect(self) -> None:
         """A new catalog connection (after PostgreSQL was lost); the old one is closed."""
-        try:
+        with suppress(psycopg.Error):
             self.conn.close()
-        except psycopg.Error:
-            pass
         self.conn = connect(self.dsn, application_name="pgtrickle-refresh")
 
     # ------------------------------------------------------------- spark
@@ -203,7 +201,7 @@ class Refresher:
             message = public_error(exc)
             _log_full_error(st, exc, message)
             attempted = Action.DIFFERENTIAL if st.refresh_mode == "DIFFERENTIAL" else Action.FULL
-            history_id = history.start_history(self.conn, 
+            history_id = history.start_history(self.conn,
                 st, RefreshPlan(attempted, "failed while preparing the refresh", 0), initiated_by)
             history.record_failure(self.conn, st, history_id, message, fatal=health.is_fatal(exc))
             if isinstance(exc, PgTrickleError):
@@ -703,7 +701,7 @@ class Refresher:
             log.info("%s: no unique index on the group key (%s)", st.display, err)
 
 
-class _AlreadyRecorded(Exception):  # noqa: N818 - a carrier, not an error of its own
+class _AlreadyRecorded(Exception):
     """Carries an error whose failure was recorded where it was raised."""
 
     def __init__(self, error: PgTrickleError) -> None:

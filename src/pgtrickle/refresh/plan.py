@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol
 
 DEFAULT_FALLBACK_RATIO = 0.15
 
 
-class Action(str, Enum):
+class Action(StrEnum):
     FULL = "FULL"
     DIFFERENTIAL = "DIFFERENTIAL"
     NO_DATA = "NO_DATA"

@@ -141,7 +141,7 @@ def get_spark(settings: Settings):  # type: ignore[no-untyped-def]
         started = time.monotonic()
         try:
             session = builder.getOrCreate()
-        except Exception as exc:  # noqa: BLE001 - Spark raises many kinds
+        except Exception as exc:
             detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise SparkError(
                 f"Spark could not start with master {settings.spark_master!r}: {detail}; check the master "
