@@ -24,6 +24,14 @@ test: setup
 test-unit: setup
 	$(PY) -m pytest tests/unit
 
+# Static checks, all of which must pass (CI runs this before the tests): formatting, lint, types and the
+# import layering of docs/ARCHITECTURE.md ("Layers"). PYTHONPATH=src: check this tree, not an installed copy.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff format --check src
+	$(VENV)/bin/ruff check src
+	$(VENV)/bin/mypy src
+	PYTHONPATH=src $(VENV)/bin/lint-imports --no-logo
+
 # The benchmark suite: `make bench` (quick), `make bench PRESET=standard`, `make bench PRESET=full`
 # (100M rows: hours and ~60 GiB; see `$(PY) benchmarks/suite.py --preset full --dry-run`).
 PRESET ?= quick

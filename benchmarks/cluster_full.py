@@ -50,7 +50,7 @@ QUERIES = {
 
 def worker(dsn: str, master: str, names: list[str], repeat: int) -> dict[str, Any]:
     """In a fresh process: start Spark on ``master`` and refresh each stream table FULL ``repeat`` + 1 times."""
-    from pgtrickle.scheduler.daemon import refresh_sync
+    from pgtrickle.daemon.manual import refresh_sync
     from pgtrickle.spark import session as spark_session
 
     settings = Settings.from_env().with_overrides(dsn=dsn, spark_master=master)

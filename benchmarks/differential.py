@@ -55,7 +55,7 @@ from pgtrickle.db.connection import jdbc_target, resolve_dsn  # noqa: E402
 from pgtrickle.refresh import differential as diff_module  # noqa: E402
 from pgtrickle.refresh import engine as engine_module  # noqa: E402
 from pgtrickle.refresh.engine import RefreshOutcome  # noqa: E402
-from pgtrickle.scheduler.daemon import refresh_sync  # noqa: E402
+from pgtrickle.daemon.manual import refresh_sync  # noqa: E402
 from pgtrickle.spark import session as spark_session  # noqa: E402
 
 PLOT = IMG / "differential.png"

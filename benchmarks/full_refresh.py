@@ -29,7 +29,7 @@ from common import bench_dsn, drop_database, machine, recreate_database  # noqa:
 from pgtrickle.catalog.install import install  # noqa: E402
 from pgtrickle.config import Settings  # noqa: E402
 from pgtrickle.db.connection import resolve_dsn  # noqa: E402
-from pgtrickle.scheduler.daemon import refresh_sync  # noqa: E402
+from pgtrickle.daemon.manual import refresh_sync  # noqa: E402
 from pgtrickle.spark import session as spark_session  # noqa: E402
 
 QUERY = "SELECT grp, count(*) AS n, sum(v) AS total, avg(qty) AS avg_qty FROM events GROUP BY grp"

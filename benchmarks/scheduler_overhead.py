@@ -48,7 +48,8 @@ from common import (  # noqa: E402
 from pgtrickle.catalog.install import install  # noqa: E402
 from pgtrickle.config import Settings  # noqa: E402
 from pgtrickle.db.connection import resolve_dsn  # noqa: E402
-from pgtrickle.scheduler.daemon import Scheduler, refresh_sync  # noqa: E402
+from pgtrickle.daemon.loop import Scheduler  # noqa: E402
+from pgtrickle.daemon.manual import refresh_sync  # noqa: E402
 
 SECTION = "scheduler"
 PLOT = IMG / "scheduler.png"

@@ -60,7 +60,7 @@ from pgtrickle.catalog.install import install  # noqa: E402
 from pgtrickle.config import Settings  # noqa: E402
 from pgtrickle.db.connection import resolve_dsn  # noqa: E402
 from pgtrickle.refresh.verify import verify  # noqa: E402
-from pgtrickle.scheduler.daemon import MAINTENANCE_EVERY_SECONDS  # noqa: E402
+from pgtrickle.daemon.loop import MAINTENANCE_EVERY_SECONDS  # noqa: E402
 from pgtrickle.scheduler.schedule import interval_seconds, parse_schedule  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

@@ -51,7 +51,7 @@ from pgtrickle.config import Settings  # noqa: E402
 from pgtrickle.db.connection import resolve_dsn  # noqa: E402
 from pgtrickle.errors import PgTrickleError  # noqa: E402
 from pgtrickle.refresh.verify import verify  # noqa: E402
-from pgtrickle.scheduler.daemon import refresh_sync  # noqa: E402
+from pgtrickle.daemon.manual import refresh_sync  # noqa: E402
 
 SECTION = "tpch"
 PLOT = IMG / "tpch.png"

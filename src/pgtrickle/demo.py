@@ -16,9 +16,9 @@ from rich.table import Table
 
 from pgtrickle.catalog.install import install
 from pgtrickle.config import Settings
+from pgtrickle.daemon.loop import Scheduler
 from pgtrickle.db.connection import connect, redact
 from pgtrickle.refresh.verify import verify
-from pgtrickle.scheduler.daemon import Scheduler
 
 SCHEMA = "pgtrickle_demo"
 STREAM_TABLES = {

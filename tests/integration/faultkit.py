@@ -216,7 +216,7 @@ def wait_caught_up(db: Database, names: Sequence[str], timeout: float, check: Ca
 
 def populate(db: Database, names: Sequence[str], writers: Writers, wal_source: str = "events") -> None:
     """Initial population and the move of ``wal_source`` to WAL capture, in this process, before any writer."""
-    from pgtrickle.scheduler.daemon import Scheduler
+    from pgtrickle.daemon.loop import Scheduler
 
     scheduler = Scheduler(db.settings, db.dsn)
     try:

@@ -20,7 +20,7 @@ def create_st(db: Database, name: str, query: str, **kw: object) -> None:
 
 
 def refresh(db: Database, *names: str) -> list[RefreshOutcome]:
-    from pgtrickle.scheduler.daemon import refresh_sync
+    from pgtrickle.daemon.manual import refresh_sync
 
     return refresh_sync(db.settings, db.dsn, list(names) if names else None)
 

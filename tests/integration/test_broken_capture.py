@@ -12,7 +12,7 @@ from pgtrickle.cli.main import app
 from pgtrickle.errors import CaptureBrokenError
 from pgtrickle.ops.metrics import Metrics
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.daemon import Scheduler
+from pgtrickle.daemon.loop import Scheduler
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, create_st, refresh, refresh_and_check
 

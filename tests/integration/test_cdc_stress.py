@@ -51,7 +51,7 @@ import pytest
 
 from pgtrickle.cdc.wal import SYNC_PREFIX, WalDecoder, wait_for_decoder
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.daemon import Scheduler
+from pgtrickle.daemon.loop import Scheduler
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, refresh
 

@@ -10,7 +10,7 @@ import pytest
 
 from pgtrickle.errors import PgTrickleError
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.daemon import Scheduler
+from pgtrickle.daemon.loop import Scheduler
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, catalog_fingerprint, create_st, refresh
 

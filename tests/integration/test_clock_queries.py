@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.daemon import Scheduler
+from pgtrickle.daemon.loop import Scheduler
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, create_st, refresh_and_check
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.daemon import Scheduler
+from pgtrickle.daemon.loop import Scheduler
 from tests.conftest import Database
 from tests.integration.faultkit import (
     SRC,

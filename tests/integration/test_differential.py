@@ -205,7 +205,7 @@ def test_stream_table_over_stream_table_is_differential_at_both_levels(db) -> No
 
 
 def test_wal_capture_feeds_differential_refresh(db) -> None:  # type: ignore[no-untyped-def]
-    from pgtrickle.scheduler.daemon import Scheduler
+    from pgtrickle.daemon.loop import Scheduler
 
     _setup(db)
     db.sql("UPDATE pgtrickle.pgt_settings SET value = 'auto' WHERE name = 'cdc_mode'")

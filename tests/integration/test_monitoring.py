@@ -13,7 +13,7 @@ import pytest
 from integrations.monitoring import dashboard, references
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgtrickle.scheduler.daemon import Scheduler
+from pgtrickle.daemon.loop import Scheduler
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, create_st, refresh
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from pgtrickle.cli.main import app
 from pgtrickle.errors import PgTrickleError
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.daemon import Scheduler
+from pgtrickle.daemon.loop import Scheduler
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, catalog_fingerprint, create_st, refresh
 

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.daemon import Scheduler, effective_groups
+from pgtrickle.daemon.loop import Scheduler, effective_groups
 from pgtrickle.catalog.store import load_stream_tables
 from pgtrickle.errors import PgTrickleError
 

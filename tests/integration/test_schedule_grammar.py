@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pgtrickle.errors import ScheduleError
-from pgtrickle.scheduler.daemon import Scheduler
+from pgtrickle.daemon.loop import Scheduler
 from pgtrickle.scheduler.schedule import CalculatedSchedule, next_due, parse_schedule
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle

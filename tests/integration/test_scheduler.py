@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.daemon import LOCK_NAMESPACE, Scheduler
+from pgtrickle.daemon.loop import LOCK_NAMESPACE, Scheduler
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle
 

@@ -26,7 +26,7 @@ from pgtrickle.cli.main import app
 from pgtrickle.config import Settings
 from pgtrickle.errors import PgTrickleError, SparkConnectUnreachableError, ValueNotCarriedError
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.daemon import Scheduler
+from pgtrickle.daemon.loop import Scheduler
 from pgtrickle.spark.capabilities import capabilities, is_connect
 from pgtrickle.spark.session import get_spark
 from tests.conftest import Database, _free_port

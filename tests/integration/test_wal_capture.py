@@ -10,7 +10,7 @@ import pytest
 
 from pgtrickle.cdc.wal import DecoderThread, WalDecoder, slot_name_for, wait_for_decoder
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.daemon import Scheduler
+from pgtrickle.daemon.loop import Scheduler
 from pgtrickle.cdc.modes import CaptureManager
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, refresh

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 
-from pgtrickle.scheduler.daemon import Scheduler
+from pgtrickle.daemon.loop import Scheduler
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, create_st, refresh
 

@@ -20,7 +20,7 @@ from pgtrickle.catalog.store import load_stream_tables
 from pgtrickle.errors import PgTrickleError
 from pgtrickle.gates import watermark_gate
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.daemon import Scheduler
+from pgtrickle.daemon.loop import Scheduler
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, catalog_fingerprint, create_st, refresh
 
@@ -378,7 +378,7 @@ def test_hold_back_refuses_what_it_cannot_rebuild(db: Database) -> None:
     load(db, ["TRUNCATE orders", add_orders(1, 10, 9)])
     outcomes = refresh(db)
     assert actions(outcomes)["order_summary"] is Action.SKIP and "truncated" in reasons(outcomes)["order_summary"]
-    from pgtrickle.scheduler.daemon import refresh_sync
+    from pgtrickle.daemon.manual import refresh_sync
 
     [forced] = refresh_sync(db.settings, db.dsn, ["order_summary"], force=True)
     assert forced.action is Action.FULL

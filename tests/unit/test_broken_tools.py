@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pgtrickle.ops.metrics import CatalogSnapshot, Metrics
 from pgtrickle.refresh.capture_check import BrokenCapture, broken_message
 from pgtrickle.refresh.plan import Action, plan_refresh, reinit_text
-from pgtrickle.scheduler.manual import ManualRefresh, Result, Summary, blocked_by, summarize
+from pgtrickle.daemon.manual import ManualRefresh, Result, Summary, blocked_by, summarize
 
 
 def test_a_stream_table_is_blocked_by_an_upstream_that_failed_or_was_skipped() -> None:

@@ -16,7 +16,7 @@ from pgtrickle.cli.status_data import AlertRow, CaptureRow, StatusSnapshot, Stre
 from pgtrickle.refresh.capture_check import BrokenCapture
 from pgtrickle.refresh.engine import RefreshOutcome
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.manual import ManualRefresh, Result
+from pgtrickle.daemon.manual import ManualRefresh, Result
 
 NOW = datetime(2026, 11, 26, 16, 0, tzinfo=timezone.utc)
 LONG_ERROR = ("refresh of public.bad failed: [CAST_INVALID_INPUT] The value 'x' of the type \"STRING\" "

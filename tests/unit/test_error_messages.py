@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pgtrickle.refresh.engine import _describe
+from pgtrickle.ops.error_redaction import public_error as _describe
 
 
 def test_a_failed_spark_job_is_described_by_the_jvm_reason() -> None:

@@ -11,6 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgtrickle.db.instants import tolerant
+from pgtrickle.sql.ident import quote_ident
 
 
 @dataclass(frozen=True)
@@ -83,11 +84,6 @@ class StreamTable:
     @property
     def display(self) -> str:
         return f"{display_ident(self.schema)}.{display_ident(self.name)}"
-
-
-def quote_ident(name: str) -> str:
-    """Quote an identifier for SQL (always quoting, so any name is safe)."""
-    return '"' + name.replace('"', '""') + '"'
 
 
 _PLAIN_IDENT = re.compile(r"^[a-z_][a-z0-9_$]*$")

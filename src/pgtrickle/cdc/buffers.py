@@ -1,7 +1,7 @@
 """Change buffers: what is pending for a stream table, and cleanup.
 
 A buffer row belongs to the refresh window (S1, S2] of a stream table when
-its writing transaction is visible in S2 and not in S1 (DESIGN.md §3.3).
+its writing transaction is visible in S2 and not in S1 (docs/ARCHITECTURE.md, invariant 3).
 The buffer is read after S2 was taken (and, with WAL capture, after the
 decoder has passed S2), so it holds every change of the window; the scan
 starts at ``pg_snapshot_xmin(S1)``.

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 import psycopg
 
@@ -29,7 +29,7 @@ from pgtrickle.cdc.wal import PUBLICATION, SYNC_PREFIX, slot_name_for
 log = logging.getLogger(__name__)
 
 
-class Move(str, Enum):
+class Move(StrEnum):
     TO_WAL = "to_wal"
     TO_TRIGGER = "to_trigger"
 

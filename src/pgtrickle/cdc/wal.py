@@ -518,10 +518,10 @@ class WalDecoder:
             for relid in message.relids:  # type: ignore[union-attr]
                 if self._is_tracked(relid):
                     self._add(relid, "T", None, None)
-        elif kind is pgoutput.LogicalMessage:
-            if not message.transactional and message.prefix == SYNC_PREFIX:  # type: ignore[union-attr]
-                self._progress = max(self._progress, message.lsn)  # type: ignore[union-attr]
-                self._sync_requested = True
+        elif (kind is pgoutput.LogicalMessage and not message.transactional  # type: ignore[union-attr]
+              and message.prefix == SYNC_PREFIX):  # type: ignore[union-attr]
+            self._progress = max(self._progress, message.lsn)  # type: ignore[union-attr]
+            self._sync_requested = True
 
     # ----------------------------------------------------------------- flush
     def flush(self) -> None:
@@ -665,7 +665,7 @@ class DecoderThread:
             try:
                 self.decoder.run(self.stop_event)
                 return
-            except Exception as exc:  # noqa: BLE001 - reported, then retried
+            except Exception as exc:
                 if time.monotonic() - started >= self.HEALTHY_SECONDS:
                     backoff = 0.5
                 self.on_error(exc)

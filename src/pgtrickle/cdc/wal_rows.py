@@ -59,7 +59,7 @@ class WalCaptureError(PgTrickleError):
     """WAL capture cannot proceed (no slot, decoder not running, bad replica identity…)."""
 
 
-class NeedTextMode(Exception):  # noqa: N818 - a signal to the decoder, not an error of the user's
+class NeedTextMode(Exception):
     """Binary rows are impossible for this run; ``reason`` says why (for the log)."""
 
     def __init__(self, reason: str) -> None:
@@ -137,7 +137,7 @@ class BinaryPlan:
         the common case (every value binary or NULL) and raises :class:`Uncommon` for anything else."""
 
 
-class Uncommon(Exception):  # noqa: N818 - control flow, not an error
+class Uncommon(Exception):
     """The message is not of the common shape :attr:`BinaryPlan.cut` handles: use :func:`append_row`."""
 
 
@@ -192,7 +192,7 @@ def _compile(positions: tuple[int | None, ...], ncols: int, nulls: bytes
         code = "\n".join(head + ["    " + line for line in body] + tail).replace("NCOLS", str(ncols))
         namespace = {"_u16": _U16.unpack_from, "_kind_length": _KIND_LENGTH.unpack_from, "_null": NULL_FIELD,
                      "_nulls": nulls, "_pad": _PAD, "_uncommon": Uncommon, "struct": struct}
-        exec(code, namespace)  # noqa: S102 - generated from integers only
+        exec(code, namespace)
         cutters[tag] = namespace["cut"]
     return cutters
 

@@ -110,7 +110,7 @@ def _error(exc: BaseException | None, message: str) -> dict[str, Any]:
 
 def refresh_document(results: Sequence) -> dict[str, Any]:  # type: ignore[type-arg]
     """``pgtrickle refresh --json``: each stream table's outcome (upstream first) and the summary."""
-    from pgtrickle.scheduler.manual import Result, summarize
+    from pgtrickle.daemon.manual import Result, summarize
 
     tables = []
     for r in results:

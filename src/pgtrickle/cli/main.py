@@ -225,7 +225,7 @@ def refresh(
     stream table whose circuit breaker is open, or whose watermark gate is
     closed, is refused unless --force (with --all it is skipped and reported).
     """
-    from pgtrickle.scheduler.manual import refresh_all, summarize
+    from pgtrickle.daemon.manual import refresh_all, summarize
 
     if not names and not all_:
         _fail("name one or more stream tables, or give --all")
@@ -265,7 +265,7 @@ def run(
     spark_remote: Annotated[str | None, typer.Option(help=SPARK_REMOTE_HELP, show_default=False)] = None,
 ) -> None:
     """Run the daemon: refresh due stream tables in dependency order until stopped."""
-    from pgtrickle.scheduler.daemon import Scheduler
+    from pgtrickle.daemon.loop import Scheduler
 
     def go() -> None:
         settings = _remote(ctx, spark_remote).with_overrides(tick_seconds=tick, metrics_port=metrics_port,

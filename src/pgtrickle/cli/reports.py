@@ -15,7 +15,7 @@ _RESULT_STYLE = {"REFRESHED": "green", "FAILED": "red", "SKIPPED": "yellow"}
 
 def refresh_results(console: Console, results: Sequence) -> None:  # type: ignore[type-arg]
     """One row per stream table (upstream first), each failure's error in full, and the summary."""
-    from pgtrickle.scheduler.manual import Result, summarize
+    from pgtrickle.daemon.manual import Result, summarize
 
     # Name and reason fold; result, action and the figures are never cut (scripts grep them).
     table = Table()

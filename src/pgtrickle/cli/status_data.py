@@ -96,8 +96,8 @@ def _scrubbed(value: Any) -> Any:
 def load_status(dsn: str, *, alerts_shown: int = 5) -> StatusSnapshot:
     """Read the status of every stream table, the change capture and recent alerts now."""
     from pgtrickle.catalog.store import load_stream_tables
+    from pgtrickle.daemon.loop import effective_groups
     from pgtrickle.db.instants import tolerant_cursor
-    from pgtrickle.scheduler.daemon import effective_groups
 
     with connect(dsn) as conn:
         require_installed(conn)

@@ -14,14 +14,14 @@ The API then replaces it (docs/WATERMARKS.md).
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 from psycopg.types.datetime import IntervalLoader, TimestamptzLoader
 
-FAR_FUTURE = datetime.max.replace(tzinfo=timezone.utc)
+FAR_FUTURE = datetime.max.replace(tzinfo=UTC)
 """A watermark after year 9999 (or ``infinity``) as Python sees it."""
-FAR_PAST = datetime.min.replace(tzinfo=timezone.utc)
+FAR_PAST = datetime.min.replace(tzinfo=UTC)
 """A watermark before year 1 (BC, or ``-infinity``) as Python sees it."""
 
 

@@ -85,7 +85,7 @@ class RedactingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a bad format string is the logger's problem, not ours
+        except Exception:
             message = str(record.msg)
         record.msg = scrub(message)
         record.args = None

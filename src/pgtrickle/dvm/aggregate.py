@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from pgtrickle.catalog.store import quote_ident
 from pgtrickle.dvm.analysis import COUNT_COLUMN, AggregateShape, AggSpec, same_expr
+from pgtrickle.sql.ident import quote_ident
 
 ROW_ID = "__pgt_row_id"
 DELTA_TABLE = "pg_temp.__pgt_delta"
@@ -187,7 +187,8 @@ def same_value(left: str, right: str, operator: str | None = None) -> str:
     return f"coalesce({left} {operator} {right} OR ({left} IS NULL AND {right} IS NULL), false)"
 
 
-def _match(shape: AggregateShape, left: str, right: str, equality: Mapping[str, str] | None = None) -> str:
+def key_match(shape: AggregateShape, left: str, right: str, equality: Mapping[str, str] | None = None) -> str:
+    """The join condition matching the rows of ``left`` and ``right`` that hold the same group."""
     parts = [f"{left}.{ROW_ID} = {right}.{ROW_ID}"]
     for key in shape.keys:
         col = quote_ident(key.column)
@@ -223,7 +224,7 @@ def merge_statements(shape: AggregateShape, target: str, visible: Sequence[str],
         return state
 
     hidden = shape.hidden_columns()
-    non_key_outputs = [(o, name) for o, name in zip(shape.outputs, visible) if o.key is None]
+    non_key_outputs = [(o, name) for o, name in zip(shape.outputs, visible, strict=False) if o.key is None]
 
     def assignments(old: Callable[[str], exp.Expr], key_table: str) -> list[tuple[str, str]]:
         state = state_from(old)
@@ -248,7 +249,7 @@ def merge_statements(shape: AggregateShape, target: str, visible: Sequence[str],
     if shape.scalar:
         update = f"UPDATE {target} AS t SET {set_list} FROM {d} AS d"
         return MergeSql(delete="", update=update, insert="")
-    match = _match(shape, "t", "d", equality)
+    match = key_match(shape, "t", "d", equality)
     delete = (f"DELETE FROM {target} AS t USING {d} AS d WHERE {match} "
               f"AND t.{COUNT_COLUMN} + d.{COUNT_COLUMN} = 0")
     update = (f"UPDATE {target} AS t SET {set_list} FROM {d} AS d WHERE {match} "
@@ -272,8 +273,8 @@ def replace_statements(shape: AggregateShape, target: str, columns: Sequence[str
     whole; a group (one row per key) is updated in place when it survives.
     """
     d, k = DELTA_TABLE, KEYS_TABLE
-    match_tk, match_dk = _match(shape, "t", "k", equality), _match(shape, "d", "k", equality)
-    match_td = _match(shape, "t", "d", equality)
+    match_tk, match_dk = key_match(shape, "t", "k", equality), key_match(shape, "d", "k", equality)
+    match_td = key_match(shape, "t", "d", equality)
     all_cols = [*columns, ROW_ID]
     if shape.many_rows_per_key:
         delete = f"DELETE FROM {target} AS t USING {k} AS k WHERE {match_tk}"
@@ -317,7 +318,7 @@ def finalize_statement(shape: AggregateShape, target: str, visible: Sequence[str
                         default=_col("t", agg.sum_column))
 
     assignments = []
-    for output, name in zip(shape.outputs, visible):
+    for output, name in zip(shape.outputs, visible, strict=False):
         if output.key is None and any(True for _ in _aggregate_nodes(output.expr)):
             expr = output_expression(shape, output.expr, lambda i: _col("t", shape.keys[i].column), state)
             assignments.append(f"{quote_ident(name)} = {expr.sql('postgres')}")

@@ -38,7 +38,13 @@ from datetime import date, datetime, time, timezone
 
 from sqlglot import exp
 
-from pgtrickle.dvm.linear import NotDifferentiable, RecomputeOnly, check_linear, check_linear_select, inline_ctes
+from pgtrickle.dvm.linear import (
+    NotDifferentiable,
+    RecomputeOnly,
+    check_linear,
+    check_linear_select,
+    inline_ctes,
+)
 from pgtrickle.dvm.partitioned import PartitionedShape, analyze_partitioned
 from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.sql.clock import ClockValues, pin_clock, reads_clock

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pgtrickle.catalog.store import quote_ident
 from pgtrickle.dvm.aggregate import DELTA_TABLE, ROW_ID, same_value
+from pgtrickle.sql.ident import quote_ident
 
 
 @dataclass(frozen=True)

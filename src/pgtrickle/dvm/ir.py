@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from sqlglot import exp
 
@@ -55,7 +55,7 @@ Named = tuple[tuple[str, exp.Expr], ...]
 """Named expressions: ``((output name, expression over the input's columns), ...)``."""
 
 
-class JoinKind(str, Enum):
+class JoinKind(StrEnum):
     INNER = "inner"
     LEFT = "left"
     RIGHT = "right"
@@ -67,7 +67,7 @@ class JoinKind(str, Enum):
     ANTI join whose condition is ``(l = r) IS NOT FALSE``, which gives NOT IN's NULL rules)."""
 
 
-class SetOpKind(str, Enum):
+class SetOpKind(StrEnum):
     INTERSECT = "intersect"
     EXCEPT = "except"
 

@@ -230,7 +230,7 @@ def check_linear_select(select: exp.Select) -> None:
             raise NotDifferentiable("aggregate below the top of the query")
     items, conditions = from_items(select)
     for node in [*select.expressions, *conditions]:
-        for sub in node.find_all(exp.Subquery, exp.Exists, exp.Query):
+        if node.find(exp.Subquery, exp.Exists, exp.Query) is not None:
             # (``x <> ALL (SELECT …)`` holds its SELECT without a Subquery node)
             raise NotDifferentiable("an EXISTS / IN / scalar subquery")
         if node.find(exp.Window):

@@ -29,7 +29,14 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
-from pgtrickle.dvm.linear import OCC_SCHEMA, NotDifferentiable, Occurrence, RecomputeOnly, conjuncts, strip_parens
+from pgtrickle.dvm.linear import (
+    OCC_SCHEMA,
+    NotDifferentiable,
+    Occurrence,
+    RecomputeOnly,
+    conjuncts,
+    strip_parens,
+)
 from pgtrickle.sql.translate import is_correlated
 
 

@@ -16,9 +16,9 @@ from psycopg import sql
 
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import PendingChanges
+from pgtrickle.gates.circuit_breaker import BreakerConfig, TripDecision, Volume, should_trip
 from pgtrickle.gates.skips import record_skip
 from pgtrickle.ops import alerts
-from pgtrickle.gates.circuit_breaker import BreakerConfig, TripDecision, Volume, should_trip
 
 QUARANTINE_MAX_ROWS = 1_000_000
 """At most this many held-back changes per stream table are copied for inspection."""

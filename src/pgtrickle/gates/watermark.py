@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 MODES = ("none", "gate", "hold_back")
-SETTINGS = ("inferred",) + MODES
+SETTINGS = ("inferred", *MODES)
 
 BOOTSTRAPPING = "bootstrapping"
 ALIGNED = "aligned"

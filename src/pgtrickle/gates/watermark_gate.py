@@ -27,8 +27,8 @@ from psycopg import sql
 
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import PendingChanges
-from pgtrickle.gates import watermark as wm
 from pgtrickle.db.instants import parse_instant, tolerant_cursor
+from pgtrickle.gates import watermark as wm
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Both run inside the caller's transaction: :func:`lock_for_apply` first (it
 refuses when another process refreshed meanwhile), the data changes, then
 :func:`complete` — so contents, frontier, history row and consumed requests
-commit together (DESIGN.md invariant 2).
+commit together (docs/ARCHITECTURE.md, invariant 2).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pgtrickle import faults
 from pgtrickle.catalog import identity
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.errors import RefreshError
-
 
 # The reinitialization request is met by this refresh (see :func:`complete`).
 _REINIT_DONE = ("(%(full)s AND (reinit_xid IS NULL"

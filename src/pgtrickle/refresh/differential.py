@@ -33,17 +33,15 @@ import psycopg
 from psycopg import sql
 from sqlglot import exp
 
-from pgtrickle.catalog.store import Source, StreamTable, quote_ident
+from pgtrickle import faults
+from pgtrickle.catalog.store import Source, StreamTable
 from pgtrickle.cdc.buffers import PendingChanges, pending_changes, rows_table
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.dvm import aggregate as agg_rules
 from pgtrickle.dvm.aggregate import DELTA_TABLE, KEYS_TABLE, ROW_ID
-
-RAW_TABLE = "pg_temp.__pgt_raw"
 from pgtrickle.dvm.analysis import COUNT_COLUMN, RESCAN, AggregateShape, Analysis, LinearShape, RecomputeShape
 from pgtrickle.dvm.apply import equality_operators, linear_statements
 from pgtrickle.dvm.layout import Layout
-from pgtrickle.dvm.partitioned import PartitionedShape
 from pgtrickle.dvm.linear import (
     WEIGHT,
     NotDifferentiable,
@@ -58,12 +56,16 @@ from pgtrickle.dvm.linear import (
     terms,
     weighted,
 )
-from pgtrickle import faults
+from pgtrickle.dvm.partitioned import PartitionedShape
 from pgtrickle.errors import PgTrickleError, UnsupportedQueryError
-from pgtrickle.refresh import commit, user_triggers
+from pgtrickle.refresh import commit, history, user_triggers
+from pgtrickle.refresh.context import RefreshContext
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
+from pgtrickle.sql.ident import quote_ident
 from pgtrickle.sql.translate import translate_to_spark
+
+RAW_TABLE = "pg_temp.__pgt_raw"
 
 PUSHDOWN_MIN_ROWS = 10_000
 """Tables smaller than this are read whole: a key filter would not pay for itself."""
@@ -111,7 +113,7 @@ class DeltaResult:
 class DifferentialRun:
     """One differential refresh of one stream table (used by the engine)."""
 
-    def __init__(self, refresher, st: StreamTable, analysis: Analysis, layout: Layout) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, refresher: RefreshContext, st: StreamTable, analysis: Analysis, layout: Layout) -> None:
         self.r = refresher
         self.st = st
         self.analysis = analysis
@@ -129,7 +131,7 @@ class DifferentialRun:
         coordinator, snap_id, snapshot, lsn = self.r.coordinator(st.sources)
         with coordinator as coord:
             if self.r.group is None and (any(s.kind == "TABLE" and s.cdc_mode == "wal" for s in st.sources)
-                                         or self.r._wal_capture_set_up()):  # noqa: SLF001
+                                         or history.wal_capture_set_up(self.conn)):
                 wait_for_decoder(self.conn, self.r.dsn)
             assert st.frontier is not None
             pending = pending_changes(self.conn, st.sources, st.frontier, snapshot)
@@ -158,7 +160,7 @@ class DifferentialRun:
             spark_seconds = time.monotonic() - t0
             if self.r.group is None:
                 coord.rollback()
-        self.r._check_cancel()  # noqa: SLF001
+        self.r.check_cancel()
         t1 = time.monotonic()
         try:
             inserted, deleted = self._apply(result, history_id, self.r.commit_snapshot(snapshot), lsn,
@@ -256,7 +258,7 @@ class DifferentialRun:
                 else:
                     views[(index, False)] = self._post_view(source, index, deltas, occ_source, links)
             spark_sql = self._translated(("term", id(template.query), deltas, tuple(sorted(views.items()))),
-                                         lambda: term_query(template, deltas, views))
+                                         lambda deltas=deltas, views=views: term_query(template, deltas, views))
             if spark_sql is None:
                 continue
             outer = ", ".join(spark_name(n) for n in names)
@@ -417,7 +419,7 @@ class DifferentialRun:
         is xxhash64 of the columns at ``hash_positions``, exactly as a FULL
         refresh computes it (:func:`finish_output`).
         """
-        cols = [_for_copy(spark_name(n), t) + f" AS c{i}" for i, (n, t) in enumerate(zip(names, pg_types))]
+        cols = [_for_copy(spark_name(n), t) + f" AS c{i}" for i, (n, t) in enumerate(zip(names, pg_types, strict=True))]
         cols += [spark_name(e) for e in extra]
         row_id = (f"xxhash64({', '.join(spark_name(names[i]) for i in hash_positions)})"
                   if hash_positions else "CAST(0 AS BIGINT)")
@@ -430,7 +432,7 @@ class DifferentialRun:
         table = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(name))
         target_cols = self._target_columns(df.columns)
         cols = [sql.SQL("{} {}").format(sql.Identifier(df_col), sql.SQL(stored.get(t, "bigint")))
-                for df_col, t in zip(df.columns, target_cols)]
+                for df_col, t in zip(df.columns, target_cols, strict=True)]
         with self.r.staging_conn() as conn:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
             conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, sql.SQL(", ").join(cols)))
@@ -815,7 +817,7 @@ class DifferentialRun:
         if kind is not None:
             conn.execute(f"DROP {'VIEW' if kind[0] == 'v' else 'TABLE'} {table}")
         if isinstance(rows, Staged):
-            select = [f"{quote_ident(src)} AS {quote_ident(dst)}" for src, dst in zip(rows.columns, columns)]
+            select = [f"{quote_ident(src)} AS {quote_ident(dst)}" for src, dst in zip(rows.columns, columns, strict=False)]
             conn.execute(f"CREATE TEMP VIEW {short} AS SELECT {', '.join(select)} FROM {rows.table}")
             return
         select_like = ", ".join(quote_ident(c) for c in like_columns) or "1 AS __pgt_none"
@@ -825,7 +827,7 @@ class DifferentialRun:
             conn.execute(f"ALTER TABLE {table} {extra}")
         col_list = ", ".join(quote_ident(c) for c in columns)
         with conn.cursor().copy(f"COPY {table} ({col_list}) FROM STDIN") as copy:
-            for i, row in enumerate(rows):
+            for row in rows:
                 copy.write_row(row)
         conn.execute(f"ANALYZE {table}")
 
@@ -904,7 +906,7 @@ class DifferentialRun:
         visible = [c.name for c in self.st.columns]
         stmts = self.r.cached(("merge", self.st.pgt_id, self.st.normalized_query, target),
                               lambda: agg_rules.merge_statements(shape, target, visible, self._equality()))
-        match = agg_rules._match(shape, "t", "d", self._equality()) if not shape.scalar else "true"  # noqa: SLF001
+        match = agg_rules.key_match(shape, "t", "d", self._equality()) if not shape.scalar else "true"
         self._snapshot_groups(buffer, DELTA_TABLE, match, "D")
         deleted = self.conn.execute(stmts.delete).rowcount if stmts.delete else 0
         updated = self.conn.execute(stmts.update).rowcount
@@ -928,7 +930,7 @@ class DifferentialRun:
                               f"NULL::bigint AS {ROW_ID}")
         else:
             self._load(KEYS_TABLE, [*key_cols, ROW_ID], result.keys, [*key_cols, ROW_ID])
-            match_k = agg_rules._match(shape, "t", "d", self._equality())  # noqa: SLF001
+            match_k = agg_rules.key_match(shape, "t", "d", self._equality())
         if shape.scalar:
             self._snapshot_groups(buffer, KEYS_TABLE, "true", "D")
             deleted = self.conn.execute(f"DELETE FROM {target}").rowcount

@@ -11,58 +11,66 @@
 3. One PostgreSQL transaction replaces the stream table's contents, records
    the refresh in its change buffer (for downstream stream tables), advances
    the frontier and completes the history row — so a crash anywhere leaves
-   the previous state intact (DESIGN.md invariant 2).
+   the previous state intact (docs/ARCHITECTURE.md, invariant 2).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from pgtrickle import faults
 from pgtrickle.catalog import identity
 from pgtrickle.catalog.store import Source, StreamTable
 from pgtrickle.cdc.buffers import pending_changes, rows_table
 from pgtrickle.cdc.wal import wait_for_decoder
-from pgtrickle import faults
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
+from pgtrickle.dvm.analysis import (
+    ALGEBRAIC,
+    AggregateShape,
+    Analysis,
+    RecomputeShape,
+    analyze,
+    respect_sum_types,
+    with_translation,
+)
+from pgtrickle.dvm.layout import Layout, plan_layout
+from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError, ValueNotCarriedError
 from pgtrickle.gates import breaker_gate, watermark_gate
 from pgtrickle.gates.skips import record_skip
 from pgtrickle.gates.watermark_gate import WatermarkMark
-from pgtrickle.ops import alerts, health
+from pgtrickle.ops import health
 from pgtrickle.ops.error_redaction import full_error, public_error, redact_message
-from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError, ValueNotCarriedError
-from pgtrickle.dvm.analysis import (ALGEBRAIC, AggregateShape, Analysis, RecomputeShape, analyze, respect_sum_types,
-                                    with_translation)
-from pgtrickle.dvm.layout import Layout, ensure_layout, plan_layout, row_index_name, state_types
-from pgtrickle.refresh import as_of, commit, user_triggers
-from pgtrickle.scheduler.policy import STOPPED_STATUSES
+from pgtrickle.refresh import as_of, commit, history, user_triggers
 from pgtrickle.refresh.capture_check import require_capture
-from pgtrickle.refresh.plan import (DEFAULT_FALLBACK_RATIO, READS_CLOCK_REASON, Action, ModeContext, RefreshPlan,
-                                    plan_refresh, reinit_text)
+from pgtrickle.refresh.context import GroupContext, ProgressFn
+from pgtrickle.refresh.differential import finish_output
+from pgtrickle.refresh.layout_ddl import ensure_layout, row_index_name, state_types
+from pgtrickle.refresh.plan import (
+    DEFAULT_FALLBACK_RATIO,
+    READS_CLOCK_REASON,
+    Action,
+    ModeContext,
+    RefreshPlan,
+    plan_refresh,
+    reinit_text,
+)
+from pgtrickle.scheduler.policy import STOPPED_STATUSES
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
-from pgtrickle.refresh.differential import finish_output
 from pgtrickle.sql.clock import clock_values, pin_clock
 from pgtrickle.sql.translate import translate_to_spark
 
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-    from pgtrickle.refresh.group import GroupContext
-
 log = logging.getLogger(__name__)
-
-ProgressFn = Callable[[str], None]
 
 COPY_THRESHOLD_ROWS = 200_000
 """Results estimated at or below this many rows travel by COPY, larger ones by JDBC."""
@@ -128,10 +136,8 @@ class Refresher:
 
     def reconnect(self) -> None:
         """A new catalog connection (after PostgreSQL was lost); the old one is closed."""
-        try:
+        with suppress(psycopg.Error):
             self.conn.close()
-        except psycopg.Error:
-            pass
         self.conn = connect(self.dsn, application_name="pgtrickle-refresh")
 
     # ------------------------------------------------------------- spark
@@ -143,16 +149,19 @@ class Refresher:
             self._spark_provider = get_spark
         return self._spark_provider(self.settings)
 
+    def clear_cancel(self) -> None:
+        """A new refresh (or atomic group) begins: an earlier cancellation request does not apply to it."""
+        self._cancel_requested = False
+
     def cancel(self) -> None:
         """Abandon the refresh in progress: cancel its Spark jobs; nothing is applied."""
         self._cancel_requested = True
-        from pgtrickle.spark import session as spark_session
-        from pgtrickle.spark.capabilities import interrupt_all
+        from pgtrickle.spark.session import cancel_all_jobs
 
-        for session in spark_session.active_sessions():
-            interrupt_all(session)
+        cancel_all_jobs()
 
-    def _check_cancel(self) -> None:
+    def check_cancel(self) -> None:
+        """Raise :class:`Cancelled` when the refresh was abandoned on request."""
         if self._cancel_requested:
             raise Cancelled("refresh abandoned on request; the stream table is unchanged")
 
@@ -171,7 +180,7 @@ class Refresher:
         if plan.action in (Action.NO_DATA, Action.SKIP):
             return RefreshOutcome(st, plan.action, plan.reason, seconds=time.monotonic() - started)
         st = replace(st, watermark_mark=prepared.mark)  # committed with the frontier
-        history_id = self._start_history(st, plan, initiated_by)
+        history_id = history.start_history(self.conn, st, plan, initiated_by)
         outcome = self.execute(st, plan, history_id, request_ids, prepared)
         outcome.seconds = time.monotonic() - started
         return outcome
@@ -192,12 +201,12 @@ class Refresher:
             raise done.error from None
         except Exception as exc:
             # Failed before any Spark job (analysis, layout, planning): a failed refresh all the same.
-            message = _describe(exc)
+            message = public_error(exc)
             _log_full_error(st, exc, message)
             attempted = Action.DIFFERENTIAL if st.refresh_mode == "DIFFERENTIAL" else Action.FULL
-            history_id = self._start_history(
+            history_id = history.start_history(self.conn,
                 st, RefreshPlan(attempted, "failed while preparing the refresh", 0), initiated_by)
-            self._record_failure(st, history_id, message, fatal=health.is_fatal(exc))
+            history.record_failure(self.conn, st, history_id, message, fatal=health.is_fatal(exc))
             if isinstance(exc, PgTrickleError):
                 raise
             raise RefreshError(f"refresh of {st.display} failed: {message}") from exc
@@ -217,13 +226,13 @@ class Refresher:
             return self._full_refresh(st, plan, history_id, request_ids, prepared.layout)
         except Cancelled:
             if self.group is None:
-                self._record_abandoned(history_id)
+                history.record_abandoned(self.conn, history_id)
             raise
         except Exception as exc:
             from pgtrickle.spark.session import discard_lost_session
 
             discard_lost_session(exc)
-            message = _describe(exc)
+            message = public_error(exc)
             refused = carry.refusal_in(exc)
             full = message
             if refused is not None:
@@ -233,7 +242,7 @@ class Refresher:
                 message = redact_message(full)
             _log_full_error(st, exc, message)
             if self.group is None:
-                self._record_failure(st, history_id, message, fatal=health.is_fatal(exc))
+                history.record_failure(self.conn, st, history_id, message, fatal=health.is_fatal(exc))
             if isinstance(exc, PgTrickleError):
                 raise
             if refused is not None:
@@ -305,14 +314,14 @@ class Refresher:
                        "use refresh_mode => 'AUTO' or 'FULL'")
             self._record_mode(st, "FULL", message)
             plan = RefreshPlan(Action.FULL, message, 0)
-            history_id = self._start_history(st, plan, initiated_by)
-            self._record_failure(st, history_id, message, fatal=True)
+            history_id = history.start_history(self.conn, st, plan, initiated_by)
+            history.record_failure(self.conn, st, history_id, message, fatal=True)
             raise _AlreadyRecorded(UnsupportedQueryError(message))
         differential = analysis.differential and st.refresh_mode != "FULL"
         self._record_mode(st, "DIFFERENTIAL" if differential else "FULL",
                           READS_CLOCK_REASON if st.reads_clock else
                           analysis.reason if st.refresh_mode != "FULL" else "refresh_mode is FULL")
-        layout = plan_layout(st, analysis, differential)
+        layout = plan_layout(st.normalized_query, _visible(st), st.qualified, analysis, differential)
         key = (st.pgt_id, layout.query_sql, layout.columns, differential)
         changed = False
         if self._layouts.get(st.pgt_id) != key:
@@ -404,7 +413,7 @@ class Refresher:
             return plan_refresh(st.refresh_mode, None, st.needs_reinit, None, mode), mark
         if snapshot is None:
             snapshot = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
-            if any(s.kind == "TABLE" for s in st.sources) and self._wal_capture_set_up():
+            if any(s.kind == "TABLE" for s in st.sources) and history.wal_capture_set_up(self.conn):
                 wait_for_decoder(self.conn, self.dsn)
         with self.conn.transaction():
             blocked = check.blocked if check else None
@@ -552,96 +561,15 @@ class Refresher:
             return RefreshPlan(Action.NO_DATA, "no pending changes up to the watermark", 0)
         return RefreshPlan(Action.FULL, reason, delta, deletes)
 
-    def _wal_capture_set_up(self) -> bool:
-        row = self.conn.execute("SELECT EXISTS (SELECT 1 FROM pgtrickle.pgt_decoder_state)").fetchone()
-        return bool(row and row[0])
-
-    def _start_history(self, st: StreamTable, plan: RefreshPlan, initiated_by: str) -> int:
-        row = self.conn.execute(
-            """
-            INSERT INTO pgtrickle.pgt_refresh_history
-                (pgt_id, action, status, initiated_by, delta_row_count, delta_deletes, mode_reason,
-                 was_full_fallback)
-            VALUES (%s, %s, 'RUNNING', %s, %s, %s, %s, %s) RETURNING refresh_id
-            """,
-            (st.pgt_id, plan.action.value, initiated_by, plan.delta_rows, plan.delta_deletes, plan.reason,
-             plan.was_full_fallback),
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
-    def _record_failure(self, st: StreamTable, history_id: int, message: str, fatal: bool) -> None:
-        """Record a failed refresh: history row, error count, status (auto-suspension / ERROR), alerts.
-
-        One transaction, so the status and its alerts never disagree. The
-        decision is :func:`pgtrickle.ops.health.after_failure`.
-        """
-        try:
-            with self.conn.transaction():
-                hist = self.conn.execute(
-                    "UPDATE pgtrickle.pgt_refresh_history SET status = 'FAILED', end_time = clock_timestamp(),"
-                    " error_message = %s WHERE refresh_id = %s RETURNING action, initiated_by",
-                    (message, history_id),
-                ).fetchone()
-                row = self.conn.execute(
-                    "SELECT status, consecutive_errors + 1 FROM pgtrickle.pgt_stream_tables"
-                    " WHERE pgt_id = %s FOR UPDATE", (st.pgt_id,)).fetchone()
-                if row is None:
-                    return  # dropped meanwhile
-                status, errors = str(row[0]), int(row[1])
-                threshold = int(alerts.setting(self.conn, "auto_suspend_after", health.DEFAULT_AUTO_SUSPEND_AFTER))
-                verdict = health.after_failure(status, errors, threshold, fatal)
-                self.conn.execute(
-                    """
-                    UPDATE pgtrickle.pgt_stream_tables
-                       SET consecutive_errors = %s, last_error = %s, last_attempt_at = now(), status = %s
-                     WHERE pgt_id = %s
-                    """,
-                    (errors, message, verdict.status, st.pgt_id),
-                )
-                for event in verdict.events:
-                    if event == "refresh_failed":
-                        fields: dict[str, object] = {
-                            "error": message, "consecutive_errors": errors, "fatal": fatal,
-                            "status": verdict.status, "refresh_id": history_id,
-                            "action": hist[0] if hist else None, "initiated_by": hist[1] if hist else None}
-                    else:  # auto_suspended
-                        fields = {"consecutive_errors": errors, "threshold": threshold, "last_error": message,
-                                  "previous_status": status}
-                    alerts.send_alert(self.conn, event, fields, schema=st.schema, st_name=st.name)
-                if verdict.status in STOPPED_STATUSES:
-                    # Stopped: nothing queued may retry it (a queued initialization would run every tick);
-                    # the owner's next refresh_stream_table, or resume_stream_table, queues a new request.
-                    self.conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE pgt_id = %s", (st.pgt_id,))
-                if verdict.status == "SUSPENDED" and status != "SUSPENDED":
-                    log.warning("%s: suspended after %d consecutive failed refreshes; "
-                                "resume with pgtrickle.resume_stream_table", st.display, errors)
-        except psycopg.Error as exc:
-            if self.conn.broken or self.conn.closed:  # PostgreSQL went away: the daemon reconnects
-                log.warning("could not record the failure of %s: the connection to PostgreSQL is lost (%s)",
-                            st.display, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-            else:
-                log.exception("could not record the failure of %s", st.display)
-
-    def _record_abandoned(self, history_id: int) -> None:
-        """A refresh cancelled on request: not the stream table's failure (no error count)."""
-        try:
-            self.conn.execute(
-                "UPDATE pgtrickle.pgt_refresh_history SET status = 'ABANDONED', end_time = clock_timestamp(),"
-                " error_message = 'abandoned on request (second stop signal)' WHERE refresh_id = %s",
-                (history_id,))
-        except psycopg.Error:
-            log.exception("could not record an abandoned refresh")
-
     # ---------------------------------------------------------- FULL path
     def _full_refresh(self, st: StreamTable, plan: RefreshPlan, history_id: int,
                       request_ids: Sequence[int], layout: Layout | None = None) -> RefreshOutcome:
-        layout = layout or plan_layout(st, Analysis(False, ""), False)
+        layout = layout or plan_layout(st.normalized_query, _visible(st), st.qualified, Analysis(False, ""), False)
         timings: dict[str, float] = {}
         t0 = time.monotonic()
         spark = self.spark
         timings["spark_session"] = time.monotonic() - t0
-        self._check_cancel()
+        self.check_cancel()
         staging = f"stage_{st.pgt_id}"
         coordinator, snap_id, snapshot, lsn = self.coordinator(st.sources)
         with coordinator as coord, carry.refusals_checked(lambda: spark, coord):
@@ -704,7 +632,7 @@ class Refresher:
             timings["spark_job"] = time.monotonic() - t1
             if self.group is None:
                 coord.rollback()
-        self._check_cancel()
+        self.check_cancel()
         t2 = time.monotonic()
         inserted, deleted = self._apply_full(st, plan, history_id, self.commit_snapshot(snapshot), lsn, rows, staging,
                                              request_ids, timings["spark_job"], layout, data_timestamp)
@@ -795,7 +723,7 @@ class Refresher:
             log.info("%s: no unique index on the group key (%s)", st.display, err)
 
 
-class _AlreadyRecorded(Exception):  # noqa: N818 - a carrier, not an error of its own
+class _AlreadyRecorded(Exception):
     """Carries an error whose failure was recorded where it was raised."""
 
     def __init__(self, error: PgTrickleError) -> None:
@@ -810,7 +738,5 @@ def _log_full_error(st: StreamTable, exc: BaseException, public: str) -> None:
         log.warning("%s: refresh failed: %s (stored without its values as: %s)", st.display, full, public)
 
 
-def _describe(exc: BaseException) -> str:
-    """The error as the catalog and the alerts may show it: no source row values
-    (:func:`pgtrickle.ops.error_redaction.public_error`; the full text goes to the log)."""
-    return public_error(exc)
+def _visible(st: StreamTable) -> tuple[str, ...]:
+    return tuple(c.name for c in st.columns)

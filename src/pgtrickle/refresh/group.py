@@ -26,71 +26,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-
-import psycopg
+from dataclasses import replace
 
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.errors import PgTrickleError, RefreshError
 from pgtrickle.gates.skips import record_skip
 from pgtrickle.ops import health
-from pgtrickle.ops.error_redaction import full_error
-from pgtrickle.refresh.engine import Cancelled, Prepared, RefreshOutcome, Refresher, _describe
+from pgtrickle.ops.error_redaction import full_error, public_error
+from pgtrickle.refresh import history
+from pgtrickle.refresh.context import GroupContext
+from pgtrickle.refresh.engine import Cancelled, Prepared, Refresher, RefreshOutcome
 from pgtrickle.refresh.group_plan import frontier_with_own_xid, member_actions
 from pgtrickle.refresh.plan import Action, RefreshPlan
 from pgtrickle.scheduler.groups import RefreshGroup
-from pgtrickle.spark import jdbc
-from pgtrickle.spark.capabilities import capabilities
-from pgtrickle.sql.translate import translate_to_spark
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GroupContext:
-    """What the members of a group refreshing now share (see :attr:`Refresher.group`)."""
-
-    name: str
-    coord: psycopg.Connection
-    snap_id: str
-    snapshot: str
-    lsn: str
-    members: Mapping[int, StreamTable]
-    by_relid: dict[int, int]
-    """The members' table oids, mapped to their pgt_ids."""
-    commit_snapshot: str = ""
-    _views: dict[int, object] = field(default_factory=dict)
-
-    def view_of(self, refresher: Refresher, relid: int):  # type: ignore[no-untyped-def]
-        """A Spark DataFrame of the new contents (visible columns) of the member whose table is ``relid``:
-        its defining query over its sources at the group's snapshot (upstream members likewise)."""
-        pgt_id = self.by_relid[relid]
-        if pgt_id in self._views:
-            return self._views[pgt_id]
-        st = self.members[pgt_id]
-        spark = refresher.spark
-        stats = jdbc.table_stats(self.coord, [s.relid for s in st.sources if s.relid not in self.by_relid])
-        table_map = {}
-        for source in st.sources:
-            view = f"pgt_grp_{pgt_id}_{source.relid}"
-            if source.relid in self.by_relid:
-                df = self.view_of(refresher, source.relid)
-            else:
-                parts = jdbc.partition_count(stats[source.relid], refresher.settings.jdbc_partition_rows,
-                                             capabilities(spark).parallelism)
-                df = jdbc.read_table(spark, refresher.target, source.qualified, self.snap_id,
-                                     jdbc.ctid_predicates(stats[source.relid], parts),
-                                     select=refresher.source_select(source))
-                if source.kind == "STREAM_TABLE":
-                    df = df.drop(*[c for c in df.columns if c.startswith("__pgt_")])
-            df.createOrReplaceTempView(view)
-            table_map[(source.schema, source.name)] = view
-        column_types = {(s.schema, s.name): dict(s.column_types) for s in st.sources}
-        df = spark.sql(translate_to_spark(st.normalized_query, table_map, column_types))
-        df = df.toDF(*[c.name for c in st.columns])
-        self._views[pgt_id] = df
-        return df
 
 
 def refresh_group(refresher: Refresher, group: RefreshGroup, order: Sequence[int],
@@ -104,7 +55,7 @@ def refresh_group(refresher: Refresher, group: RefreshGroup, order: Sequence[int
     Raises RefreshError when a member fails (nothing is applied then).
     """
     started = time.monotonic()
-    refresher._cancel_requested = False  # noqa: SLF001 - the engine's own flag
+    refresher.clear_cancel()
     # An explicit request refreshes a SUSPENDED / ERROR stream table (and so its group); a schedule does not.
     stopped = None if record_no_data or force else next(
         (members[m] for m in order if members[m].status in ("SUSPENDED", "ERROR")), None)
@@ -120,7 +71,7 @@ def refresh_group(refresher: Refresher, group: RefreshGroup, order: Sequence[int
     external = list({s.relid: s for m in order for s in members[m].sources if s.relid not in member_relids}.values())
     coord, snap_id, snapshot, lsn = refresher.coordinator(external)
     try:
-        if refresher._wal_capture_set_up():  # noqa: SLF001
+        if history.wal_capture_set_up(refresher.conn):
             wait_for_decoder(refresher.conn, refresher.dsn)
         prepared: dict[int, Prepared] = {}
         for pgt_id in order:
@@ -186,12 +137,12 @@ def _run(refresher: Refresher, ctx: GroupContext, group: RefreshGroup, order: Se
                                        plan.delta_rows, plan.delta_deletes)
                     current_plan = plan
                 st = replace(st, watermark_mark=p.mark)
-                history_id = refresher._start_history(st, plan, initiated_by[current])  # noqa: SLF001
+                history_id = history.start_history(refresher.conn, st, plan, initiated_by[current])
                 outcomes.append(refresher.execute(st, plan, history_id, reqs, p))
     except Cancelled:
         raise
     except Exception as exc:
-        message = _describe(exc)
+        message = public_error(exc)
         failed = members[current]
         log.error("atomic group %s: %s failed, nothing applied: %s", group.name, failed.display, full_error(exc))
         _record_member_failure(refresher, failed, current_plan, initiated_by[current], exc, message)
@@ -211,8 +162,8 @@ def _run(refresher: Refresher, ctx: GroupContext, group: RefreshGroup, order: Se
 def _record_member_failure(refresher: Refresher, st: StreamTable, plan: RefreshPlan, initiated_by: str,
                            exc: BaseException, message: str) -> None:
     cause = exc.__cause__ if isinstance(exc, RefreshError) and exc.__cause__ is not None else exc
-    history_id = refresher._start_history(st, plan, initiated_by)  # noqa: SLF001
-    refresher._record_failure(st, history_id, message, fatal=health.is_fatal(cause))  # noqa: SLF001
+    history_id = history.start_history(refresher.conn, st, plan, initiated_by)
+    history.record_failure(refresher.conn, st, history_id, message, fatal=health.is_fatal(cause))
 
 
 def _skip_all(refresher: Refresher, order: Sequence[int], members: Mapping[int, StreamTable],

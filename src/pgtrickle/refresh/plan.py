@@ -4,18 +4,41 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
-
-from pgtrickle.cdc.buffers import PendingChanges
+from enum import StrEnum
+from typing import Protocol
 
 DEFAULT_FALLBACK_RATIO = 0.15
 
 
-class Action(str, Enum):
+class Action(StrEnum):
     FULL = "FULL"
     DIFFERENTIAL = "DIFFERENTIAL"
     NO_DATA = "NO_DATA"
     SKIP = "SKIP"  # a gate (circuit breaker) held the refresh back
+
+
+class SourceRef(Protocol):
+    """What a decision reads of a source (``catalog.store.Source``)."""
+
+    @property
+    def schema(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+
+
+class PendingChanges(Protocol):
+    """What a decision reads of one source's pending changes (``cdc.buffers.PendingChanges``)."""
+
+    @property
+    def source(self) -> SourceRef: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def deletes(self) -> int: ...
+    @property
+    def truncated(self) -> bool: ...
 
 
 @dataclass(frozen=True)

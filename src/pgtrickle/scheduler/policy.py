@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from enum import Enum
+from enum import StrEnum
 
 from pgtrickle.scheduler.schedule import Schedule, is_due
 
 
-class DueReason(str, Enum):
+class DueReason(StrEnum):
     INITIALIZE = "INITIALIZE"  # never populated
     REQUESTED = "REQUESTED"  # refresh_stream_table() or a queued initialization
     SCHEDULED = "SCHEDULED"  # its schedule says so

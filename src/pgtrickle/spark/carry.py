@@ -258,7 +258,7 @@ def refusal_in(exc: BaseException) -> Refusal | None:
     return None
 
 
-def _refusal_in_java(java: object) -> Refusal | None:  # noqa: C901 - walks a py4j cause chain
+def _refusal_in_java(java: object) -> Refusal | None:
     seen = 0
     while java is not None and seen < 20:
         seen += 1
@@ -270,7 +270,7 @@ def _refusal_in_java(java: object) -> Refusal | None:  # noqa: C901 - walks a py
                     return Refusal(str(server.getSQLState()), str(server.getMessage()),
                                    str(server.getHint()) if server.getHint() else None)
             java = java.getCause()  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - a JVM gone or a foreign object: not a refusal we can read
+        except Exception:
             return None
     return None
 

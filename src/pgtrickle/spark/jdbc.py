@@ -3,7 +3,7 @@
 Every partition of every read of one refresh starts its session with
 ``BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT
 '<id>'`` so all of them see exactly the snapshot the coordinator exported
-(DESIGN.md invariant 4). Large tables are split into block ranges by
+(docs/ARCHITECTURE.md, invariant 4). Large tables are split into block ranges by
 ``ctid`` (PostgreSQL's TID range scans make each range cheap to read), which
 works for any heap table, with or without a numeric key.
 """

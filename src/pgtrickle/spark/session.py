@@ -191,6 +191,14 @@ def active_sessions() -> list:  # type: ignore[type-arg]
         return list(_sessions.values())
 
 
+def cancel_all_jobs() -> None:
+    """Cancel every Spark job of the sessions this process started (local or Spark Connect)."""
+    from pgtrickle.spark.capabilities import interrupt_all
+
+    for session in active_sessions():
+        interrupt_all(session)
+
+
 def stop_spark() -> None:
     """Stop every session this process started (a Spark Connect session only closes its client)."""
     global _session

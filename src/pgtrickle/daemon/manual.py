@@ -4,7 +4,7 @@ With ``keep_going`` (the command line) a stream table whose refresh fails
 does not stop the others: every other one is still refreshed, in dependency
 order, and one whose upstream failed in this run is skipped (it would only
 read its upstream's old contents), saying which upstream. Without it
-(:func:`pgtrickle.scheduler.daemon.refresh_sync`, the tests' helper) the first
+(:func:`refresh_sync`, the tests' helper) the first
 failure is raised.
 
 The decisions — which upstream blocks a stream table, the summary and the
@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 import psycopg
 
 from pgtrickle.catalog.store import StreamTable, load_requests, load_stream_tables, upstream_ids
 from pgtrickle.config import Settings
+from pgtrickle.daemon.loop import LockedElsewhere, Scheduler, effective_groups, ordered
 from pgtrickle.db.redaction import scrub
 from pgtrickle.errors import PgTrickleError
 from pgtrickle.gates import watermark_gate
@@ -29,7 +30,7 @@ from pgtrickle.refresh.plan import Action
 from pgtrickle.scheduler.policy import stopped_note
 
 
-class Result(str, Enum):
+class Result(StrEnum):
     REFRESHED = "REFRESHED"
     """The refresh ran (FULL, DIFFERENTIAL) or found nothing to do (NO_DATA)."""
     FAILED = "FAILED"
@@ -97,8 +98,6 @@ def refresh_all(settings: Settings, dsn: str, names: Sequence[str] | None, *,
     A named stream table whose circuit breaker is open or whose watermark gate
     is closed refuses the whole command (unless ``force``), before anything runs.
     """
-    from pgtrickle.scheduler.daemon import LockedElsewhere, Scheduler, effective_groups, ordered
-
     scheduler = Scheduler(settings, dsn, progress=progress)
     try:
         conn = scheduler.conn
@@ -162,7 +161,7 @@ def refresh_all(settings: Settings, dsn: str, names: Sequence[str] | None, *,
                                              LockedElsewhere)]
             except Cancelled:
                 raise
-            except Exception as exc:  # noqa: BLE001 - one stream table must not block the others
+            except Exception as exc:
                 failed(members, exc)
                 continue
             results.extend(_outcome_result(o) for o in outcomes)
@@ -206,3 +205,15 @@ def _refuse_gated(conn: psycopg.Connection, sts: dict[int, StreamTable], wanted:
             raise PgTrickleError(
                 f"stream table {sts[pgt_id].display} is held back by watermark gating ({gated}); "
                 "pgtrickle watermarks shows which source lags; refresh anyway with --force")
+
+
+def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
+                 progress: Callable[[str], None] | None = None, force: bool = False) -> list[RefreshOutcome]:
+    """Refresh the named stream tables (all when ``names`` is None) now, upstream first.
+
+    Raises on the first failure (``pgtrickle refresh`` goes on past failures:
+    :func:`refresh_all`).
+    """
+    results = refresh_all(settings, dsn, None if names is None else list(names), progress=progress,
+                          force=force, keep_going=False)
+    return [r.outcome for r in results if r.outcome is not None]

@@ -26,7 +26,8 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -43,14 +44,14 @@ from pgtrickle.catalog.store import (
 from pgtrickle.cdc.buffers import cleanup_buffers
 from pgtrickle.cdc.modes import CaptureManager
 from pgtrickle.cdc.wal import DecoderThread, decoder_slot, wait_for_decoder
-from pgtrickle.db.redaction import scrub
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect
+from pgtrickle.db.redaction import scrub
 from pgtrickle.errors import PgTrickleError, ScheduleError
 from pgtrickle.gates import watermark_gate
 from pgtrickle.ops import alerts
 from pgtrickle.ops.metrics import Metrics
-from pgtrickle.refresh.engine import Cancelled, RefreshOutcome, Refresher
+from pgtrickle.refresh.engine import Cancelled, Refresher, RefreshOutcome
 from pgtrickle.refresh.group import refresh_group
 from pgtrickle.scheduler.dag import StreamTableNode, resolve_calculated, topological_order
 from pgtrickle.scheduler.groups import GroupNode, RefreshGroup, in_group_upstream, refresh_groups
@@ -161,10 +162,8 @@ class Scheduler:
         the loss cut off are marked ``ABANDONED`` right away.
         """
         for old in (self.conn, self.refresher.conn):
-            try:
+            with suppress(psycopg.Error):
                 old.close()
-            except psycopg.Error:
-                pass
         self.conn = connect(self.dsn, application_name="pgtrickle-scheduler")
         require_installed(self.conn)
         self.locks = StreamTableLocks(self.conn)
@@ -332,7 +331,7 @@ class Scheduler:
             log.error("refresh of %s failed: %s", st.display, exc)
             report.failed.append((st, str(exc)))
             self.metrics.observe_failure(st.display)
-        except Exception as exc:  # noqa: BLE001 - one stream table must not stop the daemon
+        except Exception as exc:
             log.exception("refresh of %s failed unexpectedly", st.display)
             report.failed.append((st, f"{type(exc).__name__}: {exc}"))
             self.metrics.observe_failure(st.display)
@@ -354,7 +353,7 @@ class Scheduler:
             return
         except Cancelled:
             raise
-        except Exception as exc:  # noqa: BLE001 - one group must not stop the daemon
+        except Exception as exc:
             if not isinstance(exc, PgTrickleError):
                 log.exception("refresh of atomic group %s failed unexpectedly", group.name)
             else:
@@ -532,17 +531,3 @@ class Scheduler:
 
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
-
-
-def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
-                 progress: Callable[[str], None] | None = None, force: bool = False) -> list[RefreshOutcome]:
-    """Refresh the named stream tables (all when ``names`` is None) now, upstream first.
-
-    Raises on the first failure (``pgtrickle refresh`` goes on past failures:
-    :func:`pgtrickle.scheduler.manual.refresh_all`).
-    """
-    from pgtrickle.scheduler.manual import refresh_all
-
-    results = refresh_all(settings, dsn, None if names is None else list(names), progress=progress,
-                          force=force, keep_going=False)
-    return [r.outcome for r in results if r.outcome is not None]
