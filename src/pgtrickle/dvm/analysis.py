@@ -52,8 +52,13 @@ from pgtrickle.sql.translate import is_volatile, parse_query, translate_to_spark
 
 COUNT_COLUMN = "__pgt_count"
 
-_ANY_INSTANT = ClockValues(datetime(2000, 1, 1, tzinfo=timezone.utc), date(2000, 1, 1), datetime(2000, 1, 1),
-                           time(0, 0, tzinfo=timezone.utc), time(0, 0))
+_ANY_INSTANT = ClockValues(
+    datetime(2000, 1, 1, tzinfo=timezone.utc),
+    date(2000, 1, 1),
+    datetime(2000, 1, 1),
+    time(0, 0, tzinfo=timezone.utc),
+    time(0, 0),
+)
 """Clock values for deciding whether a clock-reading query can run at all (any instant will do)."""
 
 ALGEBRAIC = "algebraic"
@@ -175,8 +180,12 @@ def analyze(pg_sql: str) -> Analysis:
         query = inline_ctes(query)
         return _analyze(query)
     except RecomputeOnly as err:
-        return Analysis(True, f"{err}: the query is recomputed in Spark when a source changes and only the "
-                        "difference is applied", RecomputeShape(query, str(err)))
+        return Analysis(
+            True,
+            f"{err}: the query is recomputed in Spark when a source changes and only the "
+            "difference is applied",
+            RecomputeShape(query, str(err)),
+        )
     except NotDifferentiable as err:
         return Analysis(False, f"{err} is not maintained differentially")
 
@@ -211,8 +220,11 @@ def _analyze_select(query: exp.Select) -> Analysis:
         return _window(query)
     if query.args.get("distinct"):
         return _distinct(query)
-    if query.args.get("group") or query.args.get("having") or any(
-            node.find(exp.AggFunc) for node in query.expressions):
+    if (
+        query.args.get("group")
+        or query.args.get("having")
+        or any(node.find(exp.AggFunc) for node in query.expressions)
+    ):
         return _aggregate(query)
     check_linear(query)
     return Analysis(True, "every operator has a delta rule (scan, filter, project, join)", LinearShape(query))
@@ -226,8 +238,9 @@ def _analyze_set_operation(query: exp.Query) -> Analysis:
             check_linear(_union_all_copy(query))
             return _union_distinct(query)
         check_linear(query)
-        return Analysis(True, "every operator has a delta rule (UNION ALL of linear queries)",
-                        LinearShape(query))
+        return Analysis(
+            True, "every operator has a delta rule (UNION ALL of linear queries)", LinearShape(query)
+        )
     if isinstance(query, (exp.Intersect, exp.Except)):
         return _intersect_except(query)
     raise NotDifferentiable(f"{type(query).__name__} query")
@@ -235,8 +248,10 @@ def _analyze_set_operation(query: exp.Query) -> Analysis:
 
 def unparen(node: exp.Expr) -> exp.Expr:
     """``node`` without redundant parentheses anywhere (for comparing expressions)."""
+
     def strip(n: exp.Expr) -> exp.Expr:
         return n.this if isinstance(n, exp.Paren) else n
+
     return node.copy().transform(strip, copy=False)
 
 
@@ -264,8 +279,16 @@ def _distinct(select: exp.Select) -> Analysis:
         name = _output_name(node, i)
         keys.append(GroupKey(i, inner.copy(), name, hidden=False))
         outputs.append(OutputCol(name, inner.copy(), i))
-    shape = AggregateShape(core, tuple(keys), (), tuple(outputs), scalar=False, strategy=ALGEBRAIC,
-                           strategy_reason="multiplicity counts", distinct_source="DISTINCT")
+    shape = AggregateShape(
+        core,
+        tuple(keys),
+        (),
+        tuple(outputs),
+        scalar=False,
+        strategy=ALGEBRAIC,
+        strategy_reason="multiplicity counts",
+        distinct_source="DISTINCT",
+    )
     return Analysis(True, "SELECT DISTINCT over linear operators: maintained with multiplicity counts", shape)
 
 
@@ -279,15 +302,28 @@ def _union_distinct(query: exp.Union) -> Analysis:
     assert isinstance(first, exp.Select)
     names = [_output_name(node, i) for i, node in enumerate(first.expressions)]
     all_query = _union_all_copy(query)
-    sub = exp.Subquery(this=all_query, alias=exp.TableAlias(
-        this=exp.to_identifier("__pgt_u"), columns=[exp.to_identifier(n, quoted=True) for n in names]))
+    sub = exp.Subquery(
+        this=all_query,
+        alias=exp.TableAlias(
+            this=exp.to_identifier("__pgt_u"), columns=[exp.to_identifier(n, quoted=True) for n in names]
+        ),
+    )
     select = exp.Select(expressions=[exp.column(n, table="__pgt_u", quoted=True) for n in names])
     select.set("from_", exp.From(this=sub))
-    keys = tuple(GroupKey(i, exp.column(n, table="__pgt_u", quoted=True), n, hidden=False)
-                 for i, n in enumerate(names))
+    keys = tuple(
+        GroupKey(i, exp.column(n, table="__pgt_u", quoted=True), n, hidden=False) for i, n in enumerate(names)
+    )
     outputs = tuple(OutputCol(n, exp.column(n, table="__pgt_u", quoted=True), i) for i, n in enumerate(names))
-    shape = AggregateShape(select, keys, (), outputs, scalar=False, strategy=ALGEBRAIC,
-                           strategy_reason="multiplicity counts", distinct_source="UNION")
+    shape = AggregateShape(
+        select,
+        keys,
+        (),
+        outputs,
+        scalar=False,
+        strategy=ALGEBRAIC,
+        strategy_reason="multiplicity counts",
+        distinct_source="UNION",
+    )
     return Analysis(True, "UNION over linear queries: maintained with multiplicity counts", shape)
 
 
@@ -296,8 +332,11 @@ def _chain_as_union_all(node: exp.Expr) -> exp.Expr:
     while isinstance(node, exp.Subquery) and not node.alias:
         node = node.this
     if isinstance(node, exp.SetOperation):
-        return exp.Union(this=_chain_as_union_all(node.this), expression=_chain_as_union_all(node.expression),
-                         distinct=False)
+        return exp.Union(
+            this=_chain_as_union_all(node.this),
+            expression=_chain_as_union_all(node.expression),
+            distinct=False,
+        )
     return node.copy()
 
 
@@ -315,17 +354,29 @@ def _intersect_except(query: exp.SetOperation) -> Analysis:
         first = first.this
     assert isinstance(first, exp.Select)
     names = [_output_name(node, i) for i, node in enumerate(first.expressions)]
-    alias = exp.TableAlias(this=exp.to_identifier("__pgt_u"), columns=[exp.to_identifier(n, quoted=True) for n in names])
+    alias = exp.TableAlias(
+        this=exp.to_identifier("__pgt_u"), columns=[exp.to_identifier(n, quoted=True) for n in names]
+    )
     select = exp.Select(expressions=[exp.column(n, table="__pgt_u", quoted=True) for n in names])
     select.set("from_", exp.From(this=exp.Subquery(this=branches, alias=alias)))
     source = query.copy()
     source.set("order", None)
-    keys = tuple(GroupKey(i, exp.column(n, table="__pgt_u", quoted=True), n, hidden=False)
-                 for i, n in enumerate(names))
+    keys = tuple(
+        GroupKey(i, exp.column(n, table="__pgt_u", quoted=True), n, hidden=False) for i, n in enumerate(names)
+    )
     outputs = tuple(OutputCol(n, exp.column(n, table="__pgt_u", quoted=True), i) for i, n in enumerate(names))
     why = "the row values the delta touches are recomputed"
-    shape = AggregateShape(select, keys, (), outputs, scalar=False, strategy=RESCAN, strategy_reason=why,
-                           distinct_source=name, rescan_source=source)
+    shape = AggregateShape(
+        select,
+        keys,
+        (),
+        outputs,
+        scalar=False,
+        strategy=RESCAN,
+        strategy_reason=why,
+        distinct_source=name,
+        rescan_source=source,
+    )
     return Analysis(True, f"{name} over linear queries: {why}", shape)
 
 
@@ -368,17 +419,29 @@ def _window(select: exp.Select) -> Analysis:
     if any(node.find(exp.AggFunc) for node in stripped.expressions):
         raise RecomputeOnly("aggregates next to window functions")
     check_linear_select(stripped)
-    outputs_raw = [(node.this if isinstance(node, exp.Alias) else node, _output_name(node, i))
-                   for i, node in enumerate(select.expressions)]
+    outputs_raw = [
+        (node.this if isinstance(node, exp.Alias) else node, _output_name(node, i))
+        for i, node in enumerate(select.expressions)
+    ]
     keys = []
     for i, key in enumerate(partitions[0]):
         visible = next((name for inner, name in outputs_raw if same_expr(inner, key)), None)
         keys.append(GroupKey(i, key.copy(), visible or f"__pgt_g{i}", hidden=visible is None))
-    outputs = tuple(OutputCol(name, inner.copy(), next((k.index for k in keys if same_expr(k.expr, inner)), None))
-                    for inner, name in outputs_raw)
+    outputs = tuple(
+        OutputCol(name, inner.copy(), next((k.index for k in keys if same_expr(k.expr, inner)), None))
+        for inner, name in outputs_raw
+    )
     why = "window functions: the partitions the delta touches are recomputed"
-    shape = AggregateShape(select.copy(), tuple(keys), (), outputs, scalar=False, strategy=RESCAN,
-                           strategy_reason=why, distinct_source="WINDOW")
+    shape = AggregateShape(
+        select.copy(),
+        tuple(keys),
+        (),
+        outputs,
+        scalar=False,
+        strategy=RESCAN,
+        strategy_reason=why,
+        distinct_source="WINDOW",
+    )
     return Analysis(True, f"PARTITION BY over linear operators; {why}", shape)
 
 
@@ -393,13 +456,19 @@ def _agg_spec(index: int, node: exp.Expr) -> AggSpec:
     for cls, name in _ALGEBRAIC_KINDS.items():
         if type(call) is cls:
             kind = name
-    if kind != "other" and (isinstance(arg, exp.Distinct) or len(call.expressions or []) > 0
-                            or call.args.get("order") is not None):
+    if kind != "other" and (
+        isinstance(arg, exp.Distinct) or len(call.expressions or []) > 0 or call.args.get("order") is not None
+    ):
         kind = "other"
     if kind == "count" and isinstance(arg, exp.Star):
         kind, arg = "count_star", None
-    return AggSpec(index, kind, node.copy(), arg.copy() if arg is not None else None,
-                   filter_.copy() if filter_ is not None else None)
+    return AggSpec(
+        index,
+        kind,
+        node.copy(),
+        arg.copy() if arg is not None else None,
+        filter_.copy() if filter_ is not None else None,
+    )
 
 
 def _aggregate(select: exp.Select) -> Analysis:
@@ -410,12 +479,17 @@ def _aggregate(select: exp.Select) -> Analysis:
     check_linear_select(core)
     group = select.args.get("group")
     group_exprs = list(group.expressions) if group is not None else []
-    if group is not None and (group.args.get("rollup") or group.args.get("cube")
-                              or group.args.get("grouping_sets")
-                              or any(isinstance(g, (exp.Rollup, exp.Cube, exp.GroupingSets)) for g in group_exprs)):
+    if group is not None and (
+        group.args.get("rollup")
+        or group.args.get("cube")
+        or group.args.get("grouping_sets")
+        or any(isinstance(g, (exp.Rollup, exp.Cube, exp.GroupingSets)) for g in group_exprs)
+    ):
         raise NotDifferentiable("GROUPING SETS / ROLLUP / CUBE")
-    outputs_raw = [(node.this if isinstance(node, exp.Alias) else node, _output_name(node, i))
-                   for i, node in enumerate(select.expressions)]
+    outputs_raw = [
+        (node.this if isinstance(node, exp.Alias) else node, _output_name(node, i))
+        for i, node in enumerate(select.expressions)
+    ]
     keys: list[GroupKey] = []
     for i, g in enumerate(group_exprs):
         if isinstance(g, exp.Literal) and g.is_int:
@@ -448,10 +522,17 @@ def _aggregate(select: exp.Select) -> Analysis:
         strategy, why = RESCAN, "HAVING: the groups the delta touches are recomputed"
     elif others:
         strategy = RESCAN
-        why = (f"{_agg_name(others[0])}: the groups the delta touches are recomputed")
-    shape = AggregateShape(select.copy(), tuple(keys), tuple(aggs), tuple(outputs),
-                           scalar=not group_exprs, strategy=strategy, strategy_reason=why,
-                           distinct_source="GROUP BY")
+        why = f"{_agg_name(others[0])}: the groups the delta touches are recomputed"
+    shape = AggregateShape(
+        select.copy(),
+        tuple(keys),
+        tuple(aggs),
+        tuple(outputs),
+        scalar=not group_exprs,
+        strategy=strategy,
+        strategy_reason=why,
+        distinct_source="GROUP BY",
+    )
     return Analysis(True, f"GROUP BY over linear operators; {why}", shape)
 
 
@@ -492,15 +573,20 @@ def _check_grouped(node: exp.Expr, keys: list[exp.Expr]) -> None:
         if isinstance(n, exp.Column):
             raise NotDifferentiable(
                 f"column {n.sql('postgres')} used outside an aggregate without being a GROUP BY expression "
-                "(functional dependency on a key)")
+                "(functional dependency on a key)"
+            )
         for child in n.iter_expressions():
             walk(child)
 
     walk(node)
 
 
-def with_translation(analysis: Analysis, pg_sql: str, table_map: Mapping[tuple[str, str], str],
-                     column_types: Mapping[tuple[str, str], Mapping[str, str]]) -> Analysis:
+def with_translation(
+    analysis: Analysis,
+    pg_sql: str,
+    table_map: Mapping[tuple[str, str], str],
+    column_types: Mapping[tuple[str, str], Mapping[str, str]],
+) -> Analysis:
     """``analysis``, made not runnable when the query does not translate to Spark with its sources' types.
 
     Some refusals depend on column types (a ``LIKE`` on a ``bpchar`` without a
@@ -511,8 +597,9 @@ def with_translation(analysis: Analysis, pg_sql: str, table_map: Mapping[tuple[s
     if not analysis.runnable:
         return analysis
     try:
-        translate_to_spark(pin_clock(pg_sql, _ANY_INSTANT) if reads_clock(pg_sql) else pg_sql, table_map,
-                           column_types)
+        translate_to_spark(
+            pin_clock(pg_sql, _ANY_INSTANT) if reads_clock(pg_sql) else pg_sql, table_map, column_types
+        )
     except UnsupportedQueryError as err:
         return Analysis(False, str(err), runnable=False)
     return analysis

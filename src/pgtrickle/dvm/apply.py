@@ -31,16 +31,21 @@ def equality_operators(conn, relid: int) -> dict[str, str]:  # type: ignore[no-u
     """Column name -> ``OPERATOR(s.=)`` for the columns of ``relid`` that need one (see :func:`same_value`)."""
     rows = conn.execute(
         "SELECT attname::text, pgtrickle._equality_operator(atttypid, format('column %%I has', attname))"
-        " FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped", (relid,)).fetchall()
+        " FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+        (relid,),
+    ).fetchall()
     return {name: op for name, op in rows if op is not None}
 
 
-def linear_statements(target: str, columns: Sequence[str], equality: Mapping[str, str] | None = None) -> LinearSql:
+def linear_statements(
+    target: str, columns: Sequence[str], equality: Mapping[str, str] | None = None
+) -> LinearSql:
     d = DELTA_TABLE
     equality = equality or {}
-    same = " AND ".join([f"t.{ROW_ID} = d.{ROW_ID}"]
-                        + [same_value(f"t.{quote_ident(c)}", f"d.{quote_ident(c)}", equality.get(c))
-                           for c in columns])
+    same = " AND ".join(
+        [f"t.{ROW_ID} = d.{ROW_ID}"]
+        + [same_value(f"t.{quote_ident(c)}", f"d.{quote_ident(c)}", equality.get(c)) for c in columns]
+    )
     returning = ", ".join(f"t.{quote_ident(c)}" for c in columns) or "1"
     delete = (
         f"DELETE FROM {target} AS t WHERE t.ctid = ANY(ARRAY("

@@ -102,8 +102,16 @@ from pgtrickle.dvm.ir import (
 from pgtrickle.dvm.linear import WEIGHT
 from pgtrickle.errors import UnsupportedQueryError
 
-__all__ = ["Compiled", "InvalidPlanError", "Read", "ReadKind", "Reads", "compile_ir", "consolidate",
-           "statically_positive"]
+__all__ = [
+    "Compiled",
+    "InvalidPlanError",
+    "Read",
+    "ReadKind",
+    "Reads",
+    "compile_ir",
+    "consolidate",
+    "statically_positive",
+]
 
 RelationName = str | tuple[str, ...]
 """A relation to read: one name (a Spark temporary view; a PostgreSQL relation on the search
@@ -169,7 +177,8 @@ class Compiled:
             raise UnsupportedQueryError(f"the plan cannot be expressed in {self.dialect} SQL: {err}") from err
         if self.dialect == "spark" and "${" in text:
             raise UnsupportedQueryError(
-                "the plan contains '${', which Spark SQL would treat as a variable reference and substitute")
+                "the plan contains '${', which Spark SQL would treat as a variable reference and substitute"
+            )
         return text
 
     def consolidated(self) -> Compiled:
@@ -186,8 +195,9 @@ def consolidate(query: exp.Query, columns: tuple[str, ...] | list[str]) -> exp.S
     return consolidated(derived(query.copy(), "__pgt_d"), list(columns))
 
 
-def compile_ir(node: Node, reads: Reads, *, dialect: Dialect,
-               column_types: Mapping[str, Mapping[str, str]] | None = None) -> Compiled:
+def compile_ir(
+    node: Node, reads: Reads, *, dialect: Dialect, column_types: Mapping[str, Mapping[str, str]] | None = None
+) -> Compiled:
     """Compile ``node`` into one query of ``dialect`` (``"spark"`` or ``"postgres"``).
 
     Raises:
@@ -243,8 +253,10 @@ class _Fold:
         uses: dict[tuple[ReadKind, RelationName], int] = {}
         for node_id, key in self._read_by_node.items():
             uses[key] = uses.get(key, 0) + paths[node_id]
-        reads = tuple(Read(kind, name, self._read_first[(kind, name)], uses[(kind, name)])
-                      for kind, name in self._read_order)
+        reads = tuple(
+            Read(kind, name, self._read_first[(kind, name)], uses[(kind, name)])
+            for kind, name in self._read_order
+        )
         return Compiled(query, tuple(root.columns), reads, self._dialect)
 
     # -- helpers
@@ -267,10 +279,13 @@ class _Fold:
     def _read(self, kind: ReadKind, node: Node, reader: Node, name: object) -> exp.Table:
         """The FROM item of ``reader`` (a leaf of the tree) reading relation ``name``."""
         given: object = (name,) if isinstance(name, str) else name
-        if not (isinstance(given, tuple) and 1 <= len(given) <= 3
-                and all(isinstance(p, str) and p for p in given)):
-            raise InvalidPlanError(f"the reads resolver gave {name!r} for a {kind.value} read; it must give "
-                                   "a relation name (a non-empty string, or a tuple of 1 to 3 of them)")
+        if not (
+            isinstance(given, tuple) and 1 <= len(given) <= 3 and all(isinstance(p, str) and p for p in given)
+        ):
+            raise InvalidPlanError(
+                f"the reads resolver gave {name!r} for a {kind.value} read; it must give "
+                "a relation name (a non-empty string, or a tuple of 1 to 3 of them)"
+            )
         parts: tuple[str, ...] = given
         key: tuple[ReadKind, RelationName] = (kind, parts if len(parts) > 1 else parts[0])
         if key not in self._read_first:
@@ -301,14 +316,22 @@ class _Fold:
             query.set("where", exp.Where(this=self._render(node.predicate, node.input)))
             return query
         if isinstance(node, Project):
-            return select([*(alias(self._render(e, node.input), n) for n, e in node.outputs), weight()],
-                          self._ref(node.input))
+            return select(
+                [*(alias(self._render(e, node.input), n) for n, e in node.outputs), weight()],
+                self._ref(node.input),
+            )
         if isinstance(node, Negate):
-            return select([*columns_of(node.columns), alias(exp.Neg(this=weight()), WEIGHT)],
-                          self._ref(node.input))
+            return select(
+                [*columns_of(node.columns), alias(exp.Neg(this=weight()), WEIGHT)], self._ref(node.input)
+            )
         if isinstance(node, UnionAll):
-            branches = [select([*(alias(col(c), o) for c, o in zip(b.columns, node.output, strict=True)),
-                                weight()], self._ref(b)) for b in node.branches]
+            branches = [
+                select(
+                    [*(alias(col(c), o) for c, o in zip(b.columns, node.output, strict=True)), weight()],
+                    self._ref(b),
+                )
+                for b in node.branches
+            ]
             united: exp.Query = branches[0]
             for branch in branches[1:]:
                 united = exp.union(united, branch, distinct=False)
@@ -321,23 +344,57 @@ class _Fold:
             query.set("expressions", [*columns_of(names), alias(one(), WEIGHT)])
             return query
         if isinstance(node, Aggregate):
-            return ops.aggregate(self._positive_source(node.input, "__pgt_p"), list(node.input.columns),
-                                 self._types_of(node.input), node.keys, node.aggregates, self._dialect)
+            return ops.aggregate(
+                self._positive_source(node.input, "__pgt_p"),
+                list(node.input.columns),
+                self._types_of(node.input),
+                node.keys,
+                node.aggregates,
+                self._dialect,
+            )
         if isinstance(node, Window):
-            return ops.window(self._positive_source(node.input, "__pgt_p"), list(node.input.columns),
-                              self._types_of(node.input), node.functions, self._dialect)
+            return ops.window(
+                self._positive_source(node.input, "__pgt_p"),
+                list(node.input.columns),
+                self._types_of(node.input),
+                node.functions,
+                self._dialect,
+            )
         if isinstance(node, TopK):
-            return ops.top_k(self._positive_source(node.input, "__pgt_p"), list(node.columns),
-                             self._types_of(node.input), node.order, node.limit, node.offset, self._dialect)
+            return ops.top_k(
+                self._positive_source(node.input, "__pgt_p"),
+                list(node.columns),
+                self._types_of(node.input),
+                node.order,
+                node.limit,
+                node.offset,
+                self._dialect,
+            )
         if isinstance(node, SetOp):
-            return ops.set_operation(self._ref(node.left), list(node.left.columns), self._ref(node.right),
-                                     list(node.right.columns), list(node.output), node.kind, node.all)
+            return ops.set_operation(
+                self._ref(node.left),
+                list(node.left.columns),
+                self._ref(node.right),
+                list(node.right.columns),
+                list(node.output),
+                node.kind,
+                node.all,
+            )
         raise InvalidPlanError(f"the IR compiler has no rule for {type(node).__name__} nodes")
 
     def _values(self, node: Values) -> exp.Query:
-        rows = [select([*(alias(render(value, {}, self._dialect), name)
-                          for value, name in zip(row, node.output, strict=True)),
-                        alias(one(), WEIGHT)]) for row in node.rows]
+        rows = [
+            select(
+                [
+                    *(
+                        alias(render(value, {}, self._dialect), name)
+                        for value, name in zip(row, node.output, strict=True)
+                    ),
+                    alias(one(), WEIGHT),
+                ]
+            )
+            for row in node.rows
+        ]
         if not rows:
             empty = select([*(alias(exp.Null(), n) for n in node.output), alias(one(), WEIGHT)])
             query = select([*columns_of(node.output), weight()], derived(empty, "__pgt_v"))
@@ -351,14 +408,18 @@ class _Fold:
 
     def _join(self, node: Join) -> exp.Query:
         both = {**self._types_of(node.left), **self._types_of(node.right)}
-        condition = (render(node.condition, both, self._dialect) if node.condition is not None
-                     else exp.true())
+        condition = render(node.condition, both, self._dialect) if node.condition is not None else exp.true()
         left_cols = columns_of(node.left.columns, _LEFT)
         right_cols = columns_of(node.right.columns, _RIGHT)
         if node.kind is JoinKind.INNER:
-            query = select([*left_cols, *right_cols,
-                            alias(exp.Mul(this=weight(_LEFT), expression=weight(_RIGHT)), WEIGHT)],
-                           self._ref(node.left, _LEFT))
+            query = select(
+                [
+                    *left_cols,
+                    *right_cols,
+                    alias(exp.Mul(this=weight(_LEFT), expression=weight(_RIGHT)), WEIGHT),
+                ],
+                self._ref(node.left, _LEFT),
+            )
             if node.condition is None:
                 return query.join(self._ref(node.right, _RIGHT), join_type="cross")
             return query.join(self._ref(node.right, _RIGHT), on=condition)
@@ -371,8 +432,11 @@ class _Fold:
             exists: exp.Expr = exp.Exists(this=select([exp.Literal.number(1)], right).where(condition))
             return query.where(exp.Not(this=exists) if anti else exists)
         side = {JoinKind.LEFT: "left", JoinKind.RIGHT: "right", JoinKind.FULL: "full"}[node.kind]
-        product = exp.Mul(this=exp.Coalesce(this=weight(_LEFT), expressions=[exp.Literal.number(1)]),
-                          expression=exp.Coalesce(this=weight(_RIGHT), expressions=[exp.Literal.number(1)]))
-        query = select([*left_cols, *right_cols, alias(product, WEIGHT)],
-                       self._positive_source(node.left, _LEFT))
+        product = exp.Mul(
+            this=exp.Coalesce(this=weight(_LEFT), expressions=[exp.Literal.number(1)]),
+            expression=exp.Coalesce(this=weight(_RIGHT), expressions=[exp.Literal.number(1)]),
+        )
+        query = select(
+            [*left_cols, *right_cols, alias(product, WEIGHT)], self._positive_source(node.left, _LEFT)
+        )
         return query.join(self._positive_source(node.right, _RIGHT), on=condition, join_type=side)

@@ -75,13 +75,16 @@ def weighted_call(call: exp.Expr, types: Types, dialect: Dialect) -> exp.Expr | 
     def counted(value: exp.Expr | None) -> exp.Expr:
         if value is None:
             return weight()
-        return exp.Case(ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()),
-                                    true=exp.Literal.number(0))], default=weight())
+        return exp.Case(
+            ifs=[exp.If(this=exp.Is(this=value.copy(), expression=exp.Null()), true=exp.Literal.number(0))],
+            default=weight(),
+        )
 
     if isinstance(inner, exp.Count) and not inner.expressions:
         value = None if argument is None or isinstance(argument, exp.Star) else argument
-        return bigint(exp.Coalesce(this=filtered(exp.Sum(this=counted(value))),
-                                   expressions=[exp.Literal.number(0)]))
+        return bigint(
+            exp.Coalesce(this=filtered(exp.Sum(this=counted(value))), expressions=[exp.Literal.number(0)])
+        )
     if not isinstance(inner, (exp.Sum, exp.Avg)) or argument is None or inner.expressions:
         return None
     arg_type = type_of(argument, types)
@@ -112,8 +115,9 @@ def _ignores_multiplicity(call: exp.Expr) -> bool:
     return isinstance(call, exp.Anonymous) and call.name.lower() in _INSENSITIVE_NAMES
 
 
-def aggregate(src: exp.Expr, names: Sequence[str], types: Types, keys: Named, calls: Named,
-              dialect: Dialect) -> exp.Select:
+def aggregate(
+    src: exp.Expr, names: Sequence[str], types: Types, keys: Named, calls: Named, dialect: Dialect
+) -> exp.Select:
     """GROUP BY ``keys`` computing ``calls`` over the positive-weight relation ``src``."""
     weighted = [weighted_call(call, types, dialect) for _, call in calls]
     if all(w is not None for w in weighted):
@@ -123,11 +127,14 @@ def aggregate(src: exp.Expr, names: Sequence[str], types: Types, keys: Named, ca
         source = derived(expand(src, names, dialect), "__pgt_x")
         outputs = [call for _, call in calls]
     key_exprs = [render(expression, types, dialect) for _, expression in keys]
-    query = select([
-        *(alias(k, name) for k, (name, _) in zip(key_exprs, keys, strict=True)),
-        *(alias(render(o, types, dialect), name) for o, (name, _) in zip(outputs, calls, strict=True)),
-        alias(one(), WEIGHT),
-    ], source)
+    query = select(
+        [
+            *(alias(k, name) for k, (name, _) in zip(key_exprs, keys, strict=True)),
+            *(alias(render(o, types, dialect), name) for o, (name, _) in zip(outputs, calls, strict=True)),
+            alias(one(), WEIGHT),
+        ],
+        source,
+    )
     if key_exprs:
         query.set("group", exp.Group(expressions=[k.copy() for k in key_exprs]))
     return query
@@ -136,34 +143,54 @@ def aggregate(src: exp.Expr, names: Sequence[str], types: Types, keys: Named, ca
 # --------------------------------------------------------------------------- Window
 
 
-def window(src: exp.Expr, names: Sequence[str], types: Types, functions: Named,
-           dialect: Dialect) -> exp.Select:
+def window(
+    src: exp.Expr, names: Sequence[str], types: Types, functions: Named, dialect: Dialect
+) -> exp.Select:
     """The expanded input with one column per window function, weight 1 per row."""
     source = derived(expand(src, names, dialect), "__pgt_x")
-    return select([
-        *columns_of(names),
-        *(alias(render(fn, types, dialect), name) for name, fn in functions),
-        alias(one(), WEIGHT),
-    ], source)
+    return select(
+        [
+            *columns_of(names),
+            *(alias(render(fn, types, dialect), name) for name, fn in functions),
+            alias(one(), WEIGHT),
+        ],
+        source,
+    )
 
 
 # --------------------------------------------------------------------------- TopK
 
 
-def top_k(src: exp.Expr, names: Sequence[str], types: Types, order: Sequence[exp.Ordered],
-          limit: int | None, offset: int, dialect: Dialect) -> exp.Select:
+def top_k(
+    src: exp.Expr,
+    names: Sequence[str],
+    types: Types,
+    order: Sequence[exp.Ordered],
+    limit: int | None,
+    offset: int,
+    dialect: Dialect,
+) -> exp.Select:
     """The rows at positions ``(offset, offset + limit]`` of the ordered input, by weight spans."""
-    keys = [exp.Ordered(this=render(o.this, types, dialect), desc=bool(o.args.get("desc")),
-                        nulls_first=bool(o.args.get("nulls_first"))) for o in order]
+    keys = [
+        exp.Ordered(
+            this=render(o.this, types, dialect),
+            desc=bool(o.args.get("desc")),
+            nulls_first=bool(o.args.get("nulls_first")),
+        )
+        for o in order
+    ]
     keys += [exp.Ordered(this=col(n), desc=False, nulls_first=False) for n in names]
-    running = exp.Window(this=exp.Sum(this=weight()), order=exp.Order(expressions=keys),
-                         spec=exp.WindowSpec(kind="ROWS", start="UNBOUNDED", start_side="PRECEDING",
-                                             end="CURRENT ROW"))
+    running = exp.Window(
+        this=exp.Sum(this=weight()),
+        order=exp.Order(expressions=keys),
+        spec=exp.WindowSpec(kind="ROWS", start="UNBOUNDED", start_side="PRECEDING", end="CURRENT ROW"),
+    )
     spans = derived(select([*columns_of(names), weight(), alias(running, _END)], src), "__pgt_s")
     end = col(_END)
     start = exp.Sub(this=col(_END), expression=weight())
-    upper: exp.Expr = end if limit is None else exp.Least(
-        this=end, expressions=[exp.Literal.number(offset + limit)])
+    upper: exp.Expr = (
+        end if limit is None else exp.Least(this=end, expressions=[exp.Literal.number(offset + limit)])
+    )
     lower = exp.Greatest(this=start, expressions=[exp.Literal.number(offset)])
     overlap = exp.Sub(this=upper, expression=lower)
     query = select([*columns_of(names), alias(bigint(overlap), WEIGHT)], spans)
@@ -174,22 +201,43 @@ def top_k(src: exp.Expr, names: Sequence[str], types: Types, order: Sequence[exp
 # --------------------------------------------------------------------------- SetOp
 
 
-def set_operation(left: exp.Expr, left_names: Sequence[str], right: exp.Expr, right_names: Sequence[str],
-                  output: Sequence[str], kind: SetOpKind, all_: bool) -> exp.Select:
+def set_operation(
+    left: exp.Expr,
+    left_names: Sequence[str],
+    right: exp.Expr,
+    right_names: Sequence[str],
+    output: Sequence[str],
+    kind: SetOpKind,
+    all_: bool,
+) -> exp.Select:
     """INTERSECT / EXCEPT [ALL] of two weighted relations, matched by position, named ``output``."""
+
     def tagged(source: exp.Expr, names: Sequence[str], side: int) -> exp.Select:
-        return select([*(alias(col(n), o) for n, o in zip(names, output, strict=True)), weight(),
-                       alias(exp.Literal.number(side), _SIDE)], source)
+        return select(
+            [
+                *(alias(col(n), o) for n, o in zip(names, output, strict=True)),
+                weight(),
+                alias(exp.Literal.number(side), _SIDE),
+            ],
+            source,
+        )
 
     union = exp.union(tagged(left, left_names, 0), tagged(right, right_names, 1), distinct=False)
 
     def side_count(side: int) -> exp.Expr:
-        mine = exp.Case(ifs=[exp.If(this=exp.EQ(this=col(_SIDE), expression=exp.Literal.number(side)),
-                                    true=weight())], default=exp.Literal.number(0))
+        mine = exp.Case(
+            ifs=[exp.If(this=exp.EQ(this=col(_SIDE), expression=exp.Literal.number(side)), true=weight())],
+            default=exp.Literal.number(0),
+        )
         return exp.Greatest(this=bigint(exp.Sum(this=mine)), expressions=[exp.Literal.number(0)])
 
-    counts = group_by(select([*columns_of(output), alias(side_count(0), _LEFT_COUNT),
-                              alias(side_count(1), _RIGHT_COUNT)], derived(union, "__pgt_u")), output)
+    counts = group_by(
+        select(
+            [*columns_of(output), alias(side_count(0), _LEFT_COUNT), alias(side_count(1), _RIGHT_COUNT)],
+            derived(union, "__pgt_u"),
+        ),
+        output,
+    )
     lc, rc = col(_LEFT_COUNT), col(_RIGHT_COUNT)
     zero = exp.Literal.number(0)
     count: exp.Expr
@@ -198,8 +246,11 @@ def set_operation(left: exp.Expr, left_names: Sequence[str], right: exp.Expr, ri
     elif kind is SetOpKind.EXCEPT and all_:
         count = exp.Greatest(this=exp.Sub(this=lc, expression=rc), expressions=[zero])
     else:
-        right_test = exp.GT(this=rc, expression=zero.copy()) if kind is SetOpKind.INTERSECT else \
-            exp.EQ(this=rc, expression=zero.copy())
+        right_test = (
+            exp.GT(this=rc, expression=zero.copy())
+            if kind is SetOpKind.INTERSECT
+            else exp.EQ(this=rc, expression=zero.copy())
+        )
         both = exp.and_(exp.GT(this=lc.copy(), expression=zero.copy()), right_test)
         count = exp.Case(ifs=[exp.If(this=both, true=exp.Literal.number(1))], default=zero.copy())
     query = select([*columns_of(output), alias(bigint(count), WEIGHT)], derived(counts, "__pgt_c"))

@@ -71,9 +71,11 @@ def table(name: str | tuple[str, ...], as_: str | None = None) -> exp.Table:
     parts = (name,) if isinstance(name, str) else tuple(name)
     if not parts or len(parts) > 3 or not all(isinstance(p, str) and p for p in parts):
         raise ValueError(f"a relation name must be 1 to 3 non-empty strings, got {name!r}")
-    node = exp.Table(this=ident(parts[-1]),
-                     db=ident(parts[-2]) if len(parts) > 1 else None,
-                     catalog=ident(parts[-3]) if len(parts) > 2 else None)
+    node = exp.Table(
+        this=ident(parts[-1]),
+        db=ident(parts[-2]) if len(parts) > 1 else None,
+        catalog=ident(parts[-3]) if len(parts) > 2 else None,
+    )
     if as_ is not None:
         node.set("alias", exp.TableAlias(this=ident(as_)))
     return node

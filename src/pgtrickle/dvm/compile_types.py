@@ -65,10 +65,13 @@ def check_node(node: Node) -> None:
         widths = {len(b.columns) for b in node.branches}
         if widths != {len(node.output)}:
             raise InvalidPlanError(
-                f"UnionAll: branches of widths {sorted(widths)} for {len(node.output)} outputs")
+                f"UnionAll: branches of widths {sorted(widths)} for {len(node.output)} outputs"
+            )
     if isinstance(node, SetOp) and not len(node.left.columns) == len(node.right.columns) == len(node.output):
-        raise InvalidPlanError(f"SetOp: inputs of widths {len(node.left.columns)} and "
-                               f"{len(node.right.columns)} for {len(node.output)} outputs")
+        raise InvalidPlanError(
+            f"SetOp: inputs of widths {len(node.left.columns)} and "
+            f"{len(node.right.columns)} for {len(node.output)} outputs"
+        )
     if isinstance(node, Values) and any(len(row) != len(node.output) for row in node.rows):
         raise InvalidPlanError(f"Values: a row's width differs from the {len(node.output)} outputs")
     if isinstance(node, TopK):
@@ -76,13 +79,17 @@ def check_node(node: Node) -> None:
             raise InvalidPlanError(f"TopK: limit must be a non-negative integer or None, got {node.limit!r}")
         if not isinstance(node.offset, int) or node.offset < 0:
             raise InvalidPlanError(f"TopK: offset must be a non-negative integer, got {node.offset!r}")
-    if isinstance(node, Join) and node.condition is None and node.kind not in (
-            JoinKind.INNER, JoinKind.SEMI, JoinKind.ANTI):
+    if (
+        isinstance(node, Join)
+        and node.condition is None
+        and node.kind not in (JoinKind.INNER, JoinKind.SEMI, JoinKind.ANTI)
+    ):
         raise InvalidPlanError(f"Join: a {node.kind.value} join needs a condition")
 
 
-def node_types(node: Node, column_types: ColumnTypes,
-               memo: dict[int, dict[str, str | None]]) -> dict[str, str | None]:
+def node_types(
+    node: Node, column_types: ColumnTypes, memo: dict[int, dict[str, str | None]]
+) -> dict[str, str | None]:
     """Column name -> PostgreSQL type category of ``node``'s output (memoized in ``memo`` by node)."""
     for current in walk(node):
         if id(current) not in memo:
@@ -90,8 +97,9 @@ def node_types(node: Node, column_types: ColumnTypes,
     return memo[id(node)]
 
 
-def _types_of(node: Node, column_types: ColumnTypes,
-              memo: dict[int, dict[str, str | None]]) -> dict[str, str | None]:
+def _types_of(
+    node: Node, column_types: ColumnTypes, memo: dict[int, dict[str, str | None]]
+) -> dict[str, str | None]:
     def of(child: Node) -> dict[str, str | None]:
         return node_types(child, column_types, memo)
 
@@ -102,8 +110,10 @@ def _types_of(node: Node, column_types: ColumnTypes,
     if isinstance(node, Materialized):
         return dict(of(node.node))
     if isinstance(node, Values):
-        return {name: common_type(type_of(row[i], {}) for row in node.rows) if node.rows else None
-                for i, name in enumerate(node.output)}
+        return {
+            name: common_type(type_of(row[i], {}) for row in node.rows) if node.rows else None
+            for i, name in enumerate(node.output)
+        }
     if isinstance(node, (Filter, Negate, Distinct, TopK)):
         return dict(of(node.input))
     if isinstance(node, Project):

@@ -57,8 +57,10 @@ def parse_remote(url: str) -> RemoteAddress:
     Refuses anything but ``sc://host[:port][/;param=value…]`` with a
     :class:`~pgtrickle.errors.ConfigError` that names the accepted form.
     """
-    form = ("use sc://host:port (parameters after a '/;', e.g. sc://host:443/;use_ssl=true;token=…) "
-            "for --spark-remote / PGTRICKLE_SPARK_REMOTE")
+    form = (
+        "use sc://host:port (parameters after a '/;', e.g. sc://host:443/;use_ssl=true;token=…) "
+        "for --spark-remote / PGTRICKLE_SPARK_REMOTE"
+    )
     text = url.strip()
     if not text.startswith("sc://"):
         raise ConfigError(f"{_without_params(text)!r} is not a Spark Connect URL; {form}")
@@ -67,8 +69,12 @@ def parse_remote(url: str) -> RemoteAddress:
         host, port = parts.hostname, parts.port
     except ValueError as exc:
         raise ConfigError(f"{_without_params(text)!r} has no valid port; {form}") from exc
-    if not host or parts.username or parts.password or (parts.path not in ("", "/") and
-                                                         not parts.path.startswith("/;")):
+    if (
+        not host
+        or parts.username
+        or parts.password
+        or (parts.path not in ("", "/") and not parts.path.startswith("/;"))
+    ):
         raise ConfigError(f"{_without_params(text)!r} is not a Spark Connect URL; {form}")
     return RemoteAddress(text, host, port or DEFAULT_PORT)
 
@@ -90,7 +96,8 @@ def reach(address: RemoteAddress, timeout: float = 5.0) -> None:
         raise SparkConnectUnreachableError(
             f"no Spark Connect server answers at {address.shown} ({exc.strerror or exc}); is the server "
             "running and reachable from here, and is --spark-remote / PGTRICKLE_SPARK_REMOTE right?",
-            address.shown) from None
+            address.shown,
+        ) from None
 
 
 def session_conf(defaults: dict[str, str], settings: Settings) -> dict[str, str]:
@@ -100,8 +107,9 @@ def session_conf(defaults: dict[str, str], settings: Settings) -> dict[str, str]
     entry of ``PGTRICKLE_SPARK_CONF``; other keys (memory, local dirs, jars)
     belong to the server and are left out.
     """
-    conf = {k: v for k, v in defaults.items()
-            if k.startswith(RUNTIME_PREFIX) and k != "spark.sql.warehouse.dir"}
+    conf = {
+        k: v for k, v in defaults.items() if k.startswith(RUNTIME_PREFIX) and k != "spark.sql.warehouse.dir"
+    }
     conf.update({k: v for k, v in settings.spark_conf.items() if k.startswith(RUNTIME_PREFIX)})
     return conf
 
@@ -116,7 +124,9 @@ def open_session(settings: Settings, defaults: dict[str, str]):  # type: ignore[
     except ImportError as exc:
         raise SparkConnectUnreachableError(
             f"Spark Connect needs the client libraries (grpcio, pyarrow, pandas, zstandard…): "
-            f"pip install 'pgtrickle[connect]' ({exc})", address.shown) from exc
+            f"pip install 'pgtrickle[connect]' ({exc})",
+            address.shown,
+        ) from exc
     # The Connect builder, not SparkSession.builder.remote(): that one switches every
     # pyspark.sql.functions call of the process to Spark Connect.
     session = RemoteSparkSession.builder.remote(address.url).create()
@@ -128,5 +138,6 @@ def open_session(settings: Settings, defaults: dict[str, str]):  # type: ignore[
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SparkConnectUnreachableError(
             f"the Spark Connect server at {address.shown} did not accept pgtrickle's session: {detail}",
-            address.shown) from exc
+            address.shown,
+        ) from exc
     return session

@@ -38,7 +38,7 @@ from pgtrickle.errors import UnsupportedQueryError
 WIDTH_KEY = "pgt_bpchar_width"
 
 _KINDS = frozenset(getattr(exp.DType, n) for n in ("CHAR", "NCHAR", "BPCHAR") if hasattr(exp.DType, n))
-_NAME = re.compile(r'^\s*(?:character|char|bpchar)\s*(?:\(\s*(\d+)\s*\))?\s*$')
+_NAME = re.compile(r"^\s*(?:character|char|bpchar)\s*(?:\(\s*(\d+)\s*\))?\s*$")
 
 
 def width_from_type_name(type_name: str | None) -> int | None:
@@ -92,8 +92,10 @@ def padded(node: exp.Expr, what: str) -> exp.Expr:
     if width == 0:
         raise UnsupportedQueryError(
             f"{what} on a bpchar value without a length is not supported: its trailing blanks are significant "
-            "there and are not carried to Spark; cast it to text or to character(n) in the query")
-    pad = exp.Pad(this=node, expression=exp.Literal.number(width), fill_pattern=exp.Literal.string(" "),
-                  is_left=False)
+            "there and are not carried to Spark; cast it to text or to character(n) in the query"
+        )
+    pad = exp.Pad(
+        this=node, expression=exp.Literal.number(width), fill_pattern=exp.Literal.string(" "), is_left=False
+    )
     pad.meta.update({k: v for k, v in node.meta.items() if k != WIDTH_KEY})
     return pad

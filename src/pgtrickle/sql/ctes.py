@@ -45,7 +45,7 @@ def rename_clashing_ctes(query: exp.Expr) -> exp.Expr:
             new = f"__pgt_cte_{old}_{serial}"
             alias = cte.args["alias"]
             alias.set("this", exp.to_identifier(new))
-            scopes: list[exp.Expr] = [later.this for later in ctes[position + 1:]]
+            scopes: list[exp.Expr] = [later.this for later in ctes[position + 1 :]]
             if with_.args.get("recursive"):
                 scopes.append(cte.this)
             if owner is not None:
