@@ -54,9 +54,7 @@ def _parse_spark_conf(raw: str | None) -> dict[str, str]:
             continue
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(
-                f"PGTRICKLE_SPARK_CONF entries must look like key=value, got {item!r}"
-            )
+            raise ConfigError(f"PGTRICKLE_SPARK_CONF entries must look like key=value, got {item!r}")
         conf[key.strip()] = value.strip()
     return conf
 

@@ -22,14 +22,11 @@ from pgtrickle.refresh.verify import verify
 
 SCHEMA = "pgtrickle_demo"
 STREAM_TABLES = {
-    f"{SCHEMA}.order_summary":
-        f"SELECT customer, count(*) AS orders, sum(amount) AS total FROM {SCHEMA}.orders GROUP BY customer",
-    f"{SCHEMA}.line_summary":
-        f"SELECT o.customer, sum(l.qty) AS total_qty, count(DISTINCT l.product) AS products "
-        f"FROM {SCHEMA}.order_lines l JOIN {SCHEMA}.orders o ON o.id = l.order_id GROUP BY o.customer",
-    f"{SCHEMA}.order_report":
-        f"SELECT os.customer, os.orders, os.total, ls.total_qty, ls.products "
-        f"FROM {SCHEMA}.order_summary os JOIN {SCHEMA}.line_summary ls ON ls.customer = os.customer",
+    f"{SCHEMA}.order_summary": f"SELECT customer, count(*) AS orders, sum(amount) AS total FROM {SCHEMA}.orders GROUP BY customer",
+    f"{SCHEMA}.line_summary": f"SELECT o.customer, sum(l.qty) AS total_qty, count(DISTINCT l.product) AS products "
+    f"FROM {SCHEMA}.order_lines l JOIN {SCHEMA}.orders o ON o.id = l.order_id GROUP BY o.customer",
+    f"{SCHEMA}.order_report": f"SELECT os.customer, os.orders, os.total, ls.total_qty, ls.products "
+    f"FROM {SCHEMA}.order_summary os JOIN {SCHEMA}.line_summary ls ON ls.customer = os.customer",
 }
 CUSTOMERS = [f"customer_{i:02d}" for i in range(20)]
 PRODUCTS = ["apple", "bread", "cheese", "dates", "eggs", "flour", "grapes", "honey"]
@@ -37,21 +34,28 @@ PRODUCTS = ["apple", "bread", "cheese", "dates", "eggs", "flour", "grapes", "hon
 
 def _setup(conn, console: Console, orders: int) -> None:  # type: ignore[no-untyped-def]
     for name in reversed(list(STREAM_TABLES)):
-        if conn.execute("SELECT 1 FROM pgtrickle.pgt_stream_tables WHERE pgt_schema || '.' || pgt_name = %s",
-                        (name,)).fetchone():
+        if conn.execute(
+            "SELECT 1 FROM pgtrickle.pgt_stream_tables WHERE pgt_schema || '.' || pgt_name = %s", (name,)
+        ).fetchone():
             conn.execute("SELECT pgtrickle.drop_stream_table(%s, cascade => true)", (name,))
     conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     conn.execute(f"CREATE SCHEMA {SCHEMA}")
-    conn.execute(f"CREATE TABLE {SCHEMA}.orders (id int PRIMARY KEY, customer text NOT NULL, "
-                 "amount numeric(12,2) NOT NULL)")
-    conn.execute(f"CREATE TABLE {SCHEMA}.order_lines (order_id int NOT NULL, product text NOT NULL, "
-                 "qty int NOT NULL)")
+    conn.execute(
+        f"CREATE TABLE {SCHEMA}.orders (id int PRIMARY KEY, customer text NOT NULL, "
+        "amount numeric(12,2) NOT NULL)"
+    )
+    conn.execute(
+        f"CREATE TABLE {SCHEMA}.order_lines (order_id int NOT NULL, product text NOT NULL, qty int NOT NULL)"
+    )
     conn.execute(
         f"INSERT INTO {SCHEMA}.orders SELECT g, 'customer_' || lpad((g %% 20)::text, 2, '0'), "
-        "round((10 + (g * 7919) %% 490)::numeric, 2) FROM generate_series(1, %s) g", (orders,))
+        "round((10 + (g * 7919) %% 490)::numeric, 2) FROM generate_series(1, %s) g",
+        (orders,),
+    )
     conn.execute(
         f"INSERT INTO {SCHEMA}.order_lines SELECT o.id, (ARRAY{PRODUCTS!r})[1 + (o.id * k) % 8], 1 + (o.id + k) % 5 "
-        f"FROM {SCHEMA}.orders o, generate_series(1, 3) k")
+        f"FROM {SCHEMA}.orders o, generate_series(1, 3) k"
+    )
     console.print(f"  loaded {orders:,} orders and {orders * 3:,} order lines")
 
 
@@ -59,20 +63,28 @@ def _write_round(conn, rng: random.Random, next_id: int) -> tuple[int, str]:  # 
     new = rng.randint(50, 150)
     for i in range(new):
         oid = next_id + i
-        conn.execute(f"INSERT INTO {SCHEMA}.orders VALUES (%s, %s, %s)",
-                     (oid, rng.choice(CUSTOMERS), round(rng.uniform(5, 500), 2)))
-        conn.execute(f"INSERT INTO {SCHEMA}.order_lines VALUES (%s, %s, %s)",
-                     (oid, rng.choice(PRODUCTS), rng.randint(1, 5)))
-    updated = conn.execute(f"UPDATE {SCHEMA}.orders SET amount = amount + 1 WHERE id %% 97 = %s",
-                           (rng.randint(0, 96),)).rowcount
-    deleted = conn.execute(f"DELETE FROM {SCHEMA}.order_lines WHERE order_id %% 211 = %s",
-                           (rng.randint(0, 210),)).rowcount
+        conn.execute(
+            f"INSERT INTO {SCHEMA}.orders VALUES (%s, %s, %s)",
+            (oid, rng.choice(CUSTOMERS), round(rng.uniform(5, 500), 2)),
+        )
+        conn.execute(
+            f"INSERT INTO {SCHEMA}.order_lines VALUES (%s, %s, %s)",
+            (oid, rng.choice(PRODUCTS), rng.randint(1, 5)),
+        )
+    updated = conn.execute(
+        f"UPDATE {SCHEMA}.orders SET amount = amount + 1 WHERE id %% 97 = %s", (rng.randint(0, 96),)
+    ).rowcount
+    deleted = conn.execute(
+        f"DELETE FROM {SCHEMA}.order_lines WHERE order_id %% 211 = %s", (rng.randint(0, 210),)
+    ).rowcount
     return next_id + new, f"+{new} orders/lines, {updated} orders updated, {deleted} lines deleted"
 
 
 def _show_report(conn, console: Console) -> None:  # type: ignore[no-untyped-def]
-    rows = conn.execute(f"SELECT customer, orders, total, total_qty, products FROM {SCHEMA}.order_report "
-                        "ORDER BY total DESC LIMIT 5").fetchall()
+    rows = conn.execute(
+        f"SELECT customer, orders, total, total_qty, products FROM {SCHEMA}.order_report "
+        "ORDER BY total DESC LIMIT 5"
+    ).fetchall()
     table = Table("customer", "orders", "total", "items", "products", title="order_report (top 5 by total)")
     for r in rows:
         table.add_row(r[0], f"{r[1]:,}", f"{r[2]:,.2f}", f"{r[3]:,}", str(r[4]))
@@ -84,8 +96,10 @@ def _check(conn, console: Console) -> bool:  # type: ignore[no-untyped-def]
     for name in STREAM_TABLES:
         result = verify(conn, name)
         mark = "[green]✓[/]" if result.ok else "[red]✗[/]"
-        console.print(f"  {mark} {name} equals its defining query"
-                      + ("" if result.ok else f" — {result.missing} missing, {result.extra} extra rows"))
+        console.print(
+            f"  {mark} {name} equals its defining query"
+            + ("" if result.ok else f" — {result.missing} missing, {result.extra} extra rows")
+        )
         ok = ok and result.ok
     return ok
 
@@ -131,8 +145,10 @@ def run_demo(settings: Settings, dsn: str, console: Console, rounds: int = 3, or
         finally:
             scheduler.close()
         console.rule("[bold green]demo finished" if all_ok else "[bold red]demo found differences")
-        console.print("Try: pgtrickle status   ·   psql \"$(pgtrickle db dsn)\" -c "
-                      f"'SELECT * FROM {SCHEMA}.order_report'")
+        console.print(
+            'Try: pgtrickle status   ·   psql "$(pgtrickle db dsn)" -c '
+            f"'SELECT * FROM {SCHEMA}.order_report'"
+        )
         return all_ok
 
 
@@ -144,8 +160,11 @@ def _tick(scheduler: Scheduler, console: Console) -> bool:
         report = scheduler.tick()
     for o in report.refreshed:
         spark = f", Spark {o.spark_seconds:.2f}s" if o.spark_seconds else ", no Spark job"
-        console.print(f"  {o.st.display}: {o.action.value} ({o.reason}) +{o.rows_inserted:,} "
-                      f"-{o.rows_deleted:,} rows in {o.seconds:.2f}s{spark}", highlight=False)
+        console.print(
+            f"  {o.st.display}: {o.action.value} ({o.reason}) +{o.rows_inserted:,} "
+            f"-{o.rows_deleted:,} rows in {o.seconds:.2f}s{spark}",
+            highlight=False,
+        )
     for st, error in report.failed:
         console.print(f"  [red]{st.display} failed:[/] {error}", highlight=False)
     console.print(f"  tick took {time.monotonic() - started:.2f}s")

@@ -42,10 +42,16 @@ from pgtrickle.errors import ConfigError
 
 ENV = "PGTRICKLE_FAULT_POINT"
 
-POINTS = frozenset({
-    "refresh.spark_job", "refresh.apply", "refresh.before_commit", "refresh.after_commit",
-    "wal.before_flush", "wal.after_flush",
-})
+POINTS = frozenset(
+    {
+        "refresh.spark_job",
+        "refresh.apply",
+        "refresh.before_commit",
+        "refresh.after_commit",
+        "wal.before_flush",
+        "wal.after_flush",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -63,12 +69,15 @@ def parse(raw: str) -> FaultSpec:
     if len(parts) > 3 or parts[0] not in POINTS:
         raise ConfigError(
             f"{ENV} must look like name[:nth[:delay]] with name one of {', '.join(sorted(POINTS))}; "
-            f"got {raw!r}")
+            f"got {raw!r}"
+        )
     try:
         nth = int(parts[1]) if len(parts) > 1 else 1
         delay = float(parts[2]) if len(parts) > 2 else 0.0
     except ValueError:
-        raise ConfigError(f"{ENV}: nth must be an integer and delay a number of seconds; got {raw!r}") from None
+        raise ConfigError(
+            f"{ENV}: nth must be an integer and delay a number of seconds; got {raw!r}"
+        ) from None
     if nth < 1 or not 0.0 <= delay <= 3600.0:
         raise ConfigError(f"{ENV}: nth must be at least 1 and delay between 0 and 3600 seconds; got {raw!r}")
     return FaultSpec(parts[0], nth, delay)
@@ -94,8 +103,7 @@ def point(name: str) -> None:
         if _hits[name] != spec.nth:
             return
     when = f" in {spec.delay:g}s" if spec.delay else ""
-    sys.stderr.write(f"pgtrickle: fault point {name} reached (hit {spec.nth}); SIGKILL{when} "
-                     f"({ENV}={raw})\n")
+    sys.stderr.write(f"pgtrickle: fault point {name} reached (hit {spec.nth}); SIGKILL{when} ({ENV}={raw})\n")
     sys.stderr.flush()
     if spec.delay:
         timer = threading.Timer(spec.delay, _kill)

@@ -87,11 +87,15 @@ def pin(conn: psycopg.Connection, pins: Sequence[Pin], mode: str) -> None:
     if mode == READ:
         return
     for p in sorted(pins, key=lambda p: p.relid):
-        conn.execute(sql.SQL("LOCK TABLE {} IN {} MODE").format(sql.Identifier(p.schema, p.name), sql.SQL(mode)))
-    resolved = dict(conn.execute(
-        "SELECT n, pg_catalog.to_regclass(n)::oid::bigint FROM unnest(%s::text[]) AS n",
-        ([sql.Identifier(p.schema, p.name).as_string(conn) for p in pins],),
-    ).fetchall())
+        conn.execute(
+            sql.SQL("LOCK TABLE {} IN {} MODE").format(sql.Identifier(p.schema, p.name), sql.SQL(mode))
+        )
+    resolved = dict(
+        conn.execute(
+            "SELECT n, pg_catalog.to_regclass(n)::oid::bigint FROM unnest(%s::text[]) AS n",
+            ([sql.Identifier(p.schema, p.name).as_string(conn) for p in pins],),
+        ).fetchall()
+    )
     current = _current(conn, relids)
     for p in pins:
         _check(p, current.get(p.relid))
@@ -99,7 +103,8 @@ def pin(conn: psycopg.Connection, pins: Sequence[Pin], mode: str) -> None:
         if resolved.get(name) != p.relid:
             raise RelationIdentityChanged(
                 f"{p.what} {p.display} is no longer the relation pgtrickle tracks (OID {p.relid}): it was "
-                "renamed or replaced meanwhile; nothing was read or written, the next refresh follows the change")
+                "renamed or replaced meanwhile; nothing was read or written, the next refresh follows the change"
+            )
 
 
 def session_guard(pins: Sequence[Pin]) -> str | None:
@@ -109,11 +114,15 @@ def session_guard(pins: Sequence[Pin]) -> str | None:
         return None
     ordered = sorted(pins, key=lambda p: p.relid)
     names = ", ".join(_quoted(p) for p in ordered)
-    checks = " OR ".join(f"pg_catalog.to_regclass({_literal(_quoted(p))}) IS DISTINCT FROM {int(p.relid)}::oid"
-                         for p in ordered)
-    body = (f"BEGIN IF {checks} THEN RAISE EXCEPTION 'pgtrickle: a source of this refresh was "
-            "renamed or replaced while it ran; nothing was read, the next refresh follows the change' "
-            "USING ERRCODE = 'object_not_in_prerequisite_state'; END IF; END")
+    checks = " OR ".join(
+        f"pg_catalog.to_regclass({_literal(_quoted(p))}) IS DISTINCT FROM {int(p.relid)}::oid"
+        for p in ordered
+    )
+    body = (
+        f"BEGIN IF {checks} THEN RAISE EXCEPTION 'pgtrickle: a source of this refresh was "
+        "renamed or replaced while it ran; nothing was read, the next refresh follows the change' "
+        "USING ERRCODE = 'object_not_in_prerequisite_state'; END IF; END"
+    )
     tag = "$pgt_guard$"
     while tag in body:  # a name may not close the dollar quote
         tag = f"$pgt_{secrets.token_hex(4)}$"
@@ -144,17 +153,21 @@ def _check(p: Pin, current: tuple[str, str, str] | None) -> None:
     schema, name, kind = current
     if kind not in p.kinds:
         raise RelationIdentityChanged(
-            f"{p.what} {p.display} (OID {p.relid}) is now a relation of kind '{kind}', not a table; refused")
+            f"{p.what} {p.display} (OID {p.relid}) is now a relation of kind '{kind}', not a table; refused"
+        )
     if (schema, name) != (p.schema, p.name):
         raise RelationIdentityChanged(
             f"{p.what} {p.display} (OID {p.relid}) was renamed to {schema}.{name} during this refresh; "
-            "nothing was read or written, the next refresh uses the new name")
+            "nothing was read or written, the next refresh uses the new name"
+        )
 
 
 def source_pins(sources: Sequence) -> list[Pin]:  # Sequence[Source]
     """The pins of a stream table's sources (a source stream table must be a plain table)."""
-    return [Pin(s.relid, s.schema, s.name, ("r",) if s.kind == "STREAM_TABLE" else ("r", "p"), "source")
-            for s in sources]
+    return [
+        Pin(s.relid, s.schema, s.name, ("r",) if s.kind == "STREAM_TABLE" else ("r", "p"), "source")
+        for s in sources
+    ]
 
 
 def stream_table_pin(st) -> Pin:  # type: ignore[no-untyped-def]  # StreamTable

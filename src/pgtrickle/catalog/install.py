@@ -122,8 +122,9 @@ def install(conn: psycopg.Connection, up_to: int | None = None) -> InstallResult
             )
             applied.append(f"{migration.version:03d}_{migration.name}")
         if up_to is not None and up_to < latest_version():
-            return InstallResult(applied, max(done | {m.version for m in migrations() if m.version <= up_to}),
-                                 False)
+            return InstallResult(
+                applied, max(done | {m.version for m in migrations() if m.version <= up_to}), False
+            )
         # identity.sql first: api.sql's functions (and what it runs at install) call its helpers.
         conn.execute((_sql_dir() / "identity.sql").read_text())  # type: ignore[arg-type]
         # Partition / inheritance capture first: api.sql's upgrade step rebuilds captures with it.
@@ -163,8 +164,7 @@ def _install_event_triggers(conn: psycopg.Connection) -> bool:
         return False
     conn.execute("DROP EVENT TRIGGER IF EXISTS pgtrickle_sql_drop")
     conn.execute(
-        "CREATE EVENT TRIGGER pgtrickle_sql_drop ON sql_drop "
-        "EXECUTE FUNCTION pgtrickle._on_sql_drop()"
+        "CREATE EVENT TRIGGER pgtrickle_sql_drop ON sql_drop EXECUTE FUNCTION pgtrickle._on_sql_drop()"
     )
     conn.execute("DROP EVENT TRIGGER IF EXISTS pgtrickle_ddl_end")
     conn.execute(
@@ -183,9 +183,7 @@ def _install_event_triggers(conn: psycopg.Connection) -> bool:
 def require_installed(conn: psycopg.Connection) -> None:
     version = installed_version(conn)
     if version is None:
-        raise CatalogError(
-            "pgtrickle is not installed in this database; run `pgtrickle install`"
-        )
+        raise CatalogError("pgtrickle is not installed in this database; run `pgtrickle install`")
     if version < latest_version() or {m.version for m in migrations()} - applied_versions(conn):
         raise CatalogError(
             f"the pgtrickle catalog is at version {version}, this pgtrickle needs "

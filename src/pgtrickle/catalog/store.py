@@ -214,5 +214,6 @@ def load_refresh_groups(conn: psycopg.Connection) -> dict[str, list[int]]:
     """Explicit refresh groups: name → member pgt_ids."""
     rows = conn.execute(
         "SELECT g.group_name, array_agg(m.pgt_id ORDER BY m.pgt_id) FROM pgtrickle.pgt_refresh_groups g"
-        " JOIN pgtrickle.pgt_refresh_group_members m USING (group_id) GROUP BY g.group_name").fetchall()
+        " JOIN pgtrickle.pgt_refresh_group_members m USING (group_id) GROUP BY g.group_name"
+    ).fetchall()
     return {str(name): [int(i) for i in ids] for name, ids in rows}

@@ -47,8 +47,9 @@ def batches_table(buffer_name: str) -> sql.Identifier:
     return sql.Identifier("pgtrickle_changes", f"{buffer_name}_batches")
 
 
-def pending_changes(conn: psycopg.Connection, sources: tuple[Source, ...], frontier: str, upto: str
-                    ) -> list[PendingChanges]:
+def pending_changes(
+    conn: psycopg.Connection, sources: tuple[Source, ...], frontier: str, upto: str
+) -> list[PendingChanges]:
     """Counts of the changes in the window (``frontier``, ``upto``].
 
     ``upto`` is a snapshot taken before this read; with WAL capture the
@@ -56,7 +57,8 @@ def pending_changes(conn: psycopg.Connection, sources: tuple[Source, ...], front
     """
     window = sql.SQL(
         "WHERE xid >= pg_snapshot_xmin(%(f)s::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, %(f)s::pg_snapshot)"
-        " AND pg_visible_in_snapshot(xid, %(u)s::pg_snapshot)")
+        " AND pg_visible_in_snapshot(xid, %(u)s::pg_snapshot)"
+    )
     result = []
     for source in sources:
         # Counted on the buffer's tables, not its view: a batch knows its size without
@@ -80,7 +82,8 @@ def pending_changes(conn: psycopg.Connection, sources: tuple[Source, ...], front
 _INTACT = sql.SQL(
     "to_regclass(pgtrickle._buffer_part(c.buffer_name, 'rows')) IS NOT NULL"
     " AND (c.source_kind <> 'TABLE'"
-    "      OR to_regclass(pgtrickle._buffer_part(c.buffer_name, 'batches')) IS NOT NULL)")
+    "      OR to_regclass(pgtrickle._buffer_part(c.buffer_name, 'batches')) IS NOT NULL)"
+)
 """The buffer's tables exist (one dropped by hand is skipped until `pgtrickle install` recreates it)."""
 
 
@@ -125,7 +128,9 @@ def cleanup_buffers(conn: psycopg.Connection) -> int:
         if removed:
             conn.execute(
                 "UPDATE pgtrickle.pgt_change_sources SET cleaned_below = greatest(cleaned_below, %s::xid8)"
-                " WHERE source_relid = %s", (horizon, relid))
+                " WHERE source_relid = %s",
+                (horizon, relid),
+            )
     # Buffers of stream tables nobody reads hold only refresh markers: keep them empty.
     orphans = conn.execute(
         sql.SQL("""
@@ -139,15 +144,22 @@ def cleanup_buffers(conn: psycopg.Connection) -> int:
     return deleted
 
 
-def _delete_parts(conn: psycopg.Connection, buffer_name: str, batched: bool, where: sql.Composable,
-                  params: tuple[object, ...]) -> int:
+def _delete_parts(
+    conn: psycopg.Connection,
+    buffer_name: str,
+    batched: bool,
+    where: sql.Composable,
+    params: tuple[object, ...],
+) -> int:
     """Delete from a buffer's rows and (a table source's) batches; returns the changes deleted."""
     cur = conn.execute(sql.SQL("DELETE FROM {} {}").format(rows_table(buffer_name), where), params)
     deleted = cur.rowcount or 0
     if batched:
         row = conn.execute(
-            sql.SQL("WITH d AS (DELETE FROM {} {} RETURNING n_changes AS n)"
-                    " SELECT coalesce(sum(n), 0) FROM d").format(batches_table(buffer_name), where),
-            params).fetchone()
+            sql.SQL(
+                "WITH d AS (DELETE FROM {} {} RETURNING n_changes AS n) SELECT coalesce(sum(n), 0) FROM d"
+            ).format(batches_table(buffer_name), where),
+            params,
+        ).fetchone()
         deleted += int(row[0]) if row else 0
     return deleted

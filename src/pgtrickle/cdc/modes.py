@@ -62,8 +62,10 @@ def wal_blocker(wal_level: str, max_replication_slots: int, slots_in_use: int, h
     if wal_level != "logical":
         return f"wal_level is {wal_level!r}, not 'logical' (set it and restart PostgreSQL to use WAL capture)"
     if not has_slot and slots_in_use >= max_replication_slots:
-        return (f"all {max_replication_slots} replication slots are in use "
-                "(raise max_replication_slots to use WAL capture)")
+        return (
+            f"all {max_replication_slots} replication slots are in use "
+            "(raise max_replication_slots to use WAL capture)"
+        )
     return None
 
 
@@ -76,8 +78,10 @@ def hierarchy_blocker(members: int) -> str | None:
     capture covers them all (capture_hierarchy.sql).
     """
     if members:
-        return (f"the table has {members} partition(s) or inheritance child(ren): WAL capture does not follow "
-                "them, trigger capture does")
+        return (
+            f"the table has {members} partition(s) or inheritance child(ren): WAL capture does not follow "
+            "them, trigger capture does"
+        )
     return None
 
 
@@ -134,21 +138,27 @@ def ensure_wal_infrastructure(conn: psycopg.Connection) -> str:
             (slot, PUBLICATION, lsn),
         )
     elif not state:
-        lsn = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                           (slot,)).fetchone()[0]  # type: ignore[index]
-        conn.execute("INSERT INTO pgtrickle.pgt_decoder_state (slot_name, publication, flushed_lsn) "
-                     "VALUES (%s, %s, %s)", (slot, PUBLICATION, lsn))
+        lsn = conn.execute(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone()[0]  # type: ignore[index]
+        conn.execute(
+            "INSERT INTO pgtrickle.pgt_decoder_state (slot_name, publication, flushed_lsn) "
+            "VALUES (%s, %s, %s)",
+            (slot, PUBLICATION, lsn),
+        )
     return slot
 
 
 def decoder_caught_up(conn: psycopg.Connection, slot: str, timeout: float) -> bool:
     """Whether the running decoder reaches the current WAL position within ``timeout``."""
-    target = pgoutput.str_to_lsn(conn.execute(
-        "SELECT pg_logical_emit_message(false, %s, '')::text", (SYNC_PREFIX,)).fetchone()[0])  # type: ignore[index]
+    target = pgoutput.str_to_lsn(
+        conn.execute("SELECT pg_logical_emit_message(false, %s, '')::text", (SYNC_PREFIX,)).fetchone()[0]
+    )  # type: ignore[index]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = conn.execute("SELECT flushed_lsn::text FROM pgtrickle.pgt_decoder_state WHERE slot_name = %s",
-                           (slot,)).fetchone()
+        row = conn.execute(
+            "SELECT flushed_lsn::text FROM pgtrickle.pgt_decoder_state WHERE slot_name = %s", (slot,)
+        ).fetchone()
         if row and pgoutput.str_to_lsn(row[0]) >= target:
             return True
         time.sleep(0.02)
@@ -171,8 +181,18 @@ class CaptureManager:
             self.conn.execute("SELECT pgtrickle._transition_to_trigger(%s, %s)", (source.relid, reason))
             self.conn.execute(
                 "SELECT pg_notify('pg_trickle_cdc_transition', %s)",
-                (json.dumps({"event": "cdc_transition_failed", "source": source.name, "from": "trigger",
-                             "to": "wal", "reason": reason}),))
+                (
+                    json.dumps(
+                        {
+                            "event": "cdc_transition_failed",
+                            "source": source.name,
+                            "from": "trigger",
+                            "to": "wal",
+                            "reason": reason,
+                        }
+                    ),
+                ),
+            )
 
     def reconcile(self) -> list[tuple[str, Move, str]]:
         done: list[tuple[str, Move, str]] = []
@@ -184,8 +204,9 @@ class CaptureManager:
                 if self.conn.broken or self.conn.closed:
                     raise
                 # One source (its capture objects dropped by hand, say) must not stop the others.
-                log.exception("%s: changing its capture failed; retrying in %.0fs", source.name,
-                              self.RETRY_SECONDS)
+                log.exception(
+                    "%s: changing its capture failed; retrying in %.0fs", source.name, self.RETRY_SECONDS
+                )
                 self._retry_after[source.relid] = time.monotonic() + self.RETRY_SECONDS
         return done
 
@@ -228,8 +249,13 @@ class CaptureManager:
         if not decoder_caught_up(self.conn, slot, timeout):
             self._fallback(source, f"the WAL decoder did not catch up within {timeout:g}s")
             return None
-        reason = ("cdc_mode is wal" if source.setting == "wal" else
-                  "cdc_mode auto: moved to WAL after the first refresh")
-        self.conn.execute("SELECT pgtrickle._transition_to_wal(%s, %s, %s)", (source.relid, PUBLICATION, reason))
+        reason = (
+            "cdc_mode is wal"
+            if source.setting == "wal"
+            else "cdc_mode auto: moved to WAL after the first refresh"
+        )
+        self.conn.execute(
+            "SELECT pgtrickle._transition_to_wal(%s, %s, %s)", (source.relid, PUBLICATION, reason)
+        )
         log.info("%s: change capture moved from triggers to WAL", source.name)
         return reason

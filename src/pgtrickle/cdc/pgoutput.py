@@ -316,9 +316,25 @@ class StreamPrepare:
 
 
 Message: TypeAlias = (
-    Begin | Commit | Origin | Relation | TypeMessage | Insert | Update | Delete | Truncate
-    | LogicalMessage | StreamStart | StreamStop | StreamCommit | StreamAbort | BeginPrepare
-    | Prepare | CommitPrepared | RollbackPrepared | StreamPrepare
+    Begin
+    | Commit
+    | Origin
+    | Relation
+    | TypeMessage
+    | Insert
+    | Update
+    | Delete
+    | Truncate
+    | LogicalMessage
+    | StreamStart
+    | StreamStop
+    | StreamCommit
+    | StreamAbort
+    | BeginPrepare
+    | Prepare
+    | CommitPrepared
+    | RollbackPrepared
+    | StreamPrepare
 )
 
 # ------------------------------------------------------------------------ byte layouts
@@ -328,19 +344,19 @@ _U16: Final = struct.Struct("!H")
 _U32: Final = struct.Struct("!I")
 _I32: Final = struct.Struct("!i")
 _U64: Final = struct.Struct("!Q")
-_RELID_MARKER: Final = struct.Struct("!IB")          # relation OID, Byte1 'N'/'K'/'O'
-_BEGIN: Final = struct.Struct("!QqI")                # final LSN, commit time, xid
-_COMMIT: Final = struct.Struct("!BQQq")              # flags, commit LSN, end LSN, commit time
-_RELATION_TAIL: Final = struct.Struct("!BH")         # replica identity, column count
-_COLUMN_TYPE: Final = struct.Struct("!Ii")           # type OID, type modifier
-_MESSAGE_HEAD: Final = struct.Struct("!BQ")          # flags, LSN
-_TRUNCATE_HEAD: Final = struct.Struct("!IB")         # relation count, option bits
-_STREAM_START: Final = struct.Struct("!IB")          # xid, first-segment flag
-_STREAM_COMMIT: Final = struct.Struct("!IBQQq")      # xid, flags, commit LSN, end LSN, time
-_STREAM_ABORT: Final = struct.Struct("!II")          # xid, subxid
-_STREAM_ABORT_V4: Final = struct.Struct("!IIQq")     # ... + abort LSN, abort time
-_BEGIN_PREPARE: Final = struct.Struct("!QQqI")       # prepare LSN, end LSN, time, xid
-_PREPARE: Final = struct.Struct("!BQQqI")            # flags, LSN, end LSN, time, xid
+_RELID_MARKER: Final = struct.Struct("!IB")  # relation OID, Byte1 'N'/'K'/'O'
+_BEGIN: Final = struct.Struct("!QqI")  # final LSN, commit time, xid
+_COMMIT: Final = struct.Struct("!BQQq")  # flags, commit LSN, end LSN, commit time
+_RELATION_TAIL: Final = struct.Struct("!BH")  # replica identity, column count
+_COLUMN_TYPE: Final = struct.Struct("!Ii")  # type OID, type modifier
+_MESSAGE_HEAD: Final = struct.Struct("!BQ")  # flags, LSN
+_TRUNCATE_HEAD: Final = struct.Struct("!IB")  # relation count, option bits
+_STREAM_START: Final = struct.Struct("!IB")  # xid, first-segment flag
+_STREAM_COMMIT: Final = struct.Struct("!IBQQq")  # xid, flags, commit LSN, end LSN, time
+_STREAM_ABORT: Final = struct.Struct("!II")  # xid, subxid
+_STREAM_ABORT_V4: Final = struct.Struct("!IIQq")  # ... + abort LSN, abort time
+_BEGIN_PREPARE: Final = struct.Struct("!QQqI")  # prepare LSN, end LSN, time, xid
+_PREPARE: Final = struct.Struct("!BQQqI")  # flags, LSN, end LSN, time, xid
 _ROLLBACK_PREPARED: Final = struct.Struct("!BQQqqI")  # flags, 2 LSNs, 2 times, xid
 
 _unpack_u16 = _U16.unpack_from
@@ -352,12 +368,25 @@ _TRUNCATE_CASCADE: Final = 1
 _TRUNCATE_RESTART_IDENTITY: Final = 2
 
 _NAMES: Final[dict[int, str]] = {
-    ord("B"): "Begin", ord("C"): "Commit", ord("O"): "Origin", ord("R"): "Relation",
-    ord("Y"): "Type", ord("I"): "Insert", ord("U"): "Update", ord("D"): "Delete",
-    ord("T"): "Truncate", ord("M"): "Message", ord("S"): "Stream Start",
-    ord("E"): "Stream Stop", ord("c"): "Stream Commit", ord("A"): "Stream Abort",
-    ord("b"): "Begin Prepare", ord("P"): "Prepare", ord("K"): "Commit Prepared",
-    ord("r"): "Rollback Prepared", ord("p"): "Stream Prepare",
+    ord("B"): "Begin",
+    ord("C"): "Commit",
+    ord("O"): "Origin",
+    ord("R"): "Relation",
+    ord("Y"): "Type",
+    ord("I"): "Insert",
+    ord("U"): "Update",
+    ord("D"): "Delete",
+    ord("T"): "Truncate",
+    ord("M"): "Message",
+    ord("S"): "Stream Start",
+    ord("E"): "Stream Stop",
+    ord("c"): "Stream Commit",
+    ord("A"): "Stream Abort",
+    ord("b"): "Begin Prepare",
+    ord("P"): "Prepare",
+    ord("K"): "Commit Prepared",
+    ord("r"): "Rollback Prepared",
+    ord("p"): "Stream Prepare",
 }
 
 
@@ -366,8 +395,7 @@ _NAMES: Final[dict[int, str]] = {
 
 def _fail(msg: str, offset: int, problem: str, size: int) -> NoReturn:
     raise PgOutputError(
-        f"malformed pgoutput {msg} message at byte offset {offset}: {problem} "
-        f"(message is {size} bytes)"
+        f"malformed pgoutput {msg} message at byte offset {offset}: {problem} (message is {size} bytes)"
     )
 
 
@@ -394,12 +422,18 @@ def _time(msg: str, offset: int, microseconds: int, what: str, size: int) -> dat
 # ------------------------------------------------------------------------- tuple data
 
 
-def _read_tuple(buf: bytes, off: int, size: int, msg: str, part: str,
-                _unpack_i32: Callable[[bytes, int], tuple[int]] = _unpack_i32,
-                _new_value: Callable[..., ColumnValue] = _new_value,
-                _cv: type[ColumnValue] = ColumnValue,
-                _null: ColumnValue = NULL_VALUE,
-                _unchanged: ColumnValue = UNCHANGED_VALUE) -> tuple[TupleData, int]:
+def _read_tuple(
+    buf: bytes,
+    off: int,
+    size: int,
+    msg: str,
+    part: str,
+    _unpack_i32: Callable[[bytes, int], tuple[int]] = _unpack_i32,
+    _new_value: Callable[..., ColumnValue] = _new_value,
+    _cv: type[ColumnValue] = ColumnValue,
+    _null: ColumnValue = NULL_VALUE,
+    _unchanged: ColumnValue = UNCHANGED_VALUE,
+) -> tuple[TupleData, int]:
     """Decode a TupleData part starting at ``off``; returns it and the offset after it.
 
     (The keyword defaults make module globals local names, for speed; never pass them.)
@@ -438,26 +472,33 @@ def _read_tuple(buf: bytes, off: int, size: int, msg: str, part: str,
                     break
                 append(_new_value(_cv, ("b", buf[start:off])))
             else:
-                _fail(msg, off, f"column {column + 1} of {ncols} of the {part} has unknown kind "
-                      f"{kind!r} ({chr(kind)!r}; expected 'n', 'u', 't' or 'b')", size)
+                _fail(
+                    msg,
+                    off,
+                    f"column {column + 1} of {ncols} of the {part} has unknown kind "
+                    f"{kind!r} ({chr(kind)!r}; expected 'n', 'u', 't' or 'b')",
+                    size,
+                )
         else:
             return tuple(values), off
     except (IndexError, struct.error):
         if off >= size:
-            _truncated(msg, off, f"the kind byte of column {column + 1} of {ncols} of the {part}",
-                       1, size)
-        _truncated(msg, off + 1, f"the length of column {column + 1} of {ncols} of the {part}",
-                   4, size)
+            _truncated(msg, off, f"the kind byte of column {column + 1} of {ncols} of the {part}", 1, size)
+        _truncated(msg, off + 1, f"the length of column {column + 1} of {ncols} of the {part}", 4, size)
     except UnicodeDecodeError as exc:
-        _fail(msg, start + exc.start, f"column {column + 1} of {ncols} of the {part} is not "
-              f"valid UTF-8 text ({exc.reason})", size)
+        _fail(
+            msg,
+            start + exc.start,
+            f"column {column + 1} of {ncols} of the {part} is not valid UTF-8 text ({exc.reason})",
+            size,
+        )
     # the loop broke out on a bad value length
     (length,) = _unpack_i32(buf, off + 1)
     if length < 0:
-        _fail(msg, off + 1, f"column {column + 1} of {ncols} of the {part} has negative length "
-              f"{length}", size)
-    _truncated(msg, off + 5, f"the value of column {column + 1} of {ncols} of the {part}",
-               length, size)
+        _fail(
+            msg, off + 1, f"column {column + 1} of {ncols} of the {part} has negative length {length}", size
+        )
+    _truncated(msg, off + 5, f"the value of column {column + 1} of {ncols} of the {part}", length, size)
 
 
 # ------------------------------------------------------------------ hot path decoders
@@ -478,8 +519,9 @@ _set_update = _slot_setters(Update, "relid", "old", "key", "new", "xid")
 _set_delete = _slot_setters(Delete, "relid", "old", "key", "xid")
 
 
-def _make_insert(relid: int, new: TupleData, xid: int | None,
-                 _set: tuple[Callable[[Any, Any], None], ...] = _set_insert) -> Insert:
+def _make_insert(
+    relid: int, new: TupleData, xid: int | None, _set: tuple[Callable[[Any, Any], None], ...] = _set_insert
+) -> Insert:
     obj = _new_object(Insert)
     _set[0](obj, relid)
     _set[1](obj, new)
@@ -487,9 +529,14 @@ def _make_insert(relid: int, new: TupleData, xid: int | None,
     return obj
 
 
-def _make_update(relid: int, old: TupleData | None, key: TupleData | None, new: TupleData,
-                 xid: int | None, _set: tuple[Callable[[Any, Any], None], ...] = _set_update
-                 ) -> Update:
+def _make_update(
+    relid: int,
+    old: TupleData | None,
+    key: TupleData | None,
+    new: TupleData,
+    xid: int | None,
+    _set: tuple[Callable[[Any, Any], None], ...] = _set_update,
+) -> Update:
     obj = _new_object(Update)
     _set[0](obj, relid)
     _set[1](obj, old)
@@ -499,8 +546,13 @@ def _make_update(relid: int, old: TupleData | None, key: TupleData | None, new: 
     return obj
 
 
-def _make_delete(relid: int, old: TupleData | None, key: TupleData | None, xid: int | None,
-                 _set: tuple[Callable[[Any, Any], None], ...] = _set_delete) -> Delete:
+def _make_delete(
+    relid: int,
+    old: TupleData | None,
+    key: TupleData | None,
+    xid: int | None,
+    _set: tuple[Callable[[Any, Any], None], ...] = _set_delete,
+) -> Delete:
     obj = _new_object(Delete)
     _set[0](obj, relid)
     _set[1](obj, old)
@@ -619,8 +671,7 @@ class _Reader:
         try:
             return self.buf[start:end].decode()
         except UnicodeDecodeError as exc:
-            _fail(self.msg, start + exc.start, f"{what} is not valid UTF-8 ({exc.reason})",
-                  self.size)
+            _fail(self.msg, start + exc.start, f"{what} is not valid UTF-8 ({exc.reason})", self.size)
 
     def take(self, length: int, what: str) -> bytes:
         off = self.off
@@ -629,7 +680,7 @@ class _Reader:
         if off + length > self.size:
             _truncated(self.msg, off, what, length, self.size)
         self.off = off + length
-        return self.buf[off:off + length]
+        return self.buf[off : off + length]
 
     def xid(self, in_stream: bool) -> int | None:
         if not in_stream:
@@ -706,8 +757,9 @@ def _decode_truncate(buf: bytes, size: int, in_stream: bool) -> Truncate:
     relids = struct.unpack_from(f"!{nrels}I", buf, r.off)
     r.off += 4 * nrels
     r.finish()
-    return Truncate(relids, bool(options & _TRUNCATE_CASCADE),
-                    bool(options & _TRUNCATE_RESTART_IDENTITY), xid)
+    return Truncate(
+        relids, bool(options & _TRUNCATE_CASCADE), bool(options & _TRUNCATE_RESTART_IDENTITY), xid
+    )
 
 
 def _decode_logical_message(buf: bytes, size: int, in_stream: bool) -> LogicalMessage:
@@ -736,18 +788,19 @@ def _decode_stream_stop(buf: bytes, size: int, in_stream: bool) -> StreamStop:
 def _decode_stream_commit(buf: bytes, size: int, in_stream: bool) -> StreamCommit:
     r = _Reader(buf, size, "Stream Commit")
     xid, flags, commit_lsn, end_lsn, micros = r.unpack(
-        _STREAM_COMMIT, "xid, flags, commit LSN, end LSN and commit time")
+        _STREAM_COMMIT, "xid, flags, commit LSN, end LSN and commit time"
+    )
     r.finish()
-    return StreamCommit(xid, flags, commit_lsn, end_lsn, _time("Stream Commit", 22, micros,
-                                                              "commit time", size))
+    return StreamCommit(
+        xid, flags, commit_lsn, end_lsn, _time("Stream Commit", 22, micros, "commit time", size)
+    )
 
 
 def _decode_stream_abort(buf: bytes, size: int, in_stream: bool) -> StreamAbort:
     r = _Reader(buf, size, "Stream Abort")
     if size == 1 + _STREAM_ABORT_V4.size:
         xid, subxid, abort_lsn, micros = r.unpack(_STREAM_ABORT_V4, "xids, abort LSN and time")
-        return StreamAbort(xid, subxid, abort_lsn, _time("Stream Abort", 17, micros,
-                                                         "abort time", size))
+        return StreamAbort(xid, subxid, abort_lsn, _time("Stream Abort", 17, micros, "abort time", size))
     xid, subxid = r.unpack(_STREAM_ABORT, "the xid and subtransaction xid")
     r.finish()
     return StreamAbort(xid, subxid)
@@ -755,12 +808,12 @@ def _decode_stream_abort(buf: bytes, size: int, in_stream: bool) -> StreamAbort:
 
 def _decode_begin_prepare(buf: bytes, size: int, in_stream: bool) -> BeginPrepare:
     r = _Reader(buf, size, "Begin Prepare")
-    prepare_lsn, end_lsn, micros, xid = r.unpack(
-        _BEGIN_PREPARE, "prepare LSN, end LSN, prepare time and xid")
+    prepare_lsn, end_lsn, micros, xid = r.unpack(_BEGIN_PREPARE, "prepare LSN, end LSN, prepare time and xid")
     gid = r.string("the GID")
     r.finish()
-    return BeginPrepare(prepare_lsn, end_lsn, _time("Begin Prepare", 17, micros, "prepare time",
-                                                    size), xid, gid)
+    return BeginPrepare(
+        prepare_lsn, end_lsn, _time("Begin Prepare", 17, micros, "prepare time", size), xid, gid
+    )
 
 
 def _prepare_like(kind: str) -> Callable[[bytes, int, bool], tuple[Any, ...]]:
@@ -770,6 +823,7 @@ def _prepare_like(kind: str) -> Callable[[bytes, int, bool], tuple[Any, ...]]:
         gid = r.string("the GID")
         r.finish()
         return flags, lsn, end_lsn, _time(kind, 18, micros, "time", size), xid, gid
+
     return decode
 
 
@@ -793,14 +847,18 @@ def _decode_stream_prepare(buf: bytes, size: int, in_stream: bool) -> StreamPrep
 def _decode_rollback_prepared(buf: bytes, size: int, in_stream: bool) -> RollbackPrepared:
     r = _Reader(buf, size, "Rollback Prepared")
     flags, prepare_end, rollback_end, prepare_us, rollback_us, xid = r.unpack(
-        _ROLLBACK_PREPARED, "flags, LSNs, times and xid")
+        _ROLLBACK_PREPARED, "flags, LSNs, times and xid"
+    )
     gid = r.string("the GID")
     r.finish()
     return RollbackPrepared(
-        flags, prepare_end, rollback_end,
+        flags,
+        prepare_end,
+        rollback_end,
         _time("Rollback Prepared", 18, prepare_us, "prepare time", size),
         _time("Rollback Prepared", 26, rollback_us, "rollback time", size),
-        xid, gid,
+        xid,
+        gid,
     )
 
 
@@ -923,11 +981,9 @@ class RelationCache:
     def row_dict(self, relid: int, tuple_data: TupleData) -> dict[str, str | None]: ...
 
     @overload
-    def row_dict(self, relid: int, tuple_data: TupleData, *, unchanged: _T
-                 ) -> dict[str, str | _T | None]: ...
+    def row_dict(self, relid: int, tuple_data: TupleData, *, unchanged: _T) -> dict[str, str | _T | None]: ...
 
-    def row_dict(self, relid: int, tuple_data: TupleData, *, unchanged: Any = _RAISE
-                 ) -> dict[str, Any]:
+    def row_dict(self, relid: int, tuple_data: TupleData, *, unchanged: Any = _RAISE) -> dict[str, Any]:
         """Map the relation's column names to the tuple's text values (``None`` for NULL).
 
         An unchanged TOASTed value (kind ``'u'``, an Update that did not touch

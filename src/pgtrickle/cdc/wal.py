@@ -157,9 +157,16 @@ class WalDecoder:
     text mode; ``False`` forces text mode.
     """
 
-    def __init__(self, dsn: str, slot: str, publication: str = PUBLICATION, *,
-                 max_batch_changes: int = 50_000, flush_interval: float = 0.1,
-                 binary: bool | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        slot: str,
+        publication: str = PUBLICATION,
+        *,
+        max_batch_changes: int = 50_000,
+        flush_interval: float = 0.1,
+        binary: bool | None = None,
+    ) -> None:
         self.dsn = dsn
         self.slot = slot
         self.publication = publication
@@ -198,8 +205,12 @@ class WalDecoder:
             " WHERE source_kind = 'TABLE'"
         ).fetchall()
         self._tracked = {
-            int(relid): TrackedSource(int(relid), buffer, [(c["name"], c["buf"]) for c in cols],
-                                      [tuple(c.get("former", ())) for c in cols])
+            int(relid): TrackedSource(
+                int(relid),
+                buffer,
+                [(c["name"], c["buf"]) for c in cols],
+                [tuple(c.get("former", ())) for c in cols],
+            )
             for relid, buffer, cols in rows
         }
         self._plans.clear()
@@ -269,22 +280,33 @@ class WalDecoder:
         plan = self._plan(relid)
         table = self.buffer_table(source)
         conn.execute(sql.SQL("LOCK TABLE {} IN ROW EXCLUSIVE MODE").format(table))
-        types = {name: (typ, ok) for _, name, typ, ok in
-                 conn.execute(_COLUMN_TYPES_SQL, ([table.as_string(conn)],)).fetchall()}
+        types = {
+            name: (typ, ok)
+            for _, name, typ, ok in conn.execute(_COLUMN_TYPES_SQL, ([table.as_string(conn)],)).fetchall()
+        }
         relation = self.relations.get(relid)
         # A buffer stores a domain as its base type (catalog/sql/identity.sql), whose binary form
         # the domain's value has.
         wal_types = sorted({c.type_oid for c in relation.columns})
-        base = {int(t): int(b) for t, b in conn.execute(
-            "SELECT t::bigint, pgtrickle._base_type(t)::bigint FROM unnest(%s::oid[]) AS t", (wal_types,)).fetchall()}
+        base = {
+            int(t): int(b)
+            for t, b in conn.execute(
+                "SELECT t::bigint, pgtrickle._base_type(t)::bigint FROM unnest(%s::oid[]) AS t", (wal_types,)
+            ).fetchall()
+        }
         columns = []
         for (name, buf), pos in zip(source.columns, plan.positions, strict=True):
             new, old = types.get(f"new_{buf}"), types.get(f"old_{buf}")
             same = new is not None and old is not None and new[0] == old[0]
             wal_type = relation.columns[pos].type_oid if pos is not None else None
-            columns.append(ColumnTypes(
-                name, base.get(wal_type, wal_type) if wal_type is not None else None,
-                new[0] if same else None, bool(same and new[1] and old[1])))  # type: ignore[index]
+            columns.append(
+                ColumnTypes(
+                    name,
+                    base.get(wal_type, wal_type) if wal_type is not None else None,
+                    new[0] if same else None,
+                    bool(same and new[1] and old[1]),
+                )
+            )  # type: ignore[index]
         problem = binary_problem(columns)
         if problem:
             raise NeedTextMode(f"relation {relid}: {problem}")
@@ -296,8 +318,9 @@ class WalDecoder:
         return relid in self._tracked
 
     # ------------------------------------------------------------- messages
-    def _values(self, relid: int, tup: pgoutput.TupleData | None, fallback: pgoutput.TupleData | None
-                ) -> list[str | None]:
+    def _values(
+        self, relid: int, tup: pgoutput.TupleData | None, fallback: pgoutput.TupleData | None
+    ) -> list[str | None]:
         plan = self._plan(relid)
         if tup is None:
             return [None] * len(plan.positions)
@@ -315,7 +338,8 @@ class WalDecoder:
                 if fallback is None or fallback[pos].kind not in ("t", "n"):
                     raise WalCaptureError(
                         f"an UPDATE of relation {relid} left a TOASTed column unchanged and no old value "
-                        "was sent; the source needs REPLICA IDENTITY FULL")
+                        "was sent; the source needs REPLICA IDENTITY FULL"
+                    )
                 out.append(fallback[pos].value)  # type: ignore[arg-type]
             else:
                 raise WalCaptureError("binary pgoutput values are not expected (binary = false)")
@@ -334,14 +358,17 @@ class WalDecoder:
             self._end_copy()
             low = self._reference_xid8 & 0xFFFFFFFF
             if self._reference_xid8 == 0 or txn.xid > low or low - txn.xid >= 1 << 31:
-                self._reference_xid8 = int(self._conn.execute(
-                    "SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0])  # type: ignore[index]
+                self._reference_xid8 = int(
+                    self._conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0]
+                )  # type: ignore[index]
             txn.xid8 = widen_xid(txn.xid, self._reference_xid8)
             txn.at = txn.commit_time.isoformat()
             self._conn.execute("SAVEPOINT pgt_txn")
             txn.savepoint = True
 
-    def _add(self, relid: int, action: str, new: list[str | None] | None, old: list[str | None] | None) -> None:
+    def _add(
+        self, relid: int, action: str, new: list[str | None] | None, old: list[str | None] | None
+    ) -> None:
         """A text-mode row (or, in binary mode, a TRUNCATE)."""
         txn = self._txn
         assert txn is not None
@@ -349,10 +376,12 @@ class WalDecoder:
         width = len(self._tracked[relid].columns)
         if self.binary:
             self._pending.setdefault(relid, []).append(
-                row_prefix(width, txn.xid8, action, txn.commit_us) + NULL_FIELD * (2 * width))
+                row_prefix(width, txn.xid8, action, txn.commit_us) + NULL_FIELD * (2 * width)
+            )
         else:
             self._pending.setdefault(relid, []).append(
-                (txn.xid8, action, txn.at, *(new or [None] * width), *(old or [None] * width)))
+                (txn.xid8, action, txn.at, *(new or [None] * width), *(old or [None] * width))
+            )
         txn.count += 1
         self._pending_count += 1
         if self._pending_count >= self.CHUNK_ROWS:
@@ -400,8 +429,10 @@ class WalDecoder:
         cols += [f"new_{buf}" for _, buf in source.columns]
         cols += [f"old_{buf}" for _, buf in source.columns]
         stmt = sql.SQL("COPY {} ({}) FROM STDIN{}").format(
-            self.buffer_table(source), sql.SQL(", ").join(map(sql.Identifier, cols)),
-            sql.SQL(" (FORMAT binary)" if self.binary else ""))
+            self.buffer_table(source),
+            sql.SQL(", ").join(map(sql.Identifier, cols)),
+            sql.SQL(" (FORMAT binary)" if self.binary else ""),
+        )
         stack = contextlib.ExitStack()
         copy = stack.enter_context(conn.cursor().copy(stmt))
         if self.binary:
@@ -472,19 +503,28 @@ class WalDecoder:
                 if old is None:
                     raise WalCaptureError(
                         f"an UPDATE of relation {relid} arrived without its old row; the source needs "
-                        "REPLICA IDENTITY FULL")
-                self._add(relid, "U", self._values(relid, message.new, old),  # type: ignore[union-attr]
-                          self._values(relid, old, None))
+                        "REPLICA IDENTITY FULL"
+                    )
+                self._add(
+                    relid,
+                    "U",
+                    self._values(relid, message.new, old),  # type: ignore[union-attr]
+                    self._values(relid, old, None),
+                )
             else:
                 old = message.old  # type: ignore[union-attr]
                 if old is None:
                     raise WalCaptureError(
                         f"a DELETE of relation {relid} arrived without its old row; the source needs "
-                        "REPLICA IDENTITY FULL")
+                        "REPLICA IDENTITY FULL"
+                    )
                 self._add(relid, "D", None, self._values(relid, old, None))
         elif kind is pgoutput.Begin:
-            self._txn = _Txn(message.xid, message.commit_time,  # type: ignore[union-attr]
-                             _BEGIN_TIME.unpack_from(payload, 9)[0])
+            self._txn = _Txn(
+                message.xid,
+                message.commit_time,  # type: ignore[union-attr]
+                _BEGIN_TIME.unpack_from(payload, 9)[0],
+            )
             self._fast.clear()
         elif kind is pgoutput.Commit:
             end = message.end_lsn  # type: ignore[union-attr]
@@ -518,8 +558,11 @@ class WalDecoder:
             for relid in message.relids:  # type: ignore[union-attr]
                 if self._is_tracked(relid):
                     self._add(relid, "T", None, None)
-        elif (kind is pgoutput.LogicalMessage and not message.transactional  # type: ignore[union-attr]
-              and message.prefix == SYNC_PREFIX):  # type: ignore[union-attr]
+        elif (
+            kind is pgoutput.LogicalMessage
+            and not message.transactional  # type: ignore[union-attr]
+            and message.prefix == SYNC_PREFIX
+        ):  # type: ignore[union-attr]
             self._progress = max(self._progress, message.lsn)  # type: ignore[union-attr]
             self._sync_requested = True
 
@@ -549,8 +592,9 @@ class WalDecoder:
             self._cursor.send_feedback(write_lsn=self.flushed_lsn, flush_lsn=self.flushed_lsn, force=True)
 
     # ------------------------------------------------------------------ loop
-    def run(self, stop: threading.Event | None = None, until_lsn: int | None = None,
-            timeout: float | None = None) -> None:
+    def run(
+        self, stop: threading.Event | None = None, until_lsn: int | None = None, timeout: float | None = None
+    ) -> None:
         """Stream until ``stop`` is set, or until progress reaches ``until_lsn``.
 
         A binary stream that meets something binary rows cannot carry is
@@ -563,8 +607,8 @@ class WalDecoder:
         self._conn = psycopg.connect(self.dsn, application_name="pgtrickle-wal-decoder")
         try:
             row = self._conn.execute(
-                "SELECT flushed_lsn::text FROM pgtrickle.pgt_decoder_state WHERE slot_name = %s",
-                (self.slot,)).fetchone()
+                "SELECT flushed_lsn::text FROM pgtrickle.pgt_decoder_state WHERE slot_name = %s", (self.slot,)
+            ).fetchone()
             if row is None:
                 raise WalCaptureError(f"no decoder state for slot {self.slot}; is WAL capture set up?")
             self.flushed_lsn = self._progress = pgoutput.str_to_lsn(row[0])
@@ -591,16 +635,20 @@ class WalDecoder:
             self._copy = self._copy_relid = self._copy_stack = None
             self._conn.close()
 
-    def _stream(self, stop: threading.Event, until_lsn: int | None, deadline: float | None,
-                timeout: float | None) -> None:
+    def _stream(
+        self, stop: threading.Event, until_lsn: int | None, deadline: float | None, timeout: float | None
+    ) -> None:
         import psycopg2
         import psycopg2.extras
 
         self.relations.clear()
         self._plans.clear()
         self._fast.clear()
-        repl = psycopg2.connect(self.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                application_name="pgtrickle-wal-decoder")
+        repl = psycopg2.connect(
+            self.dsn,
+            connection_factory=psycopg2.extras.LogicalReplicationConnection,
+            application_name="pgtrickle-wal-decoder",
+        )
         try:
             cur = repl.cursor()
             options = {"proto_version": "2", "publication_names": self.publication, "messages": "true"}
@@ -617,8 +665,11 @@ class WalDecoder:
                 while msg is not None:
                     handle(msg.payload)
                     if self._txn is None:  # between source transactions: flush when due
-                        if (self._batch_changes >= self.max_batch_changes or self._sync_requested
-                                or time.monotonic() - last_flush >= self.flush_interval):
+                        if (
+                            self._batch_changes >= self.max_batch_changes
+                            or self._sync_requested
+                            or time.monotonic() - last_flush >= self.flush_interval
+                        ):
                             self.flush()
                             self._sync_requested = False
                             last_flush = time.monotonic()
@@ -636,7 +687,8 @@ class WalDecoder:
                     return
                 if deadline is not None and time.monotonic() > deadline:
                     raise WalCaptureError(
-                        f"the WAL decoder did not reach {pgoutput.lsn_to_str(until_lsn or 0)} in {timeout}s")
+                        f"the WAL decoder did not reach {pgoutput.lsn_to_str(until_lsn or 0)} in {timeout}s"
+                    )
                 select.select([cur], [], [], 0.05)
         finally:
             self._cursor = None
@@ -705,7 +757,8 @@ def wait_for_decoder(conn: psycopg.Connection, dsn: str, timeout: float = 60.0) 
         flushed, active = conn.execute(
             "SELECT d.flushed_lsn::text, coalesce(s.active, false) FROM pgtrickle.pgt_decoder_state d"
             " LEFT JOIN pg_replication_slots s ON s.slot_name = d.slot_name WHERE d.slot_name = %s",
-            (slot,)).fetchone()  # type: ignore[misc]
+            (slot,),
+        ).fetchone()  # type: ignore[misc]
         if pgoutput.str_to_lsn(flushed) >= target:
             return
         if not active:
@@ -721,5 +774,6 @@ def wait_for_decoder(conn: psycopg.Connection, dsn: str, timeout: float = 60.0) 
         if time.monotonic() > deadline:
             raise WalCaptureError(
                 f"the WAL decoder has not caught up with {row[0]} after {timeout:.0f}s "  # type: ignore[index]
-                f"(it is at {flushed}); see pgtrickle.check_cdc_health()")
+                f"(it is at {flushed}); see pgtrickle.check_cdc_health()"
+            )
         time.sleep(0.01)

@@ -97,8 +97,10 @@ def binary_problem(columns: Sequence[ColumnTypes]) -> str | None:
         if column.buffer_type is None:
             return f"the buffer columns of {column.name!r} do not have one type"
         if column.wal_type is not None and column.wal_type != column.buffer_type:
-            return (f"column {column.name!r} is of type {column.wal_type} in the WAL but its buffer "
-                    f"column is of type {column.buffer_type}")
+            return (
+                f"column {column.name!r} is of type {column.wal_type} in the WAL but its buffer "
+                f"column is of type {column.buffer_type}"
+            )
     return None
 
 
@@ -124,6 +126,7 @@ class BinaryPlan:
 
             def pick(values: list[bytes | None]) -> list[bytes | None]:
                 return [NULL_FIELD if p is None else values[p] for p in present]
+
             self.pick = pick
         elif self.width == 1:
             only = self.positions[0]
@@ -141,8 +144,9 @@ class Uncommon(Exception):
     """The message is not of the common shape :attr:`BinaryPlan.cut` handles: use :func:`append_row`."""
 
 
-def _compile(positions: tuple[int | None, ...], ncols: int, nulls: bytes
-             ) -> dict[int, Callable[[bytes, list[bytes], bytes], None]]:
+def _compile(
+    positions: tuple[int | None, ...], ncols: int, nulls: bytes
+) -> dict[int, Callable[[bytes, list[bytes], bytes], None]]:
     """Straight-line cutters for one relation's Insert, Update and Delete messages (see ``BinaryPlan.cut``).
 
     One generated function per message type, with the column loop unrolled and
@@ -158,40 +162,75 @@ def _compile(positions: tuple[int | None, ...], ncols: int, nulls: bytes
         lines = ["    if _u16(buf, off)[0] != NCOLS:", "        raise _uncommon", "    off += 2"]
         for i in range(ncols):
             keep = f"        {name}{i} = buf[off + 1:end]" if i in wanted else None
-            lines += ["    kind, length = _kind_length(buf, off)",
-                      "    if kind == 98 and length >= 0:",
-                      "        end = off + 5 + length",
-                      *([keep] if keep else []),
-                      "        off = end",
-                      "    elif kind == 110:",
-                      *([f"        {name}{i} = _null"] if i in wanted else []),
-                      "        off += 1",
-                      "    else:",
-                      "        raise _uncommon"]
+            lines += [
+                "    kind, length = _kind_length(buf, off)",
+                "    if kind == 98 and length >= 0:",
+                "        end = off + 5 + length",
+                *([keep] if keep else []),
+                "        off = end",
+                "    elif kind == 110:",
+                *([f"        {name}{i} = _null"] if i in wanted else []),
+                "        off += 1",
+                "    else:",
+                "        raise _uncommon",
+            ]
         return lines
 
     def fields(name: str) -> str:
         return "".join(f"{name}{p}, " if p is not None else "_null, " for p in positions)
 
-    head = ["def cut(payload, out, prefix):", "    buf = payload + _pad", "    size = len(payload)", "    try:"]
+    head = [
+        "def cut(payload, out, prefix):",
+        "    buf = payload + _pad",
+        "    size = len(payload)",
+        "    try:",
+    ]
     tail = ["    except (IndexError, struct.error):", "        raise _uncommon from None"]
     bodies = {
-        0x49: ["    if buf[5] != 78:", "        raise _uncommon", "    off = 6", *tuple_lines("n"),
-               "    if off != size:", "        raise _uncommon",
-               f"    out += (prefix, {fields('n')}_nulls)"],
-        0x55: ["    if buf[5] != 79:", "        raise _uncommon", "    off = 6", *tuple_lines("o"),
-               "    if buf[off] != 78:", "        raise _uncommon", "    off += 1", *tuple_lines("n"),
-               "    if off != size:", "        raise _uncommon",
-               f"    out += (prefix, {fields('n')}{fields('o')})"],
-        0x44: ["    if buf[5] != 79:", "        raise _uncommon", "    off = 6", *tuple_lines("o"),
-               "    if off != size:", "        raise _uncommon",
-               f"    out += (prefix, _nulls, {fields('o')})"],
+        0x49: [
+            "    if buf[5] != 78:",
+            "        raise _uncommon",
+            "    off = 6",
+            *tuple_lines("n"),
+            "    if off != size:",
+            "        raise _uncommon",
+            f"    out += (prefix, {fields('n')}_nulls)",
+        ],
+        0x55: [
+            "    if buf[5] != 79:",
+            "        raise _uncommon",
+            "    off = 6",
+            *tuple_lines("o"),
+            "    if buf[off] != 78:",
+            "        raise _uncommon",
+            "    off += 1",
+            *tuple_lines("n"),
+            "    if off != size:",
+            "        raise _uncommon",
+            f"    out += (prefix, {fields('n')}{fields('o')})",
+        ],
+        0x44: [
+            "    if buf[5] != 79:",
+            "        raise _uncommon",
+            "    off = 6",
+            *tuple_lines("o"),
+            "    if off != size:",
+            "        raise _uncommon",
+            f"    out += (prefix, _nulls, {fields('o')})",
+        ],
     }
     cutters = {}
     for tag, body in bodies.items():
         code = "\n".join(head + ["    " + line for line in body] + tail).replace("NCOLS", str(ncols))
-        namespace = {"_u16": _U16.unpack_from, "_kind_length": _KIND_LENGTH.unpack_from, "_null": NULL_FIELD,
-                     "_nulls": nulls, "_pad": _PAD, "_uncommon": Uncommon, "struct": struct}
+        namespace = {
+            "_u16": _U16.unpack_from,
+            "_kind_length": _KIND_LENGTH.unpack_from,
+            "_null": NULL_FIELD,
+            "_nulls": nulls,
+            "_pad": _PAD,
+            "_uncommon": Uncommon,
+            "struct": struct,
+        }
         exec(code, namespace)
         cutters[tag] = namespace["cut"]
     return cutters
@@ -203,15 +242,17 @@ def _malformed(payload: bytes) -> PgTrickleError:
         pgoutput.decode_message(payload)
     except pgoutput.PgOutputError as exc:
         return exc
-    return pgoutput.PgOutputError(
-        f"malformed pgoutput {chr(payload[0])!r} message ({len(payload)} bytes)")
+    return pgoutput.PgOutputError(f"malformed pgoutput {chr(payload[0])!r} message ({len(payload)} bytes)")
 
 
-def _fields(buf: bytes, off: int,
-            _u16: Callable[[bytes, int], tuple[int]] = _U16.unpack_from,
-            _kind_length: Callable[[bytes, int], tuple[int, int]] = _KIND_LENGTH.unpack_from,
-            _null: bytes = NULL_FIELD, _text: object = _TEXT,
-            ) -> tuple[list, int, bool]:
+def _fields(
+    buf: bytes,
+    off: int,
+    _u16: Callable[[bytes, int], tuple[int]] = _U16.unpack_from,
+    _kind_length: Callable[[bytes, int], tuple[int, int]] = _KIND_LENGTH.unpack_from,
+    _null: bytes = NULL_FIELD,
+    _text: object = _TEXT,
+) -> tuple[list, int, bool]:
     """The COPY fields of the TupleData at ``off``: (fields, offset after, whether any is not 'b'/'n').
 
     ``buf`` is the message followed by :data:`_PAD` (so that kind and length
@@ -231,7 +272,7 @@ def _fields(buf: bytes, off: int,
         kind, length = _kind_length(buf, off)
         if kind == 0x62:  # 'b'
             end = off + 5 + length
-            append(buf[off + 1:end])
+            append(buf[off + 1 : end])
             off = end
         elif kind == 0x6E:  # 'n'
             append(_null)
@@ -254,18 +295,21 @@ def _checked(values: Sequence, relid: int, old: list | None, positions: Sequence
     out = list(values)
     for i, value in enumerate(out):
         if value is _TEXT:
-            raise NeedTextMode(f"a value of relation {relid} arrived as text (its type has no binary "
-                               "send function)")
+            raise NeedTextMode(
+                f"a value of relation {relid} arrived as text (its type has no binary send function)"
+            )
         if value is None:
             pos = positions[i]
             fallback = old[pos] if old is not None and pos is not None else None
             if fallback is None:
                 raise WalCaptureError(
                     f"an UPDATE of relation {relid} left a TOASTed column unchanged and no old value "
-                    "was sent; the source needs REPLICA IDENTITY FULL")
+                    "was sent; the source needs REPLICA IDENTITY FULL"
+                )
             if fallback is _TEXT:
-                raise NeedTextMode(f"a value of relation {relid} arrived as text (its type has no "
-                                   "binary send function)")
+                raise NeedTextMode(
+                    f"a value of relation {relid} arrived as text (its type has no binary send function)"
+                )
             out[i] = fallback
     return out
 
@@ -285,8 +329,7 @@ def append_row(out: list[bytes], payload: bytes, relid: int, plan: BinaryPlan, p
         append_row_checked(out, payload, relid, plan, prefix)
 
 
-def append_row_checked(out: list[bytes], payload: bytes, relid: int, plan: BinaryPlan, prefix: bytes
-                       ) -> None:
+def append_row_checked(out: list[bytes], payload: bytes, relid: int, plan: BinaryPlan, prefix: bytes) -> None:
     """:func:`append_row` for every message, common or not (unchanged TOAST, text values, errors)."""
     tag = payload[0]
     size = len(payload)
@@ -303,8 +346,10 @@ def append_row_checked(out: list[bytes], payload: bytes, relid: int, plan: Binar
                 if marker not in (0x4B, 0x4E) or tag not in (0x55, 0x44):  # 'K' or (Update only) 'N'
                     raise ValueError
                 what = "an UPDATE" if tag == 0x55 else "a DELETE"
-                raise WalCaptureError(f"{what} of relation {relid} arrived without its old row; the "
-                                      "source needs REPLICA IDENTITY FULL")
+                raise WalCaptureError(
+                    f"{what} of relation {relid} arrived without its old row; the "
+                    "source needs REPLICA IDENTITY FULL"
+                )
             old, old_fields, off = _picked(buf, 6, relid, plan, None)
             if tag == 0x55:  # 'U': relid, 'O', old tuple, 'N', new tuple
                 if off >= size or buf[off] != 0x4E:
@@ -329,8 +374,9 @@ def append_row_checked(out: list[bytes], payload: bytes, relid: int, plan: Binar
         out += old
 
 
-def _picked(buf: bytes, off: int, relid: int, plan: BinaryPlan, old: list | None
-            ) -> tuple[Sequence, list, int]:
+def _picked(
+    buf: bytes, off: int, relid: int, plan: BinaryPlan, old: list | None
+) -> tuple[Sequence, list, int]:
     """The tuple at ``off``: (its fields in the buffer's order, all its fields, the offset after it).
 
     An unchanged TOASTed value is taken from ``old`` (all fields of the old row).
@@ -346,4 +392,5 @@ def _picked(buf: bytes, off: int, relid: int, plan: BinaryPlan, old: list | None
 def _width_error(relid: int, plan: BinaryPlan, got: int) -> pgoutput.PgOutputError:
     return pgoutput.PgOutputError(
         f"relation OID {relid} has {plan.ncols} columns but the tuple has {got}; was a Relation "
-        "message missed?")
+        "message missed?"
+    )

@@ -63,15 +63,24 @@ def status_document(snapshot: StatusSnapshot) -> dict[str, Any]:
         "capture_intact": not snapshot.broken,
         "stream_tables": [_stream_table(st) for st in snapshot.stream_tables],
         "change_capture": [
-            {"source": c.source, "cdc_mode": c.cdc_mode, "cdc_mode_setting": c.cdc_mode_setting,
-             "decoder_attached": c.decoder_attached, "slot_lag_bytes": c.slot_lag_bytes,
-             "pending_rows": c.pending_rows, "oldest_pending_seconds": _seconds(c.oldest_pending),
-             "problems": list(c.problems)}
-            for c in snapshot.capture],
+            {
+                "source": c.source,
+                "cdc_mode": c.cdc_mode,
+                "cdc_mode_setting": c.cdc_mode_setting,
+                "decoder_attached": c.decoder_attached,
+                "slot_lag_bytes": c.slot_lag_bytes,
+                "pending_rows": c.pending_rows,
+                "oldest_pending_seconds": _seconds(c.oldest_pending),
+                "problems": list(c.problems),
+            }
+            for c in snapshot.capture
+        ],
         "broken_capture": [{"source": b.source, "problems": list(b.problems)} for b in snapshot.broken],
         "refresh_groups": [{"name": name, "members": list(members)} for name, members in snapshot.groups],
-        "recent_alerts": [{"at": _time(a.at), "event": a.event, "about": a.about or None,
-                           "details": a.details} for a in snapshot.alerts],
+        "recent_alerts": [
+            {"at": _time(a.at), "event": a.event, "about": a.about or None, "details": a.details}
+            for a in snapshot.alerts
+        ],
     }
 
 
@@ -103,9 +112,11 @@ def _sqlstate(exc: BaseException | None) -> str | None:
 
 def _error(exc: BaseException | None, message: str) -> dict[str, Any]:
     sqlstate = _sqlstate(exc)
-    return {"type": type(exc).__name__ if exc is not None else None,
-            "sqlstate": sqlstate if isinstance(sqlstate, str) else None,
-            "message": message}
+    return {
+        "type": type(exc).__name__ if exc is not None else None,
+        "sqlstate": sqlstate if isinstance(sqlstate, str) else None,
+        "message": message,
+    }
 
 
 def refresh_document(results: Sequence) -> dict[str, Any]:  # type: ignore[type-arg]
@@ -115,23 +126,29 @@ def refresh_document(results: Sequence) -> dict[str, Any]:  # type: ignore[type-
     tables = []
     for r in results:
         o = r.outcome
-        tables.append({
-            "name": r.st.display,
-            "result": r.result.value,
-            "action": o.action.value if o else None,
-            "reason": scrub(r.reason),
-            "rows_inserted": o.rows_inserted if o else None,
-            "rows_deleted": o.rows_deleted if o else None,
-            "seconds": round(o.seconds, 6) if o else None,
-            "error": _error(r.error, scrub(r.reason)) if r.result is Result.FAILED else None,
-        })
+        tables.append(
+            {
+                "name": r.st.display,
+                "result": r.result.value,
+                "action": o.action.value if o else None,
+                "reason": scrub(r.reason),
+                "rows_inserted": o.rows_inserted if o else None,
+                "rows_deleted": o.rows_deleted if o else None,
+                "seconds": round(o.seconds, 6) if o else None,
+                "error": _error(r.error, scrub(r.reason)) if r.result is Result.FAILED else None,
+            }
+        )
     summary = summarize(results)
     return {
         "schema_version": SCHEMA_VERSION,
         "stream_tables": tables,
-        "summary": {"total": summary.refreshed + summary.failed + summary.skipped,
-                    "refreshed": summary.refreshed, "failed": summary.failed, "skipped": summary.skipped,
-                    "exit_code": summary.exit_code},
+        "summary": {
+            "total": summary.refreshed + summary.failed + summary.skipped,
+            "refreshed": summary.refreshed,
+            "failed": summary.failed,
+            "skipped": summary.skipped,
+            "exit_code": summary.exit_code,
+        },
     }
 
 

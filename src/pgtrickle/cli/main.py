@@ -34,8 +34,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-db_app = typer.Typer(help="Manage the embedded PostgreSQL server (the default database).",
-                     no_args_is_help=True)
+db_app = typer.Typer(
+    help="Manage the embedded PostgreSQL server (the default database).", no_args_is_help=True
+)
 app.add_typer(db_app, name="db")
 
 console = Console()
@@ -49,19 +50,39 @@ def _settings(ctx: typer.Context) -> Settings:
 @app.callback()
 def main(
     ctx: typer.Context,
-    dsn: Annotated[str | None, typer.Option(
-        help="PostgreSQL DSN (libpq string or URI). Default: $PGTRICKLE_DSN, else the embedded server.",
-        show_default=False)] = None,
-    data_dir: Annotated[Path | None, typer.Option(
-        help="Data directory of the embedded server and Spark scratch space ($PGTRICKLE_DATA_DIR).",
-        show_default=False)] = None,
-    port: Annotated[int | None, typer.Option(
-        help="TCP port of the embedded server on 127.0.0.1 ($PGTRICKLE_PORT, default 55432).",
-        show_default=False)] = None,
-    spark_master: Annotated[str | None, typer.Option(
-        help="Spark master URL ($PGTRICKLE_SPARK_MASTER, default local[*]).", show_default=False)] = None,
-    jdbc_jar: Annotated[str | None, typer.Option(
-        help="Path of the PostgreSQL JDBC driver jar ($PGTRICKLE_JDBC_JAR).", show_default=False)] = None,
+    dsn: Annotated[
+        str | None,
+        typer.Option(
+            help="PostgreSQL DSN (libpq string or URI). Default: $PGTRICKLE_DSN, else the embedded server.",
+            show_default=False,
+        ),
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Data directory of the embedded server and Spark scratch space ($PGTRICKLE_DATA_DIR).",
+            show_default=False,
+        ),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            help="TCP port of the embedded server on 127.0.0.1 ($PGTRICKLE_PORT, default 55432).",
+            show_default=False,
+        ),
+    ] = None,
+    spark_master: Annotated[
+        str | None,
+        typer.Option(
+            help="Spark master URL ($PGTRICKLE_SPARK_MASTER, default local[*]).", show_default=False
+        ),
+    ] = None,
+    jdbc_jar: Annotated[
+        str | None,
+        typer.Option(
+            help="Path of the PostgreSQL JDBC driver jar ($PGTRICKLE_JDBC_JAR).", show_default=False
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log what happens.")] = False,
 ) -> None:
     logging.basicConfig(
@@ -72,7 +93,8 @@ def main(
     register_dsn(dsn or os.environ.get("PGTRICKLE_DSN"))
     try:
         ctx.obj = Settings.from_env().with_overrides(
-            dsn=dsn, data_dir=data_dir, embedded_port=port, spark_master=spark_master, jdbc_jar=jdbc_jar)
+            dsn=dsn, data_dir=data_dir, embedded_port=port, spark_master=spark_master, jdbc_jar=jdbc_jar
+        )
     except PgTrickleError as exc:
         _fail(str(exc))
 
@@ -128,9 +150,10 @@ def db_start(ctx: typer.Context) -> None:
 
 
 @db_app.command("stop")
-def db_stop(ctx: typer.Context,
-            immediate: Annotated[bool, typer.Option(help="Abort connections without a checkpoint.")] = False
-            ) -> None:
+def db_stop(
+    ctx: typer.Context,
+    immediate: Annotated[bool, typer.Option(help="Abort connections without a checkpoint.")] = False,
+) -> None:
     """Stop the embedded PostgreSQL server."""
     server = _embedded(ctx)
     stopped = _run(lambda: server.stop("immediate" if immediate else "fast"))
@@ -142,8 +165,10 @@ def db_status(ctx: typer.Context) -> None:
     """Say whether the embedded server is initialised and running."""
     status = _embedded(ctx).status()
     state = "running" if status.running else "stopped"
-    console.print(f"embedded PostgreSQL: {state}; port {status.port}; "
-                  f"initialised: {'yes' if status.initialized else 'no'}; data: {status.data_dir}")
+    console.print(
+        f"embedded PostgreSQL: {state}; port {status.port}; "
+        f"initialised: {'yes' if status.initialized else 'no'}; data: {status.data_dir}"
+    )
     if not status.running:
         raise typer.Exit(3)
 
@@ -169,11 +194,15 @@ def install(ctx: typer.Context) -> None:
         with connect(dsn) as conn:
             result = do_install(conn)
         applied = ", ".join(result.applied) if result.applied else "none (already current)"
-        console.print(f"pgtrickle catalog version {result.current_version} in {redact(dsn)}; "
-                      f"migrations applied: {applied}")
+        console.print(
+            f"pgtrickle catalog version {result.current_version} in {redact(dsn)}; "
+            f"migrations applied: {applied}"
+        )
         if not result.event_triggers:
-            console.print("[yellow]note:[/] not a superuser, so DDL tracking (event triggers) is off: "
-                          "a source dropped with CASCADE is noticed at the next refresh instead.")
+            console.print(
+                "[yellow]note:[/] not a superuser, so DDL tracking (event triggers) is off: "
+                "a source dropped with CASCADE is noticed at the next refresh instead."
+            )
         capture_repairs(console, result.repaired)
 
     _run(go)
@@ -185,13 +214,17 @@ def install(ctx: typer.Context) -> None:
 @app.command()
 def refresh(
     ctx: typer.Context,
-    names: Annotated[list[str] | None, typer.Argument(help="Stream tables to refresh.",
-                                                       show_default=False)] = None,
+    names: Annotated[
+        list[str] | None, typer.Argument(help="Stream tables to refresh.", show_default=False)
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Refresh every stream table.")] = False,
-    force: Annotated[bool, typer.Option(
-        "--force", help="Pass an open circuit breaker and a closed watermark gate.")] = False,
-    json_: Annotated[bool, typer.Option(
-        "--json", help="Print one JSON document: each stream table's outcome and the summary.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Pass an open circuit breaker and a closed watermark gate.")
+    ] = False,
+    json_: Annotated[
+        bool,
+        typer.Option("--json", help="Print one JSON document: each stream table's outcome and the summary."),
+    ] = False,
 ) -> None:
     """Refresh stream tables now, upstream first, and wait for the result.
 
@@ -211,8 +244,13 @@ def refresh(
         dsn = _dsn(ctx, quiet=json_)
         spinner = err_console if json_ else console
         with spinner.status("Refreshing (the first Spark job of a process takes a few seconds)…") as status:
-            results = refresh_all(_settings(ctx), dsn, None if all_ else names,
-                                  progress=lambda msg: status.update(escape(msg)), force=force)
+            results = refresh_all(
+                _settings(ctx),
+                dsn,
+                None if all_ else names,
+                progress=lambda msg: status.update(escape(msg)),
+                force=force,
+            )
         if json_:
             typer.echo(dumps(refresh_document(results)))
         else:
@@ -228,30 +266,49 @@ def refresh(
 def run(
     ctx: typer.Context,
     once: Annotated[bool, typer.Option(help="Run one scheduler tick and exit.")] = False,
-    tick: Annotated[float | None, typer.Option(help="Seconds between ticks when nothing is notified.",
-                                               show_default=False)] = None,
-    metrics_port: Annotated[int | None, typer.Option(
-        help="Serve Prometheus metrics on this port at /metrics ($PGTRICKLE_METRICS_PORT; default: off).",
-        show_default=False)] = None,
-    metrics_address: Annotated[str | None, typer.Option(
-        help="Address of the metrics server ($PGTRICKLE_METRICS_ADDRESS, default 127.0.0.1).",
-        show_default=False)] = None,
+    tick: Annotated[
+        float | None, typer.Option(help="Seconds between ticks when nothing is notified.", show_default=False)
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve Prometheus metrics on this port at /metrics ($PGTRICKLE_METRICS_PORT; default: off).",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_address: Annotated[
+        str | None,
+        typer.Option(
+            help="Address of the metrics server ($PGTRICKLE_METRICS_ADDRESS, default 127.0.0.1).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon: refresh due stream tables in dependency order until stopped."""
     from pgtrickle.daemon.loop import Scheduler
 
     def go() -> None:
-        settings = _settings(ctx).with_overrides(tick_seconds=tick, metrics_port=metrics_port,
-                                                 metrics_address=metrics_address)
+        settings = _settings(ctx).with_overrides(
+            tick_seconds=tick, metrics_port=metrics_port, metrics_address=metrics_address
+        )
         dsn = _dsn(ctx)
         scheduler = Scheduler(
-            settings, dsn,
+            settings,
+            dsn,
             on_outcome=lambda o: console.print(
-                escape(f"{o.st.display}: {o.action.value} ({o.reason}) +{o.rows_inserted:,} "
-                       f"-{o.rows_deleted:,} in {o.seconds:.2f}s"), highlight=False),
+                escape(
+                    f"{o.st.display}: {o.action.value} ({o.reason}) +{o.rows_inserted:,} "
+                    f"-{o.rows_deleted:,} in {o.seconds:.2f}s"
+                ),
+                highlight=False,
+            ),
         )
-        console.print(escape(f"pgtrickle daemon on {redact(dsn)}, Spark master {settings.spark_master}; "
-                             "Ctrl-C to stop"), highlight=False)
+        console.print(
+            escape(
+                f"pgtrickle daemon on {redact(dsn)}, Spark master {settings.spark_master}; Ctrl-C to stop"
+            ),
+            highlight=False,
+        )
         try:
             # Start Spark now: a master or Java that cannot work is a clear error here, not a failed
             # (and eventually suspended) refresh of every stream table later.
@@ -261,8 +318,9 @@ def run(
                 get_spark(settings)
             port = scheduler.start_metrics()
             if port is not None:
-                console.print(f"Prometheus metrics on http://{settings.metrics_address}:{port}/metrics",
-                              highlight=False)
+                console.print(
+                    f"Prometheus metrics on http://{settings.metrics_address}:{port}/metrics", highlight=False
+                )
             scheduler.run(max_ticks=1 if once else None)
         finally:
             scheduler.close()
@@ -282,13 +340,23 @@ def status_view(dsn: str, *, alerts_shown: int = 5, width: int | None = None, wi
 @app.command()
 def status(
     ctx: typer.Context,
-    watch: Annotated[bool, typer.Option("--watch", "-w", help="Keep the view on screen, refreshed live.")] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Keep the view on screen, refreshed live.")
+    ] = False,
     interval: Annotated[float, typer.Option(help="Seconds between updates with --watch.", min=0.1)] = 2.0,
-    count: Annotated[int | None, typer.Option(
-        help="With --watch: stop after this many updates (default: until Ctrl-C).", min=1,
-        show_default=False)] = None,
-    wide: Annotated[bool, typer.Option(
-        "--wide", help="Show every column, as wide as it needs (lines may be wider than the terminal).")
+    count: Annotated[
+        int | None,
+        typer.Option(
+            help="With --watch: stop after this many updates (default: until Ctrl-C).",
+            min=1,
+            show_default=False,
+        ),
+    ] = None,
+    wide: Annotated[
+        bool,
+        typer.Option(
+            "--wide", help="Show every column, as wide as it needs (lines may be wider than the terminal)."
+        ),
     ] = False,
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON document (see docs/CLI.md).")] = False,
 ) -> None:
@@ -333,8 +401,9 @@ def status(
 @app.command()
 def verify(
     ctx: typer.Context,
-    names: Annotated[list[str] | None, typer.Argument(help="Stream tables to check (default: all).",
-                                                       show_default=False)] = None,
+    names: Annotated[
+        list[str] | None, typer.Argument(help="Stream tables to check (default: all).", show_default=False)
+    ] = None,
 ) -> None:
     """Compare stream tables with their defining queries run in PostgreSQL (EXCEPT ALL both ways).
 
@@ -353,8 +422,11 @@ def verify(
             if result.ok:
                 console.print(f"[green]✓[/] {escape(result.name)}", highlight=False)
             else:
-                console.print(f"[red]✗[/] {escape(result.name)}: {escape(scrub(result.describe()))}",
-                              highlight=False, soft_wrap=True)
+                console.print(
+                    f"[red]✗[/] {escape(result.name)}: {escape(scrub(result.describe()))}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
         return all(r.ok for r in results)
 
     if not _run(go):
@@ -393,16 +465,20 @@ def explain(
             if mode != "ERROR":
                 conn.execute(
                     "UPDATE pgtrickle.pgt_stream_tables SET mode_effective = %s, mode_reason = %s,"
-                    " mode_analyzed_at = now() WHERE pgt_id = %s", (mode, reason, st.pgt_id))
+                    " mode_analyzed_at = now() WHERE pgt_id = %s",
+                    (mode, reason, st.pgt_id),
+                )
             if json_:
                 typer.echo(dumps(explain_document(st.display, st.refresh_mode, mode, reason)))
                 return
-            console.print(f"{escape(st.display)}: refresh_mode {st.refresh_mode} → [bold]{mode}[/]",
-                          highlight=False)
+            console.print(
+                f"{escape(st.display)}: refresh_mode {st.refresh_mode} → [bold]{mode}[/]", highlight=False
+            )
             console.print(f"  {escape(reason)}", highlight=False)
             if mode == "ERROR":
-                console.print("  refresh_mode DIFFERENTIAL cannot run this query; use AUTO or FULL.",
-                              highlight=False)
+                console.print(
+                    "  refresh_mode DIFFERENTIAL cannot run this query; use AUTO or FULL.", highlight=False
+                )
 
     _run(go)
 
@@ -423,29 +499,69 @@ def watermarks(ctx: typer.Context) -> None:
         with connect(_dsn(ctx)) as conn:
             require_installed(conn)
             # A watermark outside years 1..9999 left in the catalog is shown, not fatal (db/instants.py).
-            groups = tolerant_cursor(conn).execute(
-                "SELECT group_name, state, min_watermark, max_watermark, lag, tolerance, effective_watermark,"
-                " lagging_sources, stuck_sources, stream_tables FROM pgtrickle.watermark_status()").fetchall()
-            sources = tolerant_cursor(conn).execute(
-                "SELECT source, watermark, advanced_at, advanced_by, application_name, groups, stuck_in"
-                " FROM pgtrickle.watermarks()").fetchall()
+            groups = (
+                tolerant_cursor(conn)
+                .execute(
+                    "SELECT group_name, state, min_watermark, max_watermark, lag, tolerance, effective_watermark,"
+                    " lagging_sources, stuck_sources, stream_tables FROM pgtrickle.watermark_status()"
+                )
+                .fetchall()
+            )
+            sources = (
+                tolerant_cursor(conn)
+                .execute(
+                    "SELECT source, watermark, advanced_at, advanced_by, application_name, groups, stuck_in"
+                    " FROM pgtrickle.watermarks()"
+                )
+                .fetchall()
+            )
         if not groups and not sources:
-            console.print("no watermarks yet: SELECT pgtrickle.advance_watermark(source, watermark) after a load, "
-                          "and pgtrickle.create_watermark_group(name, sources) to align sources")
+            console.print(
+                "no watermarks yet: SELECT pgtrickle.advance_watermark(source, watermark) after a load, "
+                "and pgtrickle.create_watermark_group(name, sources) to align sources"
+            )
             return
-        table = Table("group", "state", "min", "max", "lag", "tolerance", "effective", "lagging", "stuck",
-                      "stream tables", title="watermark groups")
+        table = Table(
+            "group",
+            "state",
+            "min",
+            "max",
+            "lag",
+            "tolerance",
+            "effective",
+            "lagging",
+            "stuck",
+            "stream tables",
+            title="watermark groups",
+        )
         for name, state, low, high, lag, tolerance, effective, lagging, stuck, sts in groups:
             colour = {"aligned": "green", "misaligned": "yellow", "bootstrapping": "cyan"}[state]
-            table.add_row(name, f"[{colour}]{state}[/]", ts(low), ts(high), _fmt_interval(lag),
-                          _fmt_interval(tolerance), ts(effective), ", ".join(lagging),
-                          "[red]" + ", ".join(stuck) + "[/]" if stuck else "", ", ".join(sts))
+            table.add_row(
+                name,
+                f"[{colour}]{state}[/]",
+                ts(low),
+                ts(high),
+                _fmt_interval(lag),
+                _fmt_interval(tolerance),
+                ts(effective),
+                ", ".join(lagging),
+                "[red]" + ", ".join(stuck) + "[/]" if stuck else "",
+                ", ".join(sts),
+            )
         console.print(table)
-        table = Table("source", "watermark", "advanced at", "by", "application", "groups", "stuck in",
-                      title="sources")
+        table = Table(
+            "source", "watermark", "advanced at", "by", "application", "groups", "stuck in", title="sources"
+        )
         for source, watermark, at, by, application, in_groups, stuck_in in sources:
-            table.add_row(source, ts(watermark), ts(at), by, application or "", ", ".join(in_groups),
-                          "[red]" + ", ".join(stuck_in) + "[/]" if stuck_in else "")
+            table.add_row(
+                source,
+                ts(watermark),
+                ts(at),
+                by,
+                application or "",
+                ", ".join(in_groups),
+                "[red]" + ", ".join(stuck_in) + "[/]" if stuck_in else "",
+            )
         console.print(table)
 
     _run(go)

@@ -84,8 +84,9 @@ def _overhead(n: int) -> int:
     return 3 * n + 1
 
 
-def pick_columns(cols: Sequence[Col], natural: dict[str, int], width: int, *, wide: bool = False
-                 ) -> list[Col]:
+def pick_columns(
+    cols: Sequence[Col], natural: dict[str, int], width: int, *, wide: bool = False
+) -> list[Col]:
     """The columns to show in ``width`` cells, in their original order (pure).
 
     ``natural`` is each column's widest cell (header included). Required
@@ -96,8 +97,9 @@ def pick_columns(cols: Sequence[Col], natural: dict[str, int], width: int, *, wi
         return list(cols)
 
     def need(chosen: Sequence[Col]) -> int:
-        return sum(min(natural[c.key], c.readable) if c.fold else natural[c.key] for c in chosen) \
-            + _overhead(len(chosen))
+        return sum(min(natural[c.key], c.readable) if c.fold else natural[c.key] for c in chosen) + _overhead(
+            len(chosen)
+        )
 
     chosen = [c for c in cols if c.priority == 0]
     for col in sorted((c for c in cols if c.priority > 0), key=lambda c: c.priority):
@@ -108,16 +110,20 @@ def pick_columns(cols: Sequence[Col], natural: dict[str, int], width: int, *, wi
 
 def fits(cols: Sequence[Col], natural: dict[str, int], width: int) -> bool:
     """Whether ``cols`` fit in ``width`` with each folding column at its readable width."""
-    return sum(min(natural[c.key], c.readable) if c.fold else natural[c.key] for c in cols) \
-        + _overhead(len(cols)) <= width
+    return (
+        sum(min(natural[c.key], c.readable) if c.fold else natural[c.key] for c in cols)
+        + _overhead(len(cols))
+        <= width
+    )
 
 
 def _cell_width(cell: Text) -> int:
     return max((line.cell_len for line in cell.split("\n")), default=0)
 
 
-def _table(cols: Sequence[Col], rows: Sequence[dict[str, Text]], width: int, *, wide: bool,
-           title: str) -> Table:
+def _table(
+    cols: Sequence[Col], rows: Sequence[dict[str, Text]], width: int, *, wide: bool, title: str
+) -> Table:
     natural = {c.key: max([len(c.header), *(_cell_width(r[c.key]) for r in rows)]) for c in cols}
     shown = pick_columns(cols, natural, width, wide=wide)
     table = Table(title=Text(title), title_justify="left")
@@ -199,8 +205,9 @@ def stream_table_view(snapshot: StatusSnapshot, width: int, *, wide: bool = Fals
             line = Text("✗ ", style="red")
             line.append(plain(st.name))
             if st.consecutive_errors:
-                line.append(f" ({st.consecutive_errors} consecutive error"
-                            f"{'s' if st.consecutive_errors != 1 else ''})")
+                line.append(
+                    f" ({st.consecutive_errors} consecutive error{'s' if st.consecutive_errors != 1 else ''})"
+                )
             line.append(": ")
             line.append(short_error(_error_of(st)))
             line.overflow = "fold"
@@ -237,27 +244,35 @@ _GROUP_COLS = (
 def _capture_cells(snapshot: StatusSnapshot) -> list[dict[str, Text]]:
     rows = []
     for c in snapshot.capture:
-        rows.append({
-            "source": Text(plain(c.source)),
-            "capture": Text(plain(c.cdc_mode)),
-            "setting": Text(plain(c.cdc_mode_setting)),
-            "decoder": Text("-") if c.decoder_attached is None else (
-                Text("attached") if c.decoder_attached else Text("none", style="red")),
-            "lag": Text("-" if c.slot_lag_bytes is None else f"{c.slot_lag_bytes:,} B"),
-            "pending": Text("-" if c.pending_rows is None else f"{c.pending_rows:,}"),
-            "oldest": Text(fmt_interval(c.oldest_pending)),
-            "problems": Text(plain("; ".join(c.problems)), style="red") if c.problems
-            else Text("ok", style="green"),
-        })
+        rows.append(
+            {
+                "source": Text(plain(c.source)),
+                "capture": Text(plain(c.cdc_mode)),
+                "setting": Text(plain(c.cdc_mode_setting)),
+                "decoder": Text("-")
+                if c.decoder_attached is None
+                else (Text("attached") if c.decoder_attached else Text("none", style="red")),
+                "lag": Text("-" if c.slot_lag_bytes is None else f"{c.slot_lag_bytes:,} B"),
+                "pending": Text("-" if c.pending_rows is None else f"{c.pending_rows:,}"),
+                "oldest": Text(fmt_interval(c.oldest_pending)),
+                "problems": Text(plain("; ".join(c.problems)), style="red")
+                if c.problems
+                else Text("ok", style="green"),
+            }
+        )
     return rows
 
 
 def _broken_lines(snapshot: StatusSnapshot) -> list[Text]:
     if not snapshot.broken:
         return []
-    lines = [Text.assemble(("change capture is broken", "bold red"),
-                           " (changes may be lost; run `pgtrickle install` to repair it, "
-                           "the stream tables reading it are then recomputed in full):")]
+    lines = [
+        Text.assemble(
+            ("change capture is broken", "bold red"),
+            " (changes may be lost; run `pgtrickle install` to repair it, "
+            "the stream tables reading it are then recomputed in full):",
+        )
+    ]
     for b in snapshot.broken:
         lines.append(Text.assemble("  ", ("✗", "red"), " ", plain(f"{b.source}: {'; '.join(b.problems)}")))
     return lines
@@ -272,13 +287,21 @@ def status_view(snapshot: StatusSnapshot, width: int, *, wide: bool = False) -> 
     parts.append(_table(_CAPTURE_COLS, _capture_cells(snapshot), width, wide=wide, title="change capture"))
     parts.extend(_broken_lines(snapshot))
     if snapshot.groups:
-        rows = [{"name": Text(plain(name)), "members": Text(plain(", ".join(members)))}
-                for name, members in snapshot.groups]
+        rows = [
+            {"name": Text(plain(name)), "members": Text(plain(", ".join(members)))}
+            for name, members in snapshot.groups
+        ]
         parts.append(_table(_GROUP_COLS, rows, width, wide=wide, title="refresh groups"))
     if snapshot.alerts:
-        rows = [{"at": Text(fmt_time(a.at)), "event": Text(plain(a.event)), "about": Text(plain(a.about)),
-                 "details": Text(short_error(", ".join(f"{k}={v}" for k, v in a.details.items())))}
-                for a in snapshot.alerts]
+        rows = [
+            {
+                "at": Text(fmt_time(a.at)),
+                "event": Text(plain(a.event)),
+                "about": Text(plain(a.about)),
+                "details": Text(short_error(", ".join(f"{k}={v}" for k, v in a.details.items()))),
+            }
+            for a in snapshot.alerts
+        ]
         parts.append(_table(_ALERT_COLS, rows, width, wide=wide, title="recent alerts"))
     return Group(*parts)
 

@@ -28,15 +28,23 @@ def refresh_results(console: Console, results: Sequence) -> None:  # type: ignor
     for r in results:
         o = r.outcome
         why = "see below" if r.result is Result.FAILED else r.reason
-        table.add_row(escape(r.st.display), f"[{_RESULT_STYLE[r.result.value]}]{r.result.value}[/]",
-                      o.action.value if o else "-", escape(scrub(why)),
-                      f"{o.rows_inserted:,}" if o else "-", f"{o.rows_deleted:,}" if o else "-",
-                      f"{o.seconds:.2f}" if o else "-")
+        table.add_row(
+            escape(r.st.display),
+            f"[{_RESULT_STYLE[r.result.value]}]{r.result.value}[/]",
+            o.action.value if o else "-",
+            escape(scrub(why)),
+            f"{o.rows_inserted:,}" if o else "-",
+            f"{o.rows_deleted:,}" if o else "-",
+            f"{o.seconds:.2f}" if o else "-",
+        )
     console.print(table)
     for r in results:
         if r.result is Result.FAILED:
-            console.print(f"[red]✗[/] {escape(r.st.display)} FAILED: {escape(scrub(r.reason))}",
-                          highlight=False, soft_wrap=True)
+            console.print(
+                f"[red]✗[/] {escape(r.st.display)} FAILED: {escape(scrub(r.reason))}",
+                highlight=False,
+                soft_wrap=True,
+            )
     summary = summarize(results)
     colour = "red" if summary.failed else "green"
     console.print(f"[{colour}]{escape(summary.text())}[/]", highlight=False)
@@ -45,10 +53,15 @@ def refresh_results(console: Console, results: Sequence) -> None:  # type: ignor
 def capture_repairs(console: Console, repaired: Sequence) -> None:  # type: ignore[type-arg]
     """What ``pgtrickle install`` repaired (nothing printed when nothing was broken)."""
     for r in repaired:
-        console.print(f"[yellow]repaired[/] the change capture of {escape(r.source)}: "
-                      f"{escape('; '.join(r.problems))}", highlight=False, soft_wrap=True)
+        console.print(
+            f"[yellow]repaired[/] the change capture of {escape(r.source)}: {escape('; '.join(r.problems))}",
+            highlight=False,
+            soft_wrap=True,
+        )
         if r.reinitialized:
             readers = escape(", ".join(r.reinitialized))
-            console.print(f"  changes may have been lost: the next refresh of {readers} is FULL (reinitialization)",
-                          highlight=False, soft_wrap=True)
-
+            console.print(
+                f"  changes may have been lost: the next refresh of {readers} is FULL (reinitialization)",
+                highlight=False,
+                soft_wrap=True,
+            )

@@ -101,46 +101,113 @@ def load_status(dsn: str, *, alerts_shown: int = 5) -> StatusSnapshot:
 
     with connect(dsn) as conn:
         require_installed(conn)
-        rows = tolerant_cursor(conn).execute(
-            "SELECT name, schema_name, table_name, status, refresh_mode, effective_mode, schedule,"
-            " last_refresh_at, staleness, pending_requests, consecutive_errors, last_error,"
-            " watermark_gating, watermark_gating_origin, watermark_gate, effective_watermark, pgt_id"
-            " FROM pgtrickle.stream_tables_info ORDER BY name"
-        ).fetchall()
+        rows = (
+            tolerant_cursor(conn)
+            .execute(
+                "SELECT name, schema_name, table_name, status, refresh_mode, effective_mode, schedule,"
+                " last_refresh_at, staleness, pending_requests, consecutive_errors, last_error,"
+                " watermark_gating, watermark_gating_origin, watermark_gate, effective_watermark, pgt_id"
+                " FROM pgtrickle.stream_tables_info ORDER BY name"
+            )
+            .fetchall()
+        )
         broken = find_broken(conn) if rows else []
         broken_sts = broken_by_stream_table(conn) if broken else {}
-        health = conn.execute(
-            "SELECT source, cdc_mode, cdc_mode_setting, slot_active, lag_bytes, pending_rows,"
-            " oldest_pending_age, problems FROM pgtrickle.check_cdc_health()").fetchall() if rows else []
-        recent = conn.execute(
-            "SELECT at, event, coalesce(pgtrickle._display_name(st_schema, st_name), payload->>'slot',"
-            " payload->>'source', payload->>'group', ''), payload FROM pgtrickle.alerts"
-            " ORDER BY alert_id DESC LIMIT %s", (alerts_shown,)).fetchall() if alerts_shown > 0 else []
+        health = (
+            conn.execute(
+                "SELECT source, cdc_mode, cdc_mode_setting, slot_active, lag_bytes, pending_rows,"
+                " oldest_pending_age, problems FROM pgtrickle.check_cdc_health()"
+            ).fetchall()
+            if rows
+            else []
+        )
+        recent = (
+            conn.execute(
+                "SELECT at, event, coalesce(pgtrickle._display_name(st_schema, st_name), payload->>'slot',"
+                " payload->>'source', payload->>'group', ''), payload FROM pgtrickle.alerts"
+                " ORDER BY alert_id DESC LIMIT %s",
+                (alerts_shown,),
+            ).fetchall()
+            if alerts_shown > 0
+            else []
+        )
         now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
         sts = load_stream_tables(conn) if rows else {}
-        groups = tuple((g.name, tuple(sts[m].display for m in sorted(g.members)))
-                       for g in effective_groups(conn, sts))
+        groups = tuple(
+            (g.name, tuple(sts[m].display for m in sorted(g.members))) for g in effective_groups(conn, sts)
+        )
     stream_tables = tuple(
         StreamTableRow(
-            name=name, schema=schema, table=table, status=st_status, refresh_mode=refresh_mode,
-            effective_mode=mode, schedule=schedule, last_refresh_at=last, staleness=staleness,
-            pending_requests=int(queued), consecutive_errors=int(errors or 0),
-            last_error=scrub(error) if error else None, watermark_gating=gating,
-            watermark_gating_origin=origin, watermark_gate=gate, effective_watermark=effective,
-            broken_sources=tuple(b.source for b in broken_sts.get(pgt_id, ())))
-        for (name, schema, table, st_status, refresh_mode, mode, schedule, last, staleness, queued, errors,
-             error, gating, origin, gate, effective, pgt_id) in rows)
+            name=name,
+            schema=schema,
+            table=table,
+            status=st_status,
+            refresh_mode=refresh_mode,
+            effective_mode=mode,
+            schedule=schedule,
+            last_refresh_at=last,
+            staleness=staleness,
+            pending_requests=int(queued),
+            consecutive_errors=int(errors or 0),
+            last_error=scrub(error) if error else None,
+            watermark_gating=gating,
+            watermark_gating_origin=origin,
+            watermark_gate=gate,
+            effective_watermark=effective,
+            broken_sources=tuple(b.source for b in broken_sts.get(pgt_id, ())),
+        )
+        for (
+            name,
+            schema,
+            table,
+            st_status,
+            refresh_mode,
+            mode,
+            schedule,
+            last,
+            staleness,
+            queued,
+            errors,
+            error,
+            gating,
+            origin,
+            gate,
+            effective,
+            pgt_id,
+        ) in rows
+    )
     capture = tuple(
-        CaptureRow(source=source, cdc_mode=mode, cdc_mode_setting=setting,
-                   decoder_attached=None if mode == "trigger" else bool(active),
-                   slot_lag_bytes=None if lag is None else int(lag),
-                   pending_rows=None if pending is None else int(pending), oldest_pending=oldest,
-                   problems=tuple(problems or ()))
-        for source, mode, setting, active, lag, pending, oldest, problems in health)
+        CaptureRow(
+            source=source,
+            cdc_mode=mode,
+            cdc_mode_setting=setting,
+            decoder_attached=None if mode == "trigger" else bool(active),
+            slot_lag_bytes=None if lag is None else int(lag),
+            pending_rows=None if pending is None else int(pending),
+            oldest_pending=oldest,
+            problems=tuple(problems or ()),
+        )
+        for source, mode, setting, active, lag, pending, oldest, problems in health
+    )
     alerts = tuple(
-        AlertRow(at=at, event=event, about=about,
-                 details={k: _scrubbed(v) for k, v in (payload or {}).items()
-                         if k not in ("event", "st_name", "schema", "at", "alert_id")})
-        for at, event, about, payload in recent)
-    return StatusSnapshot(database=redact(dsn), at=now, stream_tables=stream_tables, capture=capture,
-                          broken=tuple(broken), groups=groups, alerts=alerts)
+        AlertRow(
+            at=at,
+            event=event,
+            about=about,
+            details={
+                k: _scrubbed(v)
+                for k, v in (payload or {}).items()
+                if k not in ("event", "st_name", "schema", "at", "alert_id")
+            },
+        )
+        for at, event, about, payload in recent
+    )
+    return StatusSnapshot(
+        database=redact(dsn),
+        at=now,
+        stream_tables=stream_tables,
+        capture=capture,
+        broken=tuple(broken),
+        groups=groups,
+        alerts=alerts,
+    )

@@ -79,16 +79,16 @@ class StreamTableLocks:
         self.conn = conn
 
     def try_lock(self, pgt_id: int) -> bool:
-        row = self.conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
-                                (LOCK_NAMESPACE, pgt_id)).fetchone()
+        row = self.conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, pgt_id)).fetchone()
         return bool(row and row[0])
 
     def unlock(self, pgt_id: int) -> None:
         self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, pgt_id))
 
 
-def _schedules(sts: dict[int, StreamTable], default: Schedule, now: datetime
-               ) -> tuple[dict[int, Schedule], dict[int, str]]:
+def _schedules(
+    sts: dict[int, StreamTable], default: Schedule, now: datetime
+) -> tuple[dict[int, Schedule], dict[int, str]]:
     """Effective schedules, and the stream tables whose schedule does not parse."""
     parsed: dict[int, Schedule] = {}
     broken: dict[int, str] = {}
@@ -105,8 +105,16 @@ def _schedules(sts: dict[int, StreamTable], default: Schedule, now: datetime
 
 def group_nodes(sts: dict[int, StreamTable]) -> dict[int, GroupNode]:
     ups = upstream_ids(sts)
-    return {i: GroupNode(i, st.display, frozenset(s.relid for s in st.sources if s.kind == "TABLE"), ups[i],
-                         st.diamond_consistency == "atomic") for i, st in sts.items()}
+    return {
+        i: GroupNode(
+            i,
+            st.display,
+            frozenset(s.relid for s in st.sources if s.kind == "TABLE"),
+            ups[i],
+            st.diamond_consistency == "atomic",
+        )
+        for i, st in sts.items()
+    }
 
 
 def effective_groups(conn: psycopg.Connection, sts: dict[int, StreamTable]) -> list[RefreshGroup]:
@@ -127,8 +135,14 @@ def ordered(sts: dict[int, StreamTable]) -> list[int]:
 class Scheduler:
     """Runs ticks against one database."""
 
-    def __init__(self, settings: Settings, dsn: str, *, progress: Callable[[str], None] | None = None,
-                 on_outcome: Callable[[RefreshOutcome], None] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        dsn: str,
+        *,
+        progress: Callable[[str], None] | None = None,
+        on_outcome: Callable[[RefreshOutcome], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.dsn = dsn
         self.progress = progress or (lambda msg: None)
@@ -153,7 +167,9 @@ class Scheduler:
     # ------------------------------------------------------- connection loss
     def connection_lost(self, *others: psycopg.Connection | None) -> bool:
         """Whether the catalog, refresh (or one of ``others``) connection to PostgreSQL is gone."""
-        return any(c is not None and (c.broken or c.closed) for c in (self.conn, self.refresher.conn, *others))
+        return any(
+            c is not None and (c.broken or c.closed) for c in (self.conn, self.refresher.conn, *others)
+        )
 
     def reconnect(self) -> None:
         """New catalog and refresh connections (raises when PostgreSQL is still unreachable).
@@ -182,8 +198,12 @@ class Scheduler:
         while not self.stop_requested:
             delay = reconnect_delay(attempt)
             attempt += 1
-            log.warning("lost the connection to PostgreSQL (%s); reconnecting in %.1fs (attempt %d)",
-                        first_line, delay, attempt)
+            log.warning(
+                "lost the connection to PostgreSQL (%s); reconnecting in %.1fs (attempt %d)",
+                first_line,
+                delay,
+                attempt,
+            )
             self._sleep(delay)
             if self.stop_requested:
                 return None
@@ -193,8 +213,9 @@ class Scheduler:
             except (PgTrickleError, psycopg.Error) as again:
                 first_line = (str(again).strip().splitlines() or [type(again).__name__])[0]
                 continue
-            log.warning("reconnected to PostgreSQL after %d attempt(s), %.1fs", attempt,
-                        time.monotonic() - lost_at)
+            log.warning(
+                "reconnected to PostgreSQL after %d attempt(s), %.1fs", attempt, time.monotonic() - lost_at
+            )
             return listener
         return None
 
@@ -235,7 +256,8 @@ class Scheduler:
 
     def default_schedule(self) -> Schedule:
         row = self.conn.execute(
-            "SELECT value FROM pgtrickle.pgt_settings WHERE name = 'default_schedule'").fetchone()
+            "SELECT value FROM pgtrickle.pgt_settings WHERE name = 'default_schedule'"
+        ).fetchone()
         try:
             return parse_schedule(row[0]) if row else IntervalSchedule(60)
         except ScheduleError:
@@ -266,9 +288,19 @@ class Scheduler:
             st = sts[pgt_id]
             if pgt_id in broken:
                 return None
-            return due_reason(DueState(st.status, st.frontier is not None, st.last_refresh_at, st.last_attempt_at,
-                                       pgt_id in requested, st.created_at, pgt_id in manual),
-                              schedules[pgt_id], now)
+            return due_reason(
+                DueState(
+                    st.status,
+                    st.frontier is not None,
+                    st.last_refresh_at,
+                    st.last_attempt_at,
+                    pgt_id in requested,
+                    st.created_at,
+                    pgt_id in manual,
+                ),
+                schedules[pgt_id],
+                now,
+            )
 
         order = ordered(sts)
         group_of = {m: g for g in effective_groups(self.conn, sts) for m in g.members}
@@ -278,7 +310,7 @@ class Scheduler:
             group = group_of.get(pgt_id)
             if group is not None:
                 # A group refreshes once, where its last member comes in dependency order.
-                if any(m in group.members for m in order[position + 1:]):
+                if any(m in group.members for m in order[position + 1 :]):
                     continue
                 reasons = {m: due(m) for m in group.members}
                 if any(reasons.values()):
@@ -306,8 +338,14 @@ class Scheduler:
         except psycopg.Error:  # an alert must not stop the daemon
             log.exception("checking stream tables for stale data failed")
 
-    def _refresh_one(self, st: StreamTable, reason: DueReason, request_ids: Sequence[int],
-                     report: TickReport, force: bool = False) -> None:
+    def _refresh_one(
+        self,
+        st: StreamTable,
+        reason: DueReason,
+        request_ids: Sequence[int],
+        report: TickReport,
+        force: bool = False,
+    ) -> None:
         if not self.locks.try_lock(st.pgt_id):
             report.locked_elsewhere.append(st)
             return
@@ -316,12 +354,18 @@ class Scheduler:
             fresh = load_stream_tables(self.conn, only=st.pgt_id).get(st.pgt_id)
             if fresh is None:
                 return
-            initiated_by = ("MANUAL" if reason is DueReason.REQUESTED and fresh.frontier is not None
-                            else "INITIAL" if fresh.frontier is None else "SCHEDULER")
+            initiated_by = (
+                "MANUAL"
+                if reason is DueReason.REQUESTED and fresh.frontier is not None
+                else "INITIAL"
+                if fresh.frontier is None
+                else "SCHEDULER"
+            )
             if note := stopped_note(fresh.display, fresh.status):
                 log.warning("%s", note)
-            outcome = self.refresher.refresh(fresh, initiated_by, request_ids,
-                                             record_no_data=reason is DueReason.REQUESTED, force=force)
+            outcome = self.refresher.refresh(
+                fresh, initiated_by, request_ids, record_no_data=reason is DueReason.REQUESTED, force=force
+            )
             report.refreshed.append(outcome)
             self.metrics.observe_outcome(outcome)
             self.on_outcome(outcome)
@@ -338,17 +382,32 @@ class Scheduler:
         finally:
             self.locks.unlock(st.pgt_id)
 
-    def _refresh_group(self, group: RefreshGroup, order: Sequence[int], sts: dict[int, StreamTable],
-                       reasons: dict[int, DueReason | None], requested: dict[int, list[int]], forced: set[int],
-                       report: TickReport) -> None:
+    def _refresh_group(
+        self,
+        group: RefreshGroup,
+        order: Sequence[int],
+        sts: dict[int, StreamTable],
+        reasons: dict[int, DueReason | None],
+        requested: dict[int, list[int]],
+        forced: set[int],
+        report: TickReport,
+    ) -> None:
         members = [m for m in order if m in group.members]
         try:
             outcomes = self.refresh_group_locked(
-                group, members,
-                lambda st: ("INITIAL" if st.frontier is None else
-                            "MANUAL" if reasons.get(st.pgt_id) is DueReason.REQUESTED else "SCHEDULER"),
-                requested, force=any(m in forced for m in members),
-                record_no_data=any(r is DueReason.REQUESTED for r in reasons.values()))
+                group,
+                members,
+                lambda st: (
+                    "INITIAL"
+                    if st.frontier is None
+                    else "MANUAL"
+                    if reasons.get(st.pgt_id) is DueReason.REQUESTED
+                    else "SCHEDULER"
+                ),
+                requested,
+                force=any(m in forced for m in members),
+                record_no_data=any(r is DueReason.REQUESTED for r in reasons.values()),
+            )
         except LockedElsewhere:
             return
         except Cancelled:
@@ -366,9 +425,15 @@ class Scheduler:
             self.metrics.observe_outcome(outcome)
             self.on_outcome(outcome)
 
-    def refresh_group_locked(self, group: RefreshGroup, members: Sequence[int],
-                             initiated_by: Callable[[StreamTable], str], requested: dict[int, list[int]],
-                             force: bool = False, record_no_data: bool = False) -> list[RefreshOutcome]:
+    def refresh_group_locked(
+        self,
+        group: RefreshGroup,
+        members: Sequence[int],
+        initiated_by: Callable[[StreamTable], str],
+        requested: dict[int, list[int]],
+        force: bool = False,
+        record_no_data: bool = False,
+    ) -> list[RefreshOutcome]:
         """Refresh ``group`` (``members`` upstream first) under every member's advisory lock.
 
         Raises LockedElsewhere when another process holds one of the locks.
@@ -378,16 +443,24 @@ class Scheduler:
             for pgt_id in members:
                 if not self.locks.try_lock(pgt_id):
                     raise LockedElsewhere(
-                        f"atomic group {group.name}: a member is being refreshed by another process; try again")
+                        f"atomic group {group.name}: a member is being refreshed by another process; try again"
+                    )
                 locked.append(pgt_id)
             fresh = load_stream_tables(self.conn)
             if any(m not in fresh for m in members):
                 return []  # dropped meanwhile
             sts = {m: fresh[m] for m in members}
-            return refresh_group(self.refresher, group, members, sts, in_group_upstream(group_nodes(fresh), group),
-                                 {m: initiated_by(sts[m]) for m in members},
-                                 {m: requested.get(m, []) for m in members}, record_no_data=record_no_data,
-                                 force=force)
+            return refresh_group(
+                self.refresher,
+                group,
+                members,
+                sts,
+                in_group_upstream(group_nodes(fresh), group),
+                {m: initiated_by(sts[m]) for m in members},
+                {m: requested.get(m, []) for m in members},
+                record_no_data=record_no_data,
+                force=force,
+            )
         finally:
             for pgt_id in locked:
                 self.locks.unlock(pgt_id)
@@ -442,8 +515,11 @@ class Scheduler:
         slot, lag, limit = row
         if lag > limit and not self._slot_lag_alerted:
             self._slot_lag_alerted = True
-            alerts.send_alert(self.conn, "slot_lag_warning",
-                              {"slot": slot, "lag_bytes": int(lag), "threshold_bytes": int(limit)})
+            alerts.send_alert(
+                self.conn,
+                "slot_lag_warning",
+                {"slot": slot, "lag_bytes": int(lag), "threshold_bytes": int(limit)},
+            )
             log.warning("replication slot %s retains %d bytes of WAL (alert above %d)", slot, lag, limit)
         elif lag <= limit:
             self._slot_lag_alerted = False
@@ -452,7 +528,8 @@ class Scheduler:
         """No WAL source left: stop the decoder (after it has caught up) and drop slot and publication."""
         row = self.conn.execute(
             "SELECT EXISTS (SELECT 1 FROM pgtrickle.pgt_decoder_state),"
-            " EXISTS (SELECT 1 FROM pgtrickle.pgt_change_sources WHERE cdc_mode = 'wal')").fetchone()
+            " EXISTS (SELECT 1 FROM pgtrickle.pgt_change_sources WHERE cdc_mode = 'wal')"
+        ).fetchone()
         if not row or not row[0] or row[1]:
             return
         wait_for_decoder(self.conn, self.dsn)
@@ -460,9 +537,13 @@ class Scheduler:
         # The walsender leaves the slot a moment after the decoder disconnects; an active
         # slot is not dropped (the next maintenance would try again).
         deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and self.conn.execute(
+        while (
+            time.monotonic() < deadline
+            and self.conn.execute(
                 "SELECT EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pgtrickle.pgt_decoder_state d"
-                " USING (slot_name) WHERE s.active)").fetchone()[0]:  # type: ignore[index]
+                " USING (slot_name) WHERE s.active)"
+            ).fetchone()[0]
+        ):  # type: ignore[index]
             time.sleep(0.05)
         if self.conn.execute("SELECT pgtrickle._drop_wal_infrastructure_if_unused()").fetchone()[0]:  # type: ignore[index]
             log.info("no source uses WAL capture any more: replication slot and publication dropped")
@@ -479,7 +560,9 @@ class Scheduler:
                     cur = self.conn.execute(
                         "UPDATE pgtrickle.pgt_refresh_history SET status = 'ABANDONED',"
                         " end_time = clock_timestamp(), error_message = 'the refreshing process stopped'"
-                        " WHERE pgt_id = %s AND status = 'RUNNING'", (pgt_id,))
+                        " WHERE pgt_id = %s AND status = 'RUNNING'",
+                        (pgt_id,),
+                    )
                     count += cur.rowcount or 0
                 finally:
                     self.locks.unlock(pgt_id)
@@ -525,8 +608,11 @@ class Scheduler:
                 log.warning("second stop signal: abandoning the refresh in progress")
                 threading.Thread(target=self.refresher.cancel, daemon=True).start()
             else:
-                log.warning("stop signal %s: finishing the refresh in progress, then exiting "
-                            "(send it again to abandon it)", signal.Signals(signum).name)
+                log.warning(
+                    "stop signal %s: finishing the refresh in progress, then exiting "
+                    "(send it again to abandon it)",
+                    signal.Signals(signum).name,
+                )
                 self.stop_requested = True
 
         signal.signal(signal.SIGINT, handler)

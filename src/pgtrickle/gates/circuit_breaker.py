@@ -116,8 +116,9 @@ def compute_baseline(history: Sequence[tuple[int, int]], window: int, method: st
 def thresholds(baseline: Baseline, sensitivity: float) -> tuple[float, float]:
     """(total threshold, deletions threshold) with the σ floors."""
     sigma = max(baseline.stddev, math.sqrt(2.0 * max(baseline.mean, 0.0)), 1.0)
-    d_sigma = max(baseline.deletes_stddev, math.sqrt(2.0 * max(baseline.deletes_mean, 0.0)),
-                  0.1 * baseline.mean, 1.0)
+    d_sigma = max(
+        baseline.deletes_stddev, math.sqrt(2.0 * max(baseline.deletes_mean, 0.0)), 0.1 * baseline.mean, 1.0
+    )
     return baseline.mean + sensitivity * sigma, baseline.deletes_mean + sensitivity * d_sigma
 
 
@@ -128,36 +129,54 @@ def should_trip(config: BreakerConfig, volume: Volume, history: Sequence[tuple[i
     if volume.truncated:
         return TripDecision(True, f"source {', '.join(volume.truncated)} was truncated", None, None)
     if config.ceiling is not None and volume.total > config.ceiling:
-        return TripDecision(True, f"delta {volume.total} exceeds the ceiling {config.ceiling}",
-                            float(config.ceiling), None)
+        return TripDecision(
+            True, f"delta {volume.total} exceeds the ceiling {config.ceiling}", float(config.ceiling), None
+        )
     if config.mode == "fixed":
         if config.max_ratio is not None and volume.source_rows > 0:
             limit = config.max_ratio * volume.source_rows
             if volume.total > limit:
                 return TripDecision(
-                    True, f"delta {volume.total} exceeds {config.max_ratio:g} × {volume.source_rows:,.0f} "
-                          f"source rows ({limit:,.0f})", limit, None)
+                    True,
+                    f"delta {volume.total} exceeds {config.max_ratio:g} × {volume.source_rows:,.0f} "
+                    f"source rows ({limit:,.0f})",
+                    limit,
+                    None,
+                )
         threshold = float(config.ceiling) if config.ceiling is not None else None
         return TripDecision(False, "within the fixed limits", threshold, None)
     baseline = compute_baseline(history, config.window, config.baseline)
     if baseline.samples < config.window:
         if volume.total > config.cold_start_ceiling:
             return TripDecision(
-                True, f"delta {volume.total} exceeds the cold-start ceiling {config.cold_start_ceiling} "
-                      f"({baseline.samples} of {config.window} refreshes in the baseline)",
-                float(config.cold_start_ceiling), baseline)
-        return TripDecision(False, f"cold start: {baseline.samples} of {config.window} refreshes in the baseline",
-                            float(config.cold_start_ceiling), baseline)
+                True,
+                f"delta {volume.total} exceeds the cold-start ceiling {config.cold_start_ceiling} "
+                f"({baseline.samples} of {config.window} refreshes in the baseline)",
+                float(config.cold_start_ceiling),
+                baseline,
+            )
+        return TripDecision(
+            False,
+            f"cold start: {baseline.samples} of {config.window} refreshes in the baseline",
+            float(config.cold_start_ceiling),
+            baseline,
+        )
     limit, d_limit = thresholds(baseline, config.sensitivity)
     k = config.sensitivity
     if volume.deletes > d_limit:
         return TripDecision(
-            True, f"deletions {volume.deletes} exceed the adaptive threshold {d_limit:.0f} "
-                  f"(μ={baseline.deletes_mean:.0f}, {k:g}σ={d_limit - baseline.deletes_mean:.0f})",
-            d_limit, baseline)
+            True,
+            f"deletions {volume.deletes} exceed the adaptive threshold {d_limit:.0f} "
+            f"(μ={baseline.deletes_mean:.0f}, {k:g}σ={d_limit - baseline.deletes_mean:.0f})",
+            d_limit,
+            baseline,
+        )
     if volume.total > limit:
         return TripDecision(
-            True, f"delta {volume.total} exceeds adaptive threshold {limit:.0f} "
-                  f"(μ={baseline.mean:.0f}, {k:g}σ={limit - baseline.mean:.0f})",
-            limit, baseline)
+            True,
+            f"delta {volume.total} exceeds adaptive threshold {limit:.0f} "
+            f"(μ={baseline.mean:.0f}, {k:g}σ={limit - baseline.mean:.0f})",
+            limit,
+            baseline,
+        )
     return TripDecision(False, f"within the adaptive threshold {limit:.0f}", limit, baseline)

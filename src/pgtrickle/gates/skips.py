@@ -7,8 +7,14 @@ import psycopg
 from pgtrickle.catalog.store import StreamTable
 
 
-def record_skip(conn: psycopg.Connection, st: StreamTable, initiated_by: str, reason: str,
-                changes: int | None, deletes: int | None) -> None:
+def record_skip(
+    conn: psycopg.Connection,
+    st: StreamTable,
+    initiated_by: str,
+    reason: str,
+    changes: int | None,
+    deletes: int | None,
+) -> None:
     """A SKIPPED history row saying why, and the attempt time (the schedule waits an interval)."""
     conn.execute(
         """
@@ -19,5 +25,6 @@ def record_skip(conn: psycopg.Connection, st: StreamTable, initiated_by: str, re
         """,
         (st.pgt_id, initiated_by, changes, deletes, reason),
     )
-    conn.execute("UPDATE pgtrickle.pgt_stream_tables SET last_attempt_at = now() WHERE pgt_id = %s",
-                 (st.pgt_id,))
+    conn.execute(
+        "UPDATE pgtrickle.pgt_stream_tables SET last_attempt_at = now() WHERE pgt_id = %s", (st.pgt_id,)
+    )

@@ -90,7 +90,9 @@ def group_state(group: Group) -> GroupState:
 # ----------------------------------------------------------------- which groups
 
 
-def base_sources(pgt_id: int, direct: Mapping[int, Iterable[int]], st_relids: Mapping[int, int]) -> frozenset[int]:
+def base_sources(
+    pgt_id: int, direct: Mapping[int, Iterable[int]], st_relids: Mapping[int, int]
+) -> frozenset[int]:
     """The plain tables a stream table reads, directly or through other stream tables.
 
     ``direct``: each stream table's direct source relids; ``st_relids``: the
@@ -156,9 +158,11 @@ def _describe(group: Group, state: GroupState) -> str:
     if state.state == BOOTSTRAPPING:
         missing = len(group.sources) - len([s for s in group.sources if s in group.watermarks])
         return f"watermark group {group.name} is bootstrapping ({missing} source(s) without a watermark)"
-    return (f"watermark group {group.name} is {state.state}: min {state.min_watermark.isoformat()}, "  # type: ignore[union-attr]
-            f"max {state.max_watermark.isoformat()}, lag {interval_text(state.lag)} "  # type: ignore[union-attr,arg-type]
-            f"{'<=' if state.state == ALIGNED else '>'} tolerance {interval_text(group.tolerance)}")
+    return (
+        f"watermark group {group.name} is {state.state}: min {state.min_watermark.isoformat()}, "  # type: ignore[union-attr]
+        f"max {state.max_watermark.isoformat()}, lag {interval_text(state.lag)} "  # type: ignore[union-attr,arg-type]
+        f"{'<=' if state.state == ALIGNED else '>'} tolerance {interval_text(group.tolerance)}"
+    )
 
 
 def gate_decision(mode: str, groups: Sequence[Group]) -> GateDecision:
@@ -169,14 +173,18 @@ def gate_decision(mode: str, groups: Sequence[Group]) -> GateDecision:
     gated refresh is the minimum of its groups' minimum watermarks.
     """
     if mode != "gate" or not groups:
-        return GateDecision(False, "no watermark gating" if mode == "none" else "no watermark group applies", None)
+        return GateDecision(
+            False, "no watermark gating" if mode == "none" else "no watermark group applies", None
+        )
     states = [(g, group_state(g)) for g in groups]
     active = [(g, s) for g, s in states if s.state != BOOTSTRAPPING]
     misaligned = [(g, s) for g, s in active if s.state == MISALIGNED]
     if misaligned:
         return GateDecision(True, "gated: " + "; ".join(_describe(g, s) for g, s in misaligned), None)
     if not active:
-        return GateDecision(False, "; ".join(_describe(g, s) for g, s in states) + " (it gates nothing yet)", None)
+        return GateDecision(
+            False, "; ".join(_describe(g, s) for g, s in states) + " (it gates nothing yet)", None
+        )
     effective = min(s.min_watermark for _, s in active)  # type: ignore[type-var]
     return GateDecision(False, "; ".join(_describe(g, s) for g, s in active), effective)
 
@@ -206,8 +214,9 @@ class HoldBackPlan:
     reason: str = ""
 
 
-def hold_back_plan(groups: Sequence[Group], direct_tables: Iterable[int],
-                   upstream: Iterable[UpstreamMark]) -> HoldBackPlan:
+def hold_back_plan(
+    groups: Sequence[Group], direct_tables: Iterable[int], upstream: Iterable[UpstreamMark]
+) -> HoldBackPlan:
     """Where does a hold_back stream table read each grouped source?
 
     Every applicable group that is past bootstrapping is read at its last
@@ -226,9 +235,12 @@ def hold_back_plan(groups: Sequence[Group], direct_tables: Iterable[int],
         if state.state == BOOTSTRAPPING:
             continue
         if group.effective_watermark is None or any(s not in group.aligned for s in group.sources):
-            return HoldBackPlan(skip_reason=(
-                f"hold_back: watermark group {group.name} has not been aligned yet "
-                f"({_describe(group, state)})"))
+            return HoldBackPlan(
+                skip_reason=(
+                    f"hold_back: watermark group {group.name} has not been aligned yet "
+                    f"({_describe(group, state)})"
+                )
+            )
         point = group.effective_watermark
         for up in upstream:
             if not (up.base_sources & group.sources):
@@ -241,20 +253,29 @@ def hold_back_plan(groups: Sequence[Group], direct_tables: Iterable[int],
                     why = "it has not been held back to that group yet"
                 else:
                     why = f"it is held back to {held.isoformat()}"
-                return HoldBackPlan(skip_reason=(
-                    f"hold_back: source stream table {up.name} does not reflect watermark group "
-                    f"{group.name} at {point.isoformat()} ({why})"))
+                return HoldBackPlan(
+                    skip_reason=(
+                        f"hold_back: source stream table {up.name} does not reflect watermark group "
+                        f"{group.name} at {point.isoformat()} ({why})"
+                    )
+                )
         points[group.group_id] = point
         described.append(f"{group.name} at {point.isoformat()}")
         for source in group.sources & direct_tables:
             adv = group.aligned[source]
             if source not in caps or (adv.watermark, adv.advancement_id) < (
-                    caps[source].watermark, caps[source].advancement_id):
+                caps[source].watermark,
+                caps[source].advancement_id,
+            ):
                 caps[source] = adv
     if not points:
         return HoldBackPlan(reason="hold_back: no watermark group past bootstrapping applies")
-    return HoldBackPlan(caps=caps, group_points=points, effective_watermark=min(points.values()),
-                        reason="hold_back: sources read as of watermark group " + ", ".join(described))
+    return HoldBackPlan(
+        caps=caps,
+        group_points=points,
+        effective_watermark=min(points.values()),
+        reason="hold_back: sources read as of watermark group " + ", ".join(described),
+    )
 
 
 # ----------------------------------------------------------------- snapshots

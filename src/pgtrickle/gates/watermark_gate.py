@@ -57,8 +57,10 @@ class WatermarkCheck:
 
 
 def load_groups(conn: psycopg.Connection) -> list[wm.Group]:
-    rows = tolerant_cursor(conn).execute(
-        """
+    rows = (
+        tolerant_cursor(conn)
+        .execute(
+            """
         SELECT g.group_id, g.group_name, g.tolerance, g.stale_after, g.effective_watermark,
                coalesce(json_agg(json_build_object(
                    'relid', m.source_relid, 'wm', w.watermark,
@@ -70,15 +72,31 @@ def load_groups(conn: psycopg.Connection) -> list[wm.Group]:
           LEFT JOIN pgtrickle.pgt_watermark_history h ON h.advancement_id = m.aligned_advancement
          GROUP BY g.group_id ORDER BY g.group_name
         """
-    ).fetchall()
+        )
+        .fetchall()
+    )
     groups = []
     for gid, name, tolerance, stale_after, effective, members in rows:
         watermarks = {int(m["relid"]): parse_instant(m["wm"]) for m in members if m["wm"] is not None}
-        aligned = {int(m["relid"]): wm.Advancement(int(m["adv"]), int(m["relid"]),
-                                                   parse_instant(m["adv_wm"]), int(m["xid"]), m["snap"])
-                   for m in members if m["adv"] is not None}
-        groups.append(wm.Group(int(gid), name, frozenset(int(m["relid"]) for m in members), tolerance,
-                               watermarks, effective, aligned, stale_after))
+        aligned = {
+            int(m["relid"]): wm.Advancement(
+                int(m["adv"]), int(m["relid"]), parse_instant(m["adv_wm"]), int(m["xid"]), m["snap"]
+            )
+            for m in members
+            if m["adv"] is not None
+        }
+        groups.append(
+            wm.Group(
+                int(gid),
+                name,
+                frozenset(int(m["relid"]) for m in members),
+                tolerance,
+                watermarks,
+                effective,
+                aligned,
+                stale_after,
+            )
+        )
     return groups
 
 
@@ -93,12 +111,15 @@ class _Graph:
 
 def _graph(conn: psycopg.Connection) -> _Graph:
     direct: dict[int, list[int]] = {}
-    for pgt_id, relid in conn.execute("SELECT pgt_id, source_relid FROM pgtrickle.pgt_dependencies").fetchall():
+    for pgt_id, relid in conn.execute(
+        "SELECT pgt_id, source_relid FROM pgtrickle.pgt_dependencies"
+    ).fetchall():
         direct.setdefault(int(pgt_id), []).append(int(relid))
     st_relids, names, settings, positions = {}, {}, {}, {}
     for pgt_id, relid, name, setting, pos in conn.execute(
-            "SELECT pgt_id, pgt_relid, pgtrickle._display_name(pgt_schema, pgt_name), watermark_gating,"
-            " watermark_positions FROM pgtrickle.pgt_stream_tables").fetchall():
+        "SELECT pgt_id, pgt_relid, pgtrickle._display_name(pgt_schema, pgt_name), watermark_gating,"
+        " watermark_positions FROM pgtrickle.pgt_stream_tables"
+    ).fetchall():
         st_relids[int(relid)] = int(pgt_id)
         names[int(pgt_id)] = name
         settings[int(pgt_id)] = setting
@@ -131,8 +152,14 @@ def evaluate(conn: psycopg.Connection, st: StreamTable) -> WatermarkCheck | None
     if mode != "hold_back":
         decision = wm.gate_decision(mode, applicable)
         mark = WatermarkMark(decision.effective_watermark if mode == "gate" else None, None)
-        return WatermarkCheck(mode, origin, decision.reason if decision.blocked else None, decision.reason,
-                              mark, hold_back=bool(stored))
+        return WatermarkCheck(
+            mode,
+            origin,
+            decision.reason if decision.blocked else None,
+            decision.reason,
+            mark,
+            hold_back=bool(stored),
+        )
     upstream = []
     direct_tables = []
     for source in st.sources:
@@ -142,20 +169,31 @@ def evaluate(conn: psycopg.Connection, st: StreamTable) -> WatermarkCheck | None
             continue
         up_bases = wm.base_sources(up, graph.direct, graph.st_relids)
         up_mode, _ = wm.effective_mode(graph.settings[up], up_bases, groups)
-        upstream.append(wm.UpstreamMark(source.relid, graph.names[up], up_bases, up_mode,
-                                        _group_points(graph.positions[up])))
+        upstream.append(
+            wm.UpstreamMark(
+                source.relid, graph.names[up], up_bases, up_mode, _group_points(graph.positions[up])
+            )
+        )
     plan = wm.hold_back_plan(applicable, direct_tables, upstream)
     if plan.skip_reason is not None:
-        return WatermarkCheck(mode, origin, plan.skip_reason, plan.skip_reason,
-                              WatermarkMark(None, None), hold_back=True)
+        return WatermarkCheck(
+            mode, origin, plan.skip_reason, plan.skip_reason, WatermarkMark(None, None), hold_back=True
+        )
     caps = {relid: wm.cap_snapshot(adv) for relid, adv in plan.caps.items()}
     positions = None
     if plan.group_points:
-        positions = {"sources": {str(k): v for k, v in caps.items()},
-                     "groups": {str(k): v.isoformat() for k, v in plan.group_points.items()}}
-    return WatermarkCheck(mode, origin, None, plan.reason,
-                          WatermarkMark(plan.effective_watermark, positions, caps),
-                          hold_back=bool(caps) or bool(stored))
+        positions = {
+            "sources": {str(k): v for k, v in caps.items()},
+            "groups": {str(k): v.isoformat() for k, v in plan.group_points.items()},
+        }
+    return WatermarkCheck(
+        mode,
+        origin,
+        None,
+        plan.reason,
+        WatermarkMark(plan.effective_watermark, positions, caps),
+        hold_back=bool(caps) or bool(stored),
+    )
 
 
 @dataclass(frozen=True)
@@ -164,7 +202,9 @@ class Window:
     skip_reason: str | None = None
 
 
-def hold_back_window(conn: psycopg.Connection, st: StreamTable, check: WatermarkCheck, snapshot: str) -> Window:
+def hold_back_window(
+    conn: psycopg.Connection, st: StreamTable, check: WatermarkCheck, snapshot: str
+) -> Window:
     """The changes a hold_back refresh up to ``snapshot`` would consume (or undo), per source.
 
     Each source's window runs from where the stream table read it last (its
@@ -195,14 +235,22 @@ def hold_back_window(conn: psycopg.Connection, st: StreamTable, check: Watermark
                 {"c": cap, "s": snapshot, "r": source.relid},
             ).fetchone()
             if row and row[0]:
-                return Window([], (
-                    f"hold_back: the changes of {name} after its watermark snapshot were already cleaned up "
-                    "(the stream table had refreshed past it); it waits for the group's next aligned point "
-                    "(or refresh with force => true to read the source as it is now)"))
+                return Window(
+                    [],
+                    (
+                        f"hold_back: the changes of {name} after its watermark snapshot were already cleaned up "
+                        "(the stream table had refreshed past it); it waits for the group's next aligned point "
+                        "(or refresh with force => true to read the source as it is now)"
+                    ),
+                )
             if row and row[1]:
-                return Window([], (
-                    f"hold_back: {name} was truncated after its watermark snapshot, so it cannot be read as of "
-                    "it; it waits for the group's next aligned point (or refresh with force => true)"))
+                return Window(
+                    [],
+                    (
+                        f"hold_back: {name} was truncated after its watermark snapshot, so it cannot be read as of "
+                        "it; it waits for the group's next aligned point (or refresh with force => true)"
+                    ),
+                )
         if st.frontier is None:
             pending.append(PendingChanges(source, 0, 0, 0, False))
             continue
@@ -246,8 +294,10 @@ def send_stale_alerts(conn: psycopg.Connection) -> int:
     ``watermark_resumed`` is sent by advance_watermark itself, in the
     transaction that moves the watermark. Returns the alerts sent.
     """
-    rows = tolerant_cursor(conn).execute(
-        """
+    rows = (
+        tolerant_cursor(conn)
+        .execute(
+            """
         SELECT g.group_id, g.group_name, m.source_relid, pgtrickle._rel_display(m.source_relid),
                coalesce(w.advanced_at, g.created_at), w.watermark, g.stale_after,
                m.stuck_since IS NOT NULL, clock_timestamp()
@@ -256,7 +306,9 @@ def send_stale_alerts(conn: psycopg.Connection) -> int:
           LEFT JOIN pgtrickle.pgt_watermarks w ON w.source_relid = m.source_relid
          WHERE g.stale_after IS NOT NULL AND m.stuck_since IS NULL
         """
-    ).fetchall()
+        )
+        .fetchall()
+    )
     sent = 0
     for gid, group, relid, source, last, watermark, stale_after, alerted, now in rows:
         if not wm.stuck_due(last, stale_after, now, alerted):
@@ -264,13 +316,20 @@ def send_stale_alerts(conn: psycopg.Connection) -> int:
         with conn.transaction():
             cur = conn.execute(
                 "UPDATE pgtrickle.pgt_watermark_group_sources SET stuck_since = %s"
-                " WHERE group_id = %s AND source_relid = %s AND stuck_since IS NULL", (now, gid, relid))
+                " WHERE group_id = %s AND source_relid = %s AND stuck_since IS NULL",
+                (now, gid, relid),
+            )
             if not cur.rowcount:
                 continue
-            payload = {"event": "watermark_stuck", "group": group, "source": source,
-                       "watermark": watermark.isoformat() if watermark else None,
-                       "last_advanced_at": last.isoformat(), "stale_after": str(stale_after),
-                       "at": now.isoformat()}
+            payload = {
+                "event": "watermark_stuck",
+                "group": group,
+                "source": source,
+                "watermark": watermark.isoformat() if watermark else None,
+                "last_advanced_at": last.isoformat(),
+                "stale_after": str(stale_after),
+                "at": now.isoformat(),
+            }
             conn.execute("SELECT pgtrickle._send_alert(%s::jsonb)", (json.dumps(payload),))
             sent += 1
     return sent

@@ -23,8 +23,14 @@ log = logging.getLogger(__name__)
 CHANNEL = "pg_trickle_alert"
 
 
-def send_alert(conn: psycopg.Connection, event: str, fields: Mapping[str, object] | None = None, *,
-               schema: str | None = None, st_name: str | None = None) -> None:
+def send_alert(
+    conn: psycopg.Connection,
+    event: str,
+    fields: Mapping[str, object] | None = None,
+    *,
+    schema: str | None = None,
+    st_name: str | None = None,
+) -> None:
     """Send ``event`` (about stream table ``schema.st_name``, when given) with ``fields``."""
     payload: dict[str, object] = {"event": event}
     if st_name is not None:
@@ -54,33 +60,53 @@ def check_staleness(conn: psycopg.Connection, schedules: Mapping[int, Schedule],
     factor = setting(conn, "stale_data_factor", health.DEFAULT_STALE_DATA_FACTOR)
     rows = conn.execute(
         "SELECT pgt_id, pgt_schema, pgt_name, status, data_timestamp, created_at, stale_alerted_at IS NOT NULL,"
-        " schedule FROM pgtrickle.pgt_stream_tables ORDER BY pgt_id").fetchall()
+        " schedule FROM pgtrickle.pgt_stream_tables ORDER BY pgt_id"
+    ).fetchall()
     sent = []
     for pgt_id, schema, name, status, data_ts, created, alerted, schedule_text in rows:
         schedule = schedules.get(pgt_id)
         if schedule is None or isinstance(schedule, CalculatedSchedule):
             continue
         period = interval_seconds(schedule, now)
-        verdict = health.staleness_check(status=status, data_timestamp=data_ts, created_at=created,
-                                         period_seconds=period, factor=factor, alerted=alerted, now=now)
+        verdict = health.staleness_check(
+            status=status,
+            data_timestamp=data_ts,
+            created_at=created,
+            period_seconds=period,
+            factor=factor,
+            alerted=alerted,
+            now=now,
+        )
         if verdict.event is None:
             continue
         with conn.transaction():
             if verdict.event == "stale_data":
-                cur = conn.execute("UPDATE pgtrickle.pgt_stream_tables SET stale_alerted_at = %s"
-                                   " WHERE pgt_id = %s AND stale_alerted_at IS NULL", (now, pgt_id))
+                cur = conn.execute(
+                    "UPDATE pgtrickle.pgt_stream_tables SET stale_alerted_at = %s"
+                    " WHERE pgt_id = %s AND stale_alerted_at IS NULL",
+                    (now, pgt_id),
+                )
             else:
-                cur = conn.execute("UPDATE pgtrickle.pgt_stream_tables SET stale_alerted_at = NULL"
-                                   " WHERE pgt_id = %s AND stale_alerted_at IS NOT NULL", (pgt_id,))
+                cur = conn.execute(
+                    "UPDATE pgtrickle.pgt_stream_tables SET stale_alerted_at = NULL"
+                    " WHERE pgt_id = %s AND stale_alerted_at IS NOT NULL",
+                    (pgt_id,),
+                )
             if not cur.rowcount:
                 continue  # another daemon sent it
-            send_alert(conn, verdict.event, {
-                "status": status,
-                "data_timestamp": data_ts.isoformat() if data_ts else None,
-                "staleness_seconds": round(verdict.age.total_seconds(), 3) if verdict.age else None,
-                "threshold_seconds": verdict.threshold.total_seconds() if verdict.threshold else None,
-                "schedule": schedule_text,
-            }, schema=schema, st_name=name)
+            send_alert(
+                conn,
+                verdict.event,
+                {
+                    "status": status,
+                    "data_timestamp": data_ts.isoformat() if data_ts else None,
+                    "staleness_seconds": round(verdict.age.total_seconds(), 3) if verdict.age else None,
+                    "threshold_seconds": verdict.threshold.total_seconds() if verdict.threshold else None,
+                    "schedule": schedule_text,
+                },
+                schema=schema,
+                st_name=name,
+            )
             sent.append(verdict.event)
     return sent
 

@@ -29,31 +29,65 @@ from pgtrickle.errors import PgTrickleError
 
 MASK = "***"
 
-WITHHELD = ("the message of an error raised by a function or trigger is withheld from the catalog "
-            "(it may quote data); the pgtrickle daemon's log has it")
+WITHHELD = (
+    "the message of an error raised by a function or trigger is withheld from the catalog "
+    "(it may quote data); the pgtrickle daemon's log has it"
+)
 
 # PostgreSQL quotes names and values alike with double quotes: a double-quoted string is kept only
 # after a word that introduces a name (or, in Spark's messages, a type or setting).
-_NAME_WORDS = frozenset({
-    "relation", "table", "column", "constraint", "index", "type", "schema", "function", "sequence", "view",
-    "database", "role", "trigger", "publication", "extension", "operator", "to", "set", "as", "collation",
-    "of", "in", "domain", "cursor", "savepoint", "statement", "parameter",
-})
-_KEY_VALUES = re.compile(r"(?i)(\bkey \((?P<cols>[^()]*)\)=)\(.*?\)"
-                         r"(?=\s+already exists|\s+is not present|\s+is still referenced|\s+conflicts with|"
-                         r"\s*\.?\s*$|\.\s)")
+_NAME_WORDS = frozenset(
+    {
+        "relation",
+        "table",
+        "column",
+        "constraint",
+        "index",
+        "type",
+        "schema",
+        "function",
+        "sequence",
+        "view",
+        "database",
+        "role",
+        "trigger",
+        "publication",
+        "extension",
+        "operator",
+        "to",
+        "set",
+        "as",
+        "collation",
+        "of",
+        "in",
+        "domain",
+        "cursor",
+        "savepoint",
+        "statement",
+        "parameter",
+    }
+)
+_KEY_VALUES = re.compile(
+    r"(?i)(\bkey \((?P<cols>[^()]*)\)=)\(.*?\)"
+    r"(?=\s+already exists|\s+is not present|\s+is still referenced|\s+conflicts with|"
+    r"\s*\.?\s*$|\.\s)"
+)
 _FAILING_ROW = re.compile(r"(?i)(failing row contains )\(.*\)")
 _BATCH_VALUES = re.compile(r"(?is)(\bVALUES\s*)\(.*?\)(?=\s+was aborted)")
 _COPY_CONTEXT = re.compile(r"(?is)\b(CONTEXT|Where):.*$")
 _NUMBER = re.compile(r"(?<![\w.$])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?:BD|L|S|Y|D)?(?![\w.])")
 _SQLSTATE = re.compile(r"SQLSTATE:?\s*[0-9A-Z]{5}")
-_TYPE_ARGS = re.compile(r"(?i)\b(decimal|numeric|varchar|char|character varying|character|bit|varbit|"
-                        r"time|timestamp|interval)\s*\(\s*\d+(?:\s*,\s*\d+)?\s*\)")
+_TYPE_ARGS = re.compile(
+    r"(?i)\b(decimal|numeric|varchar|char|character varying|character|bit|varbit|"
+    r"time|timestamp|interval)\s*\(\s*\d+(?:\s*,\s*\d+)?\s*\)"
+)
 _SAFE_SINGLE = re.compile(r"^try_[a-z_]+$")
 # Numbers that count Spark's and the driver's own things (tasks, stages, attempts, batch entries,
 # query positions), not data: "Task 3 in stage 2.0 failed 2 times", "(TID 7)", "line 1 pos 12".
-_COUNTING_BEFORE = re.compile(r"(?i)\b(?:task|stage|tid|entry|line|pos|position|attempt|partition|executor|job|"
-                              r"failed)\s*\(?\s*$")
+_COUNTING_BEFORE = re.compile(
+    r"(?i)\b(?:task|stage|tid|entry|line|pos|position|attempt|partition|executor|job|"
+    r"failed)\s*\(?\s*$"
+)
 
 
 def redact_message(text: str) -> str:
@@ -92,14 +126,23 @@ def _mask_literals(text: str) -> str:
     plain_start = 0
 
     def counting(start: int, end: int) -> bool:
-        return bool(_COUNTING_BEFORE.search(text, max(0, start - 24), start)) or text.startswith(" times", end)
+        return bool(_COUNTING_BEFORE.search(text, max(0, start - 24), start)) or text.startswith(
+            " times", end
+        )
 
     def flush(end: int) -> None:
         chunk = text[plain_start:end]
         base = plain_start
-        parts.append(_NUMBER.sub(
-            lambda m: m.group(0) if kept(base + m.start()) or counting(base + m.start(), base + m.end())
-            else MASK, chunk))
+        parts.append(
+            _NUMBER.sub(
+                lambda m: (
+                    m.group(0)
+                    if kept(base + m.start()) or counting(base + m.start(), base + m.end())
+                    else MASK
+                ),
+                chunk,
+            )
+        )
 
     while i < n:
         ch = text[i]
@@ -113,10 +156,11 @@ def _mask_literals(text: str) -> str:
             elif ch == "'":
                 parts.append(literal if _SAFE_SINGLE.match(inner) else f"'{MASK}'")
             else:
-                before = re.findall(r"[A-Za-z_]+", text[max(0, i - 40):i])
+                before = re.findall(r"[A-Za-z_]+", text[max(0, i - 40) : i])
                 word = before[-1].lower() if before else ""
-                parts.append(literal if word in _NAME_WORDS and not text[:i].rstrip().endswith(":")
-                             else f'"{MASK}"')
+                parts.append(
+                    literal if word in _NAME_WORDS and not text[:i].rstrip().endswith(":") else f'"{MASK}"'
+                )
             i = end
             plain_start = i
             continue

@@ -84,8 +84,16 @@ def stale_threshold(period_seconds: float, factor: float) -> timedelta | None:
     return timedelta(seconds=period_seconds * factor)
 
 
-def staleness_check(*, status: str, data_timestamp: datetime | None, created_at: datetime,
-                    period_seconds: float, factor: float, alerted: bool, now: datetime) -> StalenessVerdict:
+def staleness_check(
+    *,
+    status: str,
+    data_timestamp: datetime | None,
+    created_at: datetime,
+    period_seconds: float,
+    factor: float,
+    alerted: bool,
+    now: datetime,
+) -> StalenessVerdict:
     """Is the data older than ``factor`` × its schedule's period, and which alert is due?
 
     A stream table never refreshed is measured from its creation (it has been

@@ -59,14 +59,22 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         snap = self.snapshot  # one reference: a scrape sees one consistent snapshot
-        status = GaugeMetricFamily("pgtrickle_stream_table_status",
-                                   "1 for the stream table's current status", labels=["st", "status"])
-        stale = GaugeMetricFamily("pgtrickle_staleness_seconds",
-                                  "age of the stream table's data (absent when never refreshed)", labels=["st"])
-        breaker = GaugeMetricFamily("pgtrickle_circuit_breaker_open",
-                                    "1 when the stream table's circuit breaker is open", labels=["st"])
-        errors = GaugeMetricFamily("pgtrickle_consecutive_errors",
-                                   "failed refreshes in a row", labels=["st"])
+        status = GaugeMetricFamily(
+            "pgtrickle_stream_table_status",
+            "1 for the stream table's current status",
+            labels=["st", "status"],
+        )
+        stale = GaugeMetricFamily(
+            "pgtrickle_staleness_seconds",
+            "age of the stream table's data (absent when never refreshed)",
+            labels=["st"],
+        )
+        breaker = GaugeMetricFamily(
+            "pgtrickle_circuit_breaker_open",
+            "1 when the stream table's circuit breaker is open",
+            labels=["st"],
+        )
+        errors = GaugeMetricFamily("pgtrickle_consecutive_errors", "failed refreshes in a row", labels=["st"])
         for name, st_status, staleness, cb_open, consecutive in snap.stream_tables:
             for value in health.STATUSES:
                 status.add_metric([name, value], 1.0 if st_status == value else 0.0)
@@ -74,25 +82,34 @@ class _StateCollector(Collector):
                 stale.add_metric([name], staleness)
             breaker.add_metric([name], 1.0 if cb_open else 0.0)
             errors.add_metric([name], float(consecutive))
-        rows = GaugeMetricFamily("pgtrickle_change_buffer_rows",
-                                 "rows in a source's change buffer (statistics estimate; consumed rows stay "
-                                 "until cleanup)", labels=["source"])
-        size = GaugeMetricFamily("pgtrickle_change_buffer_bytes", "size of a source's change buffer",
-                                 labels=["source"])
+        rows = GaugeMetricFamily(
+            "pgtrickle_change_buffer_rows",
+            "rows in a source's change buffer (statistics estimate; consumed rows stay until cleanup)",
+            labels=["source"],
+        )
+        size = GaugeMetricFamily(
+            "pgtrickle_change_buffer_bytes", "size of a source's change buffer", labels=["source"]
+        )
         for source, n, nbytes in snap.buffers:
             rows.add_metric([source], n)
             size.add_metric([source], nbytes)
-        lag = GaugeMetricFamily("pgtrickle_slot_lag_bytes", "WAL retained by pgtrickle's replication slot",
-                                labels=["slot"])
+        lag = GaugeMetricFamily(
+            "pgtrickle_slot_lag_bytes", "WAL retained by pgtrickle's replication slot", labels=["slot"]
+        )
         for slot, lag_bytes in snap.slots:
             lag.add_metric([slot], lag_bytes)
-        broken = GaugeMetricFamily("pgtrickle_change_capture_broken",
-                                   "1 when a capture object of the source is missing or disabled "
-                                   "(changes may be lost; `pgtrickle install` repairs it)", labels=["source"])
+        broken = GaugeMetricFamily(
+            "pgtrickle_change_capture_broken",
+            "1 when a capture object of the source is missing or disabled "
+            "(changes may be lost; `pgtrickle install` repairs it)",
+            labels=["source"],
+        )
         for source, is_broken in snap.capture:
             broken.add_metric([source], 1.0 if is_broken else 0.0)
-        age = GaugeMetricFamily("pgtrickle_catalog_snapshot_age_seconds",
-                                "seconds since these state series were read from the catalog")
+        age = GaugeMetricFamily(
+            "pgtrickle_catalog_snapshot_age_seconds",
+            "seconds since these state series were read from the catalog",
+        )
         age.add_metric([], time.time() - snap.taken_at if snap.taken_at else float("nan"))
         yield from (status, stale, breaker, errors, rows, size, lag, broken, age)
 
@@ -103,17 +120,32 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.refresh_seconds = Histogram("pgtrickle_refresh_duration_seconds",
-                                         "wall time of a refresh that ran (FULL or DIFFERENTIAL)",
-                                         ["st", "mode"], registry=r, buckets=_DURATION_BUCKETS)
-        self.spark_seconds = Histogram("pgtrickle_spark_job_seconds", "Spark job time of a refresh",
-                                       ["st", "mode"], registry=r, buckets=_DURATION_BUCKETS)
-        self.rows = Counter("pgtrickle_refresh_rows", "rows a refresh inserted or deleted",
-                            ["st", "mode", "change"], registry=r)
-        self.refreshes = Counter("pgtrickle_refreshes", "refresh outcomes by action",
-                                 ["st", "action"], registry=r)
-        self.skips = Counter("pgtrickle_refresh_skips", "refreshes a gate skipped, by reason",
-                             ["st", "reason"], registry=r)
+        self.refresh_seconds = Histogram(
+            "pgtrickle_refresh_duration_seconds",
+            "wall time of a refresh that ran (FULL or DIFFERENTIAL)",
+            ["st", "mode"],
+            registry=r,
+            buckets=_DURATION_BUCKETS,
+        )
+        self.spark_seconds = Histogram(
+            "pgtrickle_spark_job_seconds",
+            "Spark job time of a refresh",
+            ["st", "mode"],
+            registry=r,
+            buckets=_DURATION_BUCKETS,
+        )
+        self.rows = Counter(
+            "pgtrickle_refresh_rows",
+            "rows a refresh inserted or deleted",
+            ["st", "mode", "change"],
+            registry=r,
+        )
+        self.refreshes = Counter(
+            "pgtrickle_refreshes", "refresh outcomes by action", ["st", "action"], registry=r
+        )
+        self.skips = Counter(
+            "pgtrickle_refresh_skips", "refreshes a gate skipped, by reason", ["st", "reason"], registry=r
+        )
         self.failures = Counter("pgtrickle_refresh_failures", "failed refreshes", ["st"], registry=r)
         self._state = _StateCollector()
         r.register(self._state)

@@ -28,13 +28,22 @@ from pgtrickle.errors import RefreshError
 from pgtrickle.spark import carry, jdbc
 
 
-def read_as_of(spark, conn: psycopg.Connection, target: JdbcTarget, dsn: str, source: Source,  # type: ignore[no-untyped-def]
-               current, cap: str, upto: str):
+def read_as_of(
+    spark,
+    conn: psycopg.Connection,
+    target: JdbcTarget,
+    dsn: str,
+    source: Source,  # type: ignore[no-untyped-def]
+    current,
+    cap: str,
+    upto: str,
+):
     """``current`` (the source's DataFrame at ``upto``) rolled back to snapshot ``cap``."""
     from pyspark.sql import functions as F  # noqa: N812 - pyspark's own convention for its functions module
 
-    row = conn.execute("SELECT columns FROM pgtrickle.pgt_change_sources WHERE source_relid = %s",
-                       (source.relid,)).fetchone()
+    row = conn.execute(
+        "SELECT columns FROM pgtrickle.pgt_change_sources WHERE source_relid = %s", (source.relid,)
+    ).fetchone()
     assert row is not None
     captured = sorted(row[0], key=lambda c: int(c["attnum"]))
     if source.cdc_mode == "wal":
@@ -42,12 +51,16 @@ def read_as_of(spark, conn: psycopg.Connection, target: JdbcTarget, dsn: str, so
     buffer = sql.Identifier("pgtrickle_changes", source.buffer_name)
     window = sql.SQL(
         "xid >= pg_snapshot_xmin({c}::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, {c}::pg_snapshot)"
-        " AND pg_visible_in_snapshot(xid, {u}::pg_snapshot)").format(c=sql.Literal(cap), u=sql.Literal(upto))
-    truncated = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE {} AND action = 'T')").format(
-        buffer, window)).fetchone()
+        " AND pg_visible_in_snapshot(xid, {u}::pg_snapshot)"
+    ).format(c=sql.Literal(cap), u=sql.Literal(upto))
+    truncated = conn.execute(
+        sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE {} AND action = 'T')").format(buffer, window)
+    ).fetchone()
     if truncated and truncated[0]:
-        raise RefreshError(f"hold_back: {source.schema}.{source.name} was truncated after its watermark "
-                           "snapshot; it cannot be read as of it")
+        raise RefreshError(
+            f"hold_back: {source.schema}.{source.name} was truncated after its watermark "
+            "snapshot; it cannot be read as of it"
+        )
 
     bases = dict(carry.source_columns(conn, source.relid, source.column_types) or ())
     label = f"{source.schema}.{source.name}"
@@ -55,17 +68,26 @@ def read_as_of(spark, conn: psycopg.Connection, target: JdbcTarget, dsn: str, so
     def images(prefix: str, actions: str) -> str:
         cols = sql.SQL(", ").join(
             sql.SQL("{} AS {}").format(
-                carry.read_expression(sql.Identifier(prefix + c["buf"]), bases[c["name"]],
-                                      f"{label}.{c['name']}")
-                if c["name"] in bases else sql.Identifier(prefix + c["buf"]), sql.Identifier(c["name"]))
-            for c in captured)
-        return sql.SQL("SELECT {} FROM {} WHERE {} AND action IN ({})").format(
-            cols, buffer, window, sql.SQL(actions)).as_string(conn)
+                carry.read_expression(
+                    sql.Identifier(prefix + c["buf"]), bases[c["name"]], f"{label}.{c['name']}"
+                )
+                if c["name"] in bases
+                else sql.Identifier(prefix + c["buf"]),
+                sql.Identifier(c["name"]),
+            )
+            for c in captured
+        )
+        return (
+            sql.SQL("SELECT {} FROM {} WHERE {} AND action IN ({})")
+            .format(cols, buffer, window, sql.SQL(actions))
+            .as_string(conn)
+        )
 
     old = jdbc.read_query(spark, target, images("old_", "'D', 'U'"), None)
     new = jdbc.read_query(spark, target, images("new_", "'I', 'U'"), None)
     names = [c["name"] for c in captured]
     rebuilt = current.select(*names).unionAll(old).exceptAll(new)
     types = {f.name: f.dataType for f in current.schema.fields}
-    return rebuilt.select(*[F.col(c) if c in names else F.lit(None).cast(types[c]).alias(c)
-                            for c in current.columns])
+    return rebuilt.select(
+        *[F.col(c) if c in names else F.lit(None).cast(types[c]).alias(c) for c in current.columns]
+    )

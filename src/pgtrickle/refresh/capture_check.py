@@ -37,8 +37,10 @@ class BrokenCapture:
 def broken_message(broken: Sequence[BrokenCapture]) -> str:
     """The error of a refresh over broken capture: what is missing, and what to do (pure)."""
     parts = "; ".join(f"the change capture of {b.source} is broken ({'; '.join(b.problems)})" for b in broken)
-    return (f"{parts}: changes may have been lost; run `pgtrickle install` to repair it "
-            "(the stream tables reading it are then recomputed in full)")
+    return (
+        f"{parts}: changes may have been lost; run `pgtrickle install` to repair it "
+        "(the stream tables reading it are then recomputed in full)"
+    )
 
 
 def find_broken(conn: psycopg.Connection, relids: Iterable[int] | None = None) -> list[BrokenCapture]:
@@ -50,7 +52,8 @@ def find_broken(conn: psycopg.Connection, relids: Iterable[int] | None = None) -
         "        FROM pgtrickle.pgt_change_sources c"
         "       WHERE %(w)s::oid[] IS NULL OR c.source_relid = ANY(%(w)s::oid[])) x"
         " WHERE cardinality(problems) > 0 ORDER BY 2",
-        {"w": wanted}).fetchall()
+        {"w": wanted},
+    ).fetchall()
     return [BrokenCapture(int(r[0]), str(r[1]), tuple(r[2])) for r in rows]
 
 
@@ -63,7 +66,9 @@ def broken_by_stream_table(conn: psycopg.Connection) -> dict[int, list[BrokenCap
         "SELECT d.pgt_id, d.source_relid::bigint FROM pgtrickle.pgt_dependencies d"
         " WHERE d.source_relid = ANY(%(r)s::oid[])"
         " UNION SELECT s.pgt_id, s.pgt_relid::bigint FROM pgtrickle.pgt_stream_tables s"
-        " WHERE s.pgt_relid = ANY(%(r)s::oid[]) ORDER BY 1, 2", {"r": sorted(broken)}).fetchall()
+        " WHERE s.pgt_relid = ANY(%(r)s::oid[]) ORDER BY 1, 2",
+        {"r": sorted(broken)},
+    ).fetchall()
     result: dict[int, list[BrokenCapture]] = {}
     for pgt_id, relid in rows:
         result.setdefault(int(pgt_id), []).append(broken[int(relid)])
@@ -86,5 +91,6 @@ def require_capture(conn: psycopg.Connection, st: StreamTable) -> None:
         " reinit_reason = coalesce(s.reinit_reason, %(why)s)"
         " FROM pgtrickle.pgt_dependencies d"
         " WHERE d.pgt_id = s.pgt_id AND d.source_relid = ANY(%(r)s::oid[]) AND NOT s.needs_reinit",
-        {"r": [b.relid for b in broken], "why": message})
+        {"r": [b.relid for b in broken], "why": message},
+    )
     raise CaptureBrokenError(message)

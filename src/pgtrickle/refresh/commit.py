@@ -20,8 +20,7 @@ from pgtrickle.catalog.store import StreamTable
 from pgtrickle.errors import RefreshError
 
 # The reinitialization request is met by this refresh (see :func:`complete`).
-_REINIT_DONE = ("(%(full)s AND (reinit_xid IS NULL"
-                " OR pg_visible_in_snapshot(reinit_xid, %(s)s::pg_snapshot)))")
+_REINIT_DONE = "(%(full)s AND (reinit_xid IS NULL OR pg_visible_in_snapshot(reinit_xid, %(s)s::pg_snapshot)))"
 
 
 def lock_for_apply(conn: psycopg.Connection, st: StreamTable) -> None:
@@ -36,13 +35,25 @@ def lock_for_apply(conn: psycopg.Connection, st: StreamTable) -> None:
         raise RefreshError(f"stream table {st.display} was dropped during its refresh")
     if current[0] != st.frontier:
         raise RefreshError(
-            f"stream table {st.display} was refreshed by another process meanwhile; this refresh is discarded")
+            f"stream table {st.display} was refreshed by another process meanwhile; this refresh is discarded"
+        )
     identity.pin(conn, [identity.stream_table_pin(st)], identity.WRITE)
 
 
-def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: str, history_id: int,
-             inserted: int, deleted: int, spark_seconds: float, request_ids: Sequence[int],
-             recomputed: bool, data_timestamp: datetime | None = None) -> None:
+def complete(
+    conn: psycopg.Connection,
+    st: StreamTable,
+    *,
+    snapshot: str,
+    lsn: str,
+    history_id: int,
+    inserted: int,
+    deleted: int,
+    spark_seconds: float,
+    request_ids: Sequence[int],
+    recomputed: bool,
+    data_timestamp: datetime | None = None,
+) -> None:
     """Advance the frontier, mark the table healthy, complete the history row, consume requests.
 
     A reinitialization request is cleared only by a refresh that ``recomputed`` the
@@ -72,9 +83,16 @@ def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: s
                updated_at = now()
          WHERE pgt_id = %(id)s
         """.replace("{done}", _REINIT_DONE),
-        {"s": snapshot, "lsn": lsn, "id": st.pgt_id, "wm": mark is not None, "full": recomputed, "dt": data_timestamp,
-         "ew": mark.effective_watermark if mark else None,
-         "pos": Jsonb(mark.positions) if mark and mark.positions else None},
+        {
+            "s": snapshot,
+            "lsn": lsn,
+            "id": st.pgt_id,
+            "wm": mark is not None,
+            "full": recomputed,
+            "dt": data_timestamp,
+            "ew": mark.effective_watermark if mark else None,
+            "pos": Jsonb(mark.positions) if mark and mark.positions else None,
+        },
     )
     conn.execute(
         """
@@ -86,5 +104,6 @@ def complete(conn: psycopg.Connection, st: StreamTable, *, snapshot: str, lsn: s
         (inserted, deleted, snapshot, spark_seconds, mark.effective_watermark if mark else None, history_id),
     )
     if request_ids:
-        conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
-                     (list(request_ids),))
+        conn.execute(
+            "DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)", (list(request_ids),)
+        )

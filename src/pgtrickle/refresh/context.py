@@ -96,11 +96,19 @@ class GroupContext:
             if source.relid in self.by_relid:
                 df = self.view_of(refresher, source.relid)
             else:
-                parts = jdbc.partition_count(stats[source.relid], refresher.settings.jdbc_partition_rows,
-                                             spark.sparkContext.defaultParallelism)
-                df = jdbc.read_table(spark, refresher.target, source.qualified, self.snap_id,
-                                     jdbc.ctid_predicates(stats[source.relid], parts),
-                                     select=refresher.source_select(source))
+                parts = jdbc.partition_count(
+                    stats[source.relid],
+                    refresher.settings.jdbc_partition_rows,
+                    spark.sparkContext.defaultParallelism,
+                )
+                df = jdbc.read_table(
+                    spark,
+                    refresher.target,
+                    source.qualified,
+                    self.snap_id,
+                    jdbc.ctid_predicates(stats[source.relid], parts),
+                    select=refresher.source_select(source),
+                )
                 if source.kind == "STREAM_TABLE":
                     df = df.drop(*[c for c in df.columns if c.startswith("__pgt_")])
             df.createOrReplaceTempView(view)

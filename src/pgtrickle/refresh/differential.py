@@ -112,7 +112,9 @@ class DeltaResult:
 class DifferentialRun:
     """One differential refresh of one stream table (used by the engine)."""
 
-    def __init__(self, refresher: RefreshContext, st: StreamTable, analysis: Analysis, layout: Layout) -> None:
+    def __init__(
+        self, refresher: RefreshContext, st: StreamTable, analysis: Analysis, layout: Layout
+    ) -> None:
         self.r = refresher
         self.st = st
         self.analysis = analysis
@@ -129,14 +131,18 @@ class DifferentialRun:
         st = self.st
         coordinator, snap_id, snapshot, lsn = self.r.coordinator(st.sources)
         with coordinator as coord:
-            if self.r.group is None and (any(s.kind == "TABLE" and s.cdc_mode == "wal" for s in st.sources)
-                                         or history.wal_capture_set_up(self.conn)):
+            if self.r.group is None and (
+                any(s.kind == "TABLE" and s.cdc_mode == "wal" for s in st.sources)
+                or history.wal_capture_set_up(self.conn)
+            ):
                 wait_for_decoder(self.conn, self.r.dsn)
             assert st.frontier is not None
             pending = pending_changes(self.conn, st.sources, st.frontier, snapshot)
             truncated = [p.source for p in pending if p.truncated]
             if truncated:
-                raise FallbackToFull(f"source {truncated[0].schema}.{truncated[0].name} was truncated or refreshed in full")
+                raise FallbackToFull(
+                    f"source {truncated[0].schema}.{truncated[0].name} was truncated or refreshed in full"
+                )
             changed = {p.source.relid: p for p in pending if p.rows > 0}
             t0 = time.monotonic()
             if changed:
@@ -151,7 +157,8 @@ class DifferentialRun:
                     # Spark cannot carry: the sources at the new snapshot may not, so recompute;
                     # if they still do, the FULL refresh refuses it in turn.
                     raise FallbackToFull(
-                        f"a change holds a value Spark cannot carry ({refused.message})") from exc
+                        f"a change holds a value Spark cannot carry ({refused.message})"
+                    ) from exc
             else:
                 result = DeltaResult([])
             spark_seconds = time.monotonic() - t0
@@ -160,8 +167,9 @@ class DifferentialRun:
         self.r.check_cancel()
         t1 = time.monotonic()
         try:
-            inserted, deleted = self._apply(result, history_id, self.r.commit_snapshot(snapshot), lsn,
-                                            request_ids, spark_seconds)
+            inserted, deleted = self._apply(
+                result, history_id, self.r.commit_snapshot(snapshot), lsn, request_ids, spark_seconds
+            )
         finally:
             self._drop_staging(result)
         self.timings["apply"] = time.monotonic() - t1
@@ -169,8 +177,9 @@ class DifferentialRun:
         return inserted, deleted, sum(p.rows for p in changed.values()), spark_seconds
 
     # ------------------------------------------------------------- spark
-    def _compute(self, coord: psycopg.Connection, snap_id: str, snapshot: str,
-                 changed: dict[int, PendingChanges]) -> DeltaResult:
+    def _compute(
+        self, coord: psycopg.Connection, snap_id: str, snapshot: str, changed: dict[int, PendingChanges]
+    ) -> DeltaResult:
         spark = self.r.spark
         spark.sparkContext.setJobGroup(f"pgtrickle-{self.st.pgt_id}", f"refresh {self.st.display}", True)
         self._snap_id, self._snapshot, self._coord = snap_id, snapshot, coord
@@ -182,8 +191,10 @@ class DifferentialRun:
         total = sum(p.rows for p in changed.values())
         partitions = max(1, min(spark.sparkContext.defaultParallelism, 1 + total // 50_000))
         # Size the shuffle to the delta, not to the sources; small deltas skip AQE's re-planning.
-        tuned = {"spark.sql.shuffle.partitions": str(partitions),
-                 "spark.sql.adaptive.enabled": "false" if total < 100_000 else "true"}
+        tuned = {
+            "spark.sql.shuffle.partitions": str(partitions),
+            "spark.sql.adaptive.enabled": "false" if total < 100_000 else "true",
+        }
         saved = {key: spark.conf.get(key) for key in tuned}
         for key, value in tuned.items():
             spark.conf.set(key, value)
@@ -208,8 +219,9 @@ class DifferentialRun:
                 return source
         raise FallbackToFull(f"the query reads {schema}.{table}, which is not a recorded source")
 
-    def _delta_sql(self, template: Weighted, changed: dict[int, PendingChanges],
-                   names: Sequence[str]) -> str | None:
+    def _delta_sql(
+        self, template: Weighted, changed: dict[int, PendingChanges], names: Sequence[str]
+    ) -> str | None:
         """Spark SQL of every inclusion–exclusion term, signed, as columns ``names`` + ``__pgt_w``.
 
         Composed as text so that one ``spark.sql`` call builds the whole job
@@ -227,8 +239,10 @@ class DifferentialRun:
         parts = []
         for deltas, sign in all_terms:
             views = {}
-            read = self.r.cached(("term-occurrences", self.st.pgt_id, self.st.normalized_query, id(template), deltas),
-                                 lambda deltas=deltas: term_occurrences(template, deltas))
+            read = self.r.cached(
+                ("term-occurrences", self.st.pgt_id, self.st.normalized_query, id(template), deltas),
+                lambda deltas=deltas: term_occurrences(template, deltas),
+            )
             for index, source in occ_source.items():
                 if index not in read:
                     continue
@@ -236,13 +250,17 @@ class DifferentialRun:
                     views[(index, True)] = self._delta_view(source)
                 else:
                     views[(index, False)] = self._post_view(source, index, deltas, occ_source, links)
-            spark_sql = self._translated(("term", id(template.query), deltas, tuple(sorted(views.items()))),
-                                         lambda deltas=deltas, views=views: term_query(template, deltas, views))
+            spark_sql = self._translated(
+                ("term", id(template.query), deltas, tuple(sorted(views.items()))),
+                lambda deltas=deltas, views=views: term_query(template, deltas, views),
+            )
             if spark_sql is None:
                 continue
             outer = ", ".join(spark_name(n) for n in names)
-            parts.append(f"SELECT {outer}, {'-' if sign < 0 else ''}{WEIGHT} AS {WEIGHT} "
-                         f"FROM ({spark_sql}) AS __pgt_t({columns})")
+            parts.append(
+                f"SELECT {outer}, {'-' if sign < 0 else ''}{WEIGHT} AS {WEIGHT} "
+                f"FROM ({spark_sql}) AS __pgt_t({columns})"
+            )
         if not parts:
             return None
         return "\nUNION ALL\n".join(parts)
@@ -258,8 +276,10 @@ class DifferentialRun:
             else:
                 views = sorted({t.name for t in query.find_all(exp.Table) if t.text("db") == "pgt_dvm"})
                 cache[full_key] = translate_to_spark(
-                    query.sql("postgres"), {("pgt_dvm", v): v for v in views},
-                    {("pgt_dvm", v): self._column_types[("pgt_dvm", v)] for v in views})
+                    query.sql("postgres"),
+                    {("pgt_dvm", v): v for v in views},
+                    {("pgt_dvm", v): self._column_types[("pgt_dvm", v)] for v in views},
+                )
         return cache[full_key]
 
     def _delta_view(self, source: Source) -> str:
@@ -270,10 +290,13 @@ class DifferentialRun:
         cols = self._columns_of(source)
         available = self._buffer_cols.get(source.relid, {})
         # A stream table created before its buffer carried columns (older catalog) has none.
-        missing = [c for c in source.columns_used if c not in available] if source.kind == "STREAM_TABLE" else []
+        missing = (
+            [c for c in source.columns_used if c not in available] if source.kind == "STREAM_TABLE" else []
+        )
         if missing:
             raise FallbackToFull(
-                f"the change buffer of {source.schema}.{source.name} does not carry column {missing[0]}")
+                f"the change buffer of {source.schema}.{source.name} does not carry column {missing[0]}"
+            )
         buffer = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(source.buffer_name))
         win = window_predicate(self.st.frontier or "", self._snapshot)
 
@@ -281,13 +304,19 @@ class DifferentialRun:
         label = f"{source.schema}.{source.name}"
 
         def side(prefix: str, weight: int, actions: str) -> sql.Composed:
-            select = [sql.SQL("{} AS {}").format(
-                carry.read_expression(sql.Identifier(prefix + available[c]), bases[c], f"{label}.{c}")
-                if c in bases else sql.Identifier(prefix + available[c]), sql.Identifier(c))
-                for c in cols]
+            select = [
+                sql.SQL("{} AS {}").format(
+                    carry.read_expression(sql.Identifier(prefix + available[c]), bases[c], f"{label}.{c}")
+                    if c in bases
+                    else sql.Identifier(prefix + available[c]),
+                    sql.Identifier(c),
+                )
+                for c in cols
+            ]
             select.append(sql.SQL("{}::bigint AS {}").format(sql.Literal(weight), sql.Identifier(WEIGHT)))
             return sql.SQL("SELECT {} FROM {} WHERE {} AND action IN ({})").format(
-                sql.SQL(", ").join(select), buffer, win, sql.SQL(actions))
+                sql.SQL(", ").join(select), buffer, win, sql.SQL(actions)
+            )
 
         query = sql.SQL("{} UNION ALL {}").format(side("new_", 1, "'I', 'U'"), side("old_", -1, "'D', 'U'"))
         df = jdbc.read_query(self.r.spark, self.r.target, query.as_string(self.conn), None)
@@ -307,8 +336,9 @@ class DifferentialRun:
         mapping[WEIGHT] = "bigint"
         self._column_types[("pgt_dvm", name)] = mapping
 
-    def _post_view(self, source: Source, index: int, deltas: frozenset[int],
-                   occ_source: dict[int, Source], links) -> str:  # type: ignore[no-untyped-def]
+    def _post_view(
+        self, source: Source, index: int, deltas: frozenset[int], occ_source: dict[int, Source], links
+    ) -> str:  # type: ignore[no-untyped-def]
         stats = self._stats[source.relid]
         for link in links.get(index, []):
             if link.other not in deltas:
@@ -323,8 +353,9 @@ class DifferentialRun:
             name = self.r.view_name(self.st.pgt_id, key)
             other_type = dict(other.column_types)[link.other_column]
             condition = self._key_condition(link.column, other_type, keys, with_null=False)
-            df = jdbc.read_query(self.r.spark, self.r.target, self._select_from(source, condition),
-                                 self._snap_id)
+            df = jdbc.read_query(
+                self.r.spark, self.r.target, self._select_from(source, condition), self._snap_id
+            )
             self.timings["key_filtered_reads"] = self.timings.get("key_filtered_reads", 0) + 1
             self._finish_post(df, name, source)
             self._views[key] = name
@@ -333,10 +364,17 @@ class DifferentialRun:
         if key in self._views:
             return self._views[key]
         name = f"{self.prefix}p_{source.relid}"
-        parts = jdbc.partition_count(stats, self.r.settings.jdbc_partition_rows,
-                                     self.r.spark.sparkContext.defaultParallelism)
-        df = jdbc.read_table(self.r.spark, self.r.target, source.qualified, self._snap_id,
-                             jdbc.ctid_predicates(stats, parts), select=self.r.source_select(source))
+        parts = jdbc.partition_count(
+            stats, self.r.settings.jdbc_partition_rows, self.r.spark.sparkContext.defaultParallelism
+        )
+        df = jdbc.read_table(
+            self.r.spark,
+            self.r.target,
+            source.qualified,
+            self._snap_id,
+            jdbc.ctid_predicates(stats, parts),
+            select=self.r.source_select(source),
+        )
         if stats.relpages * 8192 <= BROADCAST_MAX_BYTES:
             # Spark cannot size a JDBC relation: say it is small, so the join with the delta
             # broadcasts it instead of shuffling both sides.
@@ -357,8 +395,10 @@ class DifferentialRun:
         cols = self._columns_of(source)
         df.createOrReplaceTempView(f"{name}_raw")
         select = ", ".join(spark_name(c) for c in cols)
-        self.r.spark.sql(f"CREATE OR REPLACE TEMP VIEW {name} AS "
-                         f"SELECT {select}{', ' if select else ''}CAST(1 AS BIGINT) AS {WEIGHT} FROM {name}_raw")
+        self.r.spark.sql(
+            f"CREATE OR REPLACE TEMP VIEW {name} AS "
+            f"SELECT {select}{', ' if select else ''}CAST(1 AS BIGINT) AS {WEIGHT} FROM {name}_raw"
+        )
         self._register(name, source, cols)
 
     def _delta_keys(self, source: Source, column: str) -> list | None:
@@ -375,8 +415,13 @@ class DifferentialRun:
                 "SELECT DISTINCT v FROM (SELECT {n} AS v FROM pgtrickle_changes.{b} WHERE {w} AND action IN ('I','U')"
                 " UNION ALL SELECT {o} FROM pgtrickle_changes.{b} WHERE {w} AND action IN ('D','U')) s"
                 " WHERE v IS NOT NULL LIMIT {lim}"
-            ).format(n=sql.Identifier("new_" + buf), o=sql.Identifier("old_" + buf),
-                     b=sql.Identifier(source.buffer_name), w=win, lim=sql.Literal(PUSHDOWN_MAX_KEYS + 1))
+            ).format(
+                n=sql.Identifier("new_" + buf),
+                o=sql.Identifier("old_" + buf),
+                b=sql.Identifier(source.buffer_name),
+                w=win,
+                lim=sql.Literal(PUSHDOWN_MAX_KEYS + 1),
+            )
         ).fetchall()
         keys = None if len(rows) > PUSHDOWN_MAX_KEYS else [r[0] for r in rows]
         cache[(source.relid, column)] = keys
@@ -392,18 +437,30 @@ class DifferentialRun:
         del rows
         return self._stage(df)
 
-    def _output(self, source_sql: str, names: Sequence[str], pg_types: Sequence[str],
-                hash_positions: Sequence[int], extra: Sequence[str] = ()) -> str:
+    def _output(
+        self,
+        source_sql: str,
+        names: Sequence[str],
+        pg_types: Sequence[str],
+        hash_positions: Sequence[int],
+        extra: Sequence[str] = (),
+    ) -> str:
         """SELECT c0.. (timestamps rendered for COPY), ``extra`` columns and ``__pgt_row_id``.
 
         ``source_sql`` must expose ``names`` then ``extra``. The row identity
         is xxhash64 of the columns at ``hash_positions``, exactly as a FULL
         refresh computes it (:func:`finish_output`).
         """
-        cols = [_for_copy(spark_name(n), t) + f" AS c{i}" for i, (n, t) in enumerate(zip(names, pg_types, strict=True))]
+        cols = [
+            _for_copy(spark_name(n), t) + f" AS c{i}"
+            for i, (n, t) in enumerate(zip(names, pg_types, strict=True))
+        ]
         cols += [spark_name(e) for e in extra]
-        row_id = (f"xxhash64({', '.join(spark_name(names[i]) for i in hash_positions)})"
-                  if hash_positions else "CAST(0 AS BIGINT)")
+        row_id = (
+            f"xxhash64({', '.join(spark_name(names[i]) for i in hash_positions)})"
+            if hash_positions
+            else "CAST(0 AS BIGINT)"
+        )
         return f"SELECT {', '.join(cols)}, {row_id} AS {ROW_ID} FROM ({source_sql}) AS __pgt_o"
 
     def _stage(self, df) -> Staged:  # type: ignore[no-untyped-def]
@@ -412,8 +469,10 @@ class DifferentialRun:
         name = f"delta_{self.st.pgt_id}"
         table = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(name))
         target_cols = self._target_columns(df.columns)
-        cols = [sql.SQL("{} {}").format(sql.Identifier(df_col), sql.SQL(stored.get(t, "bigint")))
-                for df_col, t in zip(df.columns, target_cols, strict=True)]
+        cols = [
+            sql.SQL("{} {}").format(sql.Identifier(df_col), sql.SQL(stored.get(t, "bigint")))
+            for df_col, t in zip(df.columns, target_cols, strict=True)
+        ]
         with self.r.staging_conn() as conn:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
             conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, sql.SQL(", ").join(cols)))
@@ -422,9 +481,13 @@ class DifferentialRun:
         return Staged(f"pgtrickle_changes.{quote_ident(name)}", list(df.columns))
 
     def _stored_types(self) -> dict[str, str]:
-        return dict(self.conn.execute(
-            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
-            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped", (self.st.relid,)).fetchall())
+        return dict(
+            self.conn.execute(
+                "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
+                " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+                (self.st.relid,),
+            ).fetchall()
+        )
 
     def _target_columns(self, df_columns: Sequence[str]) -> list[str]:
         """The stream-table column each delta column (c0.., then named ones) stands for."""
@@ -441,7 +504,9 @@ class DifferentialRun:
         return [c.type for c in self.st.columns]
 
     def _linear(self, shape: LinearShape, changed: dict[int, PendingChanges]) -> DeltaResult:
-        template = self.r.cached(("weighted", self.st.pgt_id, self.st.normalized_query), lambda: weighted(shape.query))
+        template = self.r.cached(
+            ("weighted", self.st.pgt_id, self.st.normalized_query), lambda: weighted(shape.query)
+        )
         names = [f"__pgt_c{i}" for i in range(len(self.st.columns))]
         delta = self._delta_sql(template, changed, names)
         if delta is None:
@@ -474,24 +539,36 @@ class DifferentialRun:
         for keyed in shape.occurrences:
             index = keyed.occurrence.index
             source = self._source(keyed.occurrence.schema, keyed.occurrence.table)
-            post, pre = self._keyed_states(source, index, keyed.key_column, sorted(keys),
-                                           with_null or keyed.null_sensitive, source.relid in changed)
+            post, pre = self._keyed_states(
+                source,
+                index,
+                keyed.key_column,
+                sorted(keys),
+                with_null or keyed.null_sensitive,
+                source.relid in changed,
+            )
             post_views[index] = post
             pre_views[index] = pre
         names = [f"__pgt_c{i}" for i in range(len(self.st.columns))]
         columns = ", ".join(spark_name(n) for n in names)
         parts = []
         for label, views, weight in (("after", post_views, 1), ("before", pre_views, -1)):
-            spark_sql = self._translated(("keyed", label, tuple(sorted(views.items()))),
-                                         lambda views=views: bind_views(shape.query.copy(), views))
-            parts.append(f"SELECT {columns}, CAST({weight} AS BIGINT) AS {WEIGHT} "
-                         f"FROM ({spark_sql}) AS __pgt_t({columns})")
-        out = self._output("\nUNION ALL\n".join(parts), names, self._visible_types(), list(range(len(names))),
-                           extra=[WEIGHT])
+            spark_sql = self._translated(
+                ("keyed", label, tuple(sorted(views.items()))),
+                lambda views=views: bind_views(shape.query.copy(), views),
+            )
+            parts.append(
+                f"SELECT {columns}, CAST({weight} AS BIGINT) AS {WEIGHT} "
+                f"FROM ({spark_sql}) AS __pgt_t({columns})"
+            )
+        out = self._output(
+            "\nUNION ALL\n".join(parts), names, self._visible_types(), list(range(len(names))), extra=[WEIGHT]
+        )
         return DeltaResult(self._collect(out))
 
-    def _not_in_is_global(self, shape: PartitionedShape, changed: dict[int, PendingChanges],
-                          with_null: bool) -> str:
+    def _not_in_is_global(
+        self, shape: PartitionedShape, changed: dict[int, PendingChanges], with_null: bool
+    ) -> str:
         """Why this change can affect every key of a NOT IN query ('' when keyed recompute is exact).
 
         ``x NOT IN (S)`` is unknown for every x once S holds a NULL, and true for
@@ -501,14 +578,18 @@ class DifferentialRun:
         if with_null:
             return "NOT IN (subquery) with a NULL key in the changes"
         for sub in shape.not_in:
-            sources = [self._source(shape.occurrences[i].occurrence.schema, shape.occurrences[i].occurrence.table)
-                       for i in sub.occurrences]
+            sources = [
+                self._source(shape.occurrences[i].occurrence.schema, shape.occurrences[i].occurrence.table)
+                for i in sub.occurrences
+            ]
             touched = [changed[s.relid].rows for s in sources if s.relid in changed]
             if not touched:
                 continue
             # S had at least (rows now − rows inserted) rows before: non-empty on both sides if that is > 0.
             inserted = sum(touched)
-            now = self._coord.execute(f"SELECT count(*) FROM ({sub.sql} LIMIT {inserted + 1}) AS s").fetchone()
+            now = self._coord.execute(
+                f"SELECT count(*) FROM ({sub.sql} LIMIT {inserted + 1}) AS s"
+            ).fetchone()
             if now is None or int(now[0]) <= inserted:
                 return "NOT IN (subquery) whose subquery may have become empty or non-empty"
         return ""
@@ -528,18 +609,22 @@ class DifferentialRun:
         if key not in cache:
             cache[key] = translate_to_spark(self.st.normalized_query, table_map, column_types)
         names = [f"__pgt_c{i}" for i in range(len(self.st.columns))]
-        inner = (f"SELECT *, CAST(1 AS BIGINT) AS {WEIGHT} "
-                 f"FROM ({cache[key]}) AS __pgt_s({', '.join(spark_name(n) for n in names)})")
+        inner = (
+            f"SELECT *, CAST(1 AS BIGINT) AS {WEIGHT} "
+            f"FROM ({cache[key]}) AS __pgt_s({', '.join(spark_name(n) for n in names)})"
+        )
         out = self._output(inner, names, self._visible_types(), list(range(len(names))), extra=[WEIGHT])
         return DeltaResult(self._collect(out), keys=[()], replaces=True)
 
-    def _keyed_states(self, source: Source, index: int, column: str, keys: list, with_null: bool,
-                      changed: bool) -> tuple[str, str]:
+    def _keyed_states(
+        self, source: Source, index: int, column: str, keys: list, with_null: bool, changed: bool
+    ) -> tuple[str, str]:
         """Views of ``source`` restricted to the keys: after the window, and before it (after − delta)."""
         cols = self._columns_of(source)
         condition = self._key_condition(column, dict(source.column_types)[column], keys, with_null)
-        post_df = jdbc.read_query(self.r.spark, self.r.target, self._select_from(source, condition),
-                                  self._snap_id)
+        post_df = jdbc.read_query(
+            self.r.spark, self.r.target, self._select_from(source, condition), self._snap_id
+        )
         post = f"{self.prefix}k{index}_{source.relid}"
         post_df.createOrReplaceTempView(f"{post}_raw")
         select = ", ".join(spark_name(c) for c in cols)
@@ -557,7 +642,8 @@ class DifferentialRun:
             f"SELECT {select}{', ' if select else ''}-{WEIGHT} FROM {delta}) AS __pgt_u"
             f"{' GROUP BY ' + select if select else ''}) AS __pgt_n "
             f"LATERAL VIEW explode(array_repeat(1, CAST(__pgt_n.{WEIGHT} AS INT))) __pgt_e AS __pgt_copy "
-            f"WHERE __pgt_n.{WEIGHT} > 0")
+            f"WHERE __pgt_n.{WEIGHT} > 0"
+        )
         self._register(pre, source, cols)
         return post, pre
 
@@ -573,15 +659,24 @@ class DifferentialRun:
             return True
         win = window_predicate(self.st.frontier or "", self._snapshot)
         row = self.conn.execute(
-            sql.SQL("SELECT EXISTS (SELECT 1 FROM pgtrickle_changes.{b} WHERE {w} AND ("
-                    "(action IN ('I','U') AND {n} IS NULL) OR (action IN ('D','U') AND {o} IS NULL)))").format(
-                b=sql.Identifier(source.buffer_name), w=win, n=sql.Identifier("new_" + buf),
-                o=sql.Identifier("old_" + buf))).fetchone()
+            sql.SQL(
+                "SELECT EXISTS (SELECT 1 FROM pgtrickle_changes.{b} WHERE {w} AND ("
+                "(action IN ('I','U') AND {n} IS NULL) OR (action IN ('D','U') AND {o} IS NULL)))"
+            ).format(
+                b=sql.Identifier(source.buffer_name),
+                w=win,
+                n=sql.Identifier("new_" + buf),
+                o=sql.Identifier("old_" + buf),
+            )
+        ).fetchone()
         return bool(row and row[0])
 
-    def _core_delta(self, shape: AggregateShape, changed: dict[int, PendingChanges]) -> tuple[str | None, list[str]]:
-        core = self.r.cached(("core", self.st.pgt_id, self.st.normalized_query),
-                             lambda: weighted(agg_rules.core_query(shape)))
+    def _core_delta(
+        self, shape: AggregateShape, changed: dict[int, PendingChanges]
+    ) -> tuple[str | None, list[str]]:
+        core = self.r.cached(
+            ("core", self.st.pgt_id, self.st.normalized_query), lambda: weighted(agg_rules.core_query(shape))
+        )
         names = [e.alias_or_name for e in core.query.expressions][:-1]
         return self._delta_sql(core, changed, names), names
 
@@ -613,17 +708,25 @@ class DifferentialRun:
         hidden = [c for c in shape.hidden_columns() if c in states]
         keys = [spark_name(agg_rules.key_arg(k.index)) for k in shape.keys]
         if shape.scalar:
-            select = [f"coalesce({states[c]}, 0) AS {spark_name(c)}" if not c.endswith("_sum")
-                      else f"{states[c]} AS {spark_name(c)}" for c in hidden]
+            select = [
+                f"coalesce({states[c]}, 0) AS {spark_name(c)}"
+                if not c.endswith("_sum")
+                else f"{states[c]} AS {spark_name(c)}"
+                for c in hidden
+            ]
             grouped = f"SELECT {', '.join(select)} FROM ({delta}) AS __pgt_d"
         else:
             select = [*keys, *[f"{states[c]} AS {spark_name(c)}" for c in hidden]]
             # A group whose rows came and went inside the window changes nothing.
             changes = " OR ".join(f"coalesce({states[c]} <> 0, false)" for c in hidden)
-            grouped = (f"SELECT {', '.join(select)} FROM ({delta}) AS __pgt_d "
-                       f"GROUP BY {', '.join(keys)} HAVING {changes}")
+            grouped = (
+                f"SELECT {', '.join(select)} FROM ({delta}) AS __pgt_d "
+                f"GROUP BY {', '.join(keys)} HAVING {changes}"
+            )
         key_names = [agg_rules.key_arg(k.index) for k in shape.keys]
-        out = self._output(grouped, key_names, self._key_types(shape), list(range(len(key_names))), extra=hidden)
+        out = self._output(
+            grouped, key_names, self._key_types(shape), list(range(len(key_names))), extra=hidden
+        )
         return DeltaResult(self._collect(out))
 
     def _rescan(self, shape: AggregateShape, changed: dict[int, PendingChanges]) -> DeltaResult:
@@ -633,10 +736,18 @@ class DifferentialRun:
         key_names = [agg_rules.key_arg(k.index) for k in shape.keys]
         keys_view = f"{self.prefix}keys"
         if key_names:
-            self.r.spark.sql(f"CREATE OR REPLACE TEMP VIEW {keys_view} AS SELECT DISTINCT "
-                             f"{', '.join(spark_name(k) for k in key_names)} FROM ({delta}) AS __pgt_d")
-            keys = self._collect(self._output(f"SELECT * FROM {keys_view}", key_names, [""] * len(key_names),
-                                              list(range(len(key_names)))))
+            self.r.spark.sql(
+                f"CREATE OR REPLACE TEMP VIEW {keys_view} AS SELECT DISTINCT "
+                f"{', '.join(spark_name(k) for k in key_names)} FROM ({delta}) AS __pgt_d"
+            )
+            keys = self._collect(
+                self._output(
+                    f"SELECT * FROM {keys_view}",
+                    key_names,
+                    [""] * len(key_names),
+                    list(range(len(key_names))),
+                )
+            )
         else:
             keys = self._collect(f"SELECT 1 FROM ({delta}) AS __pgt_d LIMIT 1")
         if isinstance(keys, Staged):
@@ -664,9 +775,17 @@ class DifferentialRun:
         if shape.rescan_source is None:
             scopes = [(shape.select, [(k.index, k.expr) for k in shape.keys])]
         else:
-            scopes = [(branch, list(enumerate(node.this if isinstance(node, exp.Alias) else node
-                                              for node in branch.expressions)))
-                      for branch in _set_branches(shape.rescan_source)]
+            scopes = [
+                (
+                    branch,
+                    list(
+                        enumerate(
+                            node.this if isinstance(node, exp.Alias) else node for node in branch.expressions
+                        )
+                    ),
+                )
+                for branch in _set_branches(shape.rescan_source)
+            ]
         conditions: dict[int, tuple[Source, str]] = {}
         for select, outputs in scopes:
             conditions.update(self._scope_filters(select, outputs, keys, once))
@@ -674,23 +793,28 @@ class DifferentialRun:
         for relid, (source, condition) in conditions.items():
             if not should_push_down(self._stats[relid].reltuples, len(keys)):
                 continue
-            df = jdbc.read_query(self.r.spark, self.r.target, self._select_from(source, condition),
-                                 self._snap_id)
+            df = jdbc.read_query(
+                self.r.spark, self.r.target, self._select_from(source, condition), self._snap_id
+            )
             name = f"{self.prefix}r_{relid}"
             self._finish_post(df, name, source)
             self.timings["key_filtered_reads"] = self.timings.get("key_filtered_reads", 0) + 1
             views[relid] = name
         return views
 
-    def _scope_filters(self, select: exp.Select, outputs: list[tuple[int, exp.Expr]], keys: list[tuple],
-                       once: Counter) -> dict[int, tuple[Source, str]]:
+    def _scope_filters(
+        self, select: exp.Select, outputs: list[tuple[int, exp.Expr]], keys: list[tuple], once: Counter
+    ) -> dict[int, tuple[Source, str]]:
         """PostgreSQL predicates restricting the tables of one SELECT to the touched keys (by relid)."""
         try:
             items, conditions = from_items(select)
         except NotDifferentiable:
             return {}
-        tables = {item.alias: item.node for item in items
-                  if isinstance(item.node, exp.Table) and once[(item.node.text("db"), item.node.name)] == 1}
+        tables = {
+            item.alias: item.node
+            for item in items
+            if isinstance(item.node, exp.Table) and once[(item.node.text("db"), item.node.name)] == 1
+        }
         sources = {alias: self._source(t.text("db"), t.name) for alias, t in tables.items()}
         filters: dict[str, str] = {}
         for position, expr in outputs:
@@ -704,30 +828,41 @@ class DifferentialRun:
             if col_type is None:
                 continue
             values = sorted({k[position] for k in keys if k[position] is not None}, key=repr)
-            filters[alias] = self._key_condition(column.name, col_type, values,
-                                                 any(k[position] is None for k in keys))
+            filters[alias] = self._key_condition(
+                column.name, col_type, values, any(k[position] is None for k in keys)
+            )
         links = []
         for condition in conditions:
             for conjunct in conjuncts(condition):
                 conjunct = strip_parens(conjunct)
                 if isinstance(conjunct, exp.EQ):
                     left, right = strip_parens(conjunct.this), strip_parens(conjunct.expression)
-                    if (isinstance(left, exp.Column) and isinstance(right, exp.Column)
-                            and left.table in tables and right.table in tables and left.table != right.table):
-                        links += [(left.table, left.name, right.table, right.name),
-                                  (right.table, right.name, left.table, left.name)]
+                    if (
+                        isinstance(left, exp.Column)
+                        and isinstance(right, exp.Column)
+                        and left.table in tables
+                        and right.table in tables
+                        and left.table != right.table
+                    ):
+                        links += [
+                            (left.table, left.name, right.table, right.name),
+                            (right.table, right.name, left.table, left.name),
+                        ]
         grown = bool(filters)
         while grown:
             grown = False
             for have, have_col, other, other_col in links:
                 if have in filters and other not in filters:
-                    filters[other] = (f"{quote_ident(other_col)} IN (SELECT {quote_ident(have_col)} FROM "
-                                      f"{sources[have].qualified} WHERE {filters[have]})")
+                    filters[other] = (
+                        f"{quote_ident(other_col)} IN (SELECT {quote_ident(have_col)} FROM "
+                        f"{sources[have].qualified} WHERE {filters[have]})"
+                    )
                     grown = True
         return {sources[alias].relid: (sources[alias], condition) for alias, condition in filters.items()}
 
-    def _run_state_query(self, shape: AggregateShape, restricted: bool, keys_view: str,
-                         pushed: dict[int, str]) -> list[tuple] | Staged:
+    def _run_state_query(
+        self, shape: AggregateShape, restricted: bool, keys_view: str, pushed: dict[int, str]
+    ) -> list[tuple] | Staged:
         """The state query over the sources' state after the window, for the touched groups only."""
         table_map: dict[tuple[str, str], str] = {("pgt_dvm", keys_view): keys_view}
         column_types: dict[tuple[str, str], dict[str, str]] = {("pgt_dvm", keys_view): {}}
@@ -736,21 +871,38 @@ class DifferentialRun:
             table_map[(source.schema, source.name)] = view
             column_types[(source.schema, source.name)] = self._column_types[("pgt_dvm", view)]
         cache = self.r.dvm_cache
-        key = (self.st.pgt_id, self.st.normalized_query, "rescan", restricted, tuple(sorted(table_map.items())))
+        key = (
+            self.st.pgt_id,
+            self.st.normalized_query,
+            "rescan",
+            restricted,
+            tuple(sorted(table_map.items())),
+        )
         if key not in cache:
-            query = (agg_rules.rescan_query(shape, f"pgt_dvm.{keys_view}") if restricted
-                     else agg_rules.state_query(shape))
+            query = (
+                agg_rules.rescan_query(shape, f"pgt_dvm.{keys_view}")
+                if restricted
+                else agg_rules.state_query(shape)
+            )
             cache[key] = translate_to_spark(query.sql("postgres"), table_map, column_types)
         stored = list(self.layout.columns)
         names = [f"__pgt_c{i}" for i in range(len(stored))]
         types = self.r.cached(("stored", self.st.pgt_id, self.layout.columns), self._stored_types)
         inner = f"SELECT * FROM ({cache[key]}) AS __pgt_s({', '.join(spark_name(n) for n in names)})"
-        return self._collect(self._output(inner, names, [types.get(c, "") for c in stored],
-                                          self.layout.key_positions))
+        return self._collect(
+            self._output(inner, names, [types.get(c, "") for c in stored], self.layout.key_positions)
+        )
 
     # ------------------------------------------------------------- apply
-    def _apply(self, result: DeltaResult, history_id: int, snapshot: str, lsn: str,
-               request_ids: Sequence[int], spark_seconds: float) -> tuple[int, int]:
+    def _apply(
+        self,
+        result: DeltaResult,
+        history_id: int,
+        snapshot: str,
+        lsn: str,
+        request_ids: Sequence[int],
+        spark_seconds: float,
+    ) -> tuple[int, int]:
         st = self.st
         conn = self.conn
         target = st.qualified
@@ -762,14 +914,25 @@ class DifferentialRun:
             if result.rows or result.keys:
                 buffer = _own_buffer(conn, st)
                 if isinstance(shape, (LinearShape, PartitionedShape, RecomputeShape)):
-                    inserted, deleted = self._apply_linear(result.rows, target, buffer, replaces=result.replaces)
+                    inserted, deleted = self._apply_linear(
+                        result.rows, target, buffer, replaces=result.replaces
+                    )
                 elif shape.strategy == RESCAN:
                     inserted, deleted = self._apply_rescan(shape, result, target, buffer)
                 else:
                     inserted, deleted = self._apply_algebraic(shape, result.rows, target, buffer)
-            commit.complete(conn, st, snapshot=snapshot, lsn=lsn, history_id=history_id, inserted=inserted,
-                            deleted=deleted, spark_seconds=spark_seconds, request_ids=request_ids,
-                            recomputed=False)
+            commit.complete(
+                conn,
+                st,
+                snapshot=snapshot,
+                lsn=lsn,
+                history_id=history_id,
+                inserted=inserted,
+                deleted=deleted,
+                spark_seconds=spark_seconds,
+                request_ids=request_ids,
+                recomputed=False,
+            )
             user_triggers.finish(conn, st, triggers, inserted, deleted, history_id)
             if self.r.group is not None:
                 self._drop_temps()  # the group's transaction goes on: the next member makes its own
@@ -779,13 +942,20 @@ class DifferentialRun:
 
     def _drop_temps(self) -> None:
         for name in (DELTA_TABLE, KEYS_TABLE, RAW_TABLE):
-            kind = self.conn.execute("SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)",
-                                     (name,)).fetchone()
+            kind = self.conn.execute(
+                "SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)", (name,)
+            ).fetchone()
             if kind is not None:
                 self.conn.execute(f"DROP {'VIEW' if kind[0] == 'v' else 'TABLE'} {name}")
 
-    def _load(self, table: str, columns: Sequence[str], rows: Sequence[tuple] | Staged,
-              like_columns: Sequence[str], extra: str = "") -> None:
+    def _load(
+        self,
+        table: str,
+        columns: Sequence[str],
+        rows: Sequence[tuple] | Staged,
+        like_columns: Sequence[str],
+        extra: str = "",
+    ) -> None:
         """Make temp ``table`` hold the delta under ``columns``.
 
         Collected rows are COPYed into a temp table typed like the stream
@@ -794,16 +964,23 @@ class DifferentialRun:
         """
         conn = self.conn
         short = table.split(".")[-1]
-        kind = conn.execute("SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)", (table,)).fetchone()
+        kind = conn.execute(
+            "SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)", (table,)
+        ).fetchone()
         if kind is not None:
             conn.execute(f"DROP {'VIEW' if kind[0] == 'v' else 'TABLE'} {table}")
         if isinstance(rows, Staged):
-            select = [f"{quote_ident(src)} AS {quote_ident(dst)}" for src, dst in zip(rows.columns, columns, strict=False)]
+            select = [
+                f"{quote_ident(src)} AS {quote_ident(dst)}"
+                for src, dst in zip(rows.columns, columns, strict=False)
+            ]
             conn.execute(f"CREATE TEMP VIEW {short} AS SELECT {', '.join(select)} FROM {rows.table}")
             return
         select_like = ", ".join(quote_ident(c) for c in like_columns) or "1 AS __pgt_none"
-        conn.execute(f"CREATE TEMP TABLE {short} ON COMMIT DROP AS "
-                     f"SELECT {select_like} FROM {self.st.qualified} WITH NO DATA")
+        conn.execute(
+            f"CREATE TEMP TABLE {short} ON COMMIT DROP AS "
+            f"SELECT {select_like} FROM {self.st.qualified} WITH NO DATA"
+        )
         if extra:
             conn.execute(f"ALTER TABLE {table} {extra}")
         col_list = ", ".join(quote_ident(c) for c in columns)
@@ -816,33 +993,40 @@ class DifferentialRun:
         for data in (result.rows, result.keys):
             if isinstance(data, Staged):
                 for view in (DELTA_TABLE, RAW_TABLE):
-                    kind = self.conn.execute("SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)",
-                                             (view,)).fetchone()
+                    kind = self.conn.execute(
+                        "SELECT relkind::text FROM pg_class WHERE oid = to_regclass(%s)", (view,)
+                    ).fetchone()
                     if kind is not None and kind[0] == "v":
                         self.conn.execute(f"DROP VIEW {view}")
                 self.conn.execute(f"DROP TABLE IF EXISTS {data.table}")
 
-    def _apply_linear(self, rows: list[tuple] | Staged, target: str, buffer: _Buffer | None,
-                      replaces: bool = False) -> tuple[int, int]:
+    def _apply_linear(
+        self, rows: list[tuple] | Staged, target: str, buffer: _Buffer | None, replaces: bool = False
+    ) -> tuple[int, int]:
         """Apply weighted rows; with ``replaces`` the rows are the whole new result (minus the table's rows)."""
         visible = [c.name for c in self.st.columns]
-        self._load(RAW_TABLE, [*visible, WEIGHT, ROW_ID], rows, [*visible, ROW_ID], extra="ADD COLUMN __pgt_w bigint")
+        self._load(
+            RAW_TABLE, [*visible, WEIGHT, ROW_ID], rows, [*visible, ROW_ID], extra="ADD COLUMN __pgt_w bigint"
+        )
         # Consolidate: rows that came and went in the window cancel; one row per distinct change.
         cols = ", ".join(quote_ident(c) for c in [*visible, ROW_ID])
         raw = RAW_TABLE
         if replaces:
-            raw = (f"(SELECT {cols}, __pgt_w FROM {RAW_TABLE} UNION ALL "
-                   f"SELECT {cols}, -1 FROM {target}) AS __pgt_r")
-        self.conn.execute(f"CREATE TEMP TABLE {DELTA_TABLE.split('.')[-1]} ON COMMIT DROP AS "
-                          f"SELECT {cols}, sum(__pgt_w)::bigint AS __pgt_w, (row_number() OVER ())::int AS __pgt_seq"
-                          f" FROM {raw} GROUP BY {cols} HAVING sum(__pgt_w) <> 0")
+            raw = (
+                f"(SELECT {cols}, __pgt_w FROM {RAW_TABLE} UNION ALL "
+                f"SELECT {cols}, -1 FROM {target}) AS __pgt_r"
+            )
+        self.conn.execute(
+            f"CREATE TEMP TABLE {DELTA_TABLE.split('.')[-1]} ON COMMIT DROP AS "
+            f"SELECT {cols}, sum(__pgt_w)::bigint AS __pgt_w, (row_number() OVER ())::int AS __pgt_seq"
+            f" FROM {raw} GROUP BY {cols} HAVING sum(__pgt_w) <> 0"
+        )
         self.conn.execute(f"ANALYZE {DELTA_TABLE}")
         stmts = linear_statements(target, visible)
         expected = int(self.conn.execute(stmts.expected_deletes).fetchone()[0])  # type: ignore[index]
         deleted = self._run_captured(stmts.delete, buffer, "D")
         if deleted != expected:
-            raise FallbackToFull(
-                f"the delta deletes {expected} rows but {deleted} matched the stream table")
+            raise FallbackToFull(f"the delta deletes {expected} rows but {deleted} matched the stream table")
         inserted = self._run_captured(stmts.insert, buffer, "I")
         return inserted, deleted
 
@@ -858,7 +1042,8 @@ class DifferentialRun:
         cur = self.conn.execute(
             f"WITH x AS ({statement}), w AS (INSERT INTO {buffer.table} (xid, action{', ' + targets if targets else ''})"
             f" SELECT pg_current_xact_id(), '{action}'{', ' + values if values else ''} FROM x RETURNING 1)"
-            " SELECT count(*) FROM w")
+            " SELECT count(*) FROM w"
+        )
         return int(cur.fetchone()[0])  # type: ignore[index]
 
     def _snapshot_groups(self, buffer: _Buffer | None, match_table: str, match: str, action: str) -> None:
@@ -872,16 +1057,22 @@ class DifferentialRun:
         self.conn.execute(
             f"INSERT INTO {buffer.table} (xid, action{', ' + targets if targets else ''})"
             f" SELECT pg_current_xact_id(), '{action}'{', ' + values if values else ''}"
-            f" FROM {self.st.qualified} AS t WHERE EXISTS (SELECT 1 FROM {match_table} AS d WHERE {match})")
+            f" FROM {self.st.qualified} AS t WHERE EXISTS (SELECT 1 FROM {match_table} AS d WHERE {match})"
+        )
 
-    def _apply_algebraic(self, shape: AggregateShape, rows: list[tuple] | Staged, target: str,
-                         buffer: _Buffer | None) -> tuple[int, int]:
+    def _apply_algebraic(
+        self, shape: AggregateShape, rows: list[tuple] | Staged, target: str, buffer: _Buffer | None
+    ) -> tuple[int, int]:
         key_cols = [k.column for k in shape.keys]
         hidden_states = [c for c in shape.hidden_columns() if c not in key_cols]
-        self._load(DELTA_TABLE, [*key_cols, *hidden_states, ROW_ID], rows, [*key_cols, *hidden_states, ROW_ID])
+        self._load(
+            DELTA_TABLE, [*key_cols, *hidden_states, ROW_ID], rows, [*key_cols, *hidden_states, ROW_ID]
+        )
         visible = [c.name for c in self.st.columns]
-        stmts = self.r.cached(("merge", self.st.pgt_id, self.st.normalized_query, target),
-                              lambda: agg_rules.merge_statements(shape, target, visible))
+        stmts = self.r.cached(
+            ("merge", self.st.pgt_id, self.st.normalized_query, target),
+            lambda: agg_rules.merge_statements(shape, target, visible),
+        )
         match = agg_rules.key_match(shape, "t", "d") if not shape.scalar else "true"
         self._snapshot_groups(buffer, DELTA_TABLE, match, "D")
         deleted = self.conn.execute(stmts.delete).rowcount if stmts.delete else 0
@@ -890,20 +1081,24 @@ class DifferentialRun:
         groups = int(self.conn.execute(f"SELECT count(*) FROM {DELTA_TABLE}").fetchone()[0])  # type: ignore[index]
         if deleted + updated + inserted != groups:
             raise FallbackToFull(
-                f"{groups} changed groups but {deleted + updated + inserted} matched the stream table")
+                f"{groups} changed groups but {deleted + updated + inserted} matched the stream table"
+            )
         self._snapshot_groups(buffer, DELTA_TABLE, match, "I")
         return inserted + updated, deleted + updated
 
-    def _apply_rescan(self, shape: AggregateShape, result: DeltaResult, target: str,
-                      buffer: _Buffer | None) -> tuple[int, int]:
+    def _apply_rescan(
+        self, shape: AggregateShape, result: DeltaResult, target: str, buffer: _Buffer | None
+    ) -> tuple[int, int]:
         key_cols = [k.column for k in shape.keys]
         stored = self.layout.columns
         self._load(DELTA_TABLE, [*stored, ROW_ID], result.rows, [*stored, ROW_ID])
         if shape.scalar:
             match_k = "true"
             self.conn.execute(f"DROP TABLE IF EXISTS {KEYS_TABLE}")
-            self.conn.execute(f"CREATE TEMP TABLE {KEYS_TABLE.split('.')[-1]} ON COMMIT DROP AS SELECT "
-                              f"NULL::bigint AS {ROW_ID}")
+            self.conn.execute(
+                f"CREATE TEMP TABLE {KEYS_TABLE.split('.')[-1]} ON COMMIT DROP AS SELECT "
+                f"NULL::bigint AS {ROW_ID}"
+            )
         else:
             self._load(KEYS_TABLE, [*key_cols, ROW_ID], result.keys, [*key_cols, ROW_ID])
             match_k = agg_rules.key_match(shape, "t", "d")
@@ -911,7 +1106,9 @@ class DifferentialRun:
             self._snapshot_groups(buffer, KEYS_TABLE, "true", "D")
             deleted = self.conn.execute(f"DELETE FROM {target}").rowcount
             cols = ", ".join(quote_ident(c) for c in [*stored, ROW_ID])
-            inserted = self.conn.execute(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {DELTA_TABLE}").rowcount
+            inserted = self.conn.execute(
+                f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {DELTA_TABLE}"
+            ).rowcount
             self._snapshot_groups(buffer, KEYS_TABLE, "true", "I")
             return inserted, deleted
         stmts = agg_rules.replace_statements(shape, target, stored)
@@ -972,8 +1169,10 @@ def _weighted(x: str, w: str) -> str:
     A decimal is negated instead (which cannot overflow); a weight other
     than ±1 fails loudly (docs/TYPES.md).
     """
-    return (f"CASE WHEN {w} = 1 THEN {x} WHEN {w} = -1 THEN -{x} "
-            f"ELSE raise_error('pgtrickle: a delta weight other than 1 or -1 on a decimal sum') END")
+    return (
+        f"CASE WHEN {w} = 1 THEN {x} WHEN {w} = -1 THEN -{x} "
+        f"ELSE raise_error('pgtrickle: a delta weight other than 1 or -1 on a decimal sum') END"
+    )
 
 
 def _decimal_columns(df) -> set[str]:  # type: ignore[no-untyped-def]

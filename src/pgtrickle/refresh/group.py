@@ -44,10 +44,17 @@ from pgtrickle.scheduler.groups import RefreshGroup
 log = logging.getLogger(__name__)
 
 
-def refresh_group(refresher: Refresher, group: RefreshGroup, order: Sequence[int],
-                  members: Mapping[int, StreamTable], in_group_upstream: Mapping[int, frozenset[int]],
-                  initiated_by: Mapping[int, str], request_ids: Mapping[int, Sequence[int]],
-                  record_no_data: bool = False, force: bool = False) -> list[RefreshOutcome]:
+def refresh_group(
+    refresher: Refresher,
+    group: RefreshGroup,
+    order: Sequence[int],
+    members: Mapping[int, StreamTable],
+    in_group_upstream: Mapping[int, frozenset[int]],
+    initiated_by: Mapping[int, str],
+    request_ids: Mapping[int, Sequence[int]],
+    record_no_data: bool = False,
+    force: bool = False,
+) -> list[RefreshOutcome]:
     """Refresh the members of ``group`` (``order``: upstream first) atomically.
 
     ``members`` must have been read under the members' advisory locks. ``record_no_data``
@@ -57,18 +64,25 @@ def refresh_group(refresher: Refresher, group: RefreshGroup, order: Sequence[int
     started = time.monotonic()
     refresher.clear_cancel()
     # An explicit request refreshes a SUSPENDED / ERROR stream table (and so its group); a schedule does not.
-    stopped = None if record_no_data or force else next(
-        (members[m] for m in order if members[m].status in ("SUSPENDED", "ERROR")), None)
+    stopped = (
+        None
+        if record_no_data or force
+        else next((members[m] for m in order if members[m].status in ("SUSPENDED", "ERROR")), None)
+    )
     if stopped is not None:
-        reason = (f"atomic group {group.name}: member {stopped.display} is {stopped.status}; "
-                  "resume it, or take it out of the group")
+        reason = (
+            f"atomic group {group.name}: member {stopped.display} is {stopped.status}; "
+            "resume it, or take it out of the group"
+        )
         return _skip_all(refresher, order, members, initiated_by, reason, request_ids, except_id=None)
     assert refresher.group is None, "atomic groups do not nest"
     # A new exported snapshot, shared by the members. It pins the sources read from PostgreSQL:
     # not the members themselves (a downstream member reads an upstream one's new contents from
     # this job, and the member's apply needs its table without our lock in the way).
     member_relids = {members[m].relid for m in order}
-    external = list({s.relid: s for m in order for s in members[m].sources if s.relid not in member_relids}.values())
+    external = list(
+        {s.relid: s for m in order for s in members[m].sources if s.relid not in member_relids}.values()
+    )
     coord, snap_id, snapshot, lsn = refresher.coordinator(external)
     try:
         if history.wal_capture_set_up(refresher.conn):
@@ -77,12 +91,25 @@ def refresh_group(refresher: Refresher, group: RefreshGroup, order: Sequence[int
         for pgt_id in order:
             st = members[pgt_id]
             try:
-                prepared[pgt_id] = refresher.prepare(st, request_ids.get(pgt_id, ()), initiated_by[pgt_id],
-                                                     record_no_data, force, snapshot=snapshot, defer_no_data=True)
+                prepared[pgt_id] = refresher.prepare(
+                    st,
+                    request_ids.get(pgt_id, ()),
+                    initiated_by[pgt_id],
+                    record_no_data,
+                    force,
+                    snapshot=snapshot,
+                    defer_no_data=True,
+                )
             except PgTrickleError as exc:
-                _skip_all(refresher, order, members, initiated_by,
-                          f"atomic group {group.name}: not refreshed because {st.display} failed: {exc}",
-                          request_ids, except_id=pgt_id)
+                _skip_all(
+                    refresher,
+                    order,
+                    members,
+                    initiated_by,
+                    f"atomic group {group.name}: not refreshed because {st.display} failed: {exc}",
+                    request_ids,
+                    except_id=pgt_id,
+                )
                 raise RefreshError(f"atomic group {group.name}: {exc}; no member was changed") from exc
             plan, mark = prepared[pgt_id].plan, prepared[pgt_id].mark
             blocked = plan.reason if plan.action is Action.SKIP else None
@@ -90,29 +117,64 @@ def refresh_group(refresher: Refresher, group: RefreshGroup, order: Sequence[int
                 blocked = "watermark hold_back cannot be honoured inside an atomic group (use 'gate')"
                 record_skip(refresher.conn, st, initiated_by[pgt_id], blocked, plan.delta_rows or None, None)
             if blocked is not None:
-                return _skip_all(refresher, order, members, initiated_by,
-                                 f"atomic group {group.name}: {st.display} skipped: {blocked}",
-                                 request_ids, except_id=pgt_id, skipped=st)
+                return _skip_all(
+                    refresher,
+                    order,
+                    members,
+                    initiated_by,
+                    f"atomic group {group.name}: {st.display} skipped: {blocked}",
+                    request_ids,
+                    except_id=pgt_id,
+                    skipped=st,
+                )
         actions = member_actions(order, in_group_upstream, {m: p.plan.action for m, p in prepared.items()})
         if all(a is Action.NO_DATA for a in actions.values()):
             with refresher.conn.transaction():
                 for pgt_id in order:
                     p = prepared[pgt_id]
-                    refresher.advance_no_data(members[pgt_id], p.plan, p.mark, snapshot,
-                                              request_ids.get(pgt_id, ()), record_no_data, initiated_by[pgt_id])
+                    refresher.advance_no_data(
+                        members[pgt_id],
+                        p.plan,
+                        p.mark,
+                        snapshot,
+                        request_ids.get(pgt_id, ()),
+                        record_no_data,
+                        initiated_by[pgt_id],
+                    )
             return [RefreshOutcome(members[m], Action.NO_DATA, prepared[m].plan.reason) for m in order]
-        ctx = GroupContext(group.name, coord, snap_id, snapshot, lsn, members,
-                           {members[m].relid: m for m in order})
-        return _run(refresher, ctx, group, order, actions, prepared, members, initiated_by, request_ids,
-                    record_no_data, started)
+        ctx = GroupContext(
+            group.name, coord, snap_id, snapshot, lsn, members, {members[m].relid: m for m in order}
+        )
+        return _run(
+            refresher,
+            ctx,
+            group,
+            order,
+            actions,
+            prepared,
+            members,
+            initiated_by,
+            request_ids,
+            record_no_data,
+            started,
+        )
     finally:
         coord.close()
 
 
-def _run(refresher: Refresher, ctx: GroupContext, group: RefreshGroup, order: Sequence[int],
-         actions: Mapping[int, Action], prepared: Mapping[int, Prepared], members: Mapping[int, StreamTable],
-         initiated_by: Mapping[int, str], request_ids: Mapping[int, Sequence[int]], record_no_data: bool,
-         started: float) -> list[RefreshOutcome]:
+def _run(
+    refresher: Refresher,
+    ctx: GroupContext,
+    group: RefreshGroup,
+    order: Sequence[int],
+    actions: Mapping[int, Action],
+    prepared: Mapping[int, Prepared],
+    members: Mapping[int, StreamTable],
+    initiated_by: Mapping[int, str],
+    request_ids: Mapping[int, Sequence[int]],
+    record_no_data: bool,
+    started: float,
+) -> list[RefreshOutcome]:
     outcomes: list[RefreshOutcome] = []
     current = order[0]
     current_plan = prepared[current].plan
@@ -126,15 +188,20 @@ def _run(refresher: Refresher, ctx: GroupContext, group: RefreshGroup, order: Se
                 st, p, action = members[current], prepared[current], actions[current]
                 reqs = request_ids.get(current, ())
                 if action is Action.NO_DATA:
-                    refresher.advance_no_data(st, p.plan, p.mark, ctx.commit_snapshot, reqs, record_no_data,
-                                              initiated_by[current])
+                    refresher.advance_no_data(
+                        st, p.plan, p.mark, ctx.commit_snapshot, reqs, record_no_data, initiated_by[current]
+                    )
                     outcomes.append(RefreshOutcome(st, Action.NO_DATA, p.plan.reason))
                     continue
                 plan = current_plan = p.plan
                 if action is not plan.action:
-                    plan = RefreshPlan(Action.FULL, f"atomic group {group.name}: recomputed from its upstream "
-                                       "members' new contents at the group's snapshot",
-                                       plan.delta_rows, plan.delta_deletes)
+                    plan = RefreshPlan(
+                        Action.FULL,
+                        f"atomic group {group.name}: recomputed from its upstream "
+                        "members' new contents at the group's snapshot",
+                        plan.delta_rows,
+                        plan.delta_deletes,
+                    )
                     current_plan = plan
                 st = replace(st, watermark_mark=p.mark)
                 history_id = history.start_history(refresher.conn, st, plan, initiated_by[current])
@@ -144,13 +211,22 @@ def _run(refresher: Refresher, ctx: GroupContext, group: RefreshGroup, order: Se
     except Exception as exc:
         message = public_error(exc)
         failed = members[current]
-        log.error("atomic group %s: %s failed, nothing applied: %s", group.name, failed.display, full_error(exc))
+        log.error(
+            "atomic group %s: %s failed, nothing applied: %s", group.name, failed.display, full_error(exc)
+        )
         _record_member_failure(refresher, failed, current_plan, initiated_by[current], exc, message)
-        _skip_all(refresher, order, members, initiated_by,
-                  f"atomic group {group.name}: not applied because {failed.display} failed: {message}",
-                  request_ids, except_id=current)
-        raise RefreshError(f"atomic group {group.name}: refresh of {failed.display} failed: {message}; "
-                           "no member was changed") from exc
+        _skip_all(
+            refresher,
+            order,
+            members,
+            initiated_by,
+            f"atomic group {group.name}: not applied because {failed.display} failed: {message}",
+            request_ids,
+            except_id=current,
+        )
+        raise RefreshError(
+            f"atomic group {group.name}: refresh of {failed.display} failed: {message}; no member was changed"
+        ) from exc
     finally:
         refresher.group = None
     elapsed = time.monotonic() - started
@@ -159,16 +235,29 @@ def _run(refresher: Refresher, ctx: GroupContext, group: RefreshGroup, order: Se
     return outcomes
 
 
-def _record_member_failure(refresher: Refresher, st: StreamTable, plan: RefreshPlan, initiated_by: str,
-                           exc: BaseException, message: str) -> None:
+def _record_member_failure(
+    refresher: Refresher,
+    st: StreamTable,
+    plan: RefreshPlan,
+    initiated_by: str,
+    exc: BaseException,
+    message: str,
+) -> None:
     cause = exc.__cause__ if isinstance(exc, RefreshError) and exc.__cause__ is not None else exc
     history_id = history.start_history(refresher.conn, st, plan, initiated_by)
     history.record_failure(refresher.conn, st, history_id, message, fatal=health.is_fatal(cause))
 
 
-def _skip_all(refresher: Refresher, order: Sequence[int], members: Mapping[int, StreamTable],
-              initiated_by: Mapping[int, str], reason: str, request_ids: Mapping[int, Sequence[int]],
-              except_id: int | None, skipped: StreamTable | None = None) -> list[RefreshOutcome]:
+def _skip_all(
+    refresher: Refresher,
+    order: Sequence[int],
+    members: Mapping[int, StreamTable],
+    initiated_by: Mapping[int, str],
+    reason: str,
+    request_ids: Mapping[int, Sequence[int]],
+    except_id: int | None,
+    skipped: StreamTable | None = None,
+) -> list[RefreshOutcome]:
     """A SKIPPED history row for every member but ``except_id`` (which recorded its own)."""
     outcomes = []
     for pgt_id in order:
@@ -176,8 +265,10 @@ def _skip_all(refresher: Refresher, order: Sequence[int], members: Mapping[int, 
         if pgt_id != except_id:
             record_skip(refresher.conn, st, initiated_by[pgt_id], reason, None, None)
         if skipped is not None and request_ids.get(pgt_id):
-            refresher.conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
-                                   (list(request_ids[pgt_id]),))
+            refresher.conn.execute(
+                "DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
+                (list(request_ids[pgt_id]),),
+            )
         outcomes.append(RefreshOutcome(st, Action.SKIP, reason))
     log.warning("%s", reason)
     return outcomes

@@ -15,8 +15,9 @@ MAX_SKIPPED_XIDS = 100_000
 """Transactions that may start between the group's snapshot and its own xid (normally a handful)."""
 
 
-def member_actions(order: Sequence[int], in_group_upstream: Mapping[int, frozenset[int]],
-                   own: Mapping[int, Action]) -> dict[int, Action]:
+def member_actions(
+    order: Sequence[int], in_group_upstream: Mapping[int, frozenset[int]], own: Mapping[int, Action]
+) -> dict[int, Action]:
     """What each member of a group does, given what its own plan says.
 
     A *root* (no upstream member) keeps its own plan: NO_DATA, DIFFERENTIAL
@@ -58,7 +59,8 @@ def frontier_with_own_xid(snapshot: str, xid: int) -> str:
     if xid - xmax > MAX_SKIPPED_XIDS:
         raise RefreshError(
             f"{xid - xmax} transactions started between the group's snapshot and its commit; "
-            "the refresh is discarded and will be retried")
+            "the refresh is discarded and will be retried"
+        )
     return _format(xmin, xid + 1, sorted(set(xip) | set(range(xmax, xid))))
 
 

@@ -33,14 +33,23 @@ def start_history(conn: psycopg.Connection, st: StreamTable, plan: RefreshPlan, 
              was_full_fallback)
         VALUES (%s, %s, 'RUNNING', %s, %s, %s, %s, %s) RETURNING refresh_id
         """,
-        (st.pgt_id, plan.action.value, initiated_by, plan.delta_rows, plan.delta_deletes, plan.reason,
-         plan.was_full_fallback),
+        (
+            st.pgt_id,
+            plan.action.value,
+            initiated_by,
+            plan.delta_rows,
+            plan.delta_deletes,
+            plan.reason,
+            plan.was_full_fallback,
+        ),
     ).fetchone()
     assert row is not None
     return int(row[0])
 
 
-def record_failure(conn: psycopg.Connection, st: StreamTable, history_id: int, message: str, *, fatal: bool) -> None:
+def record_failure(
+    conn: psycopg.Connection, st: StreamTable, history_id: int, message: str, *, fatal: bool
+) -> None:
     """Record a failed refresh: history row, error count, status (auto-suspension / ERROR), alerts.
 
     One transaction, so the status and its alerts never disagree. The
@@ -55,7 +64,9 @@ def record_failure(conn: psycopg.Connection, st: StreamTable, history_id: int, m
             ).fetchone()
             row = conn.execute(
                 "SELECT status, consecutive_errors + 1 FROM pgtrickle.pgt_stream_tables"
-                " WHERE pgt_id = %s FOR UPDATE", (st.pgt_id,)).fetchone()
+                " WHERE pgt_id = %s FOR UPDATE",
+                (st.pgt_id,),
+            ).fetchone()
             if row is None:
                 return  # dropped meanwhile
             status, errors = str(row[0]), int(row[1])
@@ -72,24 +83,40 @@ def record_failure(conn: psycopg.Connection, st: StreamTable, history_id: int, m
             for event in verdict.events:
                 if event == "refresh_failed":
                     fields: dict[str, object] = {
-                        "error": message, "consecutive_errors": errors, "fatal": fatal,
-                        "status": verdict.status, "refresh_id": history_id,
-                        "action": hist[0] if hist else None, "initiated_by": hist[1] if hist else None}
+                        "error": message,
+                        "consecutive_errors": errors,
+                        "fatal": fatal,
+                        "status": verdict.status,
+                        "refresh_id": history_id,
+                        "action": hist[0] if hist else None,
+                        "initiated_by": hist[1] if hist else None,
+                    }
                 else:  # auto_suspended
-                    fields = {"consecutive_errors": errors, "threshold": threshold, "last_error": message,
-                              "previous_status": status}
+                    fields = {
+                        "consecutive_errors": errors,
+                        "threshold": threshold,
+                        "last_error": message,
+                        "previous_status": status,
+                    }
                 alerts.send_alert(conn, event, fields, schema=st.schema, st_name=st.name)
             if verdict.status in STOPPED_STATUSES:
                 # Stopped: nothing queued may retry it (a queued initialization would run every tick);
                 # the owner's next refresh_stream_table, or resume_stream_table, queues a new request.
                 conn.execute("DELETE FROM pgtrickle.pgt_refresh_requests WHERE pgt_id = %s", (st.pgt_id,))
             if verdict.status == "SUSPENDED" and status != "SUSPENDED":
-                log.warning("%s: suspended after %d consecutive failed refreshes; "
-                            "resume with pgtrickle.resume_stream_table", st.display, errors)
+                log.warning(
+                    "%s: suspended after %d consecutive failed refreshes; "
+                    "resume with pgtrickle.resume_stream_table",
+                    st.display,
+                    errors,
+                )
     except psycopg.Error as exc:
         if conn.broken or conn.closed:  # PostgreSQL went away: the daemon reconnects
-            log.warning("could not record the failure of %s: the connection to PostgreSQL is lost (%s)",
-                        st.display, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+            log.warning(
+                "could not record the failure of %s: the connection to PostgreSQL is lost (%s)",
+                st.display,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            )
         else:
             log.exception("could not record the failure of %s", st.display)
 
@@ -100,6 +127,7 @@ def record_abandoned(conn: psycopg.Connection, history_id: int) -> None:
         conn.execute(
             "UPDATE pgtrickle.pgt_refresh_history SET status = 'ABANDONED', end_time = clock_timestamp(),"
             " error_message = 'abandoned on request (second stop signal)' WHERE refresh_id = %s",
-            (history_id,))
+            (history_id,),
+        )
     except psycopg.Error:
         log.exception("could not record an abandoned refresh")

@@ -27,10 +27,13 @@ def row_index_name(st: StreamTable) -> str:
 
 def ensure_layout(conn: psycopg.Connection, st: StreamTable, layout: Layout) -> bool:
     """Make the table match ``layout``; True when its contents must be recomputed (FULL)."""
-    existing = dict(conn.execute(
-        "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s"
-        " AND attnum > 0 AND NOT attisdropped AND attname LIKE '\\_\\_pgt\\_%%' AND attname <> '__pgt_row_id'",
-        (st.relid,)).fetchall())
+    existing = dict(
+        conn.execute(
+            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s"
+            " AND attnum > 0 AND NOT attisdropped AND attname LIKE '\\_\\_pgt\\_%%' AND attname <> '__pgt_row_id'",
+            (st.relid,),
+        ).fetchall()
+    )
     wanted: dict[str, str] = {}
     if layout.hidden:
         wanted = _probe_types(conn, layout)
@@ -44,14 +47,20 @@ def ensure_layout(conn: psycopg.Connection, st: StreamTable, layout: Layout) -> 
                 changed = True
         for name in layout.hidden:
             if existing.get(name) != wanted[name]:
-                conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
-                    table, sql.Identifier(name), sql.SQL(wanted[name])))
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+                        table, sql.Identifier(name), sql.SQL(wanted[name])
+                    )
+                )
                 changed = True
         row_index = sql.Identifier(st.schema, _index_name(st, "rowid"))
         key_index = sql.Identifier(st.schema, _index_name(st, "keys"))
         if layout.differential:
-            conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (__pgt_row_id)").format(
-                sql.Identifier(_index_name(st, "rowid")), table))
+            conn.execute(
+                sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} (__pgt_row_id)").format(
+                    sql.Identifier(_index_name(st, "rowid")), table
+                )
+            )
         else:
             conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(row_index))
         if changed:
@@ -60,8 +69,10 @@ def ensure_layout(conn: psycopg.Connection, st: StreamTable, layout: Layout) -> 
                 # The new hidden columns are empty: only a FULL refresh fills them. Say so in the
                 # catalog, with the change: a refresh that fails, is skipped by a gate or dies
                 # before it completes must not leave the next one to go DIFFERENTIAL over them.
-                conn.execute("UPDATE pgtrickle.pgt_stream_tables SET needs_reinit = true WHERE pgt_id = %s",
-                             (st.pgt_id,))
+                conn.execute(
+                    "UPDATE pgtrickle.pgt_stream_tables SET needs_reinit = true WHERE pgt_id = %s",
+                    (st.pgt_id,),
+                )
     return changed
 
 

@@ -66,14 +66,21 @@ class ModeContext:
     """The query reads the clock (now(), current_date, ...): its result changes without any source change."""
 
 
-READS_CLOCK_REASON = ("the query reads the clock (now(), current_date, ...): it is recomputed in full at every "
-                      "scheduled refresh, with or without source changes, with the clock read at the refresh's "
-                      "snapshot")
+READS_CLOCK_REASON = (
+    "the query reads the clock (now(), current_date, ...): it is recomputed in full at every "
+    "scheduled refresh, with or without source changes, with the clock read at the refresh's "
+    "snapshot"
+)
 
 
-def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
-                 pending: Sequence[PendingChanges] | None, mode: ModeContext | None = None,
-                 reinit_reason: str | None = None) -> RefreshPlan:
+def plan_refresh(
+    refresh_mode: str,
+    frontier: str | None,
+    needs_reinit: bool,
+    pending: Sequence[PendingChanges] | None,
+    mode: ModeContext | None = None,
+    reinit_reason: str | None = None,
+) -> RefreshPlan:
     """Decide how to bring a stream table up to date.
 
     ``pending`` is ``None`` when the stream table has no frontier yet;
@@ -107,7 +114,10 @@ def plan_refresh(refresh_mode: str, frontier: str | None, needs_reinit: bool,
             Action.FULL,
             f"{delta:,} pending changes exceed {mode.fallback_ratio:.0%} of the sources' "
             f"~{int(mode.source_rows):,} rows (differential_fallback_ratio)",
-            delta, deletes, was_full_fallback=True)
+            delta,
+            deletes,
+            was_full_fallback=True,
+        )
     return RefreshPlan(Action.DIFFERENTIAL, mode.reason, delta, deletes)
 
 

@@ -90,11 +90,19 @@ def statements(table: str, triggers: list[tuple[str, str]]) -> tuple[list[str], 
     return disable, restore
 
 
-def payload(st: StreamTable, action: str, inserted: int, deleted: int, refresh_id: int | None,
-            suppressed: list[str]) -> dict[str, object]:
-    return {"st_name": st.name, "schema": st.schema, "action": action, "rows": inserted,
-            "rows_inserted": inserted, "rows_deleted": deleted, "refresh_id": refresh_id,
-            "triggers_suppressed": suppressed}
+def payload(
+    st: StreamTable, action: str, inserted: int, deleted: int, refresh_id: int | None, suppressed: list[str]
+) -> dict[str, object]:
+    return {
+        "st_name": st.name,
+        "schema": st.schema,
+        "action": action,
+        "rows": inserted,
+        "rows_inserted": inserted,
+        "rows_deleted": deleted,
+        "refresh_id": refresh_id,
+        "triggers_suppressed": suppressed,
+    }
 
 
 @dataclass
@@ -109,7 +117,9 @@ def effective_mode(conn: psycopg.Connection, st: StreamTable) -> str:
     """The stream table's ``user_triggers`` override, else the setting, else ``auto``."""
     row = conn.execute(
         "SELECT coalesce((SELECT user_triggers FROM pgtrickle.pgt_stream_tables WHERE pgt_id = %s),"
-        " (SELECT value FROM pgtrickle.pgt_settings WHERE name = 'user_triggers'))", (st.pgt_id,)).fetchone()
+        " (SELECT value FROM pgtrickle.pgt_settings WHERE name = 'user_triggers'))",
+        (st.pgt_id,),
+    ).fetchone()
     return parse_mode(row[0] if row else None)
 
 
@@ -119,9 +129,14 @@ def begin(conn: psycopg.Connection, st: StreamTable, action: str) -> Suppression
     done = Suppression(action, pol)
     if not pol.suppress:
         return done
-    triggers = [(str(n), str(e)) for n, e in conn.execute(
-        "SELECT tgname::text, tgenabled::text FROM pg_trigger WHERE tgrelid = %s AND NOT tgisinternal"
-        " ORDER BY tgname", (st.relid,)).fetchall()]
+    triggers = [
+        (str(n), str(e))
+        for n, e in conn.execute(
+            "SELECT tgname::text, tgenabled::text FROM pg_trigger WHERE tgrelid = %s AND NOT tgisinternal"
+            " ORDER BY tgname",
+            (st.relid,),
+        ).fetchall()
+    ]
     table = sql.SQL("{}.{}").format(sql.Identifier(st.schema), sql.Identifier(st.name)).as_string(conn)
     disable, done.restore = statements(table, triggers)
     done.names = [n for n, e in triggers if e in _ENABLE]
@@ -130,11 +145,19 @@ def begin(conn: psycopg.Connection, st: StreamTable, action: str) -> Suppression
     return done
 
 
-def finish(conn: psycopg.Connection, st: StreamTable, done: Suppression, inserted: int, deleted: int,
-           refresh_id: int | None) -> None:
+def finish(
+    conn: psycopg.Connection,
+    st: StreamTable,
+    done: Suppression,
+    inserted: int,
+    deleted: int,
+    refresh_id: int | None,
+) -> None:
     """In the apply transaction, after the data changes: enable the triggers again; NOTIFY if due."""
     for stmt in done.restore:
         conn.execute(stmt)  # type: ignore[arg-type]
     if done.policy.notify:
-        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, json.dumps(
-            payload(st, done.action, inserted, deleted, refresh_id, done.names))))
+        conn.execute(
+            "SELECT pg_notify(%s, %s)",
+            (CHANNEL, json.dumps(payload(st, done.action, inserted, deleted, refresh_id, done.names))),
+        )

@@ -39,13 +39,19 @@ def verify(conn: psycopg.Connection, name: str) -> Verification:
     row = conn.execute(
         "SELECT s.pgt_id, s.pgt_schema, s.pgt_name, s.pgt_relid, s.reads_clock, s.data_timestamp,"
         " pgtrickle._normalized_query(s.def_view) FROM pgtrickle.pgt_stream_tables s "
-        "WHERE s.pgt_id = (pgtrickle._find_st(%s)).pgt_id", (name,)
+        "WHERE s.pgt_id = (pgtrickle._find_st(%s)).pgt_id",
+        (name,),
     ).fetchone()
     assert row is not None
     pgt_id, schema, table, relid, clock, data_timestamp, definition = row
-    cols = [r[0] for r in conn.execute(
-        "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
-        " AND attname NOT LIKE '\\_\\_pgt\\_%%' ORDER BY attnum", (relid,)).fetchall()]
+    cols = [
+        r[0]
+        for r in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
+            " AND attname NOT LIKE '\\_\\_pgt\\_%%' ORDER BY attnum",
+            (relid,),
+        ).fetchall()
+    ]
     col_list = sql.SQL(", ").join(sql.Identifier(c) for c in cols)
     st = sql.SQL("SELECT {} FROM {}.{}").format(col_list, sql.Identifier(schema), sql.Identifier(table))
     query = sql.SQL("SELECT {} FROM pgtrickle.{}").format(col_list, sql.Identifier(f"pgt_def_{pgt_id}"))
@@ -71,8 +77,12 @@ class StreamTableCheck:
 
     @property
     def ok(self) -> bool:
-        return (self.error is None and not self.capture_problems and self.verification is not None
-                and self.verification.ok)
+        return (
+            self.error is None
+            and not self.capture_problems
+            and self.verification is not None
+            and self.verification.ok
+        )
 
     def describe(self) -> str:
         """Why it is not ok ('' when it is)."""
@@ -82,8 +92,11 @@ class StreamTableCheck:
         elif self.verification is not None and not self.verification.ok:
             parts.append(f"{self.verification.missing} rows missing, {self.verification.extra} rows extra")
         if self.capture_problems:
-            parts.append("change capture broken: " + "; ".join(self.capture_problems)
-                         + " (changes may be lost; run `pgtrickle install` to repair)")
+            parts.append(
+                "change capture broken: "
+                + "; ".join(self.capture_problems)
+                + " (changes may be lost; run `pgtrickle install` to repair)"
+            )
         return "; ".join(parts)
 
 
@@ -97,12 +110,19 @@ def check_all(conn: psycopg.Connection, names: Sequence[str] | None = None) -> l
 
     wanted: list[tuple[str, int | None, str | None]] = []  # (name, pgt_id, why it cannot be checked)
     if names is None:
-        wanted = [(str(n), int(i), None) for n, i in conn.execute(
-            "SELECT name, pgt_id FROM pgtrickle.stream_tables_info ORDER BY name").fetchall()]
+        wanted = [
+            (str(n), int(i), None)
+            for n, i in conn.execute(
+                "SELECT name, pgt_id FROM pgtrickle.stream_tables_info ORDER BY name"
+            ).fetchall()
+        ]
     for name in names or ():
         try:
-            row = conn.execute("SELECT pgtrickle._display_name(s.pgt_schema, s.pgt_name), s.pgt_id"
-                               " FROM pgtrickle._find_st(%s) s", (name,)).fetchone()
+            row = conn.execute(
+                "SELECT pgtrickle._display_name(s.pgt_schema, s.pgt_name), s.pgt_id"
+                " FROM pgtrickle._find_st(%s) s",
+                (name,),
+            ).fetchone()
             assert row is not None
             wanted.append((str(row[0]), int(row[1]), None))
         except psycopg.Error as exc:

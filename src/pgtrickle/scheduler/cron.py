@@ -111,17 +111,27 @@ def parse_cron(fields: list[str]) -> CronSpec:
             expression never fires. The message is a reason, without the input.
     """
     if len(fields) != len(_FIELDS):
-        raise ScheduleError("a cron expression has exactly 5 fields (minute hour day-of-month month day-of-week)")
+        raise ScheduleError(
+            "a cron expression has exactly 5 fields (minute hour day-of-month month day-of-week)"
+        )
     values = []
     for text, (name, low, high, names) in zip(fields, _FIELDS, strict=True):
         parsed = _parse_field(text.lower(), low, high, names)
         if parsed is None:
-            raise ScheduleError(f"the {name} field {text!r} is not valid ({low}-{high}"
-                                f"{', names' if names else ''}; items *, n, a-b, with /step)")
+            raise ScheduleError(
+                f"the {name} field {text!r} is not valid ({low}-{high}"
+                f"{', names' if names else ''}; items *, n, a-b, with /step)"
+            )
         values.append(parsed)
     minutes, hours, days, months, weekdays = values
-    spec = CronSpec(frozenset(minutes), frozenset(hours), frozenset(days), frozenset(months),
-                    frozenset(d % 7 for d in weekdays), fields[2] != "*" and fields[4] != "*")
+    spec = CronSpec(
+        frozenset(minutes),
+        frozenset(hours),
+        frozenset(days),
+        frozenset(months),
+        frozenset(d % 7 for d in weekdays),
+        fields[2] != "*" and fields[4] != "*",
+    )
     if not spec.can_fire():
         raise ScheduleError("the cron expression never fires (no chosen month has that day)")
     return spec

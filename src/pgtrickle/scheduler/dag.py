@@ -161,8 +161,7 @@ def _index(nodes: Iterable[StreamTableNode]) -> dict[int, StreamTableNode]:
     for node in nodes:
         if node.pgt_id in by_id:
             raise ValueError(
-                f"pgt_id {node.pgt_id} is used by both {by_id[node.pgt_id].name!r} "
-                f"and {node.name!r}"
+                f"pgt_id {node.pgt_id} is used by both {by_id[node.pgt_id].name!r} and {node.name!r}"
             )
         by_id[node.pgt_id] = node
     return by_id

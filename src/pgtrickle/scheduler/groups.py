@@ -94,8 +94,9 @@ def diamond_members(nodes: Mapping[int, GroupNode], fan_in: int) -> frozenset[in
     return frozenset(members)
 
 
-def refresh_groups(nodes: Mapping[int, GroupNode],
-                   explicit: Mapping[str, Iterable[int]] | None = None) -> list[RefreshGroup]:
+def refresh_groups(
+    nodes: Mapping[int, GroupNode], explicit: Mapping[str, Iterable[int]] | None = None
+) -> list[RefreshGroup]:
     """Every atomic group: diamonds of ``atomic`` fan-ins and explicit groups, overlapping ones merged.
 
     Member ids that name no stream table are ignored; a group left with fewer

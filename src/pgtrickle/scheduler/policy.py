@@ -64,15 +64,19 @@ def stopped_note(display: str, status: str) -> str | None:
     """What an explicit refresh of a stopped (SUSPENDED / ERROR) stream table says; ``None`` otherwise."""
     if status not in STOPPED_STATUSES:
         return None
-    return (f"{display} is {status}: refreshing it once, as asked; it is not refreshed automatically "
-            "until pgtrickle.resume_stream_table")
+    return (
+        f"{display} is {status}: refreshing it once, as asked; it is not refreshed automatically "
+        "until pgtrickle.resume_stream_table"
+    )
 
 
 RECONNECT_FIRST_DELAY = 0.5
 RECONNECT_MAX_DELAY = 30.0
 
 
-def reconnect_delay(attempt: int, first: float = RECONNECT_FIRST_DELAY, cap: float = RECONNECT_MAX_DELAY) -> float:
+def reconnect_delay(
+    attempt: int, first: float = RECONNECT_FIRST_DELAY, cap: float = RECONNECT_MAX_DELAY
+) -> float:
     """Seconds to wait before reconnection attempt ``attempt`` (0 = the first) after losing PostgreSQL.
 
     Exponential (0.5, 1, 2, 4, … s) and capped at ``cap``, so a server that

@@ -208,9 +208,7 @@ def _parse_duration(text: str, stripped: str) -> IntervalSchedule:
             "ms, s, m, h, d, w, each used at most once, largest first",
         )
     total_ms = sum(
-        int(count) * _UNIT_MS[unit.lower()]
-        for unit, count in match.groupdict().items()
-        if count is not None
+        int(count) * _UNIT_MS[unit.lower()] for unit, count in match.groupdict().items() if count is not None
     )
     seconds = total_ms / 1000
     if not MIN_INTERVAL_SECONDS <= seconds <= MAX_INTERVAL_SECONDS:

@@ -63,13 +63,17 @@ _TIME = re.compile(r"^time(?:\(\d\))? without time zone$")
 _TIMETZ = re.compile(r"^time(?:\(\d\))? with time zone$")
 _BIT = re.compile(r"^bit(?:\(\d+\))?$")
 
-_NUMERIC_HINT = ("Spark carries this column as decimal(38,18) (at most 20 digits before and 18 after the "
-                 "decimal point, no NaN or Infinity); declare it numeric(p,s) with p <= 38 "
-                 "(ALTER TABLE ... ALTER COLUMN ... TYPE numeric(p,s)) to carry s fraction digits, "
-                 "or change the value.")
-_DATETIME_HINT = ("Spark carries dates and timestamps of years 1 to 9999 only (no infinity, no BC), and "
-                  "not the ten days 1582-10-05 to 1582-10-14 that Java's calendar skips; change the value, "
-                  "or keep such rows out of the sources the stream table reads.")
+_NUMERIC_HINT = (
+    "Spark carries this column as decimal(38,18) (at most 20 digits before and 18 after the "
+    "decimal point, no NaN or Infinity); declare it numeric(p,s) with p <= 38 "
+    "(ALTER TABLE ... ALTER COLUMN ... TYPE numeric(p,s)) to carry s fraction digits, "
+    "or change the value."
+)
+_DATETIME_HINT = (
+    "Spark carries dates and timestamps of years 1 to 9999 only (no infinity, no BC), and "
+    "not the ten days 1582-10-05 to 1582-10-14 that Java's calendar skips; change the value, "
+    "or keep such rows out of the sources the stream table reads."
+)
 _TIME_HINT = "Spark carries a time of day below 24:00:00; store 24:00:00 as 00:00:00 of the next day."
 
 
@@ -101,12 +105,22 @@ def decide(base_type: str) -> Carry:
             return Carry(CHECKED, "{c} <> 'NaN'::numeric", t, NUMERIC_RANGE_SQLSTATE, _NUMERIC_HINT)
         # Unconstrained (or beyond Spark's decimals): decimal(38,18) when the value fits it.
         # min_scale: trailing zeros do not count (1.0000000000000000000 fits).
-        return Carry(CHECKED, "min_scale({c}) <= 18 AND abs({c}) < 1e20", "numeric", NUMERIC_RANGE_SQLSTATE,
-                     _NUMERIC_HINT)
+        return Carry(
+            CHECKED,
+            "min_scale({c}) <= 18 AND abs({c}) < 1e20",
+            "numeric",
+            NUMERIC_RANGE_SQLSTATE,
+            _NUMERIC_HINT,
+        )
     if t == "date":
-        return Carry(CHECKED, "{c} BETWEEN '0001-01-01'::date AND '9999-12-31'::date"
-                     " AND NOT {c} BETWEEN '1582-10-05'::date AND '1582-10-14'::date", None,
-                     DATETIME_RANGE_SQLSTATE, _DATETIME_HINT)
+        return Carry(
+            CHECKED,
+            "{c} BETWEEN '0001-01-01'::date AND '9999-12-31'::date"
+            " AND NOT {c} BETWEEN '1582-10-05'::date AND '1582-10-14'::date",
+            None,
+            DATETIME_RANGE_SQLSTATE,
+            _DATETIME_HINT,
+        )
     if _TIMESTAMP.match(t):
         if t.endswith("without time zone"):
             bounds = "'0001-01-01 00:00:00'::timestamp AND '9999-12-31 23:59:59.999999'::timestamp"
@@ -116,11 +130,21 @@ def decide(base_type: str) -> Carry:
             # years 1..9999 and outside the calendar gap, so a day is kept at each edge.
             bounds = "'0001-01-02 00:00:00+00'::timestamptz AND '9999-12-30 23:59:59.999999+00'::timestamptz"
             gap = "'1582-10-04 00:00:00+00'::timestamptz AND '1582-10-15 23:59:59.999999+00'::timestamptz"
-        return Carry(CHECKED, f"{{c}} BETWEEN {bounds} AND NOT {{c}} BETWEEN {gap}", None,
-                     DATETIME_RANGE_SQLSTATE, _DATETIME_HINT)
+        return Carry(
+            CHECKED,
+            f"{{c}} BETWEEN {bounds} AND NOT {{c}} BETWEEN {gap}",
+            None,
+            DATETIME_RANGE_SQLSTATE,
+            _DATETIME_HINT,
+        )
     if _TIME.match(t):
-        return Carry(RECARRIED, "{c} < '24:00:00'::time", "timestamp without time zone",
-                     DATETIME_RANGE_SQLSTATE, _TIME_HINT)
+        return Carry(
+            RECARRIED,
+            "{c} < '24:00:00'::time",
+            "timestamp without time zone",
+            DATETIME_RANGE_SQLSTATE,
+            _TIME_HINT,
+        )
     if _TIMETZ.match(t) or _BIT.match(t):
         return Carry(RECARRIED, "", "text")
     return Carry(NATIVE)
@@ -145,17 +169,23 @@ def read_expression(column: sql.Composable, base_type: str, label: str) -> sql.C
 
     test = sql.SQL(carry.test.replace("{c}", "{0}")).format(column)
     refuse = sql.SQL("pgtrickle._value_not_carried({c}, {label}, {type}, {code}, {hint})").format(
-        c=column, label=sql.Literal(label), type=sql.Literal(base_type), code=sql.Literal(carry.sqlstate),
-        hint=sql.Literal(carry.hint))
+        c=column,
+        label=sql.Literal(label),
+        type=sql.Literal(base_type),
+        code=sql.Literal(carry.sqlstate),
+        hint=sql.Literal(carry.hint),
+    )
     expression = sql.SQL("CASE WHEN {c} IS NULL OR ({test}) THEN {ok} ELSE {refused} END").format(
-        c=column, test=test, ok=value(column), refused=value(refuse))
+        c=column, test=test, ok=value(column), refused=value(refuse)
+    )
     if carry.read_as is None:
         return expression
     return sql.SQL("({})::{}").format(expression, sql.SQL(carry.read_as))
 
 
-def select_list(columns: Sequence[tuple[str, str]], label: str,
-                source_names: Mapping[str, str] | None = None) -> sql.Composable:
+def select_list(
+    columns: Sequence[tuple[str, str]], label: str, source_names: Mapping[str, str] | None = None
+) -> sql.Composable:
     """``expr AS "name", ...`` for ``columns`` (name, base type) of relation ``label``.
 
     ``source_names`` maps a column to the column it is read from (a change
@@ -164,8 +194,11 @@ def select_list(columns: Sequence[tuple[str, str]], label: str,
     items = []
     for name, base_type in columns:
         source = sql.Identifier((source_names or {}).get(name, name))
-        items.append(sql.SQL("{} AS {}").format(
-            read_expression(source, base_type, f"{label}.{name}"), sql.Identifier(name)))
+        items.append(
+            sql.SQL("{} AS {}").format(
+                read_expression(source, base_type, f"{label}.{name}"), sql.Identifier(name)
+            )
+        )
     return sql.SQL(", ").join(items)
 
 
@@ -195,8 +228,9 @@ def base_types(conn: psycopg.Connection, relids: Sequence[int]) -> dict[int, dic
     return result
 
 
-def source_columns(conn: psycopg.Connection, relid: int, column_types: Sequence[tuple[str, str]]
-                   ) -> list[tuple[str, str]] | None:
+def source_columns(
+    conn: psycopg.Connection, relid: int, column_types: Sequence[tuple[str, str]]
+) -> list[tuple[str, str]] | None:
     """(name, base type) of the columns of a source to read through :func:`select_list`.
 
     ``None`` when every column is native, so the read stays a plain table
@@ -208,7 +242,6 @@ def source_columns(conn: psycopg.Connection, relid: int, column_types: Sequence[
     if not needs_care(dict(columns)):
         return None
     return columns
-
 
 
 @dataclass(frozen=True)
@@ -245,10 +278,16 @@ def _refusal_in_java(java: object) -> Refusal | None:
         try:
             if java.getClass().getName() == "org.postgresql.util.PSQLException":  # type: ignore[attr-defined]
                 server = java.getServerErrorMessage()  # type: ignore[attr-defined]
-                if server is not None and server.getSQLState() in REFUSAL_SQLSTATES \
-                        and "_value_not_carried" in (server.getWhere() or ""):
-                    return Refusal(str(server.getSQLState()), str(server.getMessage()),
-                                   str(server.getHint()) if server.getHint() else None)
+                if (
+                    server is not None
+                    and server.getSQLState() in REFUSAL_SQLSTATES
+                    and "_value_not_carried" in (server.getWhere() or "")
+                ):
+                    return Refusal(
+                        str(server.getSQLState()),
+                        str(server.getMessage()),
+                        str(server.getHint()) if server.getHint() else None,
+                    )
             java = java.getCause()  # type: ignore[attr-defined]
         except Exception:
             return None

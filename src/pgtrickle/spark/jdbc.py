@@ -101,8 +101,15 @@ def partition_count(stats: TableStats, rows_per_partition: int, parallelism: int
     return max(1, min(wanted, max(2, parallelism * 2)))
 
 
-def read_table(spark, target: JdbcTarget, qualified_name: str, snapshot_id: str,  # type: ignore[no-untyped-def]
-               predicates: list[str], fetch_size: int = 10_000, select: str | None = None):
+def read_table(
+    spark,
+    target: JdbcTarget,
+    qualified_name: str,
+    snapshot_id: str,  # type: ignore[no-untyped-def]
+    predicates: list[str],
+    fetch_size: int = 10_000,
+    select: str | None = None,
+):
     """A DataFrame over one PostgreSQL relation, read at ``snapshot_id``.
 
     ``select`` is the select list to read (see :mod:`pgtrickle.spark.carry`);
@@ -112,8 +119,12 @@ def read_table(spark, target: JdbcTarget, qualified_name: str, snapshot_id: str,
     if select is not None:
         from functools import reduce
 
-        parts = [read_query(spark, target, f"SELECT {select} FROM {qualified_name} WHERE {pred}", snapshot_id,
-                            fetch_size) for pred in predicates]
+        parts = [
+            read_query(
+                spark, target, f"SELECT {select} FROM {qualified_name} WHERE {pred}", snapshot_id, fetch_size
+            )
+            for pred in predicates
+        ]
         return reduce(lambda a, b: a.unionAll(b), parts)
     props = dict(target.properties)
     props.update(
@@ -150,8 +161,13 @@ def write_append(df, target: JdbcTarget, qualified_name: str, batch_size: int = 
     )
 
 
-def read_query(spark, target: JdbcTarget, query: str, snapshot_id: str | None,  # type: ignore[no-untyped-def]
-               fetch_size: int = 10_000):
+def read_query(
+    spark,
+    target: JdbcTarget,
+    query: str,
+    snapshot_id: str | None,  # type: ignore[no-untyped-def]
+    fetch_size: int = 10_000,
+):
     """A DataFrame over the rows of a PostgreSQL query (one partition).
 
     With ``snapshot_id`` the query runs at that exported snapshot; without,
@@ -159,8 +175,9 @@ def read_query(spark, target: JdbcTarget, query: str, snapshot_id: str | None,  
     explicitly, so they need none).
     """
     props = dict(target.properties)
-    props.update({"driver": "org.postgresql.Driver", "fetchsize": str(fetch_size),
-                  "preferTimestampNTZ": "true"})
+    props.update(
+        {"driver": "org.postgresql.Driver", "fetchsize": str(fetch_size), "preferTimestampNTZ": "true"}
+    )
     if snapshot_id is not None:
         props["sessionInitStatement"] = snapshot_init_statement(snapshot_id)
     return (

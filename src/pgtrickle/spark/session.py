@@ -41,8 +41,7 @@ def default_conf(settings: Settings) -> dict[str, str]:
         "spark.local.dir": str(settings.spark_local_dir),
         "spark.driver.memory": "2g",
         "spark.sql.warehouse.dir": str(settings.spark_local_dir / "warehouse"),
-        "spark.driver.extraJavaOptions":
-            f"-Dderby.system.home={settings.spark_local_dir} -Duser.timezone=UTC",
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={settings.spark_local_dir} -Duser.timezone=UTC",
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
         # Identifiers arrive already case-folded by PostgreSQL; "A" and "a" are different columns.
         "spark.sql.caseSensitive": "true",
@@ -61,8 +60,12 @@ def check_jdbc_jar(settings: Settings) -> Path:
 
 
 _MASTER_FORMS = (
-    r"local", r"local\[(\*|[1-9]\d*)(,[1-9]\d*)?\]", r"local-cluster\[\s*[1-9]\d*\s*,\s*[1-9]\d*\s*,\s*[1-9]\d*\s*\]",
-    r"spark://[^/\s]+(,[^/\s]+)*", r"yarn", r"k8s://\S+",
+    r"local",
+    r"local\[(\*|[1-9]\d*)(,[1-9]\d*)?\]",
+    r"local-cluster\[\s*[1-9]\d*\s*,\s*[1-9]\d*\s*,\s*[1-9]\d*\s*\]",
+    r"spark://[^/\s]+(,[^/\s]+)*",
+    r"yarn",
+    r"k8s://\S+",
 )
 
 
@@ -74,7 +77,8 @@ def check_master(master: str) -> None:
     if not any(re.fullmatch(form, master) for form in _MASTER_FORMS):
         raise SparkError(
             f"{master!r} is not a Spark master URL; use local, local[N], local[*], local-cluster[N,cores,MB], "
-            "spark://host:port, yarn or k8s://https://host:port (--spark-master / PGTRICKLE_SPARK_MASTER)")
+            "spark://host:port, yarn or k8s://https://host:port (--spark-master / PGTRICKLE_SPARK_MASTER)"
+        )
 
 
 def reach_master(master: str, timeout: float = 5.0) -> None:
@@ -86,15 +90,17 @@ def reach_master(master: str, timeout: float = 5.0) -> None:
     if not master.startswith("spark://"):
         return
     problems = []
-    for address in master[len("spark://"):].split(","):
+    for address in master[len("spark://") :].split(","):
         host, _, port = address.rpartition(":")
         try:
             with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
                 return
         except (OSError, ValueError) as exc:
             problems.append(f"{address}: {exc}")
-    raise SparkError(f"no Spark master answers at {master} ({'; '.join(problems)}); is the master running, "
-                     "and is --spark-master / PGTRICKLE_SPARK_MASTER right?")
+    raise SparkError(
+        f"no Spark master answers at {master} ({'; '.join(problems)}); is the master running, "
+        "and is --spark-master / PGTRICKLE_SPARK_MASTER right?"
+    )
 
 
 def check_java() -> str:
@@ -105,13 +111,15 @@ def check_java() -> str:
         if not os.access(java, os.X_OK):
             raise SparkError(
                 f"Spark needs Java (17 or 21), and JAVA_HOME={java_home} has no bin/java; point JAVA_HOME "
-                "at a Java installation or unset it to use the java on PATH")
+                "at a Java installation or unset it to use the java on PATH"
+            )
         return str(java)
     found = shutil.which("java")
     if found is None:
         raise SparkError(
             "Spark needs Java (17 or 21) and none was found: JAVA_HOME is not set and there is no java on "
-            "PATH; install one (Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
+            "PATH; install one (Debian: apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+        )
     return found
 
 

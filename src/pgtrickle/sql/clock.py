@@ -49,14 +49,16 @@ def clock_values(conn: psycopg.Connection, at: datetime | None = None) -> ClockV
     """The clock values at ``at`` (default: ``now()`` of ``conn``'s transaction) in ``conn``'s time zone."""
     row = conn.execute(
         "SELECT t, t::date, t::timestamp, t::timetz, t::time FROM (SELECT coalesce(%s::timestamptz, now()) AS t) s",
-        (at,)).fetchone()
+        (at,),
+    ).fetchone()
     assert row is not None
     return ClockValues(*row)
 
 
 def _is_clock(node: exp.Expr) -> bool:
-    if isinstance(node, (exp.CurrentTimestamp, exp.CurrentDate, exp.CurrentTime, exp.Localtimestamp,
-                         exp.Localtime)):
+    if isinstance(
+        node, (exp.CurrentTimestamp, exp.CurrentDate, exp.CurrentTime, exp.Localtimestamp, exp.Localtime)
+    ):
         return True
     return isinstance(node, exp.Anonymous) and node.name.lower() in TIMESTAMPTZ_FUNCTIONS
 

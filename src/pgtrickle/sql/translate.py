@@ -167,7 +167,19 @@ _INT_CONDITION_KEY = "pgt_int_condition"
 
 #: Functions sqlglot does not model but Spark has with the same name and meaning.
 _SPARK_SAME_FUNCTIONS = frozenset(
-    {"octet_length", "every", "grouping", "make_date", "cot", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh"}
+    {
+        "octet_length",
+        "every",
+        "grouping",
+        "make_date",
+        "cot",
+        "sinh",
+        "cosh",
+        "tanh",
+        "asinh",
+        "acosh",
+        "atanh",
+    }
 )
 #: Functions sqlglot does not model that have a direct Spark replacement.
 _TIMESTAMP_FUNCTIONS = frozenset({"clock_timestamp", "statement_timestamp", "transaction_timestamp"})
@@ -245,7 +257,125 @@ _VOLATILE_NODES: tuple[type[exp.Expr], ...] = tuple(
 )
 
 #: Typed sqlglot functions whose Spark translation has been checked.
-_ALLOWED_FUNC_NAMES = ["Cast", "Case", "If", "Coalesce", "Nullif", "Greatest", "Least", "Exists", "And", "Or", "Xor", "Count", "Sum", "Avg", "Min", "Max", "LogicalAnd", "LogicalOr", "GroupConcat", "Stddev", "StddevSamp", "StddevPop", "Variance", "VariancePop", "Corr", "CovarPop", "CovarSamp", "BitwiseAndAgg", "BitwiseOrAgg", "BitwiseXorAgg", "PercentileCont", "PercentileDisc", "Mode", "AnyValue", "RowNumber", "Rank", "DenseRank", "PercentRank", "CumeDist", "Ntile", "Lag", "Lead", "FirstValue", "LastValue", "NthValue", "Abs", "Ceil", "Floor", "Round", "Trunc", "Sign", "Sqrt", "Cbrt", "Exp", "Ln", "Log", "Pow", "Pi", "Degrees", "Radians", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Atan2", "Cot", "Sinh", "Cosh", "Tanh", "Asinh", "Acosh", "Atanh", "WidthBucket", "Rand", "Length", "BitLength", "Lower", "Upper", "Trim", "Pad", "Left", "Right", "Repeat", "Replace", "Reverse", "SplitPart", "StrPosition", "Substring", "Translate", "Ascii", "Chr", "MD5", "Concat", "ConcatWs", "StartsWith", "RegexpReplace", "RegexpLike", "RegexpILike", "Levenshtein", "Extract", "TimestampTrunc", "DateTrunc", "CurrentTimestamp", "CurrentDate", "Localtimestamp", "TimeToStr", "StrToDate", "StrToTime", "UnixToTime", "TimestampFromParts", "Uuid", "Anonymous", "Array", "Collate", "Grouping"]
+_ALLOWED_FUNC_NAMES = [
+    "Cast",
+    "Case",
+    "If",
+    "Coalesce",
+    "Nullif",
+    "Greatest",
+    "Least",
+    "Exists",
+    "And",
+    "Or",
+    "Xor",
+    "Count",
+    "Sum",
+    "Avg",
+    "Min",
+    "Max",
+    "LogicalAnd",
+    "LogicalOr",
+    "GroupConcat",
+    "Stddev",
+    "StddevSamp",
+    "StddevPop",
+    "Variance",
+    "VariancePop",
+    "Corr",
+    "CovarPop",
+    "CovarSamp",
+    "BitwiseAndAgg",
+    "BitwiseOrAgg",
+    "BitwiseXorAgg",
+    "PercentileCont",
+    "PercentileDisc",
+    "Mode",
+    "AnyValue",
+    "RowNumber",
+    "Rank",
+    "DenseRank",
+    "PercentRank",
+    "CumeDist",
+    "Ntile",
+    "Lag",
+    "Lead",
+    "FirstValue",
+    "LastValue",
+    "NthValue",
+    "Abs",
+    "Ceil",
+    "Floor",
+    "Round",
+    "Trunc",
+    "Sign",
+    "Sqrt",
+    "Cbrt",
+    "Exp",
+    "Ln",
+    "Log",
+    "Pow",
+    "Pi",
+    "Degrees",
+    "Radians",
+    "Sin",
+    "Cos",
+    "Tan",
+    "Asin",
+    "Acos",
+    "Atan",
+    "Atan2",
+    "Cot",
+    "Sinh",
+    "Cosh",
+    "Tanh",
+    "Asinh",
+    "Acosh",
+    "Atanh",
+    "WidthBucket",
+    "Rand",
+    "Length",
+    "BitLength",
+    "Lower",
+    "Upper",
+    "Trim",
+    "Pad",
+    "Left",
+    "Right",
+    "Repeat",
+    "Replace",
+    "Reverse",
+    "SplitPart",
+    "StrPosition",
+    "Substring",
+    "Translate",
+    "Ascii",
+    "Chr",
+    "MD5",
+    "Concat",
+    "ConcatWs",
+    "StartsWith",
+    "RegexpReplace",
+    "RegexpLike",
+    "RegexpILike",
+    "Levenshtein",
+    "Extract",
+    "TimestampTrunc",
+    "DateTrunc",
+    "CurrentTimestamp",
+    "CurrentDate",
+    "Localtimestamp",
+    "TimeToStr",
+    "StrToDate",
+    "StrToTime",
+    "UnixToTime",
+    "TimestampFromParts",
+    "Uuid",
+    "Anonymous",
+    "Array",
+    "Collate",
+    "Grouping",
+]
 _ALLOWED_FUNCS: tuple[type[exp.Expr], ...] = tuple(
     cls for cls in (getattr(exp, name, None) for name in _ALLOWED_FUNC_NAMES) if isinstance(cls, type)
 )
@@ -376,7 +506,9 @@ def parse_query(pg_sql: str) -> exp.Query:
     try:
         statements = [s for s in sqlglot.parse(_normalise_tokens(text), read=_READ) if s is not None]
     except (ParseError, TokenError) as err:
-        raise UnsupportedQueryError(f"the defining query could not be parsed as PostgreSQL SQL: {err}") from err
+        raise UnsupportedQueryError(
+            f"the defining query could not be parsed as PostgreSQL SQL: {err}"
+        ) from err
     if len(statements) != 1:
         raise UnsupportedQueryError(f"the defining query must be a single statement, found {len(statements)}")
     statement = statements[0]
@@ -525,7 +657,9 @@ def _normalise_tokens(text: str) -> str:
     try:
         tokens = sqlglot.Dialect.get_or_raise(_READ).tokenize(text)
     except TokenError as err:
-        raise UnsupportedQueryError(f"the defining query could not be parsed as PostgreSQL SQL: {err}") from err
+        raise UnsupportedQueryError(
+            f"the defining query could not be parsed as PostgreSQL SQL: {err}"
+        ) from err
     edits: list[tuple[int, int, str]] = []
     count = len(tokens)
     for i, token in enumerate(tokens):
@@ -616,17 +750,26 @@ def _find_unsupported(query: exp.Expr) -> str | None:
 def _grouped_correlated_reason(select: exp.Select) -> str | None:
     """Spark refuses a correlated scalar subquery in the output list of a grouped SELECT."""
     grouped = select.args.get("group") is not None or any(
-        agg.find_ancestor(exp.Select) is select for node in select.expressions for agg in node.find_all(exp.AggFunc))
+        agg.find_ancestor(exp.Select) is select
+        for node in select.expressions
+        for agg in node.find_all(exp.AggFunc)
+    )
     if not grouped:
         return None
     for node in select.expressions:
         for sub in node.find_all(exp.Subquery):
-            if sub.alias or not isinstance(sub.this, exp.Select) or sub.find_ancestor(exp.Select) is not select:
+            if (
+                sub.alias
+                or not isinstance(sub.this, exp.Select)
+                or sub.find_ancestor(exp.Select) is not select
+            ):
                 continue
             if is_correlated(sub.this):
-                return ("a correlated scalar subquery in the output list of a GROUP BY query is not supported "
-                        "on Spark; group in a derived table first: SELECT g.k, g.n, (SELECT ... WHERE b.k = g.k) "
-                        "FROM (SELECT k, count(*) AS n FROM a GROUP BY k) g")
+                return (
+                    "a correlated scalar subquery in the output list of a GROUP BY query is not supported "
+                    "on Spark; group in a derived table first: SELECT g.k, g.n, (SELECT ... WHERE b.k = g.k) "
+                    "FROM (SELECT k, count(*) AS n FROM a GROUP BY k) g"
+                )
     return None
 
 
@@ -673,7 +816,9 @@ def _node_reason(node: exp.Expr) -> str | None:
     if isinstance(node, exp.WithinGroup):
         if isinstance(node.this, (exp.PercentileCont, exp.PercentileDisc, exp.Mode)):
             return None
-        return f"the ordered-set aggregate {_function_name(node.this)}() WITHIN GROUP is not supported on Spark"
+        return (
+            f"the ordered-set aggregate {_function_name(node.this)}() WITHIN GROUP is not supported on Spark"
+        )
     if isinstance(node, exp.Collate):
         collation = node.expression.name if isinstance(node.expression, exp.Expr) else str(node.expression)
         if collation.lower() in ("c", "posix", "default", "pg_catalog.c"):
@@ -729,7 +874,9 @@ def _quantified_reason(node: exp.Expr, operand: exp.Expr, quantifier: str) -> st
     if _subquery_operand(operand) is not None:
         if isinstance(parent, exp.EQ if quantifier == "ANY" else exp.NEQ):
             return None
-        return f"comparisons with {quantifier} (subquery) other than = ANY and <> ALL are not supported on Spark"
+        return (
+            f"comparisons with {quantifier} (subquery) other than = ANY and <> ALL are not supported on Spark"
+        )
     return f"{quantifier} over an array value (rather than an ARRAY[...] list) is not supported"
 
 
@@ -766,7 +913,11 @@ def _cast_reason(cast: exp.Cast) -> str | None:
         params = _type_params(to)
         if params and (params[0] > 38 or (len(params) > 1 and not 0 <= params[1] <= params[0])):
             return f"casts to {type_name} are not supported (Spark decimals have at most 38 digits)"
-        if not params and (literal := _literal_decimal(cast.this)) is not None and _decimal_shape(literal)[0] > 38:
+        if (
+            not params
+            and (literal := _literal_decimal(cast.this)) is not None
+            and _decimal_shape(literal)[0] > 38
+        ):
             return f"the numeric constant {literal} has more than 38 digits, which Spark cannot hold"
         return None
     if kind in (exp.DType.TIMESTAMP, exp.DType.TIMESTAMPTZ):
@@ -1055,7 +1206,15 @@ def _parse_interval(text: str) -> tuple[int, int, int, int, int, int, Decimal] |
             seconds += sign * Decimal(match.group("s"))
         while position < len(text) and text[position].isspace():
             position += 1
-    return (values["year"], values["mon"], values["week"], values["day"], values["hour"], values["min"], seconds)
+    return (
+        values["year"],
+        values["mon"],
+        values["week"],
+        values["day"],
+        values["hour"],
+        values["min"],
+        seconds,
+    )
 
 
 def _java_replacement(replacement: str, group_shift: int, whole_match: str) -> str | None:
@@ -1444,7 +1603,9 @@ class _TypeInference:
                 return self.type_of(projections[index])
             return None
         if isinstance(node, exp.SetOperation):
-            return _common_type((self._query_type(node.this, index), self._query_type(node.expression, index)))
+            return _common_type(
+                (self._query_type(node.this, index), self._query_type(node.expression, index))
+            )
         if isinstance(node, exp.Values):
             rows = node.expressions
             return _common_type(
@@ -1694,7 +1855,9 @@ class _Rewriter:
         if kind == exp.DType.INTERVAL:
             parts = _parse_interval(value.this) if _is_string_literal(value) else None
             if parts is None:
-                raise UnsupportedQueryError("intervals are only supported as constants such as '1 day'::interval")
+                raise UnsupportedQueryError(
+                    "intervals are only supported as constants such as '1 day'::interval"
+                )
             years, months, weeks, days, hours, minutes, seconds = parts
             numbers = [exp.Literal.number(v) for v in (years, months, weeks, days, hours, minutes)]
             return _func("MAKE_INTERVAL", *numbers, exp.Literal.number(str(seconds)))
@@ -1713,7 +1876,8 @@ class _Rewriter:
         as_float = _cast(_func("BROUND", _cast(value.copy(), "DOUBLE"), exp.Literal.number(0)), target)
         as_decimal = _cast(exp.Cast(this=value, to=_decimal_type(38, 0)), target)
         return exp.Case(
-            ifs=[exp.If(this=_typeof_in(value.copy(), _SPARK_FLOAT_TYPENAMES), true=as_float)], default=as_decimal
+            ifs=[exp.If(this=_typeof_in(value.copy(), _SPARK_FLOAT_TYPENAMES), true=as_float)],
+            default=as_decimal,
         )
 
     def _decimal_cast(self, value: exp.Expr, value_type: str | None, params: list[int]) -> exp.Expr:
@@ -1724,7 +1888,9 @@ class _Rewriter:
             constant = _literal_decimal(value)
             if constant is not None:
                 precision, scale = _decimal_shape(constant)
-                return exp.Cast(this=exp.Literal.string(_plain_decimal(constant)), to=_decimal_type(precision, scale))
+                return exp.Cast(
+                    this=exp.Literal.string(_plain_decimal(constant)), to=_decimal_type(precision, scale)
+                )
             if value_type in _INT_TYPES:
                 return exp.Cast(this=value, to=_decimal_type(_DECIMAL_FOR_INT[value_type], 0))
             if value_type == "numeric":
@@ -1833,7 +1999,10 @@ class _Rewriter:
             java_replacement = _java_replacement(replacement, 0, "$0")
             assert java_replacement is not None
             return _func(
-                "REGEXP_REPLACE", node.this, _java_pattern(pattern, case_flag), exp.Literal.string(java_replacement)
+                "REGEXP_REPLACE",
+                node.this,
+                _java_pattern(pattern, case_flag),
+                exp.Literal.string(java_replacement),
             )
         # Group 1 is the text before the first match, group 2 the match itself
         # (numbered, not named: Spark would substitute "${name}" as a variable).
@@ -1841,7 +2010,10 @@ class _Rewriter:
         assert java_replacement is not None
         first_only = f"(?{case_flag}s)^(.*?)({pattern.this})"
         return _func(
-            "REGEXP_REPLACE", node.this, exp.Literal.string(first_only), exp.Literal.string("$1" + java_replacement)
+            "REGEXP_REPLACE",
+            node.this,
+            exp.Literal.string(first_only),
+            exp.Literal.string("$1" + java_replacement),
         )
 
     def _substring(self, node: exp.Substring) -> exp.Expr:
@@ -1853,7 +2025,9 @@ class _Rewriter:
         clamped = _func("GREATEST", start.copy(), exp.Literal.number(1))
         if length is None:
             return exp.Substring(this=node.this, start=clamped)
-        remaining = exp.Sub(this=exp.Add(this=_paren(start), expression=_paren(length)), expression=clamped.copy())
+        remaining = exp.Sub(
+            this=exp.Add(this=_paren(start), expression=_paren(length)), expression=clamped.copy()
+        )
         new_length = _func("GREATEST", remaining, exp.Literal.number(0))
         return exp.Substring(this=node.this, start=clamped, length=new_length)
 
@@ -1871,7 +2045,9 @@ class _Rewriter:
                 exp.Literal.number(0),
             ),
         )
-        return exp.If(this=exp.LT(this=count.copy(), expression=exp.Literal.number(0)), true=all_but, false=node)
+        return exp.If(
+            this=exp.LT(this=count.copy(), expression=exp.Literal.number(0)), true=all_but, false=node
+        )
 
     def _right(self, node: exp.Right) -> exp.Expr:
         """``right(s, -n)`` drops the first n characters."""
@@ -1881,7 +2057,9 @@ class _Rewriter:
         all_but = exp.Substring(
             this=text.copy(), start=exp.Sub(this=exp.Literal.number(1), expression=_paren(count.copy()))
         )
-        return exp.If(this=exp.LT(this=count.copy(), expression=exp.Literal.number(0)), true=all_but, false=node)
+        return exp.If(
+            this=exp.LT(this=count.copy(), expression=exp.Literal.number(0)), true=all_but, false=node
+        )
 
     def _concat(self, node: exp.Concat) -> exp.Expr:
         """``concat`` ignores NULL arguments in PostgreSQL."""
@@ -1979,7 +2157,9 @@ def _as_pg_text(node: exp.Expr) -> exp.Expr:
 
 def _positive_int_literal(node: exp.Expr) -> bool:
     """Whether a node is an integer constant of at least 1."""
-    return isinstance(node, exp.Literal) and not node.is_string and node.this.isdigit() and int(node.this) >= 1
+    return (
+        isinstance(node, exp.Literal) and not node.is_string and node.this.isdigit() and int(node.this) >= 1
+    )
 
 
 def _non_negative_int_literal(node: exp.Expr) -> bool:
@@ -2029,7 +2209,9 @@ def _distinct_on_select(select: exp.Select, keys: list[exp.Expr]) -> exp.Select:
         projections.append(projection)
         outputs.append(exp.to_identifier(name, quoted=bool(quoted)))
     ordered = list(order.expressions) if isinstance(order, exp.Order) else []
-    window_order = [o.copy() for o in ordered] or [exp.Ordered(this=key.copy(), nulls_first=False) for key in keys]
+    window_order = [o.copy() for o in ordered] or [
+        exp.Ordered(this=key.copy(), nulls_first=False) for key in keys
+    ]
     row_number = exp.Window(
         this=exp.RowNumber(),
         partition_by=[key.copy() for key in keys],
@@ -2043,7 +2225,9 @@ def _distinct_on_select(select: exp.Select, keys: list[exp.Expr]) -> exp.Select:
         projections.append(exp.alias_(item.this.copy(), sort_name))
         outer_order.append(
             exp.Ordered(
-                this=exp.column(sort_name), desc=item.args.get("desc"), nulls_first=item.args.get("nulls_first")
+                this=exp.column(sort_name),
+                desc=item.args.get("desc"),
+                nulls_first=item.args.get("nulls_first"),
             )
         )
     select.set("expressions", projections)
@@ -2067,5 +2251,3 @@ def _fresh_name(taken: set[str], base: str) -> str:
         name, counter = f"{base}_{counter}", counter + 1
     taken.add(name)
     return name
-
-
