@@ -22,7 +22,8 @@ from pgtrickle.refresh.verify import verify
 
 SCHEMA = "pgtrickle_demo"
 STREAM_TABLES = {
-    f"{SCHEMA}.order_summary": f"SELECT customer, count(*) AS orders, sum(amount) AS total FROM {SCHEMA}.orders GROUP BY customer",
+    f"{SCHEMA}.order_summary": f"SELECT customer, count(*) AS orders, sum(amount) AS total "
+    f"FROM {SCHEMA}.orders GROUP BY customer",
     f"{SCHEMA}.line_summary": f"SELECT o.customer, sum(l.qty) AS total_qty, count(DISTINCT l.product) AS products "
     f"FROM {SCHEMA}.order_lines l JOIN {SCHEMA}.orders o ON o.id = l.order_id GROUP BY o.customer",
     f"{SCHEMA}.order_report": f"SELECT os.customer, os.orders, os.total, ls.total_qty, ls.products "

@@ -1039,8 +1039,9 @@ class DifferentialRun:
         cols = [c.name for c in self.st.columns]
         targets = ", ".join(quote_ident(prefix + buffer.columns[c]) for c in cols if c in buffer.columns)
         values = ", ".join(f"x.{quote_ident(c)}" for c in cols if c in buffer.columns)
+        target_list = ", " + targets if targets else ""
         cur = self.conn.execute(
-            f"WITH x AS ({statement}), w AS (INSERT INTO {buffer.table} (xid, action{', ' + targets if targets else ''})"
+            f"WITH x AS ({statement}), w AS (INSERT INTO {buffer.table} (xid, action{target_list})"
             f" SELECT pg_current_xact_id(), '{action}'{', ' + values if values else ''} FROM x RETURNING 1)"
             " SELECT count(*) FROM w"
         )
@@ -1216,10 +1217,7 @@ def finish_output(df, n_data: int, hash_positions: Sequence[int], dates: bool = 
 
     names = [f"c{i}" for i in range(n_data)] + list(df.columns[n_data:])
     named = df.toDF(*names)
-    if hash_positions:
-        row_id = F.xxhash64(*[F.col(names[i]) for i in hash_positions])
-    else:
-        row_id = F.lit(0).cast("bigint")
+    row_id = F.xxhash64(*[F.col(names[i]) for i in hash_positions]) if hash_positions else F.lit(0).cast("bigint")
     cols = []
     for field_ in named.schema.fields:
         if dates and isinstance(field_.dataType, TimestampType):
