@@ -1217,7 +1217,9 @@ def finish_output(df, n_data: int, hash_positions: Sequence[int], dates: bool = 
 
     names = [f"c{i}" for i in range(n_data)] + list(df.columns[n_data:])
     named = df.toDF(*names)
-    row_id = F.xxhash64(*[F.col(names[i]) for i in hash_positions]) if hash_positions else F.lit(0).cast("bigint")
+    row_id = (
+        F.xxhash64(*[F.col(names[i]) for i in hash_positions]) if hash_positions else F.lit(0).cast("bigint")
+    )
     cols = []
     for field_ in named.schema.fields:
         if dates and isinstance(field_.dataType, TimestampType):
