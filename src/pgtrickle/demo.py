@@ -33,7 +33,7 @@ CUSTOMERS = [f"customer_{i:02d}" for i in range(20)]
 PRODUCTS = ["apple", "bread", "cheese", "dates", "eggs", "flour", "grapes", "honey"]
 
 
-def _setup(conn, console: Console, orders: int) -> None:  # type: ignore[no-untyped-def]
+def _setup(conn, console: Console, orders: int) -> None:
     for name in reversed(list(STREAM_TABLES)):
         if conn.execute(
             "SELECT 1 FROM pgtrickle.pgt_stream_tables WHERE pgt_schema || '.' || pgt_name = %s", (name,)
@@ -60,7 +60,7 @@ def _setup(conn, console: Console, orders: int) -> None:  # type: ignore[no-unty
     console.print(f"  loaded {orders:,} orders and {orders * 3:,} order lines")
 
 
-def _write_round(conn, rng: random.Random, next_id: int) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+def _write_round(conn, rng: random.Random, next_id: int) -> tuple[int, str]:
     new = rng.randint(50, 150)
     for i in range(new):
         oid = next_id + i
@@ -81,7 +81,7 @@ def _write_round(conn, rng: random.Random, next_id: int) -> tuple[int, str]:  # 
     return next_id + new, f"+{new} orders/lines, {updated} orders updated, {deleted} lines deleted"
 
 
-def _show_report(conn, console: Console) -> None:  # type: ignore[no-untyped-def]
+def _show_report(conn, console: Console) -> None:
     rows = conn.execute(
         f"SELECT customer, orders, total, total_qty, products FROM {SCHEMA}.order_report "
         "ORDER BY total DESC LIMIT 5"
@@ -92,7 +92,7 @@ def _show_report(conn, console: Console) -> None:  # type: ignore[no-untyped-def
     console.print(table)
 
 
-def _check(conn, console: Console) -> bool:  # type: ignore[no-untyped-def]
+def _check(conn, console: Console) -> bool:
     ok = True
     for name in STREAM_TABLES:
         result = verify(conn, name)

@@ -119,7 +119,7 @@ def _error(exc: BaseException | None, message: str) -> dict[str, Any]:
     }
 
 
-def refresh_document(results: Sequence) -> dict[str, Any]:  # type: ignore[type-arg]
+def refresh_document(results: Sequence) -> dict[str, Any]:
     """``pgtrickle refresh --json``: each stream table's outcome (upstream first) and the summary."""
     from pgtrickle.daemon.manual import Result, summarize
 

@@ -63,9 +63,11 @@ def state_query(shape: AggregateShape) -> exp.Select:
         exprs[COUNT_COLUMN] = exp.Count(this=exp.Star(), big_int=True)
     for agg in shape.aggs:
         if agg.kind in ("sum", "avg"):
+            assert agg.arg is not None
             exprs[agg.sum_column] = _with_filter(exp.Sum(this=agg.arg.copy()), agg.filter)
             exprs[agg.count_column] = _with_filter(exp.Count(this=agg.arg.copy(), big_int=True), agg.filter)
         elif agg.kind == "count":
+            assert agg.arg is not None
             exprs[agg.count_column] = _with_filter(exp.Count(this=agg.arg.copy(), big_int=True), agg.filter)
         elif agg.kind == "count_star":
             exprs[agg.count_column] = _with_filter(exp.Count(this=exp.Star(), big_int=True), agg.filter)

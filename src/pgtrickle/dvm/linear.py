@@ -339,7 +339,7 @@ def terms(template: Weighted, changed: set[int]) -> list[tuple[frozenset[int], i
 
 def term_query(
     template: Weighted, deltas: frozenset[int], view_for: Mapping[tuple[int, bool], str]
-) -> exp.Query | None:
+) -> exp.Expr | None:
     """The template with occurrences in ``deltas`` reading their delta view.
 
     ``view_for[(index, is_delta)]`` names the relation (``schema.table`` is

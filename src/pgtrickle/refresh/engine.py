@@ -34,6 +34,7 @@ from pgtrickle.cdc.buffers import pending_changes, rows_table
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
+from pgtrickle.db.query import one_row, scalar
 from pgtrickle.dvm.analysis import (
     ALGEBRAIC,
     AggregateShape,
@@ -145,7 +146,7 @@ class Refresher:
 
     # ------------------------------------------------------------- spark
     @property
-    def spark(self):  # type: ignore[no-untyped-def]
+    def spark(self):
         if self._spark_provider is None:
             from pgtrickle.spark.session import get_spark
 
@@ -285,7 +286,7 @@ class Refresher:
                 ) from exc
             raise RefreshError(f"refresh of {st.display} failed: {message}") from exc
 
-    def cached(self, key: tuple, build: Callable[[], object]):  # type: ignore[no-untyped-def]
+    def cached(self, key: tuple, build: Callable[[], object]):
         """``build()``, computed once per key for the life of this refresher."""
         if key not in self.dvm_cache:
             self.dvm_cache[key] = build()
@@ -472,7 +473,7 @@ class Refresher:
         if st.frontier is None and (check is None or not (check.blocked or check.hold_back)):
             return plan_refresh(st.refresh_mode, None, st.needs_reinit, None, mode), mark
         if snapshot is None:
-            snapshot = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
+            snapshot = scalar(self.conn, "SELECT pg_current_snapshot()::text")
             if any(s.kind == "TABLE" for s in st.sources) and history.wal_capture_set_up(self.conn):
                 wait_for_decoder(self.conn, self.dsn)
         with self.conn.transaction():
@@ -604,7 +605,7 @@ class Refresher:
         with connect(self.dsn, application_name="pgtrickle-staging") as conn:
             yield conn
 
-    def coordinator(self, sources: Sequence[Source] = ()):  # type: ignore[no-untyped-def]
+    def coordinator(self, sources: Sequence[Source] = ()):
         """The read transaction of a refresh: (connection context, exported snapshot id, snapshot, lsn).
 
         An atomic group shares its own; otherwise a new REPEATABLE READ transaction exports one.
@@ -618,9 +619,11 @@ class Refresher:
         coord = connect(self.dsn, autocommit=False, application_name="pgtrickle-coordinator")
         try:
             coord.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            snap_id, snapshot, lsn = coord.execute(
-                "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
-            ).fetchone()  # type: ignore[misc]
+            snap_id, snapshot, lsn = one_row(
+                coord.execute(
+                    "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
+                )
+            )
             pins = identity.source_pins(sources)
             identity.pin(coord, pins, identity.READ)
             jdbc.guard_snapshot(snap_id, identity.session_guard(pins))
@@ -766,14 +769,14 @@ class Refresher:
         )
 
     def _create_staging(self, st: StreamTable, staging: str, layout: Layout) -> None:
-        types = dict(
+        types: dict[str, str] = dict(
             self.conn.execute(
                 "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
                 " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
                 (st.relid,),
             ).fetchall()
         )
-        cols = [
+        cols: list[sql.Composable] = [
             sql.SQL("{} {}").format(sql.Identifier(f"c{i}"), sql.SQL(types[c]))
             for i, c in enumerate(layout.columns)
         ]
@@ -807,7 +810,7 @@ class Refresher:
         with self.conn.transaction():
             commit.lock_for_apply(self.conn, st)
             triggers = user_triggers.begin(self.conn, st, "FULL")
-            deleted = self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(target)).fetchone()[0]  # type: ignore[index]
+            deleted = scalar(self.conn, sql.SQL("SELECT count(*) FROM {}").format(target))
             self.conn.execute(sql.SQL("TRUNCATE {}").format(target))
             if rows is not None:
                 with self.conn.cursor().copy(

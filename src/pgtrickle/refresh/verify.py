@@ -57,7 +57,7 @@ def verify(conn: psycopg.Connection, name: str) -> Verification:
     query = sql.SQL("SELECT {} FROM pgtrickle.{}").format(col_list, sql.Identifier(f"pgt_def_{pgt_id}"))
     if clock and data_timestamp is not None:
         pinned = pin_clock(definition.strip().rstrip(";"), clock_values(conn, data_timestamp))
-        query = sql.SQL("SELECT {} FROM ({}) q").format(col_list, sql.SQL(pinned))  # type: ignore[arg-type]
+        query = sql.SQL("SELECT {} FROM ({}) q").format(col_list, sql.SQL(pinned))
     missing = conn.execute(sql.SQL("SELECT count(*) FROM ({} EXCEPT ALL {}) d").format(query, st)).fetchone()
     extra = conn.execute(sql.SQL("SELECT count(*) FROM ({} EXCEPT ALL {}) d").format(st, query)).fetchone()
     assert missing is not None and extra is not None

@@ -123,7 +123,7 @@ def check_java() -> str:
     return found
 
 
-def get_spark(settings: Settings):  # type: ignore[no-untyped-def]
+def get_spark(settings: Settings):
     """The process's SparkSession, created on first use."""
     global _session, _startup_seconds
     with _lock:

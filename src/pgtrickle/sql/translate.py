@@ -133,8 +133,9 @@ trailing zeros; ``double precision`` values of 1e20 or more cast to
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
 import sqlglot
 from sqlglot import exp
@@ -626,8 +627,9 @@ def translate_to_spark(
 
     query = _rewrite_quantified(query)
     _TypeInference(query, column_types or {}).annotate()
-    query = _Rewriter().rewrite(query)
-    query = _rewrite_distinct_on(query)
+    rewritten = _Rewriter().rewrite(query)
+    assert isinstance(rewritten, exp.Query), "a rewrite replaces expressions inside the query, not the query"
+    query = _rewrite_distinct_on(rewritten)
     _replace_tables(query, table_map)
     try:
         spark_sql = query.sql(dialect=_WRITE, pretty=True, unsupported_level=ErrorLevel.RAISE)
@@ -1741,7 +1743,7 @@ class _Rewriter:
     """Post-order rewrite of a typed PostgreSQL tree into Spark semantics."""
 
     def __init__(self) -> None:
-        self._handlers = {
+        self._handlers: dict[type[exp.Expr], Callable[[Any], exp.Expr]] = {
             exp.Div: self._div,
             exp.Cast: self._cast,
             exp.Round: self._round,
@@ -1780,7 +1782,7 @@ class _Rewriter:
             return node
         if _META_KEY not in replacement.meta:
             replacement.meta[_META_KEY] = pg_type
-        if parent is not None:
+        if parent is not None and arg_key is not None:
             parent.set(arg_key, replacement, index)
         return replacement
 
