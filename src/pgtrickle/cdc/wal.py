@@ -336,7 +336,7 @@ class WalDecoder:
                 continue
             kind, value = tup[pos]
             if kind == "t":
-                out.append(value)  # type: ignore[arg-type]
+                out.append(value)  # type: ignore[arg-type]  # kind "t": a text value, a str
             elif kind == "n":
                 out.append(None)
             elif kind == "u":
@@ -345,7 +345,7 @@ class WalDecoder:
                         f"an UPDATE of relation {relid} left a TOASTed column unchanged and no old value "
                         "was sent; the source needs REPLICA IDENTITY FULL"
                     )
-                out.append(fallback[pos].value)  # type: ignore[arg-type]
+                out.append(fallback[pos].value)  # type: ignore[arg-type]  # kind "t" or "n": a str or None
             else:
                 raise WalCaptureError("binary pgoutput values are not expected (binary = false)")
         return out
@@ -454,7 +454,8 @@ class WalDecoder:
         self._copy = self._copy_relid = self._copy_stack = None
         if error is None:
             if self.binary:
-                copy.write(COPY_TRAILER)  # type: ignore[union-attr]
+                assert copy is not None, "a COPY stack holds its COPY"
+                copy.write(COPY_TRAILER)
             stack.close()
         else:
             stack.__exit__(type(error), error, error.__traceback__)

@@ -130,7 +130,7 @@ class BinaryPlan:
             self.pick = pick
         elif self.width == 1:
             only = self.positions[0]
-            self.pick = lambda values: (values[only],)  # type: ignore[index]
+            self.pick = lambda values: (values[only],)  # type: ignore[index]  # no None position: the branch above
         elif self.width == 0:
             self.pick = lambda values: ()
         else:

@@ -17,7 +17,7 @@ Pure: builds sqlglot trees and SQL text, never touches a database.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -358,5 +358,5 @@ def finalize_statement(shape: AggregateShape, target: str, visible: Sequence[str
     return f"UPDATE {target} AS t SET {', '.join(assignments)}"
 
 
-def _aggregate_nodes(node: exp.Expr):  # type: ignore[no-untyped-def]
+def _aggregate_nodes(node: exp.Expr) -> Iterator[exp.AggFunc]:
     return node.find_all(exp.AggFunc)

@@ -179,7 +179,7 @@ def _analyze(query: exp.Query) -> Analysis:
         try:
             return _analyze_select(query)
         except NotDifferentiable as err:
-            if not any(word in str(err) for word in ("OUTER JOIN", "subquery")):
+            if not err.partitionable:
                 raise
             try:
                 shape = analyze_partitioned(query)
@@ -199,7 +199,7 @@ def _analyze_select(query: exp.Select) -> Analysis:
     if query.args.get("distinct") and query.args["distinct"].args.get("on"):
         raise NotDifferentiable("DISTINCT ON")
     if any(node.find(exp.Subquery) for node in query.expressions):
-        raise RecomputeOnly("a scalar subquery in the SELECT list")
+        raise RecomputeOnly("a scalar subquery in the SELECT list", partitionable=True)
     if any(node.find(exp.Window) for node in query.expressions):
         return _window(query)
     if query.args.get("distinct"):
@@ -332,7 +332,7 @@ def _intersect_except(query: exp.SetOperation) -> Analysis:
     try:
         check_linear(branches)
     except NotDifferentiable as err:
-        raise RecomputeOnly(f"{name} over {err}") from err
+        raise RecomputeOnly(f"{name} over {err}", partitionable=err.partitionable) from err
     first: exp.Expr = query
     while isinstance(first, (exp.SetOperation, exp.Subquery)):
         first = first.this

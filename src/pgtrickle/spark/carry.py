@@ -45,6 +45,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -271,13 +272,14 @@ def refusal_in(exc: BaseException) -> Refusal | None:
     return None
 
 
-def _refusal_in_java(java: object) -> Refusal | None:
+def _refusal_in_java(java: Any) -> Refusal | None:
+    """``java``: a py4j proxy of a Java Throwable (untyped: py4j resolves its methods at run time)."""
     seen = 0
     while java is not None and seen < 20:
         seen += 1
         try:
-            if java.getClass().getName() == "org.postgresql.util.PSQLException":  # type: ignore[attr-defined]
-                server = java.getServerErrorMessage()  # type: ignore[attr-defined]
+            if java.getClass().getName() == "org.postgresql.util.PSQLException":
+                server = java.getServerErrorMessage()
                 if (
                     server is not None
                     and server.getSQLState() in REFUSAL_SQLSTATES
@@ -288,7 +290,7 @@ def _refusal_in_java(java: object) -> Refusal | None:
                         str(server.getMessage()),
                         str(server.getHint()) if server.getHint() else None,
                     )
-            java = java.getCause()  # type: ignore[attr-defined]
+            java = java.getCause()
         except Exception:
             return None
     return None
