@@ -123,7 +123,7 @@ class Settings:
         given = {k: v for k, v in overrides.items() if v is not None}
         if "data_dir" in given:
             given["data_dir"] = Path(str(given["data_dir"]))
-        return replace(self, **given)  # type: ignore[arg-type]
+        return replace(self, **given)  # type: ignore[arg-type]  # the CLI passes Settings fields, typed by its options
 
     @property
     def spark_local_dir(self) -> Path:

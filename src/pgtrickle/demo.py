@@ -22,7 +22,8 @@ from pgtrickle.refresh.verify import verify
 
 SCHEMA = "pgtrickle_demo"
 STREAM_TABLES = {
-    f"{SCHEMA}.order_summary": f"SELECT customer, count(*) AS orders, sum(amount) AS total FROM {SCHEMA}.orders GROUP BY customer",
+    f"{SCHEMA}.order_summary": f"SELECT customer, count(*) AS orders, sum(amount) AS total "
+    f"FROM {SCHEMA}.orders GROUP BY customer",
     f"{SCHEMA}.line_summary": f"SELECT o.customer, sum(l.qty) AS total_qty, count(DISTINCT l.product) AS products "
     f"FROM {SCHEMA}.order_lines l JOIN {SCHEMA}.orders o ON o.id = l.order_id GROUP BY o.customer",
     f"{SCHEMA}.order_report": f"SELECT os.customer, os.orders, os.total, ls.total_qty, ls.products "
@@ -32,7 +33,7 @@ CUSTOMERS = [f"customer_{i:02d}" for i in range(20)]
 PRODUCTS = ["apple", "bread", "cheese", "dates", "eggs", "flour", "grapes", "honey"]
 
 
-def _setup(conn, console: Console, orders: int) -> None:  # type: ignore[no-untyped-def]
+def _setup(conn, console: Console, orders: int) -> None:
     for name in reversed(list(STREAM_TABLES)):
         if conn.execute(
             "SELECT 1 FROM pgtrickle.pgt_stream_tables WHERE pgt_schema || '.' || pgt_name = %s", (name,)
@@ -59,7 +60,7 @@ def _setup(conn, console: Console, orders: int) -> None:  # type: ignore[no-unty
     console.print(f"  loaded {orders:,} orders and {orders * 3:,} order lines")
 
 
-def _write_round(conn, rng: random.Random, next_id: int) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+def _write_round(conn, rng: random.Random, next_id: int) -> tuple[int, str]:
     new = rng.randint(50, 150)
     for i in range(new):
         oid = next_id + i
@@ -80,7 +81,7 @@ def _write_round(conn, rng: random.Random, next_id: int) -> tuple[int, str]:  # 
     return next_id + new, f"+{new} orders/lines, {updated} orders updated, {deleted} lines deleted"
 
 
-def _show_report(conn, console: Console) -> None:  # type: ignore[no-untyped-def]
+def _show_report(conn, console: Console) -> None:
     rows = conn.execute(
         f"SELECT customer, orders, total, total_qty, products FROM {SCHEMA}.order_report "
         "ORDER BY total DESC LIMIT 5"
@@ -91,7 +92,7 @@ def _show_report(conn, console: Console) -> None:  # type: ignore[no-untyped-def
     console.print(table)
 
 
-def _check(conn, console: Console) -> bool:  # type: ignore[no-untyped-def]
+def _check(conn, console: Console) -> bool:
     ok = True
     for name in STREAM_TABLES:
         result = verify(conn, name)

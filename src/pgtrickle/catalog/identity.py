@@ -90,7 +90,7 @@ def pin(conn: psycopg.Connection, pins: Sequence[Pin], mode: str) -> None:
         conn.execute(
             sql.SQL("LOCK TABLE {} IN {} MODE").format(sql.Identifier(p.schema, p.name), sql.SQL(mode))
         )
-    resolved = dict(
+    resolved: dict[str, int | None] = dict(
         conn.execute(
             "SELECT n, pg_catalog.to_regclass(n)::oid::bigint FROM unnest(%s::text[]) AS n",
             ([sql.Identifier(p.schema, p.name).as_string(conn) for p in pins],),
@@ -170,5 +170,5 @@ def source_pins(sources: Sequence) -> list[Pin]:  # Sequence[Source]
     ]
 
 
-def stream_table_pin(st) -> Pin:  # type: ignore[no-untyped-def]  # StreamTable
+def stream_table_pin(st) -> Pin:  # StreamTable
     return Pin(st.relid, st.schema, st.name, ("r",), "stream table")

@@ -55,7 +55,7 @@ class InstallResult:
     """Change capture that was broken and was repaired by this install."""
 
 
-def _sql_dir():  # type: ignore[no-untyped-def]
+def _sql_dir():
     return resources.files("pgtrickle.catalog") / "sql"
 
 
@@ -115,7 +115,7 @@ def install(conn: psycopg.Connection, up_to: int | None = None) -> InstallResult
         for migration in migrations():
             if migration.version in done or (up_to is not None and migration.version > up_to):
                 continue
-            conn.execute(migration.sql)  # type: ignore[arg-type]
+            conn.execute(migration.sql)
             conn.execute(
                 "INSERT INTO pgtrickle.pgt_schema_version (version, name) VALUES (%s, %s)",
                 (migration.version, migration.name),
@@ -126,10 +126,10 @@ def install(conn: psycopg.Connection, up_to: int | None = None) -> InstallResult
                 applied, max(done | {m.version for m in migrations() if m.version <= up_to}), False
             )
         # identity.sql first: api.sql's functions (and what it runs at install) call its helpers.
-        conn.execute((_sql_dir() / "identity.sql").read_text())  # type: ignore[arg-type]
+        conn.execute((_sql_dir() / "identity.sql").read_text())
         # Partition / inheritance capture first: api.sql's upgrade step rebuilds captures with it.
-        conn.execute((_sql_dir() / "capture_hierarchy.sql").read_text())  # type: ignore[arg-type]
-        conn.execute((_sql_dir() / "api.sql").read_text())  # type: ignore[arg-type]
+        conn.execute((_sql_dir() / "capture_hierarchy.sql").read_text())
+        conn.execute((_sql_dir() / "api.sql").read_text())
         event_triggers = _install_event_triggers(conn)
         repaired = repair_capture(conn)
     return InstallResult(applied, latest_version(), event_triggers, repaired)

@@ -25,6 +25,7 @@ import psycopg
 
 from pgtrickle.cdc import pgoutput
 from pgtrickle.cdc.wal import PUBLICATION, SYNC_PREFIX, slot_name_for
+from pgtrickle.db.query import one_row, scalar
 
 log = logging.getLogger(__name__)
 
@@ -122,25 +123,25 @@ def ensure_wal_infrastructure(conn: psycopg.Connection) -> str:
     ``conn`` must be in autocommit mode: a slot cannot be created in a
     transaction that has written anything.
     """
-    dbname = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+    dbname = scalar(conn, "SELECT current_database()")
     slot = slot_name_for(dbname)
     if not conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (PUBLICATION,)).fetchone():
         conn.execute(f"CREATE PUBLICATION {PUBLICATION} WITH (publish = 'insert, update, delete, truncate')")
     state = conn.execute("SELECT 1 FROM pgtrickle.pgt_decoder_state WHERE slot_name = %s", (slot,)).fetchone()
     exists = conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
     if not exists:
-        lsn = conn.execute(
-            "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,)
-        ).fetchone()[0]  # type: ignore[index]
+        lsn = scalar(
+            conn, "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,)
+        )
         conn.execute(
             "INSERT INTO pgtrickle.pgt_decoder_state (slot_name, publication, flushed_lsn) VALUES (%s, %s, %s)"
             " ON CONFLICT (slot_name) DO UPDATE SET flushed_lsn = excluded.flushed_lsn, updated_at = now()",
             (slot, PUBLICATION, lsn),
         )
     elif not state:
-        lsn = conn.execute(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-        ).fetchone()[0]  # type: ignore[index]
+        lsn = scalar(
+            conn, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        )
         conn.execute(
             "INSERT INTO pgtrickle.pgt_decoder_state (slot_name, publication, flushed_lsn) "
             "VALUES (%s, %s, %s)",
@@ -152,8 +153,8 @@ def ensure_wal_infrastructure(conn: psycopg.Connection) -> str:
 def decoder_caught_up(conn: psycopg.Connection, slot: str, timeout: float) -> bool:
     """Whether the running decoder reaches the current WAL position within ``timeout``."""
     target = pgoutput.str_to_lsn(
-        conn.execute("SELECT pg_logical_emit_message(false, %s, '')::text", (SYNC_PREFIX,)).fetchone()[0]
-    )  # type: ignore[index]
+        scalar(conn, "SELECT pg_logical_emit_message(false, %s, '')::text", (SYNC_PREFIX,))
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         row = conn.execute(
@@ -170,7 +171,7 @@ class CaptureManager:
 
     RETRY_SECONDS = 300.0
 
-    def __init__(self, conn: psycopg.Connection, start_decoder) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, conn: psycopg.Connection, start_decoder) -> None:
         self.conn = conn
         self.start_decoder = start_decoder  # () -> None: make sure a decoder runs for the slot
         self._retry_after: dict[int, float] = {}
@@ -230,11 +231,13 @@ class CaptureManager:
         if hierarchy:
             self._fallback(source, hierarchy)
             return None
-        wal_level, max_slots, in_use, has_slot = self.conn.execute(
-            "SELECT current_setting('wal_level'), current_setting('max_replication_slots')::int,"
-            " (SELECT count(*) FROM pg_replication_slots),"
-            " EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pgtrickle.pgt_decoder_state d USING (slot_name))"
-        ).fetchone()  # type: ignore[misc]
+        wal_level, max_slots, in_use, has_slot = one_row(
+            self.conn.execute(
+                "SELECT current_setting('wal_level'), current_setting('max_replication_slots')::int,"
+                " (SELECT count(*) FROM pg_replication_slots),"
+                " EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pgtrickle.pgt_decoder_state d USING (slot_name))"
+            )
+        )
         blocker = wal_blocker(wal_level, max_slots, in_use, has_slot)
         if blocker:
             self._fallback(source, blocker)

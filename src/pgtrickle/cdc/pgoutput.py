@@ -1034,7 +1034,7 @@ class RelationCache:
                 value = row[column.name]
                 if value is UNCHANGED_TOAST:
                     self.row_dict(relid, tuple_data)  # raises the unchanged-TOAST error
-                key[column.name] = value  # type: ignore[assignment]
+                key[column.name] = value  # type: ignore[assignment]  # row_dict raised for UNCHANGED_TOAST
         return key
 
 

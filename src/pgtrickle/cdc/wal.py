@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -66,6 +67,10 @@ from pgtrickle.cdc.wal_rows import (
     relid_of,
     row_prefix,
 )
+from pgtrickle.db.query import one_row, scalar
+
+if TYPE_CHECKING:
+    from psycopg2.extras import ReplicationCursor
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +199,7 @@ class WalDecoder:
         self.error: BaseException | None = None
         self._sync_requested = False
         self._conn: psycopg.Connection | None = None
-        self._cursor = None
+        self._cursor: ReplicationCursor | None = None
 
     # ---------------------------------------------------------------- setup
     def _load_tracked(self) -> None:
@@ -297,16 +302,16 @@ class WalDecoder:
         columns = []
         for (name, buf), pos in zip(source.columns, plan.positions, strict=True):
             new, old = types.get(f"new_{buf}"), types.get(f"old_{buf}")
-            same = new is not None and old is not None and new[0] == old[0]
+            if new is not None and old is not None and new[0] == old[0]:
+                stored, binary = new[0], bool(new[1] and old[1])
+            else:
+                stored, binary = None, False
             wal_type = relation.columns[pos].type_oid if pos is not None else None
             columns.append(
                 ColumnTypes(
-                    name,
-                    base.get(wal_type, wal_type) if wal_type is not None else None,
-                    new[0] if same else None,
-                    bool(same and new[1] and old[1]),
+                    name, base.get(wal_type, wal_type) if wal_type is not None else None, stored, binary
                 )
-            )  # type: ignore[index]
+            )
         problem = binary_problem(columns)
         if problem:
             raise NeedTextMode(f"relation {relid}: {problem}")
@@ -331,7 +336,7 @@ class WalDecoder:
                 continue
             kind, value = tup[pos]
             if kind == "t":
-                out.append(value)  # type: ignore[arg-type]
+                out.append(value)  # type: ignore[arg-type]  # kind "t": a text value, a str
             elif kind == "n":
                 out.append(None)
             elif kind == "u":
@@ -340,7 +345,7 @@ class WalDecoder:
                         f"an UPDATE of relation {relid} left a TOASTed column unchanged and no old value "
                         "was sent; the source needs REPLICA IDENTITY FULL"
                     )
-                out.append(fallback[pos].value)  # type: ignore[arg-type]
+                out.append(fallback[pos].value)  # type: ignore[arg-type]  # kind "t" or "n": a str or None
             else:
                 raise WalCaptureError("binary pgoutput values are not expected (binary = false)")
         return out
@@ -359,8 +364,8 @@ class WalDecoder:
             low = self._reference_xid8 & 0xFFFFFFFF
             if self._reference_xid8 == 0 or txn.xid > low or low - txn.xid >= 1 << 31:
                 self._reference_xid8 = int(
-                    self._conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()[0]
-                )  # type: ignore[index]
+                    scalar(self._conn, "SELECT pg_snapshot_xmax(pg_current_snapshot())::text")
+                )
             txn.xid8 = widen_xid(txn.xid, self._reference_xid8)
             txn.at = txn.commit_time.isoformat()
             self._conn.execute("SAVEPOINT pgt_txn")
@@ -449,7 +454,8 @@ class WalDecoder:
         self._copy = self._copy_relid = self._copy_stack = None
         if error is None:
             if self.binary:
-                copy.write(COPY_TRAILER)  # type: ignore[union-attr]
+                assert copy is not None, "a COPY stack holds its COPY"
+                copy.write(COPY_TRAILER)
             stack.close()
         else:
             stack.__exit__(type(error), error, error.__traceback__)
@@ -491,43 +497,35 @@ class WalDecoder:
                 self._write_pending()
             return
         message = pgoutput.decode_message(payload)
-        kind = type(message)
-        if kind is pgoutput.Insert or kind is pgoutput.Update or kind is pgoutput.Delete:
-            relid = message.relid  # type: ignore[union-attr]
+        # isinstance, not a dict of handlers: it narrows ``message`` for the type checker, and the
+        # message classes have no subclasses.
+        if isinstance(message, (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)):
+            relid = message.relid
             if self._txn is None or not self._is_tracked(relid):
                 return
-            if kind is pgoutput.Insert:
-                self._add(relid, "I", self._values(relid, message.new, None), None)  # type: ignore[union-attr]
-            elif kind is pgoutput.Update:
-                old = message.old  # type: ignore[union-attr]
+            if isinstance(message, pgoutput.Insert):
+                self._add(relid, "I", self._values(relid, message.new, None), None)
+            elif isinstance(message, pgoutput.Update):
+                old = message.old
                 if old is None:
                     raise WalCaptureError(
                         f"an UPDATE of relation {relid} arrived without its old row; the source needs "
                         "REPLICA IDENTITY FULL"
                     )
-                self._add(
-                    relid,
-                    "U",
-                    self._values(relid, message.new, old),  # type: ignore[union-attr]
-                    self._values(relid, old, None),
-                )
+                self._add(relid, "U", self._values(relid, message.new, old), self._values(relid, old, None))
             else:
-                old = message.old  # type: ignore[union-attr]
+                old = message.old
                 if old is None:
                     raise WalCaptureError(
                         f"a DELETE of relation {relid} arrived without its old row; the source needs "
                         "REPLICA IDENTITY FULL"
                     )
                 self._add(relid, "D", None, self._values(relid, old, None))
-        elif kind is pgoutput.Begin:
-            self._txn = _Txn(
-                message.xid,
-                message.commit_time,  # type: ignore[union-attr]
-                _BEGIN_TIME.unpack_from(payload, 9)[0],
-            )
+        elif isinstance(message, pgoutput.Begin):
+            self._txn = _Txn(message.xid, message.commit_time, _BEGIN_TIME.unpack_from(payload, 9)[0])
             self._fast.clear()
-        elif kind is pgoutput.Commit:
-            end = message.end_lsn  # type: ignore[union-attr]
+        elif isinstance(message, pgoutput.Commit):
+            end = message.end_lsn
             assert self._conn is not None
             if end <= self.flushed_lsn:
                 # Resent after a restart: already in the buffers.
@@ -541,29 +539,29 @@ class WalDecoder:
                 self._conn.execute("RELEASE SAVEPOINT pgt_txn")
                 self._batch_changes += txn.count
             self._progress = max(self._progress, end)
-        elif kind is pgoutput.Relation:
+        elif isinstance(message, pgoutput.Relation):
             # Sent before a relation's first change and again after its schema changed
             # (column renamed, added, dropped): re-read what is captured and under which names.
-            self.relations.add(message)  # type: ignore[arg-type]
+            self.relations.add(message)
             if self._txn is None or not self._txn.count:
                 self._load_tracked()
             else:
-                relid = message.relid  # type: ignore[union-attr]
+                relid = message.relid
                 self._plans.pop(relid, None)
                 self._fast.pop(relid, None)
                 self._checked.discard(relid)
-        elif kind is pgoutput.Truncate:
+        elif isinstance(message, pgoutput.Truncate):
             if self._txn is None:
                 return
-            for relid in message.relids:  # type: ignore[union-attr]
+            for relid in message.relids:
                 if self._is_tracked(relid):
                     self._add(relid, "T", None, None)
         elif (
-            kind is pgoutput.LogicalMessage
-            and not message.transactional  # type: ignore[union-attr]
+            isinstance(message, pgoutput.LogicalMessage)
+            and not message.transactional
             and message.prefix == SYNC_PREFIX
-        ):  # type: ignore[union-attr]
-            self._progress = max(self._progress, message.lsn)  # type: ignore[union-attr]
+        ):
+            self._progress = max(self._progress, message.lsn)
             self._sync_requested = True
 
     # ----------------------------------------------------------------- flush
@@ -750,30 +748,33 @@ def wait_for_decoder(conn: psycopg.Connection, dsn: str, timeout: float = 60.0) 
     slot = decoder_slot(conn)
     if slot is None:
         return
-    row = conn.execute("SELECT pg_logical_emit_message(false, %s, '')::text", (SYNC_PREFIX,)).fetchone()
-    target = pgoutput.str_to_lsn(row[0])  # type: ignore[index]
+    target_text: str = scalar(conn, "SELECT pg_logical_emit_message(false, %s, '')::text", (SYNC_PREFIX,))
+    target = pgoutput.str_to_lsn(target_text)
     deadline = time.monotonic() + timeout
     while True:
-        flushed, active = conn.execute(
-            "SELECT d.flushed_lsn::text, coalesce(s.active, false) FROM pgtrickle.pgt_decoder_state d"
-            " LEFT JOIN pg_replication_slots s ON s.slot_name = d.slot_name WHERE d.slot_name = %s",
-            (slot,),
-        ).fetchone()  # type: ignore[misc]
+        flushed, active = one_row(
+            conn.execute(
+                "SELECT d.flushed_lsn::text, coalesce(s.active, false) FROM pgtrickle.pgt_decoder_state d"
+                " LEFT JOIN pg_replication_slots s ON s.slot_name = d.slot_name WHERE d.slot_name = %s",
+                (slot,),
+            )
+        )
         if pgoutput.str_to_lsn(flushed) >= target:
             return
         if not active:
             import psycopg2
+            import psycopg2.errorcodes
 
             try:
                 WalDecoder(dsn, slot).run(until_lsn=target, timeout=max(1.0, deadline - time.monotonic()))
                 return
             except psycopg2.OperationalError as exc:
-                # A decoder thread attached to the slot meanwhile: wait for it instead.
-                if "is active" not in str(exc):
+                # A decoder thread attached to the slot meanwhile (the slot is in use): wait for it instead.
+                if exc.pgcode != psycopg2.errorcodes.OBJECT_IN_USE:
                     raise WalCaptureError(f"the WAL decoder could not run: {exc}") from exc
         if time.monotonic() > deadline:
             raise WalCaptureError(
-                f"the WAL decoder has not caught up with {row[0]} after {timeout:.0f}s "  # type: ignore[index]
+                f"the WAL decoder has not caught up with {target_text} after {timeout:.0f}s "
                 f"(it is at {flushed}); see pgtrickle.check_cdc_health()"
             )
         time.sleep(0.01)

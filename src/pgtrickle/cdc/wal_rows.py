@@ -32,7 +32,7 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Final
+from typing import Final, cast
 
 from pgtrickle.cdc import pgoutput
 from pgtrickle.errors import PgTrickleError
@@ -130,11 +130,11 @@ class BinaryPlan:
             self.pick = pick
         elif self.width == 1:
             only = self.positions[0]
-            self.pick = lambda values: (values[only],)  # type: ignore[index]
+            self.pick = lambda values: (values[only],)  # type: ignore[index]  # no None position: the branch above
         elif self.width == 0:
             self.pick = lambda values: ()
         else:
-            self.pick = itemgetter(*self.positions)  # type: ignore[assignment]
+            self.pick = itemgetter(*self.positions)
         self.cut = _compile(self.positions, ncols, self.nulls)
         """By message type (Insert, Update, Delete): ``cut(payload, out, prefix)`` appends the row for
         the common case (every value binary or NULL) and raises :class:`Uncommon` for anything else."""
@@ -219,7 +219,7 @@ def _compile(
             f"    out += (prefix, _nulls, {fields('o')})",
         ],
     }
-    cutters = {}
+    cutters: dict[int, Callable[[bytes, list[bytes], bytes], None]] = {}
     for tag, body in bodies.items():
         code = "\n".join(head + ["    " + line for line in body] + tail).replace("NCOLS", str(ncols))
         namespace = {
@@ -232,7 +232,9 @@ def _compile(
             "struct": struct,
         }
         exec(code, namespace)
-        cutters[tag] = namespace["cut"]
+        cutters[tag] = cast(
+            Callable[[bytes, list[bytes], bytes], None], namespace["cut"]
+        )  # made by exec above
     return cutters
 
 

@@ -100,9 +100,10 @@ def _sqlstate(exc: BaseException | None) -> str | None:
     """The SQLSTATE of an error from PostgreSQL (psycopg) or Spark (``getSqlState()``), or of its cause."""
     for err in (exc, getattr(exc, "__cause__", None)):
         state = getattr(err, "sqlstate", None)
-        if state is None and callable(getattr(err, "getSqlState", None)):
+        get_sql_state = getattr(err, "getSqlState", None)
+        if state is None and callable(get_sql_state):
             try:
-                state = err.getSqlState()  # type: ignore[union-attr]
+                state = get_sql_state()
             except Exception:  # a Spark error without a JVM behind it any more
                 state = None
         if isinstance(state, str) and state:
@@ -119,7 +120,7 @@ def _error(exc: BaseException | None, message: str) -> dict[str, Any]:
     }
 
 
-def refresh_document(results: Sequence) -> dict[str, Any]:  # type: ignore[type-arg]
+def refresh_document(results: Sequence) -> dict[str, Any]:
     """``pgtrickle refresh --json``: each stream table's outcome (upstream first) and the summary."""
     from pgtrickle.daemon.manual import Result, summarize
 

@@ -24,6 +24,7 @@ from pgtrickle.cli.reports import capture_repairs, refresh_results
 from pgtrickle.cli.status_data import load_status
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, redact, resolve_dsn
+from pgtrickle.db.query import scalar
 from pgtrickle.db.redaction import install_log_redaction, register_dsn, scrub
 from pgtrickle.errors import PgTrickleError
 from pgtrickle.refresh.capture_check import find_broken
@@ -50,7 +51,7 @@ SPARK_REMOTE_HELP = (
 
 
 def _settings(ctx: typer.Context) -> Settings:
-    return ctx.obj  # type: ignore[no-any-return]
+    return ctx.obj
 
 
 @app.callback()
@@ -134,7 +135,7 @@ def _fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
-def _run(fn):  # type: ignore[no-untyped-def]
+def _run(fn):
     """Turn pgtrickle and PostgreSQL errors into a clean message and exit code 1."""
     try:
         return fn()
@@ -159,7 +160,7 @@ def _dsn(ctx: typer.Context, *, quiet: bool = False) -> str:
 # ------------------------------------------------------------------ db
 
 
-def _embedded(ctx: typer.Context):  # type: ignore[no-untyped-def]
+def _embedded(ctx: typer.Context):
     from pgtrickle.db.embedded import EmbeddedPostgres
 
     settings = _settings(ctx)
@@ -481,8 +482,8 @@ def explain(
 
     def go() -> None:
         with connect(_dsn(ctx, quiet=json_)) as conn:
-            row = conn.execute("SELECT (pgtrickle._find_st(%s)).pgt_id", (name,)).fetchone()
-            st = load_stream_tables(conn, only=int(row[0]))[int(row[0])]  # type: ignore[index]
+            pgt_id = int(scalar(conn, "SELECT (pgtrickle._find_st(%s)).pgt_id", (name,)))
+            st = load_stream_tables(conn, only=pgt_id)[pgt_id]
             analysis = analyze(st.normalized_query)
             if st.reads_clock and st.refresh_mode != "DIFFERENTIAL":
                 mode, reason = "FULL", READS_CLOCK_REASON
@@ -523,7 +524,7 @@ def watermarks(ctx: typer.Context) -> None:
     from pgtrickle.catalog.install import require_installed
     from pgtrickle.db.instants import tolerant_cursor
 
-    def ts(value) -> str:  # type: ignore[no-untyped-def]
+    def ts(value) -> str:
         return value.strftime("%Y-%m-%d %H:%M:%S%z") if value is not None else "-"
 
     def go() -> None:

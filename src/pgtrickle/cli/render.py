@@ -16,6 +16,7 @@ move the terminal.
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -314,14 +315,6 @@ def natural_width(renderable: RenderableType) -> int:
 
 def render_text(renderable: RenderableType, width: int) -> str:
     """``renderable`` as plain text ``width`` cells wide (what a terminal of that width shows)."""
-    console = Console(width=width, record=True, file=_Discard(), color_system=None)
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
     console.print(renderable)
     return console.export_text()
-
-
-class _Discard:
-    def write(self, _text: str) -> int:
-        return 0
-
-    def flush(self) -> None:
-        pass

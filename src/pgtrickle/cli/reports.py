@@ -13,7 +13,7 @@ from pgtrickle.db.redaction import scrub
 _RESULT_STYLE = {"REFRESHED": "green", "FAILED": "red", "SKIPPED": "yellow"}
 
 
-def refresh_results(console: Console, results: Sequence) -> None:  # type: ignore[type-arg]
+def refresh_results(console: Console, results: Sequence) -> None:
     """One row per stream table (upstream first), each failure's error in full, and the summary."""
     from pgtrickle.daemon.manual import Result, summarize
 
@@ -50,7 +50,7 @@ def refresh_results(console: Console, results: Sequence) -> None:  # type: ignor
     console.print(f"[{colour}]{escape(summary.text())}[/]", highlight=False)
 
 
-def capture_repairs(console: Console, repaired: Sequence) -> None:  # type: ignore[type-arg]
+def capture_repairs(console: Console, repaired: Sequence) -> None:
     """What ``pgtrickle install`` repaired (nothing printed when nothing was broken)."""
     for r in repaired:
         console.print(

@@ -13,6 +13,7 @@ from typing import Any
 
 from pgtrickle.catalog.install import require_installed
 from pgtrickle.db.connection import connect, redact
+from pgtrickle.db.query import scalar
 from pgtrickle.db.redaction import scrub
 from pgtrickle.refresh.capture_check import BrokenCapture, broken_by_stream_table, find_broken
 
@@ -131,7 +132,7 @@ def load_status(dsn: str, *, alerts_shown: int = 5) -> StatusSnapshot:
             if alerts_shown > 0
             else []
         )
-        now = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+        now = scalar(conn, "SELECT now()")
         sts = load_stream_tables(conn) if rows else {}
         groups = tuple(
             (g.name, tuple(sts[m].display for m in sorted(g.members))) for g in effective_groups(conn, sts)

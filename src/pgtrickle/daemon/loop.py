@@ -46,6 +46,7 @@ from pgtrickle.cdc.modes import CaptureManager
 from pgtrickle.cdc.wal import DecoderThread, decoder_slot, wait_for_decoder
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect
+from pgtrickle.db.query import scalar
 from pgtrickle.db.redaction import scrub
 from pgtrickle.errors import PgTrickleError, ScheduleError
 from pgtrickle.gates import watermark_gate
@@ -537,15 +538,13 @@ class Scheduler:
         # The walsender leaves the slot a moment after the decoder disconnects; an active
         # slot is not dropped (the next maintenance would try again).
         deadline = time.monotonic() + 5.0
-        while (
-            time.monotonic() < deadline
-            and self.conn.execute(
-                "SELECT EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pgtrickle.pgt_decoder_state d"
-                " USING (slot_name) WHERE s.active)"
-            ).fetchone()[0]
-        ):  # type: ignore[index]
+        while time.monotonic() < deadline and scalar(
+            self.conn,
+            "SELECT EXISTS (SELECT 1 FROM pg_replication_slots s JOIN pgtrickle.pgt_decoder_state d"
+            " USING (slot_name) WHERE s.active)",
+        ):
             time.sleep(0.05)
-        if self.conn.execute("SELECT pgtrickle._drop_wal_infrastructure_if_unused()").fetchone()[0]:  # type: ignore[index]
+        if scalar(self.conn, "SELECT pgtrickle._drop_wal_infrastructure_if_unused()"):
             log.info("no source uses WAL capture any more: replication slot and publication dropped")
 
     def abandon_stale_history(self) -> int:

@@ -192,7 +192,7 @@ def refresh_all(
 def _refresh_one(
     scheduler,
     pgt_id: int,
-    sts: dict[int, StreamTable],  # type: ignore[no-untyped-def]
+    sts: dict[int, StreamTable],
     requested: dict[int, list[int]],
     force: bool,
     locked_error: type[PgTrickleError],

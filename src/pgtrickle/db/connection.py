@@ -44,7 +44,7 @@ def redact(dsn: str) -> str:
         return "<unparseable DSN>"
     if "password" in params:
         params["password"] = "****"
-    return make_conninfo("", **params)  # type: ignore[arg-type]
+    return make_conninfo("", **params)
 
 
 def connect(dsn: str, *, autocommit: bool = True, application_name: str = "pgtrickle") -> psycopg.Connection:

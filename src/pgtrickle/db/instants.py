@@ -15,6 +15,7 @@ The API then replaces it (docs/WATERMARKS.md).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 import psycopg
 from psycopg.types.datetime import IntervalLoader, TimestamptzLoader
@@ -23,6 +24,8 @@ FAR_FUTURE = datetime.max.replace(tzinfo=UTC)
 """A watermark after year 9999 (or ``infinity``) as Python sees it."""
 FAR_PAST = datetime.min.replace(tzinfo=UTC)
 """A watermark before year 1 (BC, or ``-infinity``) as Python sees it."""
+
+Row = TypeVar("Row")
 
 
 def _beyond(text: str) -> datetime:
@@ -44,7 +47,7 @@ def parse_instant(text: str) -> datetime:
 class TolerantTimestamptzLoader(TimestamptzLoader):
     """psycopg's timestamptz loader, reading values beyond Python's range as FAR_PAST/FAR_FUTURE."""
 
-    def load(self, data) -> datetime:  # type: ignore[no-untyped-def, override]
+    def load(self, data) -> datetime:
         try:
             return super().load(data)
         except psycopg.DataError:
@@ -54,7 +57,7 @@ class TolerantTimestamptzLoader(TimestamptzLoader):
 class TolerantIntervalLoader(IntervalLoader):
     """psycopg's interval loader, reading ``±infinity`` (a lag to an infinite watermark) as a far stand-in."""
 
-    def load(self, data) -> timedelta:  # type: ignore[no-untyped-def, override]
+    def load(self, data) -> timedelta:
         try:
             return super().load(data)
         except psycopg.DataError:
@@ -62,13 +65,13 @@ class TolerantIntervalLoader(IntervalLoader):
             return timedelta.min if text.startswith("-") else timedelta.max
 
 
-def tolerant(cursor: psycopg.Cursor) -> psycopg.Cursor:  # type: ignore[type-arg]
+def tolerant(cursor: psycopg.Cursor[Row]) -> psycopg.Cursor[Row]:
     """``cursor`` with timestamptz and interval values that Python cannot hold read as stand-ins."""
     cursor.adapters.register_loader("timestamptz", TolerantTimestamptzLoader)
     cursor.adapters.register_loader("interval", TolerantIntervalLoader)
     return cursor
 
 
-def tolerant_cursor(conn: psycopg.Connection) -> psycopg.Cursor:  # type: ignore[type-arg]
+def tolerant_cursor(conn: psycopg.Connection) -> psycopg.Cursor:
     """A cursor of ``conn`` reading out-of-range timestamptz values as FAR_PAST/FAR_FUTURE."""
     return tolerant(conn.cursor())

@@ -17,7 +17,7 @@ Pure: builds sqlglot trees and SQL text, never touches a database.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -63,9 +63,11 @@ def state_query(shape: AggregateShape) -> exp.Select:
         exprs[COUNT_COLUMN] = exp.Count(this=exp.Star(), big_int=True)
     for agg in shape.aggs:
         if agg.kind in ("sum", "avg"):
+            assert agg.arg is not None
             exprs[agg.sum_column] = _with_filter(exp.Sum(this=agg.arg.copy()), agg.filter)
             exprs[agg.count_column] = _with_filter(exp.Count(this=agg.arg.copy(), big_int=True), agg.filter)
         elif agg.kind == "count":
+            assert agg.arg is not None
             exprs[agg.count_column] = _with_filter(exp.Count(this=agg.arg.copy(), big_int=True), agg.filter)
         elif agg.kind == "count_star":
             exprs[agg.count_column] = _with_filter(exp.Count(this=exp.Star(), big_int=True), agg.filter)
@@ -372,5 +374,5 @@ def finalize_statement(shape: AggregateShape, target: str, visible: Sequence[str
     return f"UPDATE {target} AS t SET {', '.join(assignments)}"
 
 
-def _aggregate_nodes(node: exp.Expr):  # type: ignore[no-untyped-def]
+def _aggregate_nodes(node: exp.Expr) -> Iterator[exp.AggFunc]:
     return node.find_all(exp.AggFunc)

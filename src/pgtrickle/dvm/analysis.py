@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime, time, timezone
+from datetime import UTC, date, datetime, time
 
 from sqlglot import exp
 
@@ -53,10 +53,10 @@ from pgtrickle.sql.translate import is_volatile, parse_query, translate_to_spark
 COUNT_COLUMN = "__pgt_count"
 
 _ANY_INSTANT = ClockValues(
-    datetime(2000, 1, 1, tzinfo=timezone.utc),
+    datetime(2000, 1, 1, tzinfo=UTC),
     date(2000, 1, 1),
     datetime(2000, 1, 1),
-    time(0, 0, tzinfo=timezone.utc),
+    time(0, 0, tzinfo=UTC),
     time(0, 0),
 )
 """Clock values for deciding whether a clock-reading query can run at all (any instant will do)."""
@@ -195,7 +195,7 @@ def _analyze(query: exp.Query) -> Analysis:
         try:
             return _analyze_select(query)
         except NotDifferentiable as err:
-            if not any(word in str(err) for word in ("OUTER JOIN", "subquery")):
+            if not err.partitionable:
                 raise
             try:
                 shape = analyze_partitioned(query)
@@ -215,7 +215,7 @@ def _analyze_select(query: exp.Select) -> Analysis:
     if query.args.get("distinct") and query.args["distinct"].args.get("on"):
         raise NotDifferentiable("DISTINCT ON")
     if any(node.find(exp.Subquery) for node in query.expressions):
-        raise RecomputeOnly("a scalar subquery in the SELECT list")
+        raise RecomputeOnly("a scalar subquery in the SELECT list", partitionable=True)
     if any(node.find(exp.Window) for node in query.expressions):
         return _window(query)
     if query.args.get("distinct"):
@@ -348,7 +348,7 @@ def _intersect_except(query: exp.SetOperation) -> Analysis:
     try:
         check_linear(branches)
     except NotDifferentiable as err:
-        raise RecomputeOnly(f"{name} over {err}") from err
+        raise RecomputeOnly(f"{name} over {err}", partitionable=err.partitionable) from err
     first: exp.Expr = query
     while isinstance(first, (exp.SetOperation, exp.Subquery)):
         first = first.this

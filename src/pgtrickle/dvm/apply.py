@@ -27,16 +27,6 @@ class LinearSql:
     """How many rows ``delete`` must remove (else the delta does not match the table)."""
 
 
-def equality_operators(conn, relid: int) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    """Column name -> ``OPERATOR(s.=)`` for the columns of ``relid`` that need one (see :func:`same_value`)."""
-    rows = conn.execute(
-        "SELECT attname::text, pgtrickle._equality_operator(atttypid, format('column %%I has', attname))"
-        " FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
-        (relid,),
-    ).fetchall()
-    return {name: op for name, op in rows if op is not None}
-
-
 def linear_statements(
     target: str, columns: Sequence[str], equality: Mapping[str, str] | None = None
 ) -> LinearSql:

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol
 
 from sqlglot import exp
@@ -136,7 +136,7 @@ class Reads(Protocol):
         ...
 
 
-class ReadKind(str, Enum):
+class ReadKind(StrEnum):
     POST = "post"
     DELTA = "delta"
     MATERIALIZED = "materialized"

@@ -39,7 +39,16 @@ MAX_TERMS = 63
 
 
 class NotDifferentiable(Exception):
-    """The query (or this part of it) has no delta rule; the message says which construct."""
+    """The query (or this part of it) has no delta rule; the message says which construct.
+
+    ``partitionable``: the construct is an outer join or a subquery, which the partitioned
+    analysis (``dvm/partitioned.py``) may still maintain by recomputing the join keys a
+    change touches. Callers branch on this flag, never on the message.
+    """
+
+    def __init__(self, message: str, *, partitionable: bool = False) -> None:
+        super().__init__(message)
+        self.partitionable = partitionable
 
 
 class RecomputeOnly(NotDifferentiable):
@@ -194,7 +203,7 @@ def from_items(select: exp.Select) -> tuple[list[FromItem], list[exp.Expr]]:
         side = (join.args.get("side") or "").upper()
         kind = (join.args.get("kind") or "").upper()
         if side in ("LEFT", "RIGHT", "FULL") or kind in ("OUTER",):
-            raise NotDifferentiable(f"{side or kind} OUTER JOIN")
+            raise NotDifferentiable(f"{side or kind} OUTER JOIN", partitionable=True)
         if kind in ("SEMI", "ANTI", "LATERAL") or join.args.get("method"):
             raise NotDifferentiable(f"{kind or join.args.get('method')} JOIN")
         if isinstance(join.this, exp.Lateral) or join.args.get("lateral"):
@@ -233,7 +242,7 @@ def check_linear_select(select: exp.Select) -> None:
     for node in [*select.expressions, *conditions]:
         if node.find(exp.Subquery, exp.Exists, exp.Query) is not None:
             # (``x <> ALL (SELECT …)`` holds its SELECT without a Subquery node)
-            raise NotDifferentiable("an EXISTS / IN / scalar subquery")
+            raise NotDifferentiable("an EXISTS / IN / scalar subquery", partitionable=True)
         if node.find(exp.Window):
             raise NotDifferentiable("window function")
     for item in items:
@@ -350,7 +359,7 @@ def terms(template: Weighted, changed: set[int]) -> list[tuple[frozenset[int], i
 
 def term_query(
     template: Weighted, deltas: frozenset[int], view_for: Mapping[tuple[int, bool], str]
-) -> exp.Query | None:
+) -> exp.Expr | None:
     """The template with occurrences in ``deltas`` reading their delta view.
 
     ``view_for[(index, is_delta)]`` names the relation (``schema.table`` is

@@ -19,22 +19,19 @@ Pure. Semantics:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
 from pgtrickle.dvm.ir import Join, JoinKind, Node, Project, Values
+from pgtrickle.dvm.lower_api import LowererApi
 from pgtrickle.dvm.lower_scope import Binding, Scope, col, column_names, conjoin, refuse, resolve
 from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.sql.translate import set_returning_function
 
-if TYPE_CHECKING:
-    from pgtrickle.dvm.lower import Lowerer
-
 _SIDES = {"LEFT": JoinKind.LEFT, "RIGHT": JoinKind.RIGHT, "FULL": JoinKind.FULL}
 
 
-def from_groups(lw: Lowerer, select: exp.Select, scope: Scope) -> list[Node]:
+def from_groups(lw: LowererApi, select: exp.Select, scope: Scope) -> list[Node]:
     """Lower the FROM clause's groups; their bindings are added to ``scope``."""
     from_ = select.args.get("from_") or select.args.get("from")
     if from_ is None:
@@ -56,14 +53,14 @@ def from_groups(lw: Lowerer, select: exp.Select, scope: Scope) -> list[Node]:
     return [_group(lw, item, joins, scope) for item, joins in groups]
 
 
-def _group(lw: Lowerer, item: exp.Expr, joins: Sequence[exp.Join], scope: Scope) -> Node:
+def _group(lw: LowererApi, item: exp.Expr, joins: Sequence[exp.Join], scope: Scope) -> Node:
     node = _item(lw, item, scope)
     for join in joins:
         node = _join(lw, node, join, scope)
     return node
 
 
-def _item(lw: Lowerer, item: exp.Expr, scope: Scope) -> Node:
+def _item(lw: LowererApi, item: exp.Expr, scope: Scope) -> Node:
     """One FROM item: a table or CTE, a derived table, a parenthesized join, VALUES."""
     if isinstance(item, exp.Lateral) or item.args.get("lateral"):
         raise refuse("LATERAL", "a FROM item that reads columns of the items before it")
@@ -108,7 +105,7 @@ def _bind(scope: Scope, alias: str, visible: Sequence[str], node: Node) -> Node:
     return node
 
 
-def _table(lw: Lowerer, table: exp.Table, scope: Scope) -> Node:
+def _table(lw: LowererApi, table: exp.Table, scope: Scope) -> Node:
     if table.args.get("only"):
         raise refuse("FROM ONLY")
     if table.args.get("sample"):
@@ -122,7 +119,7 @@ def _table(lw: Lowerer, table: exp.Table, scope: Scope) -> Node:
     return _bind(scope, alias, _alias_columns(table, names), node)
 
 
-def _values(lw: Lowerer, values: exp.Values, scope: Scope) -> Node:
+def _values(lw: LowererApi, values: exp.Values, scope: Scope) -> Node:
     rows = [tuple(r.expressions) if isinstance(r, exp.Tuple) else (r,) for r in values.expressions]
     width = len(rows[0])
     if any(len(r) != width for r in rows):
@@ -136,7 +133,7 @@ def _values(lw: Lowerer, values: exp.Values, scope: Scope) -> Node:
     return _bind(scope, values.alias or "*VALUES*", _alias_columns(values, names), node)
 
 
-def _join(lw: Lowerer, left: Node, join: exp.Join, scope: Scope) -> Node:
+def _join(lw: LowererApi, left: Node, join: exp.Join, scope: Scope) -> Node:
     side = (join.args.get("side") or "").upper()
     kind = (join.args.get("kind") or "").upper()
     if kind in ("SEMI", "ANTI", "ASOF") or join.args.get("lateral"):
@@ -164,7 +161,7 @@ def _join(lw: Lowerer, left: Node, join: exp.Join, scope: Scope) -> Node:
 
 
 def _using(
-    lw: Lowerer,
+    lw: LowererApi,
     left: Node,
     right: Node,
     kind: JoinKind,

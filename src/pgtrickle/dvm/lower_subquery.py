@@ -28,11 +28,11 @@ subquery test anywhere else (under OR, in the select list) is refused.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
 from pgtrickle.dvm.ir import Aggregate, Join, JoinKind, Node, Project
+from pgtrickle.dvm.lower_api import LowererApi
 from pgtrickle.dvm.lower_from import combine, from_groups, push_filters
 from pgtrickle.dvm.lower_scope import (
     PLACEHOLDER,
@@ -50,10 +50,6 @@ from pgtrickle.dvm.lower_scope import (
 )
 from pgtrickle.errors import UnsupportedQueryError
 
-if TYPE_CHECKING:
-    from pgtrickle.dvm.lower import Lowerer
-
-
 _FLIP = {exp.EQ: exp.EQ, exp.NEQ: exp.NEQ, exp.LT: exp.LT, exp.LTE: exp.LTE, exp.GT: exp.GT, exp.GTE: exp.GTE}
 
 
@@ -66,7 +62,7 @@ class Body:
     lifted: list[exp.Expr]
 
 
-def where(lw: Lowerer, select: exp.Select, scope: Scope, lift: bool) -> tuple[Node | None, list[exp.Expr]]:
+def where(lw: LowererApi, select: exp.Select, scope: Scope, lift: bool) -> tuple[Node | None, list[exp.Expr]]:
     """Lower FROM and WHERE of ``select``: the node, and the conjuncts lifted out (correlation)."""
     groups = from_groups(lw, select, scope)
     clause = select.args.get("where")
@@ -101,7 +97,7 @@ def where(lw: Lowerer, select: exp.Select, scope: Scope, lift: bool) -> tuple[No
     return node, lifted
 
 
-def _test(lw: Lowerer, node: Node, term: exp.Expr, scope: Scope) -> Node:
+def _test(lw: LowererApi, node: Node, term: exp.Expr, scope: Scope) -> Node:
     """One WHERE conjunct holding a subquery."""
     inner = unparen(term)
     negated = isinstance(inner, exp.Not)
@@ -177,7 +173,7 @@ def _simple(select: exp.Query) -> bool:
     return not any(n.find(exp.AggFunc, exp.Window) for n in select.expressions)
 
 
-def _body(lw: Lowerer, operand: exp.Expr, scope: Scope) -> Body:
+def _body(lw: LowererApi, operand: exp.Expr, scope: Scope) -> Body:
     """The rows of a subquery used by a semi- or anti-join, with its correlation lifted out."""
     query = subquery_body(operand)
     if not _simple(query):
@@ -202,7 +198,7 @@ def _body(lw: Lowerer, operand: exp.Expr, scope: Scope) -> Body:
 
 
 def scalars(
-    lw: Lowerer, node: Node, expr: exp.Expr, scope: Scope, grouped: bool = False
+    lw: LowererApi, node: Node, expr: exp.Expr, scope: Scope, grouped: bool = False
 ) -> tuple[Node, exp.Expr]:
     """Join ``node`` with every scalar subquery of ``expr``; ``expr`` with each replaced by its value.
 
@@ -229,7 +225,9 @@ def scalars(
     return node, expr
 
 
-def _scalar(lw: Lowerer, node: Node, sub: exp.Subquery, scope: Scope, grouped: bool) -> tuple[Node, exp.Expr]:
+def _scalar(
+    lw: LowererApi, node: Node, sub: exp.Subquery, scope: Scope, grouped: bool
+) -> tuple[Node, exp.Expr]:
     query = subquery_body(sub)
     aggregate = isinstance(query, exp.Select) and len(query.expressions) == 1 and _simple_aggregate(query)
     if not aggregate:

@@ -148,8 +148,8 @@ def analyze_partitioned(select: exp.Select) -> PartitionedShape:
     for part in _selects(select):
         _qualify_single_table(part)
     for part in _selects(select):
-        for node in part.find_all(exp.Subquery):
-            if node.alias and node.find_ancestor(exp.Select) is part:
+        for subquery in part.find_all(exp.Subquery):
+            if subquery.alias and subquery.find_ancestor(exp.Select) is part:
                 raise NotDifferentiable("a derived table next to an outer join or subquery")
         for table in _own_tables(part):
             if not table.text("db"):

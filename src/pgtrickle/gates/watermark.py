@@ -158,9 +158,13 @@ def _describe(group: Group, state: GroupState) -> str:
     if state.state == BOOTSTRAPPING:
         missing = len(group.sources) - len([s for s in group.sources if s in group.watermarks])
         return f"watermark group {group.name} is bootstrapping ({missing} source(s) without a watermark)"
+    lag = state.lag
+    assert state.min_watermark is not None and state.max_watermark is not None and lag is not None, (
+        "a group past bootstrapping has watermarks"
+    )
     return (
-        f"watermark group {group.name} is {state.state}: min {state.min_watermark.isoformat()}, "  # type: ignore[union-attr]
-        f"max {state.max_watermark.isoformat()}, lag {interval_text(state.lag)} "  # type: ignore[union-attr,arg-type]
+        f"watermark group {group.name} is {state.state}: min {state.min_watermark.isoformat()}, "
+        f"max {state.max_watermark.isoformat()}, lag {interval_text(lag)} "
         f"{'<=' if state.state == ALIGNED else '>'} tolerance {interval_text(group.tolerance)}"
     )
 
@@ -185,7 +189,7 @@ def gate_decision(mode: str, groups: Sequence[Group]) -> GateDecision:
         return GateDecision(
             False, "; ".join(_describe(g, s) for g, s in states) + " (it gates nothing yet)", None
         )
-    effective = min(s.min_watermark for _, s in active)  # type: ignore[type-var]
+    effective = min(s.min_watermark for _, s in active if s.min_watermark is not None)
     return GateDecision(False, "; ".join(_describe(g, s) for g, s in active), effective)
 
 

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIServer
 
 import psycopg
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, start_http_server
@@ -149,12 +150,12 @@ class Metrics:
         self.failures = Counter("pgtrickle_refresh_failures", "failed refreshes", ["st"], registry=r)
         self._state = _StateCollector()
         r.register(self._state)
-        self._server = None
+        self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
         self.port: int | None = None
 
     # ------------------------------------------------------------- events
-    def observe_outcome(self, outcome) -> None:  # type: ignore[no-untyped-def]
+    def observe_outcome(self, outcome) -> None:
         """Record one refresh outcome (pgtrickle.refresh.engine.RefreshOutcome)."""
         st, action = outcome.st.display, outcome.action.value
         self.refreshes.labels(st, action).inc()

@@ -33,7 +33,7 @@ def read_as_of(
     conn: psycopg.Connection,
     target: JdbcTarget,
     dsn: str,
-    source: Source,  # type: ignore[no-untyped-def]
+    source: Source,
     current,
     cap: str,
     upto: str,

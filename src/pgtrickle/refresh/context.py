@@ -46,6 +46,9 @@ class RefreshContext(Protocol):
     def cached(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
         """``build()``, computed once per key for the life of the refresher."""
 
+    def carried_columns(self, source: Source) -> list[tuple[str, str]] | None:
+        """(name, base type) of ``source``'s columns when one is not read as it is."""
+
     def source_select(self, source: Source) -> str | None:
         """The select list reading ``source`` exactly (``None``: read it as it is)."""
 
@@ -65,6 +68,9 @@ class RefreshContext(Protocol):
 
     def check_cancel(self) -> None:
         """Raise ``engine.Cancelled`` when the refresh was abandoned on request."""
+
+    def demote(self, st: StreamTable, reason: str) -> None:
+        """Analyse ``st``'s query as FULL-only from now on (its differential plan failed on Spark)."""
 
 
 @dataclass

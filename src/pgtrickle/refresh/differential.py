@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import psycopg
 from psycopg import sql
@@ -37,10 +38,11 @@ from pgtrickle import faults
 from pgtrickle.catalog.store import Source, StreamTable
 from pgtrickle.cdc.buffers import PendingChanges, pending_changes, rows_table
 from pgtrickle.cdc.wal import wait_for_decoder
+from pgtrickle.db.query import one_row, scalar
 from pgtrickle.dvm import aggregate as agg_rules
 from pgtrickle.dvm.aggregate import DELTA_TABLE, KEYS_TABLE, ROW_ID
 from pgtrickle.dvm.analysis import COUNT_COLUMN, RESCAN, AggregateShape, Analysis, LinearShape, RecomputeShape
-from pgtrickle.dvm.apply import equality_operators, linear_statements
+from pgtrickle.dvm.apply import linear_statements
 from pgtrickle.dvm.layout import Layout
 from pgtrickle.dvm.linear import (
     WEIGHT,
@@ -60,6 +62,7 @@ from pgtrickle.dvm.partitioned import PartitionedShape
 from pgtrickle.errors import PgTrickleError, UnsupportedQueryError
 from pgtrickle.refresh import commit, history, user_triggers
 from pgtrickle.refresh.context import RefreshContext
+from pgtrickle.refresh.layout_ddl import equality_operators
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
 from pgtrickle.sql.ident import quote_ident
@@ -231,8 +234,11 @@ class DifferentialRun:
                 return self._rescan(shape, changed)
             return self._algebraic(shape, changed)
         finally:
-            for key, value in saved.items():
-                spark.conf.set(key, value)
+            for key, old in saved.items():
+                if old is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, old)
 
     def _source(self, schema: str, table: str) -> Source:
         for source in self.st.sources:
@@ -262,7 +268,7 @@ class DifferentialRun:
             views = {}
             read = self.r.cached(
                 ("term-occurrences", self.st.pgt_id, self.st.normalized_query, id(template), deltas),
-                lambda deltas=deltas: term_occurrences(template, deltas),
+                partial(term_occurrences, template, deltas),
             )
             for index, source in occ_source.items():
                 if index not in read:
@@ -273,7 +279,7 @@ class DifferentialRun:
                     views[(index, False)] = self._post_view(source, index, deltas, occ_source, links)
             spark_sql = self._translated(
                 ("term", id(template.query), deltas, tuple(sorted(views.items()))),
-                lambda deltas=deltas, views=views: term_query(template, deltas, views),
+                partial(term_query, template, deltas, views),
             )
             if spark_sql is None:
                 continue
@@ -286,7 +292,7 @@ class DifferentialRun:
             return None
         return "\nUNION ALL\n".join(parts)
 
-    def _translated(self, key: tuple, build) -> str | None:  # type: ignore[no-untyped-def]
+    def _translated(self, key: tuple, build) -> str | None:
         """Spark SQL of the PostgreSQL query ``build()`` returns over ``pgt_dvm`` views (cached)."""
         cache = self.r.dvm_cache
         full_key = (self.st.pgt_id, self.st.normalized_query, *key)
@@ -301,7 +307,9 @@ class DifferentialRun:
                     {("pgt_dvm", v): v for v in views},
                     {("pgt_dvm", v): self._column_types[("pgt_dvm", v)] for v in views},
                 )
-        return cache[full_key]
+        translated = cache[full_key]
+        assert translated is None or isinstance(translated, str)
+        return translated
 
     def _delta_view(self, source: Source) -> str:
         key = ("delta", source.relid)
@@ -359,7 +367,7 @@ class DifferentialRun:
 
     def _post_view(
         self, source: Source, index: int, deltas: frozenset[int], occ_source: dict[int, Source], links
-    ) -> str:  # type: ignore[no-untyped-def]
+    ) -> str:
         stats = self._stats[source.relid]
         for link in links.get(index, []):
             if link.other not in deltas:
@@ -368,10 +376,10 @@ class DifferentialRun:
             keys = self._delta_keys(other, link.other_column)
             if keys is None or not should_push_down(stats.reltuples, len(keys)):
                 continue
-            key = ("post", source.relid, link.column, other.relid, link.other_column)
-            if key in self._views:
-                return self._views[key]
-            name = self.r.view_name(self.st.pgt_id, key)
+            filtered_key = ("post", source.relid, link.column, other.relid, link.other_column)
+            if filtered_key in self._views:
+                return self._views[filtered_key]
+            name = self.r.view_name(self.st.pgt_id, filtered_key)
             other_type = dict(other.column_types)[link.other_column]
             condition = self._key_condition(link.column, other_type, keys, with_null=False)
             df = jdbc.read_query(
@@ -379,7 +387,7 @@ class DifferentialRun:
             )
             self.timings["key_filtered_reads"] = self.timings.get("key_filtered_reads", 0) + 1
             self._finish_post(df, name, source)
-            self._views[key] = name
+            self._views[filtered_key] = name
             return name
         key = ("post", source.relid)
         if key in self._views:
@@ -409,7 +417,7 @@ class DifferentialRun:
         """The rows of ``source`` meeting ``condition``, every column read exactly (spark/carry.py)."""
         return f"SELECT {self.r.source_select(source) or '*'} FROM {source.qualified} WHERE {condition}"
 
-    def _finish_post(self, df, name: str, source: Source) -> None:  # type: ignore[no-untyped-def]
+    def _finish_post(self, df, name: str, source: Source) -> None:
         """Register a state read as view ``name``: the columns read, each row weighted 1."""
         cols = self._columns_of(source)
         df.createOrReplaceTempView(f"{name}_raw")
@@ -482,7 +490,7 @@ class DifferentialRun:
         )
         return f"SELECT {', '.join(cols)}, {row_id} AS {ROW_ID} FROM ({source_sql}) AS __pgt_o"
 
-    def _stage(self, df) -> Staged:  # type: ignore[no-untyped-def]
+    def _stage(self, df) -> Staged:
         """Write a large delta by partitioned JDBC into an unlogged staging table."""
         stored = self._stored_types()
         name = f"delta_{self.st.pgt_id}"
@@ -936,9 +944,10 @@ class DifferentialRun:
                     inserted, deleted = self._apply_linear(
                         result.rows, target, buffer, replaces=result.replaces
                     )
-                elif shape.strategy == RESCAN:
+                elif isinstance(shape, AggregateShape) and shape.strategy == RESCAN:
                     inserted, deleted = self._apply_rescan(shape, result, target, buffer)
                 else:
+                    assert isinstance(shape, AggregateShape)
                     inserted, deleted = self._apply_algebraic(shape, result.rows, target, buffer)
             commit.complete(
                 conn,
@@ -1048,7 +1057,7 @@ class DifferentialRun:
         )
         self.conn.execute(f"ANALYZE {DELTA_TABLE}")
         stmts = linear_statements(target, visible, self._equality())
-        expected = int(self.conn.execute(stmts.expected_deletes).fetchone()[0])  # type: ignore[index]
+        expected = int(scalar(self.conn, stmts.expected_deletes))
         deleted = self._run_captured(stmts.delete, buffer, "D")
         if deleted != expected:
             raise FallbackToFull(f"the delta deletes {expected} rows but {deleted} matched the stream table")
@@ -1059,17 +1068,18 @@ class DifferentialRun:
         """Run a DML ... RETURNING <visible columns>; record its rows in the own buffer; return the count."""
         if buffer is None:
             cur = self.conn.execute(f"WITH x AS ({statement}) SELECT count(*) FROM x")
-            return int(cur.fetchone()[0])  # type: ignore[index]
+            return int(one_row(cur)[0])
         prefix = "new_" if action == "I" else "old_"
         cols = [c.name for c in self.st.columns]
         targets = ", ".join(quote_ident(prefix + buffer.columns[c]) for c in cols if c in buffer.columns)
         values = ", ".join(f"x.{quote_ident(c)}" for c in cols if c in buffer.columns)
+        target_list = ", " + targets if targets else ""
         cur = self.conn.execute(
-            f"WITH x AS ({statement}), w AS (INSERT INTO {buffer.table} (xid, action{', ' + targets if targets else ''})"
+            f"WITH x AS ({statement}), w AS (INSERT INTO {buffer.table} (xid, action{target_list})"
             f" SELECT pg_current_xact_id(), '{action}'{', ' + values if values else ''} FROM x RETURNING 1)"
             " SELECT count(*) FROM w"
         )
-        return int(cur.fetchone()[0])  # type: ignore[index]
+        return int(one_row(cur)[0])
 
     def _snapshot_groups(self, buffer: _Buffer | None, match_table: str, match: str, action: str) -> None:
         """Record the current rows of the affected groups in the own buffer (before: D, after: I)."""
@@ -1103,7 +1113,7 @@ class DifferentialRun:
         deleted = self.conn.execute(stmts.delete).rowcount if stmts.delete else 0
         updated = self.conn.execute(stmts.update).rowcount
         inserted = self.conn.execute(stmts.insert).rowcount if stmts.insert else 0
-        groups = int(self.conn.execute(f"SELECT count(*) FROM {DELTA_TABLE}").fetchone()[0])  # type: ignore[index]
+        groups = int(scalar(self.conn, f"SELECT count(*) FROM {DELTA_TABLE}"))
         if deleted + updated + inserted != groups:
             raise FallbackToFull(
                 f"{groups} changed groups but {deleted + updated + inserted} matched the stream table"
@@ -1200,7 +1210,7 @@ def _weighted(x: str, w: str) -> str:
     )
 
 
-def _decimal_columns(df) -> set[str]:  # type: ignore[no-untyped-def]
+def _decimal_columns(df) -> set[str]:
     """The names of ``df``'s decimal columns (analysis only, no Spark job)."""
     from pyspark.sql.types import DecimalType
 
@@ -1228,7 +1238,7 @@ def spark_name(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def finish_output(df, n_data: int, hash_positions: Sequence[int], dates: bool = True):  # type: ignore[no-untyped-def]
+def finish_output(df, n_data: int, hash_positions: Sequence[int], dates: bool = True):
     """Name the first ``n_data`` columns c0.., keep the rest, append ``__pgt_row_id``.
 
     The row identity is ``xxhash64`` of the columns at ``hash_positions``

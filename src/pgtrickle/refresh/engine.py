@@ -34,6 +34,7 @@ from pgtrickle.cdc.buffers import pending_changes, rows_table
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
+from pgtrickle.db.query import one_row, scalar
 from pgtrickle.dvm.analysis import (
     ALGEBRAIC,
     AggregateShape,
@@ -52,6 +53,7 @@ from pgtrickle.ops import health
 from pgtrickle.ops.error_redaction import full_error, public_error, redact_message
 from pgtrickle.refresh import as_of, commit, history, user_triggers
 from pgtrickle.refresh.capture_check import require_capture
+from pgtrickle.refresh.clock_read import clock_values
 from pgtrickle.refresh.context import GroupContext, ProgressFn
 from pgtrickle.refresh.differential import finish_output
 from pgtrickle.refresh.layout_ddl import ensure_layout, row_index_name, state_types
@@ -64,10 +66,9 @@ from pgtrickle.refresh.plan import (
     plan_refresh,
     reinit_text,
 )
-from pgtrickle.scheduler.policy import STOPPED_STATUSES
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
-from pgtrickle.sql.clock import clock_values, pin_clock
+from pgtrickle.sql.clock import pin_clock
 from pgtrickle.sql.translate import translate_to_spark
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class Refresher:
 
     # ------------------------------------------------------------- spark
     @property
-    def spark(self):  # type: ignore[no-untyped-def]
+    def spark(self):
         if self._spark_provider is None:
             from pgtrickle.spark.session import get_spark
 
@@ -291,7 +292,7 @@ class Refresher:
                 ) from exc
             raise RefreshError(f"refresh of {st.display} failed: {message}") from exc
 
-    def cached(self, key: tuple, build: Callable[[], object]):  # type: ignore[no-untyped-def]
+    def cached(self, key: tuple, build: Callable[[], object]):
         """``build()``, computed once per key for the life of this refresher."""
         if key not in self.dvm_cache:
             self.dvm_cache[key] = build()
@@ -352,8 +353,8 @@ class Refresher:
             message = f"{st.display} cannot be refreshed in any mode: {analysis.reason}"
             self._record_mode(st, "FULL", message)
             plan = RefreshPlan(Action.FULL, message, 0)
-            history_id = self._start_history(st, plan, initiated_by)
-            self._record_failure(st, history_id, message, fatal=True)
+            history_id = history.start_history(self.conn, st, plan, initiated_by)
+            history.record_failure(self.conn, st, history_id, message, fatal=True)
             raise _AlreadyRecorded(UnsupportedQueryError(message))
         if st.refresh_mode == "DIFFERENTIAL" and not analysis.differential:
             message = (
@@ -497,7 +498,7 @@ class Refresher:
         if st.frontier is None and (check is None or not (check.blocked or check.hold_back)):
             return plan_refresh(st.refresh_mode, None, st.needs_reinit, None, mode), mark
         if snapshot is None:
-            snapshot = self.conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]  # type: ignore[index]
+            snapshot = scalar(self.conn, "SELECT pg_current_snapshot()::text")
             if any(s.kind == "TABLE" for s in st.sources) and history.wal_capture_set_up(self.conn):
                 wait_for_decoder(self.conn, self.dsn)
         with self.conn.transaction():
@@ -629,7 +630,7 @@ class Refresher:
         with connect(self.dsn, application_name="pgtrickle-staging") as conn:
             yield conn
 
-    def coordinator(self, sources: Sequence[Source] = ()):  # type: ignore[no-untyped-def]
+    def coordinator(self, sources: Sequence[Source] = ()):
         """The read transaction of a refresh: (connection context, exported snapshot id, snapshot, lsn).
 
         An atomic group shares its own; otherwise a new REPEATABLE READ transaction exports one.
@@ -643,9 +644,11 @@ class Refresher:
         coord = connect(self.dsn, autocommit=False, application_name="pgtrickle-coordinator")
         try:
             coord.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            snap_id, snapshot, lsn = coord.execute(
-                "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
-            ).fetchone()  # type: ignore[misc]
+            snap_id, snapshot, lsn = one_row(
+                coord.execute(
+                    "SELECT pg_export_snapshot(), pg_current_snapshot()::text, pg_current_wal_lsn()::text"
+                )
+            )
             pins = identity.source_pins(sources)
             identity.pin(coord, pins, identity.READ)
             jdbc.guard_snapshot(snap_id, identity.session_guard(pins))
@@ -789,14 +792,14 @@ class Refresher:
         )
 
     def _create_staging(self, st: StreamTable, staging: str, layout: Layout) -> None:
-        types = dict(
+        types: dict[str, str] = dict(
             self.conn.execute(
                 "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
                 " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
                 (st.relid,),
             ).fetchall()
         )
-        cols = [
+        cols: list[sql.Composable] = [
             sql.SQL("{} {}").format(sql.Identifier(f"c{i}"), sql.SQL(types[c]))
             for i, c in enumerate(layout.columns)
         ]
@@ -830,7 +833,7 @@ class Refresher:
         with self.conn.transaction():
             commit.lock_for_apply(self.conn, st)
             triggers = user_triggers.begin(self.conn, st, "FULL")
-            deleted = self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(target)).fetchone()[0]  # type: ignore[index]
+            deleted = scalar(self.conn, sql.SQL("SELECT count(*) FROM {}").format(target))
             self.conn.execute(sql.SQL("TRUNCATE {}").format(target))
             if rows is not None:
                 with self.conn.cursor().copy(

@@ -30,6 +30,7 @@ from dataclasses import replace
 
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.wal import wait_for_decoder
+from pgtrickle.db.query import scalar
 from pgtrickle.errors import PgTrickleError, RefreshError
 from pgtrickle.gates.skips import record_skip
 from pgtrickle.ops import health
@@ -181,7 +182,7 @@ def _run(
     refresher.progress(f"atomic group {group.name}: refreshing {len(order)} stream tables at one snapshot")
     try:
         with refresher.conn.transaction():
-            xid = refresher.conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]  # type: ignore[index]
+            xid = scalar(refresher.conn, "SELECT pg_current_xact_id()::text::bigint")
             ctx.commit_snapshot = frontier_with_own_xid(ctx.snapshot, int(xid))
             refresher.group = ctx
             for current in order:

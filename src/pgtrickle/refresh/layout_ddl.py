@@ -27,7 +27,7 @@ def row_index_name(st: StreamTable) -> str:
 
 def ensure_layout(conn: psycopg.Connection, st: StreamTable, layout: Layout) -> bool:
     """Make the table match ``layout``; True when its contents must be recomputed (FULL)."""
-    existing = dict(
+    existing: dict[str, str] = dict(
         conn.execute(
             "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s"
             " AND attnum > 0 AND NOT attisdropped AND attname LIKE '\\_\\_pgt\\_%%' AND attname <> '__pgt_row_id'",
@@ -93,5 +93,15 @@ def _probe_types(conn: psycopg.Connection, layout: Layout) -> dict[str, str]:
             " WHERE attrelid = 'pg_temp.__pgt_probe'::regclass AND attnum > 0"
         ).fetchall()
         conn.execute("DROP VIEW pg_temp.__pgt_probe")
-    types = dict(rows)
+    types: dict[str, str] = dict(rows)
     return {name: types[name] for name in layout.hidden}
+
+
+def equality_operators(conn: psycopg.Connection, relid: int) -> dict[str, str]:
+    """Column name -> ``OPERATOR(s.=)`` for the columns of ``relid`` that need one (``dvm.aggregate.same_value``)."""
+    rows = conn.execute(
+        "SELECT attname::text, pgtrickle._equality_operator(atttypid, format('column %%I has', attname))"
+        " FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+        (relid,),
+    ).fetchall()
+    return {name: op for name, op in rows if op is not None}

@@ -141,7 +141,7 @@ def begin(conn: psycopg.Connection, st: StreamTable, action: str) -> Suppression
     disable, done.restore = statements(table, triggers)
     done.names = [n for n, e in triggers if e in _ENABLE]
     for stmt in disable:
-        conn.execute(stmt)  # type: ignore[arg-type]
+        conn.execute(stmt)
     return done
 
 
@@ -155,7 +155,7 @@ def finish(
 ) -> None:
     """In the apply transaction, after the data changes: enable the triggers again; NOTIFY if due."""
     for stmt in done.restore:
-        conn.execute(stmt)  # type: ignore[arg-type]
+        conn.execute(stmt)
     if done.policy.notify:
         conn.execute(
             "SELECT pg_notify(%s, %s)",

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from pgtrickle.sql.clock import clock_values, pin_clock
+from pgtrickle.refresh.clock_read import clock_values
+from pgtrickle.sql.clock import pin_clock
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def verify(conn: psycopg.Connection, name: str) -> Verification:
     query = sql.SQL("SELECT {} FROM pgtrickle.{}").format(col_list, sql.Identifier(f"pgt_def_{pgt_id}"))
     if clock and data_timestamp is not None:
         pinned = pin_clock(definition.strip().rstrip(";"), clock_values(conn, data_timestamp))
-        query = sql.SQL("SELECT {} FROM ({}) q").format(col_list, sql.SQL(pinned))  # type: ignore[arg-type]
+        query = sql.SQL("SELECT {} FROM ({}) q").format(col_list, sql.SQL(pinned))
     missing = conn.execute(sql.SQL("SELECT count(*) FROM ({} EXCEPT ALL {}) d").format(query, st)).fetchone()
     extra = conn.execute(sql.SQL("SELECT count(*) FROM ({} EXCEPT ALL {}) d").format(st, query)).fetchone()
     assert missing is not None and extra is not None

@@ -153,11 +153,12 @@ def _parse_field(text: str, low: int, high: int, names: tuple[str, ...] | None) 
         if body == "*":
             first, last = low, high
         else:
-            ends = [_value(side, low, high, names) for side in body.split("-")]
-            if any(v is None for v in ends):
+            values = [_value(side, low, high, names) for side in body.split("-")]
+            ends = [v for v in values if v is not None]
+            if len(ends) != len(values):
                 return None
-            first = ends[0]  # type: ignore[assignment]
-            last = ends[-1] if len(ends) == 2 else (high if step_text is not None else first)  # type: ignore[assignment]
+            first = ends[0]
+            last = ends[-1] if len(ends) == 2 else (high if step_text is not None else first)
             if last < first:
                 return None
         result.update(range(first, last + 1, step))

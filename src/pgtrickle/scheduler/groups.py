@@ -113,20 +113,20 @@ def refresh_groups(
         if len(members) >= 2:
             parts.append((members, name, None))
     merged: list[tuple[set[int], list[str], list[int]]] = []
-    for members, name, fan_in in parts:
-        into = (set(members), [name] if name else [], [fan_in] if fan_in is not None else [])
-        for other in [m for m in merged if m[0] & members]:
+    for part, part_name, fan_in in parts:
+        into = (set(part), [part_name] if part_name else [], [fan_in] if fan_in is not None else [])
+        for other in [m for m in merged if m[0] & part]:
             merged.remove(other)
             into[0].update(other[0])
             into[1].extend(other[1])
             into[2].extend(other[2])
         merged.append(into)
     groups = []
-    for members, names, fan_ins in merged:
+    for merged_members, names, fan_ins in merged:
         names.sort()
         fan_ins.sort()
         label = ", ".join(names + [f"diamond at {nodes[f].name}" for f in fan_ins])
-        groups.append(RefreshGroup(label, frozenset(members), tuple(names), tuple(fan_ins)))
+        groups.append(RefreshGroup(label, frozenset(merged_members), tuple(names), tuple(fan_ins)))
     return sorted(groups, key=lambda g: min(g.members))
 
 

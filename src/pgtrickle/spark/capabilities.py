@@ -41,12 +41,12 @@ _lock = threading.Lock()
 _known: dict[int, tuple[object, Capabilities]] = {}
 
 
-def is_connect(spark) -> bool:  # type: ignore[no-untyped-def]
+def is_connect(spark) -> bool:
     """Whether ``spark`` is a Spark Connect session (by its class, not by the process's environment)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def capabilities(spark) -> Capabilities:  # type: ignore[no-untyped-def]
+def capabilities(spark) -> Capabilities:
     """The capabilities of ``spark`` (measured once per session)."""
     with _lock:
         known = _known.get(id(spark))
@@ -64,13 +64,13 @@ def capabilities(spark) -> Capabilities:  # type: ignore[no-untyped-def]
     return caps
 
 
-def forget(spark) -> None:  # type: ignore[no-untyped-def]
+def forget(spark) -> None:
     """Drop what is known of a stopped session."""
     with _lock:
         _known.pop(id(spark), None)
 
 
-def tag_jobs(spark, tag: str, description: str) -> None:  # type: ignore[no-untyped-def]
+def tag_jobs(spark, tag: str, description: str) -> None:
     """Name the jobs this thread starts from now on ``tag`` (and only that)."""
     if is_connect(spark):
         spark.clearTags()
@@ -79,7 +79,7 @@ def tag_jobs(spark, tag: str, description: str) -> None:  # type: ignore[no-unty
         spark.sparkContext.setJobGroup(tag, description, True)
 
 
-def interrupt_all(spark) -> None:  # type: ignore[no-untyped-def]
+def interrupt_all(spark) -> None:
     """Cancel every job the session is running."""
     if is_connect(spark):
         spark.interruptAll()

@@ -48,6 +48,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -261,7 +262,7 @@ class Refusal:
     hint: str | None
 
 
-class RefusedRead(Exception):  # noqa: N818 - a carrier of a Refusal, raised from the Spark error
+class RefusedRead(Exception):
     """A failed Spark job whose reads hold a refused value, as PostgreSQL itself reported it."""
 
     def __init__(self, refusal: Refusal) -> None:
@@ -291,13 +292,14 @@ def refusal_in(exc: BaseException) -> Refusal | None:
     return None
 
 
-def _refusal_in_java(java: object) -> Refusal | None:
+def _refusal_in_java(java: Any) -> Refusal | None:
+    """``java``: a py4j proxy of a Java Throwable (untyped: py4j resolves its methods at run time)."""
     seen = 0
     while java is not None and seen < 20:
         seen += 1
         try:
-            if java.getClass().getName() == "org.postgresql.util.PSQLException":  # type: ignore[attr-defined]
-                server = java.getServerErrorMessage()  # type: ignore[attr-defined]
+            if java.getClass().getName() == "org.postgresql.util.PSQLException":
+                server = java.getServerErrorMessage()
                 if (
                     server is not None
                     and server.getSQLState() in REFUSAL_SQLSTATES
@@ -308,7 +310,7 @@ def _refusal_in_java(java: object) -> Refusal | None:
                         str(server.getMessage()),
                         str(server.getHint()) if server.getHint() else None,
                     )
-            java = java.getCause()  # type: ignore[attr-defined]
+            java = java.getCause()
         except Exception:
             return None
     return None
@@ -344,7 +346,7 @@ def find_refusal(conn: psycopg.Connection, queries: Sequence[str]) -> Refusal | 
     for query in dict.fromkeys(queries):
         try:
             with conn.transaction():  # a savepoint: the coordinator's transaction goes on
-                conn.execute(sql.SQL("SELECT count(q.*) FROM ({}) AS q").format(sql.SQL(query)))  # type: ignore[arg-type]
+                conn.execute(sql.SQL("SELECT count(q.*) FROM ({}) AS q").format(sql.SQL(query)))
         except psycopg.Error as err:
             diag = err.diag
             if err.sqlstate in REFUSAL_SQLSTATES and "_value_not_carried" in (diag.context or ""):

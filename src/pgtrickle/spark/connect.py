@@ -114,7 +114,7 @@ def session_conf(defaults: dict[str, str], settings: Settings) -> dict[str, str]
     return conf
 
 
-def open_session(settings: Settings, defaults: dict[str, str]):  # type: ignore[no-untyped-def]
+def open_session(settings: Settings, defaults: dict[str, str]):
     """A new Spark Connect session on ``settings.spark_remote``, with :func:`session_conf` set."""
     assert settings.spark_remote is not None
     address = parse_remote(settings.spark_remote)
@@ -133,7 +133,7 @@ def open_session(settings: Settings, defaults: dict[str, str]):  # type: ignore[
     try:
         for key, value in session_conf(defaults, settings).items():
             session.conf.set(key, value)
-    except Exception as exc:  # noqa: BLE001 - gRPC and Spark errors alike
+    except Exception as exc:
         session.stop()
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SparkConnectUnreachableError(

@@ -28,7 +28,7 @@ class TableStats:
     relpages: int
 
 
-def table_stats(conn, relids: list[int]) -> dict[int, TableStats]:  # type: ignore[no-untyped-def]
+def table_stats(conn, relids: list[int]) -> dict[int, TableStats]:
     """Planner statistics of the given relations (psycopg connection)."""
     rows = conn.execute(
         "SELECT oid::bigint, greatest(reltuples, 0), relpages FROM pg_class WHERE oid = ANY(%s::oid[])",
@@ -108,7 +108,7 @@ def read_table(
     spark,
     target: JdbcTarget,
     qualified_name: str,
-    snapshot_id: str,  # type: ignore[no-untyped-def]
+    snapshot_id: str,
     predicates: list[str],
     fetch_size: int = 10_000,
     select: str | None = None,
@@ -150,7 +150,7 @@ def read_table(
     return spark.read.jdbc(target.url, qualified_name, predicates=predicates, properties=props)
 
 
-def write_append(df, target: JdbcTarget, qualified_name: str, batch_size: int = 10_000) -> None:  # type: ignore[no-untyped-def]
+def write_append(df, target: JdbcTarget, qualified_name: str, batch_size: int = 10_000) -> None:
     """Append a DataFrame to an existing table over JDBC (batched inserts)."""
     (
         df.write.format("jdbc")
@@ -184,7 +184,7 @@ def read_query(
     spark,
     target: JdbcTarget,
     query: str,
-    snapshot_id: str | None,  # type: ignore[no-untyped-def]
+    snapshot_id: str | None,
     fetch_size: int = 10_000,
 ):
     """A DataFrame over the rows of a PostgreSQL query (one partition).

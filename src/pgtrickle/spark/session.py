@@ -130,7 +130,7 @@ def check_java() -> str:
     return found
 
 
-def get_spark(settings: Settings):  # type: ignore[no-untyped-def]
+def get_spark(settings: Settings):
     """The process's SparkSession, created on first use.
 
     With ``settings.spark_remote`` a Spark Connect session on that server
@@ -158,7 +158,7 @@ def get_spark(settings: Settings):  # type: ignore[no-untyped-def]
         return session
 
 
-def _start_local(settings: Settings):  # type: ignore[no-untyped-def]
+def _start_local(settings: Settings):
     """A SparkSession with a JVM driver in this process."""
     jar = check_jdbc_jar(settings)
     check_master(settings.spark_master)
@@ -179,7 +179,7 @@ def _start_local(settings: Settings):  # type: ignore[no-untyped-def]
         builder = builder.config(key, value)
     try:
         session = builder.getOrCreate()
-    except Exception as exc:  # noqa: BLE001 - Spark raises many kinds
+    except Exception as exc:
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SparkError(
             f"Spark could not start with master {settings.spark_master!r}: {detail}; check the master "
@@ -193,7 +193,7 @@ def startup_seconds() -> float | None:
     return _startup_seconds
 
 
-def active_sessions() -> list:  # type: ignore[type-arg]
+def active_sessions() -> list:
     """The sessions this process has started (to cancel their jobs)."""
     with _lock:
         return list(_sessions.values())
@@ -234,7 +234,7 @@ def session_lost(exc: BaseException) -> bool:
         condition = getattr(current, "getCondition", None)
         try:
             name = condition() if callable(condition) else None
-        except Exception:  # noqa: BLE001 - a foreign exception's accessor
+        except Exception:
             name = None
         if isinstance(name, str) and name.startswith("INVALID_HANDLE.SESSION"):
             return True
@@ -255,7 +255,7 @@ def discard_lost_session(exc: BaseException) -> bool:
             capabilities.forget(session)
             try:
                 session.stop()
-            except Exception:  # noqa: BLE001 - closing a client whose server is gone
+            except Exception:
                 log.debug("closing a lost Spark Connect session failed", exc_info=True)
     log.warning(
         "the Spark Connect server no longer knows pgtrickle's session; the next refresh opens a new one"

@@ -73,8 +73,8 @@ def cast_to_blank_padded(value: exp.Expr, width: int) -> exp.Expr:
     "'AB'"
     """
     if isinstance(value, exp.Literal) and value.is_string:
-        text = value.this[:width] if width else value.this
-        return exp.Literal.string(text.rstrip(" "))
+        literal = value.this[:width] if width else value.this
+        return exp.Literal.string(literal.rstrip(" "))
     text: exp.Expr = exp.Cast(this=value, to=exp.DataType.build("STRING"))
     if width:
         text = exp.Substring(this=text, start=exp.Literal.number(1), length=exp.Literal.number(width))

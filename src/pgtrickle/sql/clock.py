@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, datetime, time
 
-import psycopg
 import sqlglot
 from sqlglot import exp
 
@@ -43,16 +42,6 @@ class ClockValues:
     timestamp: datetime
     timetz: time
     time: time
-
-
-def clock_values(conn: psycopg.Connection, at: datetime | None = None) -> ClockValues:
-    """The clock values at ``at`` (default: ``now()`` of ``conn``'s transaction) in ``conn``'s time zone."""
-    row = conn.execute(
-        "SELECT t, t::date, t::timestamp, t::timetz, t::time FROM (SELECT coalesce(%s::timestamptz, now()) AS t) s",
-        (at,),
-    ).fetchone()
-    assert row is not None
-    return ClockValues(*row)
 
 
 def _is_clock(node: exp.Expr) -> bool:

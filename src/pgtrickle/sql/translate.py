@@ -140,8 +140,9 @@ trailing zeros; ``double precision`` values of 1e20 or more cast to
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
 import sqlglot
 from sqlglot import exp
@@ -157,12 +158,12 @@ __all__ = [
     "expression_type",
     "is_volatile",
     "parse_query",
-    "set_returning_function",
-    "volatile_function",
     "referenced_tables",
+    "set_returning_function",
     "translate_expression",
     "translate_to_spark",
     "unsupported_reason",
+    "volatile_function",
 ]
 
 _READ = "postgres"
@@ -651,10 +652,13 @@ def translate_to_spark(
         schema, table = missing[0]
         raise UnsupportedQueryError(f"no Spark view was given for table {_qualified_name(schema, table)}")
 
-    query = rename_clashing_ctes(_rewrite_quantified(query))
+    renamed = rename_clashing_ctes(_rewrite_quantified(query))
+    assert isinstance(renamed, exp.Query), "renaming CTEs keeps the query a query"
+    query = renamed
     _TypeInference(query, column_types or {}).annotate()
-    query = _Rewriter().rewrite(query)
-    query = _rewrite_distinct_on(query)
+    rewritten = _Rewriter().rewrite(query)
+    assert isinstance(rewritten, exp.Query), "a rewrite replaces expressions inside the query, not the query"
+    query = _rewrite_distinct_on(rewritten)
     _replace_tables(query, table_map)
     try:
         spark_sql = query.sql(dialect=_WRITE, pretty=True, unsupported_level=ErrorLevel.RAISE)
@@ -1868,7 +1872,7 @@ class _Rewriter:
     """Post-order rewrite of a typed PostgreSQL tree into Spark semantics."""
 
     def __init__(self) -> None:
-        self._handlers = {
+        self._handlers: dict[type[exp.Expr], Callable[[Any], exp.Expr]] = {
             exp.Div: self._div,
             exp.Cast: self._cast,
             exp.Round: self._round,
@@ -1911,7 +1915,7 @@ class _Rewriter:
             replacement.meta[_META_KEY] = pg_type
         if blank_padded.WIDTH_KEY in node.meta and blank_padded.WIDTH_KEY not in replacement.meta:
             replacement.meta[blank_padded.WIDTH_KEY] = node.meta[blank_padded.WIDTH_KEY]
-        if parent is not None:
+        if parent is not None and arg_key is not None:
             parent.set(arg_key, replacement, index)
         return replacement
 
