@@ -21,6 +21,12 @@ import psycopg
 import pytest
 
 from pgtrickle.config import Settings
+from tests import hypothesis_profiles
+
+try:
+    hypothesis_profiles.load()
+except hypothesis_profiles.UnknownProfileError as exc:
+    raise pytest.UsageError(str(exc)) from None
 
 
 def _free_port() -> int:

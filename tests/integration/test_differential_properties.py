@@ -10,18 +10,17 @@ number of examples per shape (default 3).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgtrickle.dvm.analysis import RecomputeShape, analyze
+from tests.hypothesis_profiles import examples
 from tests.integration.helpers import assert_oracle, create_st, refresh
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-EXAMPLES = int(os.environ.get("PGTRICKLE_PROPERTY_EXAMPLES", "3"))
+EXAMPLES = examples(3, "PGTRICKLE_PROPERTY_EXAMPLES")
 
 SHAPES: dict[str, str] = {
     # projection, filter, expressions

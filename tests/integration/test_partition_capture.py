@@ -10,7 +10,6 @@ saying why. Every refresh is checked against the defining query.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -22,11 +21,12 @@ from hypothesis import strategies as st
 from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.refresh.plan import Action
 from tests.conftest import Database
+from tests.hypothesis_profiles import examples
 from tests.integration.helpers import create_st, refresh, refresh_and_check
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
 
-EXAMPLES = int(os.environ.get("PGTRICKLE_PROPERTY_EXAMPLES", "4"))
+EXAMPLES = examples(4, "PGTRICKLE_PROPERTY_EXAMPLES")
 
 
 def _actions(outcomes) -> dict[str, tuple[Action, str]]:  # type: ignore[no-untyped-def]

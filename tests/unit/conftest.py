@@ -34,5 +34,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+def pytest_runtest_teardown(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
     return (yield from _guarded())

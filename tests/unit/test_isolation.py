@@ -33,6 +33,6 @@ def _attempts() -> dict[str, object]:
 @pytest.mark.parametrize("name", list(_attempts()))
 def test_each_door_is_refused_and_recorded(name: str) -> None:
     with forbidden_resources() as seen:
-        with pytest.raises(UnitIsolationError, match="move this test .* to tests/integration"):
+        with pytest.raises(UnitIsolationError, match=r"move this test .* to tests/integration"):
             _attempts()[name]()
         assert len(seen) == 1
