@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tests.hypothesis_profiles import examples
 from tests.integration.helpers import catalog_fingerprint
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.stress]
 
 EXAMPLES = examples(150, "PGTRICKLE_FUZZ_EXAMPLES")
 

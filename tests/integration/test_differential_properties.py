@@ -198,6 +198,7 @@ def _apply(db, operation, ids: _Ids) -> None:  # type: ignore[no-untyped-def]
         db.sql(f"DELETE FROM {kind[-1]} WHERE id %% %s = %s", (m, r % m))
 
 
+@pytest.mark.stress
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_differential_equals_query_after_random_changes(db, shape: str) -> None:  # type: ignore[no-untyped-def]
     query = SHAPES[shape]

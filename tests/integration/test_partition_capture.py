@@ -298,6 +298,7 @@ def _apply(db: Database, op: tuple, ids: _Ids) -> None:  # type: ignore[type-arg
         db.sql("UPDATE ev_s SET id = id + 100000 WHERE id %% %s = %s", (op[2], op[3] % op[2]))
 
 
+@pytest.mark.stress
 def test_random_dml_over_parents_and_leaves_stays_exact(db: Database) -> None:
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     _hierarchies(db)

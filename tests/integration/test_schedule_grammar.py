@@ -86,6 +86,7 @@ def _sql(conn: psycopg.Connection, text: str) -> str | None:
     return str(row[0])
 
 
+@pytest.mark.stress
 @settings(max_examples=examples(1500), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=schedules)
 @example("30 s")

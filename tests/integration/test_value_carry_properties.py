@@ -26,7 +26,7 @@ from tests.conftest import Database
 from tests.hypothesis_profiles import examples
 from tests.integration.helpers import assert_oracle, create_st, refresh
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.stress]
 
 EXAMPLES = examples(4, "PGTRICKLE_PROPERTY_EXAMPLES")
 
