@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/pgtrickle demo
 
-# Everything, the short soak (20 s of writes) and short stress runs included; docs/TESTING.md.
+# Everything, the short soak (30 s of writes) and short stress runs included; docs/TESTING.md.
 # PYTEST_ARGS passes options on, e.g. `make test PYTEST_ARGS="-n 2"` (pytest-xdist; see docs/TESTING.md).
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
