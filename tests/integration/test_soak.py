@@ -7,8 +7,9 @@ the daemon and of the JVM flat from the second to the last quarter, and every
 stream table equal to its query at the end.
 
 ``make test`` runs a short soak: 30 s of writes (``PGTRICKLE_SOAK_SECONDS``, default 30) with a
-burst every quarter of the run and a memory sample every second. ``make soak`` runs the 2-minute one (``PGTRICKLE_SOAK_SECONDS=120``);
-longer runs: ``.venv/bin/python benchmarks/soak.py --duration 1800`` (docs/BENCHMARKS.md).
+burst every quarter of the run and a memory sample every second. ``make soak`` runs the 2-minute
+one (``PGTRICKLE_SOAK_SECONDS=120``); longer runs:
+``.venv/bin/python benchmarks/soak.py --duration 1800`` (docs/BENCHMARKS.md).
 Select or skip it with ``-m soak`` / ``-m "not soak"``.
 """
 
