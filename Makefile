@@ -3,7 +3,7 @@ VENV   ?= .venv
 PYTHON ?= python3
 PY     := $(VENV)/bin/python
 
-.PHONY: setup demo test test-unit lint bench clean
+.PHONY: setup demo test test-unit test-integration soak stress lint bench clean
 
 setup: $(VENV)/.installed
 	@scripts/ensure-jdbc.sh
@@ -18,11 +18,28 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/pgtrickle demo
 
+# Everything, the short soak (30 s of writes) and short stress runs included; docs/TESTING.md.
+# PYTEST_ARGS passes options on, e.g. `make test PYTEST_ARGS="-n 2"` (pytest-xdist; see docs/TESTING.md).
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_ARGS)
 
+# No JVM, no database (tests/unit/conftest.py fails a unit test that starts either): well under a minute.
 test-unit: setup
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: setup
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+# The long soak: 2 minutes of writes by default, `make soak SOAK_SECONDS=1800` for half an hour.
+SOAK_SECONDS ?= 120
+soak: setup
+	PGTRICKLE_SOAK_SECONDS=$(SOAK_SECONDS) $(PY) -m pytest -m soak tests/integration/test_soak.py $(PYTEST_ARGS)
+
+# The stress, fault-injection and property tests at length: 60 s of concurrent writers, 50 SIGKILLs
+# of the daemon, ten times the hypothesis examples.
+stress: setup
+	PGTRICKLE_STRESS_SECONDS=60 PGTRICKLE_CRASH_KILLS=50 PGTRICKLE_HYPOTHESIS_PROFILE=thorough \
+		$(PY) -m pytest -m stress tests $(PYTEST_ARGS)
 
 # Static checks, all of which must pass (CI runs this before the tests): formatting, lint, types and the
 # import layering of docs/ARCHITECTURE.md ("Layers"). PYTHONPATH=src: check this tree, not an installed copy.

@@ -9,18 +9,17 @@ made — back to the same fingerprint. Nothing half-creates a stream table.
 
 from __future__ import annotations
 
-import os
-
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.hypothesis_profiles import examples
 from tests.integration.helpers import catalog_fingerprint
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.stress]
 
-EXAMPLES = int(os.environ.get("PGTRICKLE_FUZZ_EXAMPLES", "150"))
+EXAMPLES = examples(150, "PGTRICKLE_FUZZ_EXAMPLES")
 
 text = st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=80)
 good_names = st.sampled_from(["s", "S", 'we"ird', "a;b", "public.s", "x" * 63, "s; DROP TABLE orders", "Ünï"])

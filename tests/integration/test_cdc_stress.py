@@ -55,7 +55,7 @@ from pgtrickle.daemon.loop import Scheduler
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, refresh
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
+pytestmark = [pytest.mark.integration, pytest.mark.stress, pytest.mark.usefixtures("spark")]
 
 STRESS_SECONDS = float(os.environ.get("PGTRICKLE_STRESS_SECONDS", "6"))
 HARD_LIMIT_SECONDS = 240.0 + 4 * STRESS_SECONDS  # a hang fails the test instead of stalling CI

@@ -54,7 +54,7 @@ from tests.integration.faultkit import (
 )
 from tests.integration.helpers import assert_oracle, create_st, refresh
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
+pytestmark = [pytest.mark.integration, pytest.mark.stress, pytest.mark.usefixtures("spark")]
 
 KILLS = int(os.environ.get("PGTRICKLE_CRASH_KILLS", "4"))
 

@@ -10,18 +10,17 @@ number of examples per shape (default 3).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgtrickle.dvm.analysis import RecomputeShape, analyze
+from tests.hypothesis_profiles import examples
 from tests.integration.helpers import assert_oracle, create_st, refresh
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
-EXAMPLES = int(os.environ.get("PGTRICKLE_PROPERTY_EXAMPLES", "3"))
+EXAMPLES = examples(3, "PGTRICKLE_PROPERTY_EXAMPLES")
 
 SHAPES: dict[str, str] = {
     # projection, filter, expressions
@@ -199,6 +198,7 @@ def _apply(db, operation, ids: _Ids) -> None:  # type: ignore[no-untyped-def]
         db.sql(f"DELETE FROM {kind[-1]} WHERE id %% %s = %s", (m, r % m))
 
 
+@pytest.mark.stress
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_differential_equals_query_after_random_changes(db, shape: str) -> None:  # type: ignore[no-untyped-def]
     query = SHAPES[shape]

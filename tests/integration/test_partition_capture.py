@@ -10,7 +10,6 @@ saying why. Every refresh is checked against the defining query.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -22,11 +21,12 @@ from hypothesis import strategies as st
 from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.refresh.plan import Action
 from tests.conftest import Database
+from tests.hypothesis_profiles import examples
 from tests.integration.helpers import create_st, refresh, refresh_and_check
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
 
-EXAMPLES = int(os.environ.get("PGTRICKLE_PROPERTY_EXAMPLES", "4"))
+EXAMPLES = examples(4, "PGTRICKLE_PROPERTY_EXAMPLES")
 
 
 def _actions(outcomes) -> dict[str, tuple[Action, str]]:  # type: ignore[no-untyped-def]
@@ -298,6 +298,7 @@ def _apply(db: Database, op: tuple, ids: _Ids) -> None:  # type: ignore[type-arg
         db.sql("UPDATE ev_s SET id = id + 100000 WHERE id %% %s = %s", (op[2], op[3] % op[2]))
 
 
+@pytest.mark.stress
 def test_random_dml_over_parents_and_leaves_stays_exact(db: Database) -> None:
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     _hierarchies(db)

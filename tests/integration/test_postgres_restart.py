@@ -42,7 +42,7 @@ from tests.integration.faultkit import (
 )
 from tests.integration.helpers import assert_oracle
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
+pytestmark = [pytest.mark.integration, pytest.mark.stress, pytest.mark.usefixtures("spark")]
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ the daemon cannot parse puts that stream table in ERROR and stops nothing else.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -20,6 +20,7 @@ from pgtrickle.errors import ScheduleError
 from pgtrickle.daemon.loop import Scheduler
 from pgtrickle.scheduler.schedule import CalculatedSchedule, next_due, parse_schedule
 from tests.conftest import Database
+from tests.hypothesis_profiles import examples
 from tests.integration.helpers import assert_oracle
 
 pytestmark = pytest.mark.integration
@@ -85,7 +86,8 @@ def _sql(conn: psycopg.Connection, text: str) -> str | None:
     return str(row[0])
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.stress
+@settings(max_examples=examples(1500), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=schedules)
 @example("30 s")
 @example("1 d")

@@ -1,10 +1,14 @@
-"""A 2-minute soak (benchmarks/soak.py): 50 stream tables over 10 sources under steady writes and bursts.
+"""The soak (benchmarks/soak.py): 50 stream tables over 10 sources under steady writes and bursts.
 
 The daemon runs in its own process (with its own Spark driver JVM) against a
 database of its own on the test server. The checks are the script's: no
 failed refresh, staleness within schedule + grace, buffers cleaned, memory of
 the daemon and of the JVM flat from the second to the last quarter, and every
-stream table equal to its query at the end. Longer runs:
+stream table equal to its query at the end.
+
+``make test`` runs a short soak: 30 s of writes (``PGTRICKLE_SOAK_SECONDS``, default 30) with a
+burst every quarter of the run and a memory sample every second. ``make soak`` runs the 2-minute
+one (``PGTRICKLE_SOAK_SECONDS=120``); longer runs:
 ``.venv/bin/python benchmarks/soak.py --duration 1800`` (docs/BENCHMARKS.md).
 Select or skip it with ``-m soak`` / ``-m "not soak"``.
 """
@@ -45,12 +49,19 @@ def test_specs_mix_shapes_modes_and_schedules() -> None:
             assert f"soak.st_{k - 4:02d}" in s.query and specs[k - 4].shape == "aggregate"
 
 
-def test_two_minute_soak(pg_server) -> None:  # type: ignore[no-untyped-def]
+#: Seconds of writes: short in ``make test``, 120 in ``make soak``.
+SOAK_SECONDS = float(os.environ.get("PGTRICKLE_SOAK_SECONDS", "30"))
+
+
+def test_soak(pg_server) -> None:  # type: ignore[no-untyped-def]
     soak = _soak_module()
     cfg = soak.SoakConfig(
         dsn=pg_server.admin_dsn,
-        duration=float(os.environ.get("PGTRICKLE_SOAK_SECONDS", "120")),
-        sample_every=5.0,
+        duration=SOAK_SECONDS,
+        # 4 bursts and the 8 memory samples the soak needs however short the run, even when a sample
+        # takes 2 s on a loaded machine (every 30 s / 5 s in the long run)
+        burst_every=min(30.0, SOAK_SECONDS / 4),
+        sample_every=min(5.0, SOAK_SECONDS / 30),
         spark_master=os.environ.get("PGTRICKLE_TEST_SPARK_MASTER", "local[2]"),
         grace=float(os.environ.get("PGTRICKLE_SOAK_GRACE", "120")),
         # Two minutes are the Spark driver's warm-up: its heap (spark.driver.memory, 1 GB) is still

@@ -13,7 +13,6 @@ unfitting value must be refused (ValueNotCarriedError) and change nothing.
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
@@ -24,11 +23,12 @@ from hypothesis import strategies as st
 from pgtrickle.errors import ValueNotCarriedError
 from pgtrickle.refresh.plan import Action
 from tests.conftest import Database
+from tests.hypothesis_profiles import examples
 from tests.integration.helpers import assert_oracle, create_st, refresh
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.stress]
 
-EXAMPLES = int(os.environ.get("PGTRICKLE_PROPERTY_EXAMPLES", "4"))
+EXAMPLES = examples(4, "PGTRICKLE_PROPERTY_EXAMPLES")
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 FIRST = datetime(1, 1, 2, tzinfo=timezone.utc)

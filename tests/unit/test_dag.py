@@ -26,6 +26,7 @@ from pgtrickle.scheduler.schedule import (
     Schedule,
     parse_schedule,
 )
+from tests.hypothesis_profiles import examples
 
 NOW = datetime(2024, 5, 17, 12, 0, tzinfo=UTC)
 CALC = CalculatedSchedule()
@@ -151,7 +152,7 @@ def random_dags(draw: st.DrawFn) -> list[StreamTableNode]:
     return draw(st.permutations(nodes))
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(random_dags())
 def test_random_dags_upstream_before_downstream(nodes: list[StreamTableNode]) -> None:
     order = topological_order(nodes)
@@ -163,14 +164,14 @@ def test_random_dags_upstream_before_downstream(nodes: list[StreamTableNode]) ->
     assert topological_order(reversed(nodes)) == order  # deterministic
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(random_dags())
 def test_random_dags_keep_their_edges_without_cycles(nodes: list[StreamTableNode]) -> None:
     for n in nodes:
         assert would_create_cycle(nodes, n.pgt_id, n.upstream) is None
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(random_dags(), st.data())
 def test_random_back_edge_reports_a_real_cycle(
     nodes: list[StreamTableNode], data: st.DataObject
@@ -362,7 +363,7 @@ def test_closures_ignore_unknown_ids() -> None:
     assert upstream_closure(nodes, []) == set()
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(random_dags())
 def test_closures_are_mirror_images(nodes: list[StreamTableNode]) -> None:
     for n in nodes:

@@ -19,6 +19,7 @@ from pgtrickle.scheduler.schedule import (
     next_due,
     parse_schedule,
 )
+from tests.hypothesis_profiles import examples
 
 NOW = datetime(2024, 5, 17, 12, 0, 0, tzinfo=UTC)
 ACCEPTED_FORMS_HINT = "expected a duration such as '30s'"
@@ -384,7 +385,7 @@ cron_like_text = st.lists(
 ).map(" ".join)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.one_of(st.text(), st.text(alphabet="0123456789smhdwSMHDW @;' \t"), cron_like_text))
 def test_fuzz_parse_returns_schedule_or_schedule_error(text: str) -> None:
     try:
@@ -414,7 +415,7 @@ def valid_durations(draw: st.DrawFn) -> tuple[str, int]:
     return text, total_ms
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(valid_durations())
 def test_valid_durations_round_trip_through_canonical(case: tuple[str, int]) -> None:
     text, total_ms = case
@@ -435,7 +436,7 @@ def _oracle_next_fire(text: str, last: datetime) -> datetime:
     return epoch + ((last - epoch) // step + 1) * step
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.sampled_from(["*/5 * * * *", "@hourly"]),
     st.datetimes(

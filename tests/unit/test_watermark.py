@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pgtrickle.gates import watermark as wm
+from tests.hypothesis_profiles import examples
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 ORDERS, LINES, STOCK, HOUSES, FX = 101, 102, 103, 104, 105
@@ -172,7 +173,7 @@ snapshots = st.builds(
     st.lists(st.integers(min_value=0, max_value=40), max_size=10))
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(snapshots, st.integers(min_value=0, max_value=60))
 def test_including_makes_exactly_one_more_xid_visible(snap, offset: int) -> None:
     xmin, xmax, xip = snap
