@@ -32,10 +32,19 @@ Dialect = Literal["spark", "postgres"]
 DIALECTS: tuple[Dialect, ...] = ("spark", "postgres")
 
 RESERVED_PREFIX = "__pgt_"
-"""Names the compiler uses for its own columns and relations; no IR column may start with it."""
+"""The prefix of the names the compiler gives its own columns and relations."""
 
 COPY = "__pgt_n"
 """The generated copy number of an expanded row."""
+END = "__pgt_end"
+SIDE = "__pgt_side"
+LEFT_COUNT = "__pgt_lc"
+RIGHT_COUNT = "__pgt_rc"
+
+RESERVED_COLUMNS = frozenset({WEIGHT, COPY, END, SIDE, LEFT_COUNT, RIGHT_COUNT})
+"""The column names the compiler adds next to a node's columns; no IR column may be one of them.
+Other ``__pgt_``-prefixed names are the delta rules' own (touched keys ``__pgt_k<i>``, an
+aggregate state's ``__pgt_count``, ``__pgt_n_<column>``...) and are ordinary columns here."""
 
 Types = Mapping[str, "str | None"]
 """Column name -> PostgreSQL type category (``None``: unknown)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pgtrickle.dvm.compile_sql import RESERVED_PREFIX, common_type, type_of
+from pgtrickle.dvm.compile_sql import RESERVED_COLUMNS, common_type, type_of
 from pgtrickle.dvm.ir import (
     Aggregate,
     Delta,
@@ -51,8 +51,8 @@ def check_node(node: Node) -> None:
     for name in columns:
         if not isinstance(name, str):
             raise InvalidPlanError(f"{kind}: column names must be strings, got {name!r}")
-        if name.startswith(RESERVED_PREFIX):
-            raise InvalidPlanError(f"{kind}: column {name!r} uses the reserved prefix {RESERVED_PREFIX}")
+        if name in RESERVED_COLUMNS:
+            raise InvalidPlanError(f"{kind}: column {name!r} is reserved for the compiler's own columns")
         if name in seen:
             raise InvalidPlanError(f"{kind}: column {name!r} appears twice in the output")
         seen.add(name)
