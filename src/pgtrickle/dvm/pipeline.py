@@ -35,7 +35,7 @@ LINEAR = "linear"
 CHANGE_BUFFER = "change buffer"
 CONSTANT = "constant: never changes"
 UNCHANGED = "unchanged: no changed relation under it"
-HIDDEN_TABLE = "hidden table: its change buffer"
+HIDDEN_TABLE = "(in its hidden table; read as its change buffer)"
 RECOMPUTE_GROUPS = "touched groups, recompute"
 RECOMPUTE_ONE_ROW = "single row, recompute before and after"
 ALGEBRAIC = "algebraic over stored state"
@@ -120,7 +120,8 @@ def rule_of(node: ir.Node, *, changed: Collection[str] | None = None, is_root: b
     if not _touched(node, changed, memo):
         return UNCHANGED
     if not is_root and any(m is node for m in materialized):
-        return HIDDEN_TABLE
+        own = rule_of(node, changed=changed, stored_state=False, _memo=memo)
+        return f"{own} {HIDDEN_TABLE}"
     if isinstance(node, ir.Scan):
         return CHANGE_BUFFER
     if isinstance(node, (ir.Filter, ir.Project, ir.UnionAll)):
