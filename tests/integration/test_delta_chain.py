@@ -236,9 +236,9 @@ def expected_change(db: Database, sql: str) -> Counter:
     for state in ("pre", "post"):
         db.sql(f"CREATE TABLE m.result_{state} AS {in_schema(sql, state)}")
     width = len(db.conn.execute("SELECT * FROM m.result_pre LIMIT 0").description or [])
-    positions = ", ".join(str(i + 1) for i in range(width))
-    rows = db.sql(f"SELECT *, sum(w)::bigint FROM (SELECT r.*, 1 AS w FROM m.result_post r UNION ALL"
-                  f" SELECT r.*, -1 FROM m.result_pre r) z GROUP BY {positions} HAVING sum(w) <> 0")
+    cols = ", ".join(f"c{i}" for i in range(width))
+    rows = db.sql(f"SELECT {cols}, sum(w)::bigint FROM (SELECT r.*, 1 FROM m.result_post r UNION ALL"
+                  f" SELECT r.*, -1 FROM m.result_pre r) z({cols}, w) GROUP BY {cols} HAVING sum(w) <> 0")
     return Counter({tuple(r[:width]): r[-1] for r in rows})
 
 

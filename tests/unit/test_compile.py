@@ -255,3 +255,14 @@ def test_the_delta_rules_own_column_names_compile() -> None:
     from pgtrickle.dvm.pipeline import ViewNames
 
     assert "__pgt_count" in compile_ir(algebraic, ViewNames(), dialect="postgres").sql()
+
+
+def test_an_untyped_branch_column_of_a_union_all_is_cast_to_the_other_branches_type() -> None:
+    """The outer-join rule pads with a bare NULL; PostgreSQL types it ``text`` in a CTE, which a
+    UNION with an integer column refuses: the compiler casts it (PostgreSQL only) to the type of
+    the known branches."""
+    padded = Project(A, (("pk", e("ak")), ("px", exp.Null())))
+    union = UnionAll((A, padded), ("k", "x"))
+    assert 'CAST("px" AS INT)' in compiled(union).sql()
+    assert node_types(union, TYPES, {})["x"] == "integer"
+    assert "CAST(`px`" not in compiled(union, "spark").sql()

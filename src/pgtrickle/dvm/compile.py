@@ -77,6 +77,7 @@ from pgtrickle.dvm.compile_sql import (
     render,
     select,
     table,
+    cast_untyped,
     weight,
 )
 from pgtrickle.dvm.compile_types import InvalidPlanError, check_node, node_types, statically_positive
@@ -307,8 +308,13 @@ class _Fold:
             return select([*columns_of(node.columns), alias(exp.Neg(this=weight()), WEIGHT)],
                           self._ref(node.input))
         if isinstance(node, UnionAll):
-            branches = [select([*(alias(col(c), o) for c, o in zip(b.columns, node.output, strict=True)),
-                                weight()], self._ref(b)) for b in node.branches]
+            target = self._types_of(node)
+            branches = []
+            for b in node.branches:
+                own = self._types_of(b)
+                branches.append(select([*(alias(cast_untyped(col(c), own[c], target[o], self._dialect), o)
+                                          for c, o in zip(b.columns, node.output, strict=True)),
+                                        weight()], self._ref(b)))
             united: exp.Query = branches[0]
             for branch in branches[1:]:
                 united = exp.union(united, branch, distinct=False)

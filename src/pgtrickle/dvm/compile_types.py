@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pgtrickle.dvm.compile_sql import RESERVED_COLUMNS, common_type, type_of
+from pgtrickle.dvm.compile_sql import RESERVED_COLUMNS, common_type, type_of, union_type
 from pgtrickle.dvm.ir import (
     Aggregate,
     Delta,
@@ -111,7 +111,7 @@ def _types_of(node: Node, column_types: ColumnTypes,
         return {name: type_of(e, inner) for name, e in node.outputs}
     if isinstance(node, UnionAll):
         branches = [list(of(b).values()) for b in node.branches]
-        return {name: common_type(b[i] for b in branches) for i, name in enumerate(node.output)}
+        return {name: union_type(b[i] for b in branches) for i, name in enumerate(node.output)}
     if isinstance(node, SetOp):
         left, right = list(of(node.left).values()), list(of(node.right).values())
         return {name: common_type((left[i], right[i])) for i, name in enumerate(node.output)}
