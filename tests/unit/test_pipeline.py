@@ -46,7 +46,7 @@ def test_every_tpch_query_plans_and_compiles(name: str, dialect: str) -> None:
     assert result.compiled.columns == tuple(CASES[name]["columns"])
     assert {s.node for s in result.steps} == set(ir.walk(result.tree))
     kinds = {r.kind.value for r in result.compiled.reads}
-    assert kinds <= {"post", "delta", "materialized"} and "delta" in kinds or "materialized" in kinds
+    assert (kinds <= {"post", "delta", "materialized"} and "delta" in kinds) or "materialized" in kinds
 
 
 def test_a_plan_reading_hidden_tables_asks_for_a_full_refresh_with_the_reason() -> None:
@@ -62,7 +62,8 @@ def test_a_plan_reading_hidden_tables_asks_for_a_full_refresh_with_the_reason() 
 def test_a_plan_without_hidden_tables_runs_and_names_its_reads() -> None:
     result = plan("tpch.q05", changed=frozenset({"tpch.lineitem"}))
     assert result.full_refresh_reason is None and not result.materialized
-    reads = {(r.kind.value, r.node.relation if isinstance(r.node, ir.Scan) else None) for r in result.compiled.reads}
+    reads = {(r.kind.value, r.node.relation if isinstance(r.node, ir.Scan) else None)
+             for r in result.compiled.reads}
     assert ("delta", "tpch.lineitem") in reads
     assert all(kind != "delta" or relation == "tpch.lineitem" for kind, relation in reads)
     # one changed relation of six: one telescoping term at the top join
@@ -95,7 +96,8 @@ def test_view_names_are_stable_identifiers() -> None:
     assert names.post(a) == names.post(ir.Scan("weird schema.t-1", ("x",), ("y",)))
     assert names.delta(a).startswith("__pgt_delta_0_") and names.delta(a).isidentifier()
     m = ir.Materialized(a)
-    assert names.materialized(m) == "__pgt_mat_0" and names.materialized(ir.Materialized(a, pre=True)) == "__pgt_mat_0_pre"
+    assert names.materialized(m) == "__pgt_mat_0"
+    assert names.materialized(ir.Materialized(a, pre=True)) == "__pgt_mat_0_pre"
 
 
 # --------------------------------------------------------------------------- describe

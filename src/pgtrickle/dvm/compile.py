@@ -67,6 +67,7 @@ from pgtrickle.dvm.compile_sql import (
     Dialect,
     alias,
     bigint,
+    cast_untyped,
     col,
     columns_of,
     consolidated,
@@ -77,7 +78,6 @@ from pgtrickle.dvm.compile_sql import (
     render,
     select,
     table,
-    cast_untyped,
     weight,
 )
 from pgtrickle.dvm.compile_types import InvalidPlanError, check_node, node_types, statically_positive

@@ -30,6 +30,10 @@ from collections.abc import Sequence
 from sqlglot import exp
 
 from pgtrickle.dvm.compile_sql import (
+    END,
+    LEFT_COUNT,
+    RIGHT_COUNT,
+    SIDE,
     Dialect,
     Types,
     alias,
@@ -42,10 +46,6 @@ from pgtrickle.dvm.compile_sql import (
     one,
     render,
     select,
-    END,
-    LEFT_COUNT,
-    RIGHT_COUNT,
-    SIDE,
     type_of,
     weight,
 )

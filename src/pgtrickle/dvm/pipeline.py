@@ -207,6 +207,7 @@ def plan_delta(pg_sql: str, schema: Mapping[str, Sequence[str]],
     plan = rules.delta(tree, changed, tuple(materialized), stored_state=stored_state)
     compiled = None
     if plan is not None:
-        compiled = compile_ir(plan, reads or ViewNames(), dialect=dialect, column_types=column_types).consolidated()
+        whole = compile_ir(plan, reads or ViewNames(), dialect=dialect, column_types=column_types)
+        compiled = whole.consolidated()
     steps = steps_of(tree, materialized, changed=changed, stored_state=stored_state)
     return DeltaPlan(tree, steps, materialized, plan, compiled)
