@@ -9,17 +9,20 @@ from pathlib import Path
 import pytest
 from sqlglot import exp, parse_one
 
-from pgtrickle.dvm import ir, materialize
+from pgtrickle.dvm import ir, materialize, rules
 from pgtrickle.dvm.describe import describe, describe_plan, facts
 from pgtrickle.dvm.lower import lower
 from pgtrickle.dvm.pipeline import (
     ALGEBRAIC,
     CHANGE_BUFFER,
     RECOMPUTE_GROUPS,
+    STORED_STATE,
     UNCHANGED,
+    DeltaPlan,
     ViewNames,
     plan_delta,
     rule_of,
+    steps_of,
 )
 from pgtrickle.errors import NoDeltaRuleError
 from pgtrickle.sql.translate import parse_query
@@ -83,6 +86,15 @@ def test_stored_state_takes_the_algebraic_rule_for_an_invertible_aggregate_root(
     assert rule_of(summed, is_root=True) == RECOMPUTE_GROUPS
     maxed = ir.Aggregate(scan, (("g", exp.column("k")),), (("m", parse_one("max(v)")),))
     assert rule_of(maxed, is_root=True, stored_state=True) == RECOMPUTE_GROUPS
+    # the algebraic plan reads the state's hidden table, which nothing builds yet
+    algebraic = rules.delta(summed, frozenset({"t"}), stored_state=True)
+    result = DeltaPlan(summed, steps_of(summed, {}, stored_state=True), {}, algebraic, None)
+    assert result.full_refresh_reason is not None and STORED_STATE in result.full_refresh_reason
+    # a lowered query's root is the Project naming its output, so the algebraic rule (root
+    # Aggregate only) does not apply through plan_delta yet
+    lowered = plan_delta("SELECT k, sum(v) AS s FROM props.a GROUP BY k", RELATIONS, None, {"props.a"},
+                         "postgres", stored_state=True)
+    assert isinstance(lowered.tree, ir.Project) and lowered.full_refresh_reason is None
 
 
 def test_bad_input_names_the_construct() -> None:

@@ -45,6 +45,7 @@ TOUCHED_PARTITIONS = "touched partitions, recompute"
 TOPK_DIFFERENCE = "visible rows before and after"
 SEMI_JOIN = "semi join: telescoping + existence flips of touched rows"
 ANTI_JOIN = "anti join: telescoping + existence flips of touched rows"
+STORED_STATE = "the stream table's stored aggregate state (algebraic rule)"
 OUTER_JOIN = "outer join: inner part telescoping + padded anti-join part"
 
 
@@ -71,12 +72,13 @@ class DeltaPlan:
     @property
     def full_refresh_reason(self) -> str | None:
         """Why the caller must refresh FULL instead of running the plan (``None``: run it)."""
-        if not self.materialized or self.plan is None:
+        if self.plan is None:
             return None
-        needed = [reason for node, reason in self.materialized.items() if _reads(self.plan, node)]
-        if not needed:
+        hidden = {n.node: None for n in ir.walk(self.plan) if isinstance(n, ir.Materialized)}
+        if not hidden:
             return None
-        return "needs a hidden stream table, not built yet: " + "; ".join(dict.fromkeys(needed))
+        reasons = [self.materialized.get(node, STORED_STATE) for node in hidden]
+        return "needs a hidden stream table, not built yet: " + "; ".join(dict.fromkeys(reasons))
 
     def step(self, node: ir.Node) -> Step:
         """The step of ``node`` (a node of :attr:`tree`)."""
@@ -84,10 +86,6 @@ class DeltaPlan:
             if step.node is node:
                 return step
         raise KeyError("the node is not in the plan's tree")
-
-
-def _reads(plan: ir.Node, node: ir.Node) -> bool:
-    return any(isinstance(n, ir.Materialized) and n.node is node for n in ir.walk(plan))
 
 
 def _touched(node: ir.Node, changed: Collection[str] | None, memo: dict[ir.Node, bool]) -> bool:
