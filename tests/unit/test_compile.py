@@ -27,6 +27,7 @@ from pgtrickle.dvm.ir import (
     UnionAll,
     Values,
     Window,
+    walk,
 )
 from pgtrickle.errors import UnsupportedQueryError
 
@@ -196,7 +197,8 @@ def test_every_node_type_compiles_in_both_dialects() -> None:
 
 @pytest.mark.parametrize(("tree", "message"), [
     (Project(A, (("x", e("ak")), ("x", e("ax")))), "appears twice"),
-    (Project(A, (("__pgt_w", e("ak")),)), "reserved prefix"),
+    (Project(A, (("__pgt_w", e("ak")),)), "reserved for the compiler"),
+    (Project(A, (("__pgt_n", e("ak")),)), "reserved for the compiler"),
     (Join(JoinKind.INNER, A, A, e("true")), "appears twice"),
     (Join(JoinKind.SEMI, A, A, e("true")), "both inputs have the columns"),
     (UnionAll((A, Project(A, (("k", e("ak")),))), ("p", "q")), "widths"),
@@ -235,3 +237,32 @@ def test_an_expression_spark_cannot_run_is_refused_for_spark_only() -> None:
     dollar = Filter(Scan("t", ("s",), ("s",)), e("s = '${x}'"))
     with pytest.raises(UnsupportedQueryError, match="variable"):
         compiled(dollar, "spark").sql()
+
+
+def test_the_delta_rules_own_column_names_compile() -> None:
+    """The rules name touched keys ``__pgt_k<i>`` and state columns ``__pgt_count``,
+    ``__pgt_n_<c>``: ordinary columns to the compiler, which reserves only its own names
+    (a grouped aggregate's delta plan, and the algebraic one over stored state, compile)."""
+    from pgtrickle.dvm import rules
+
+    grouped = Aggregate(A, (("g", e("ak")),), (("s", e("sum(ax)")), ("m", e("max(ax)"))))
+    plan = rules.delta(grouped, frozenset({"public.a"}))
+    assert any(c.startswith("__pgt_k") for n in walk(plan) for c in n.columns)
+    for dialect in ("postgres", "spark"):
+        assert compiled(plan, dialect).sql()
+    invertible = Aggregate(A, (("g", e("ak")),), (("s", e("sum(ax)")),))
+    algebraic = rules.delta(invertible, frozenset({"public.a"}), stored_state=True)
+    from pgtrickle.dvm.pipeline import ViewNames
+
+    assert "__pgt_count" in compile_ir(algebraic, ViewNames(), dialect="postgres").sql()
+
+
+def test_an_untyped_branch_column_of_a_union_all_is_cast_to_the_other_branches_type() -> None:
+    """The outer-join rule pads with a bare NULL; PostgreSQL types it ``text`` in a CTE, which a
+    UNION with an integer column refuses: the compiler casts it (PostgreSQL only) to the type of
+    the known branches."""
+    padded = Project(A, (("pk", e("ak")), ("px", exp.Null())))
+    union = UnionAll((A, padded), ("k", "x"))
+    assert 'CAST("px" AS INT)' in compiled(union).sql()
+    assert node_types(union, TYPES, {})["x"] == "integer"
+    assert "CAST(`px`" not in compiled(union, "spark").sql()

@@ -67,6 +67,7 @@ from pgtrickle.dvm.compile_sql import (
     Dialect,
     alias,
     bigint,
+    cast_untyped,
     col,
     columns_of,
     consolidated,
@@ -325,13 +326,22 @@ class _Fold:
                 [*columns_of(node.columns), alias(exp.Neg(this=weight()), WEIGHT)], self._ref(node.input)
             )
         if isinstance(node, UnionAll):
-            branches = [
-                select(
-                    [*(alias(col(c), o) for c, o in zip(b.columns, node.output, strict=True)), weight()],
-                    self._ref(b),
+            target = self._types_of(node)
+            branches = []
+            for b in node.branches:
+                own = self._types_of(b)
+                branches.append(
+                    select(
+                        [
+                            *(
+                                alias(cast_untyped(col(c), own[c], target[o], self._dialect), o)
+                                for c, o in zip(b.columns, node.output, strict=True)
+                            ),
+                            weight(),
+                        ],
+                        self._ref(b),
+                    )
                 )
-                for b in node.branches
-            ]
             united: exp.Query = branches[0]
             for branch in branches[1:]:
                 united = exp.union(united, branch, distinct=False)

@@ -30,6 +30,10 @@ from collections.abc import Sequence
 from sqlglot import exp
 
 from pgtrickle.dvm.compile_sql import (
+    END,
+    LEFT_COUNT,
+    RIGHT_COUNT,
+    SIDE,
     Dialect,
     Types,
     alias,
@@ -52,10 +56,7 @@ _INTEGERS = ("int2", "int4", "int8")
 _INSENSITIVE = (exp.Min, exp.Max, exp.LogicalAnd, exp.LogicalOr)
 _INSENSITIVE_NAMES = frozenset({"every", "bool_and", "bool_or", "bit_and", "bit_or"})
 
-_END = "__pgt_end"
-_SIDE = "__pgt_side"
-_LEFT_COUNT = "__pgt_lc"
-_RIGHT_COUNT = "__pgt_rc"
+_END, _SIDE, _LEFT_COUNT, _RIGHT_COUNT = END, SIDE, LEFT_COUNT, RIGHT_COUNT
 
 
 # --------------------------------------------------------------------------- Aggregate

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 from sqlglot import exp
+from sqlglot.errors import SqlglotError
 
 from pgtrickle.dvm.linear import WEIGHT
 from pgtrickle.sql.translate import expression_type, translate_expression
@@ -32,10 +33,19 @@ Dialect = Literal["spark", "postgres"]
 DIALECTS: tuple[Dialect, ...] = ("spark", "postgres")
 
 RESERVED_PREFIX = "__pgt_"
-"""Names the compiler uses for its own columns and relations; no IR column may start with it."""
+"""The prefix of the names the compiler gives its own columns and relations."""
 
 COPY = "__pgt_n"
 """The generated copy number of an expanded row."""
+END = "__pgt_end"
+SIDE = "__pgt_side"
+LEFT_COUNT = "__pgt_lc"
+RIGHT_COUNT = "__pgt_rc"
+
+RESERVED_COLUMNS = frozenset({WEIGHT, COPY, END, SIDE, LEFT_COUNT, RIGHT_COUNT})
+"""The column names the compiler adds next to a node's columns; no IR column may be one of them.
+Other ``__pgt_``-prefixed names are the delta rules' own (touched keys ``__pgt_k<i>``, an
+aggregate state's ``__pgt_count``, ``__pgt_n_<column>``...) and are ordinary columns here."""
 
 Types = Mapping[str, "str | None"]
 """Column name -> PostgreSQL type category (``None``: unknown)."""
@@ -180,3 +190,25 @@ def common_type(types: Iterable[str | None]) -> str | None:
     if known and all(t is not None and t == known[0] for t in known):
         return known[0]
     return None
+
+
+_UNTYPED = (None, "null")
+
+
+def union_type(types: Iterable[str | None]) -> str | None:
+    """The type of one column of a UNION ALL whose branches may hold untyped values (a padded
+    NULL): the known branches' type when they agree, ignoring the unknown ones."""
+    known = {t for t in types if t not in _UNTYPED}
+    return known.pop() if len(known) == 1 else None
+
+
+def cast_untyped(column: exp.Expr, own: str | None, target: str | None, dialect: Dialect) -> exp.Expr:
+    """``column`` of a UNION ALL branch, cast to the union's ``target`` type where its ``own`` type
+    is unknown (PostgreSQL resolves an untyped NULL in a CTE to ``text``, which no UNION with an
+    integer column accepts; Spark coerces its NULL type by itself)."""
+    if dialect != "postgres" or own not in _UNTYPED or target is None:
+        return column
+    try:
+        return exp.Cast(this=column, to=exp.DataType.build(target, dialect="postgres"))
+    except (ValueError, SqlglotError):
+        return column

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pgtrickle.dvm.compile_sql import RESERVED_PREFIX, common_type, type_of
+from pgtrickle.dvm.compile_sql import RESERVED_COLUMNS, common_type, type_of, union_type
 from pgtrickle.dvm.ir import (
     Aggregate,
     Delta,
@@ -51,8 +51,8 @@ def check_node(node: Node) -> None:
     for name in columns:
         if not isinstance(name, str):
             raise InvalidPlanError(f"{kind}: column names must be strings, got {name!r}")
-        if name.startswith(RESERVED_PREFIX):
-            raise InvalidPlanError(f"{kind}: column {name!r} uses the reserved prefix {RESERVED_PREFIX}")
+        if name in RESERVED_COLUMNS:
+            raise InvalidPlanError(f"{kind}: column {name!r} is reserved for the compiler's own columns")
         if name in seen:
             raise InvalidPlanError(f"{kind}: column {name!r} appears twice in the output")
         seen.add(name)
@@ -121,7 +121,7 @@ def _types_of(
         return {name: type_of(e, inner) for name, e in node.outputs}
     if isinstance(node, UnionAll):
         branches = [list(of(b).values()) for b in node.branches]
-        return {name: common_type(b[i] for b in branches) for i, name in enumerate(node.output)}
+        return {name: union_type(b[i] for b in branches) for i, name in enumerate(node.output)}
     if isinstance(node, SetOp):
         left, right = list(of(node.left).values()), list(of(node.right).values())
         return {name: common_type((left[i], right[i])) for i, name in enumerate(node.output)}
