@@ -626,6 +626,8 @@ def test_unsupported_reason_is_none_for_supported_queries() -> None:
                               " AS top FROM public.orders o GROUP BY o.customer") is None
     assert unsupported_reason(" SELECT o.id, ( SELECT max(l.qty) AS max FROM public.order_lines l"
                               " WHERE l.order_id = o.id) AS top FROM public.orders o") is None
+    # random() is volatile (no DIFFERENTIAL) but runs on Spark: it is not a set-returning function
+    assert unsupported_reason(" SELECT orders.id FROM public.orders WHERE random() < 2") is None
 
 
 def test_unsupported_reason_reports_parse_failures() -> None:

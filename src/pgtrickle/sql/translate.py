@@ -488,7 +488,7 @@ _BLANK_PADDED = frozenset(getattr(exp.DType, n) for n in ("CHAR", "NCHAR", "BPCH
 _FROM_KEY = "from_" if "from_" in exp.Select.arg_types else "from"
 #: Operators that may have ``ANY (...)``/``ALL (...)`` on their right.
 _QUANTIFIED_PARENTS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Like, exp.ILike)
-#: PostgreSQL names of the set-returning functions sqlglot models as its own classes.
+#: PostgreSQL names of the functions sqlglot models as its own classes (set-returning and ``random``).
 _PG_FUNCTION_NAMES = {
     "ExplodingGenerateSeries": "generate_series",
     "GenerateSeries": "generate_series",
@@ -1039,7 +1039,7 @@ def _function_reason(node: exp.Func) -> str | None:
         return _SPECIAL_FUNC_REASONS[cls_name]
     if cls_name.upper().startswith("JSON") or "JSON" in cls_name.upper():
         return "JSON operators and functions are not supported on Spark"
-    if cls_name in _PG_FUNCTION_NAMES:
+    if _function_name(node).lower() in _SET_RETURNING_FUNCTIONS:
         return f"the set-returning function {_function_name(node)}() is not supported"
     if not isinstance(node, _ALLOWED_FUNCS):
         return f"the function {_function_name(node)}() has no Spark equivalent"
