@@ -52,6 +52,8 @@ from pgtrickle.catalog.install import install  # noqa: E402
 from pgtrickle.cdc.buffers import cleanup_buffers  # noqa: E402
 from pgtrickle.config import Settings  # noqa: E402
 from pgtrickle.db.connection import jdbc_target, resolve_dsn  # noqa: E402
+from pgtrickle.refresh import delta_apply as apply_module  # noqa: E402
+from pgtrickle.refresh import delta_reads as reads_module  # noqa: E402
 from pgtrickle.refresh import differential as diff_module  # noqa: E402
 from pgtrickle.refresh import engine as engine_module  # noqa: E402
 from pgtrickle.refresh.engine import RefreshOutcome  # noqa: E402
@@ -139,9 +141,9 @@ class Profile:
     TARGETS: tuple[tuple[Any, str, str], ...] = (
         (engine_module.Refresher, "_prepare", "prepare"),
         (engine_module.Refresher, "_plan_and_maybe_skip", "plan"),
-        (diff_module.DifferentialRun, "_delta_keys", "pushdown_keys"),
+        (reads_module.DeltaReads, "delta_keys", "pushdown_keys"),
         (diff_module.DifferentialRun, "_collect", "spark_collect"),
-        (diff_module.DifferentialRun, "_load", "apply_load_delta"),
+        (apply_module.DeltaApply, "_load", "apply_load_delta"),
     )
 
     def __init__(self) -> None:

@@ -238,9 +238,11 @@ def run_round(conn: psycopg.Connection, settings: Settings, dsn: str, results: d
 def strategy(reason: str) -> str:
     """A short name for the delta strategy pgtrickle reports."""
     text = reason.lower()
-    for key, label in (("recomputed in spark", "recompute"), ("keyed", "keyed recompute"),
-                       ("rescan by row", "rescan by row"), ("rescan", "rescan"), ("partition", "partitions"),
-                       ("algebraic", "algebraic"), ("hidden state", "algebraic aggregate"), ("having", "group rescan (HAVING)"), ("group by", "aggregate"), ("linear", "linear")):
+    for key, label in (("hidden stream table", "needs a hidden table"), ("no delta rule", "no delta rule"),
+                       ("algebraic", "algebraic (stored state)"), ("touched groups", "touched groups"),
+                       ("touched partitions", "touched partitions"), ("touched rows", "touched rows"),
+                       ("outer join", "outer join"), ("anti join", "anti join"), ("semi join", "semi join"),
+                       ("telescoping", "telescoping join"), ("linear", "linear")):
         if key in text:
             return label
     return reason[:40]

@@ -13,7 +13,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from pgtrickle.dvm.analysis import analyze
+from pgtrickle.dvm.lower import lower
+from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.refresh.plan import Action
 from tests.conftest import Database
 from tests.integration.helpers import catalog_fingerprint, create_st, refresh_and_check
@@ -149,8 +150,11 @@ def test_query_no_refresh_can_run_is_refused_at_creation(bases: Database, name: 
         create_st(db, "st", query, refresh_mode=mode)
     assert construct in str(err.value)
     assert catalog_fingerprint(db) == before
-    # The daemon's analysis agrees: nothing it would accept fails later.
-    assert not analyze(_normalized(db, query)).runnable
+    # The delta engine agrees: it has no rule for the construct either.
+    from pgtrickle.sql.translate import parse_query
+
+    with pytest.raises(UnsupportedQueryError):
+        lower(parse_query(_normalized(db, query)), {"public.base_a": ["i", "j"], "public.base_b": ["i", "j"]})
 
 
 def _normalized(db: Database, query: str) -> str:

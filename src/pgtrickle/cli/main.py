@@ -477,14 +477,19 @@ def explain(
     pgtrickle.explain_refresh_mode() in SQL shows it too.
     """
     from pgtrickle.catalog.store import load_stream_tables
-    from pgtrickle.dvm.analysis import analyze
+    from pgtrickle.dvm.layout import decide_mode
     from pgtrickle.refresh.plan import READS_CLOCK_REASON
 
     def go() -> None:
         with connect(_dsn(ctx, quiet=json_)) as conn:
             pgt_id = int(scalar(conn, "SELECT (pgtrickle._find_st(%s)).pgt_id", (name,)))
             st = load_stream_tables(conn, only=pgt_id)[pgt_id]
-            analysis = analyze(st.normalized_query)
+            analysis = decide_mode(
+                st.normalized_query,
+                {f"{s.schema}.{s.name}": [c for c, _ in s.column_types] for s in st.sources},
+                {f"{s.schema}.{s.name}": dict(s.column_types) for s in st.sources},
+                [c.name for c in st.columns],
+            )
             if st.reads_clock and st.refresh_mode != "DIFFERENTIAL":
                 mode, reason = "FULL", READS_CLOCK_REASON
             elif st.refresh_mode == "FULL":

@@ -82,6 +82,7 @@ from pgtrickle.dvm.compile_sql import (
 )
 from pgtrickle.dvm.compile_types import InvalidPlanError, check_node, node_types, statically_positive
 from pgtrickle.dvm.ir import (
+    WEIGHT,
     Aggregate,
     Delta,
     Distinct,
@@ -100,7 +101,6 @@ from pgtrickle.dvm.ir import (
     Window,
     walk,
 )
-from pgtrickle.dvm.linear import WEIGHT
 from pgtrickle.errors import UnsupportedQueryError
 
 __all__ = [

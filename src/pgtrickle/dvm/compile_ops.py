@@ -49,8 +49,7 @@ from pgtrickle.dvm.compile_sql import (
     type_of,
     weight,
 )
-from pgtrickle.dvm.ir import Named, SetOpKind
-from pgtrickle.dvm.linear import WEIGHT
+from pgtrickle.dvm.ir import WEIGHT, Named, SetOpKind
 
 _INTEGERS = ("int2", "int4", "int8")
 _INSENSITIVE = (exp.Min, exp.Max, exp.LogicalAnd, exp.LogicalOr)

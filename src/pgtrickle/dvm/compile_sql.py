@@ -26,7 +26,7 @@ from typing import Literal
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from pgtrickle.dvm.linear import WEIGHT
+from pgtrickle.dvm.ir import WEIGHT
 from pgtrickle.sql.translate import expression_type, translate_expression
 
 Dialect = Literal["spark", "postgres"]

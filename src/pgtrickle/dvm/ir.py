@@ -51,6 +51,9 @@ from sqlglot import exp
 
 from pgtrickle.errors import UnsupportedQueryError
 
+WEIGHT = "__pgt_w"
+"""The weight column of a Z-set relation (BIGINT)."""
+
 Named = tuple[tuple[str, exp.Expr], ...]
 """Named expressions: ``((output name, expression over the input's columns), ...)``."""
 

@@ -1,54 +1,127 @@
-"""The physical layout a stream table needs for its refresh mode: hidden columns, row identity.
+"""The refresh mode of a defining query and the physical layout it needs.
 
-Pure: :func:`plan_layout` decides; ``refresh/layout_ddl.py`` makes the table
-match (adding or dropping hidden ``__pgt_*`` state columns, the index on
-``__pgt_row_id``).
+Pure: :func:`decide_mode` plans the query's change once as if every relation under it changed
+(:func:`pgtrickle.dvm.pipeline.plan_delta`): DIFFERENTIAL is possible when that succeeds and
+needs no hidden stream table; otherwise the reason names the construct. :func:`plan_layout` says
+which columns the table stores (hidden ``__pgt_*`` state columns for a stored aggregate,
+:mod:`pgtrickle.dvm.stored`) and what its row identity ``__pgt_row_id`` hashes;
+``refresh/layout_ddl.py`` makes the table match.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pgtrickle.dvm import aggregate as agg_rules
-from pgtrickle.dvm.analysis import ALGEBRAIC, AggregateShape, Analysis
+from pgtrickle.dvm import ir
+from pgtrickle.dvm.pipeline import plan_delta
+from pgtrickle.dvm.stored import StoredAggregate, stored_aggregate
+from pgtrickle.errors import UnsupportedQueryError
+
+ROW_ID = "__pgt_row_id"
+
+__all__ = ["ROW_ID", "DeltaMode", "Layout", "decide_mode", "plan_layout"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class DeltaMode:
+    """Whether the query can be refreshed DIFFERENTIAL, and why (not)."""
+
+    differential: bool
+    reason: str
+    tree: ir.Node | None = None
+    stored: StoredAggregate | None = None
+    rules: str = ""
+    """The rule of every operator (children first), e.g. ``Scan: change buffer; Aggregate: ...``."""
+
+
+def _rules(plan_steps: Sequence[tuple[str, str]]) -> str:
+    return "; ".join(f"{kind}: {rule}" for kind, rule in plan_steps)
+
+
+def decide_mode(
+    pg_sql: str,
+    schema: Mapping[str, Sequence[str]],
+    column_types: Mapping[str, Mapping[str, str]],
+    visible: Sequence[str],
+) -> DeltaMode:
+    """Plan ``pg_sql`` as if every relation changed (see the module docstring)."""
+    try:
+        plan = plan_delta(pg_sql, schema, column_types, set(schema), "spark")
+    except UnsupportedQueryError as err:
+        return DeltaMode(False, f"no delta rule: {err}")
+    stored = stored_aggregate(plan.tree, visible, column_types)
+    steps = []
+    for step in plan.steps:
+        rule = step.rule
+        if stored is not None and step.node is stored.root:
+            rule = "algebraic over stored state"
+        steps.append((type(step.node).__name__, rule))
+    rules = _rules(steps)
+    reason = plan.full_refresh_reason
+    if reason is not None:
+        return DeltaMode(False, reason, plan.tree, None, rules)
+    return DeltaMode(True, f"differential: {rules}", plan.tree, stored, rules)
+
+
+@dataclass(frozen=True, eq=False)
 class Layout:
-    query_sql: str
-    """What a FULL refresh computes: the defining query, or the state query with hidden columns."""
     columns: tuple[str, ...]
-    """Stored columns in the order ``query_sql`` returns them (``__pgt_row_id`` aside)."""
+    """Stored columns a refresh writes, in order (``__pgt_row_id`` aside; a stored aggregate's
+    AVG columns are computed in PostgreSQL, see :attr:`finalize`)."""
     hidden: tuple[str, ...]
     key_positions: tuple[int, ...]
     """Positions in ``columns`` hashed into ``__pgt_row_id``."""
     differential: bool
+    stored: StoredAggregate | None = None
+    """Set when the table keeps its root aggregate's state: FULL computes the state plan."""
     unique_keys: bool = False
-    """One row per key (groups, DISTINCT): a unique index on the key guards the merge."""
+    """One row per key (groups): a unique index on the key guards the apply."""
     finalize: str = ""
-    """SQL run after a FULL refresh: aggregate outputs recomputed from the exact state columns."""
+    """SQL run after a FULL refresh: the AVG columns computed from the exact state columns."""
+
+
+def average_expression(sum_column: str, count_column: str, pg_type: str, qualifier: str = "") -> str:
+    """PostgreSQL's ``avg`` from its stored sum and count: ``sum / count`` in the AVG's own type
+    (``numeric`` for integers and numerics, ``double precision`` for floats), NULL without values."""
+    from pgtrickle.sql.ident import quote_ident
+
+    s = f"{qualifier}{quote_ident(sum_column)}"
+    n = f"{qualifier}{quote_ident(count_column)}"
+    cast = "double precision" if pg_type in ("double precision", "real") else "numeric"
+    return f"CASE WHEN {n} > 0 THEN ({s}::{cast} / {n}::{cast}) END"
 
 
 def plan_layout(
-    query_sql: str, visible: tuple[str, ...], target: str, analysis: Analysis, differential: bool
+    visible: tuple[str, ...],
+    visible_types: Mapping[str, str],
+    target: str,
+    mode: DeltaMode,
+    differential: bool,
 ) -> Layout:
-    """The layout of the stream table ``target`` (quoted name) whose defining query is ``query_sql``,
-    with the visible columns ``visible``."""
-    shape = analysis.shape
-    if not differential or not isinstance(shape, AggregateShape):
-        return Layout(query_sql, visible, (), tuple(range(len(visible))), differential)
-    hidden = shape.hidden_columns()
-    columns = visible + hidden
-    positions = tuple(columns.index(k.column) for k in shape.keys)
+    """The layout of the stream table ``target`` (quoted name) with the visible columns
+    ``visible`` (``visible_types``: their PostgreSQL types)."""
+    stored = mode.stored if differential else None
+    if stored is None:
+        return Layout(visible, (), tuple(range(len(visible))), differential)
+    from pgtrickle.sql.ident import quote_ident
+
+    columns = stored.written
+    positions = tuple(columns.index(k) for k in stored.keys)
     finalize = ""
-    if shape.strategy == ALGEBRAIC:
-        finalize = agg_rules.finalize_statement(shape, target, visible)
+    if stored.averages:
+        assignments = ", ".join(
+            f"{quote_ident(a.column)} = "
+            + average_expression(a.sum_column, a.count_column, visible_types.get(a.column, "numeric"))
+            for a in stored.averages
+        )
+        finalize = f"UPDATE {target} SET {assignments}"
     return Layout(
-        agg_rules.state_query(shape).sql("postgres"),
         columns,
-        hidden,
+        stored.hidden,
         positions,
         differential,
-        unique_keys=not shape.many_rows_per_key and bool(shape.keys),
+        stored,
+        unique_keys=bool(stored.keys),
         finalize=finalize,
     )

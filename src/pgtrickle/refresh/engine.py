@@ -35,16 +35,7 @@ from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
 from pgtrickle.db.query import one_row, scalar
-from pgtrickle.dvm.analysis import (
-    ALGEBRAIC,
-    AggregateShape,
-    Analysis,
-    RecomputeShape,
-    analyze,
-    respect_sum_types,
-    with_translation,
-)
-from pgtrickle.dvm.layout import Layout, plan_layout
+from pgtrickle.dvm.layout import DeltaMode, Layout, decide_mode, plan_layout
 from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError, ValueNotCarriedError
 from pgtrickle.gates import breaker_gate, watermark_gate
 from pgtrickle.gates.skips import record_skip
@@ -56,7 +47,7 @@ from pgtrickle.refresh.capture_check import require_capture
 from pgtrickle.refresh.clock_read import clock_values
 from pgtrickle.refresh.context import GroupContext, ProgressFn
 from pgtrickle.refresh.differential import finish_output
-from pgtrickle.refresh.layout_ddl import ensure_layout, row_index_name, state_types
+from pgtrickle.refresh.layout_ddl import ensure_layout, row_index_name, stored_state_sql
 from pgtrickle.refresh.plan import (
     DEFAULT_FALLBACK_RATIO,
     READS_CLOCK_REASON,
@@ -94,7 +85,7 @@ class RefreshOutcome:
 class Prepared:
     """A refresh analysed and planned, ready to run."""
 
-    analysis: Analysis
+    analysis: DeltaMode
     layout: Layout
     plan: RefreshPlan
     mark: WatermarkMark | None
@@ -129,7 +120,7 @@ class Refresher:
         # Shared by every refresher of this process for the same database, so one-shot
         # refreshes (`pgtrickle refresh`, refresh_sync) reuse the plans the last one made.
         shared = _SHARED_CACHES.setdefault(dsn, ({}, {}, {}))
-        self._analyses: dict[tuple[int, str], Analysis] = shared[0]
+        self._analyses: dict[tuple[int, str], DeltaMode] = shared[0]
         self._layouts: dict[int, tuple] = shared[1]
         self._recorded_modes: dict[int, tuple[str, str]] = {}
         self.dvm_cache: dict[tuple, object] = shared[2]
@@ -319,43 +310,29 @@ class Refresher:
         return names.setdefault(key, f"pgt_{pgt_id}_p{len(names)}")
 
     # ------------------------------------------------------------- modes
-    def analysis(self, st: StreamTable) -> Analysis:
-        """The refresh-mode analysis of ``st``'s query (cached per query text)."""
+    def analysis(self, st: StreamTable) -> DeltaMode:
+        """The refresh-mode decision of ``st``'s query (cached per query text): see dvm/layout.py."""
         key = (st.pgt_id, st.normalized_query)
         cached = self._analyses.get(key)
         if cached is None:
-            cached = with_translation(
-                analyze(st.normalized_query),
-                st.normalized_query,
-                {(s.schema, s.name): f"pgt_src_{s.relid}" for s in st.sources},
-                {(s.schema, s.name): dict(s.column_types) for s in st.sources},
-            )
-            if isinstance(cached.shape, AggregateShape) and cached.shape.strategy == ALGEBRAIC:
-                cached = respect_sum_types(cached, state_types(self.conn, cached.shape))
+            schema = {f"{s.schema}.{s.name}": [c for c, _ in s.column_types] for s in st.sources}
+            types = {f"{s.schema}.{s.name}": dict(s.column_types) for s in st.sources}
+            cached = decide_mode(st.normalized_query, schema, types, _visible(st))
             self._analyses[key] = cached
         return cached
 
     def demote(self, st: StreamTable, reason: str) -> None:
         """Analyse ``st``'s query as FULL-only from now on (its differential plan failed on Spark)."""
-        self._analyses[(st.pgt_id, st.normalized_query)] = Analysis(False, reason)
+        self._analyses[(st.pgt_id, st.normalized_query)] = DeltaMode(False, reason)
         self._record_mode(st, "FULL", reason)
 
-    def _prepare(self, st: StreamTable, initiated_by: str) -> tuple[Analysis, bool, Layout, bool]:
+    def _prepare(self, st: StreamTable, initiated_by: str) -> tuple[DeltaMode, bool, Layout, bool]:
         """Analyse the query, record the effective mode, and make the table's layout match it."""
         denied = self.conn.execute("SELECT pgtrickle._owner_cannot_read(%s)", (st.pgt_id,)).fetchone()
         if denied and denied[0]:
             raise RefreshError(str(denied[0]))
         require_capture(self.conn, st)
         analysis = self.analysis(st)
-        if not analysis.runnable:
-            # Refused at creation since pgtrickle._query_refusal; a table created before keeps failing
-            # here, before any Spark job, with the construct named.
-            message = f"{st.display} cannot be refreshed in any mode: {analysis.reason}"
-            self._record_mode(st, "FULL", message)
-            plan = RefreshPlan(Action.FULL, message, 0)
-            history_id = history.start_history(self.conn, st, plan, initiated_by)
-            history.record_failure(self.conn, st, history_id, message, fatal=True)
-            raise _AlreadyRecorded(UnsupportedQueryError(message))
         if st.refresh_mode == "DIFFERENTIAL" and not analysis.differential:
             message = (
                 f"refresh_mode DIFFERENTIAL is not possible for {st.display}: {analysis.reason}; "
@@ -376,8 +353,10 @@ class Refresher:
             if st.refresh_mode != "FULL"
             else "refresh_mode is FULL",
         )
-        layout = plan_layout(st.normalized_query, _visible(st), st.qualified, analysis, differential)
-        key = (st.pgt_id, layout.query_sql, layout.columns, differential)
+        layout = plan_layout(
+            _visible(st), {c.name: c.type for c in st.columns}, st.qualified, analysis, differential
+        )
+        key = (st.pgt_id, st.normalized_query, layout.columns, differential)
         changed = False
         if self._layouts.get(st.pgt_id) != key:
             changed = ensure_layout(self.conn, st, layout)
@@ -438,7 +417,7 @@ class Refresher:
         plan: RefreshPlan,
         history_id: int,
         request_ids: Sequence[int],
-        analysis: Analysis,
+        analysis: DeltaMode,
         layout: Layout,
     ) -> RefreshOutcome:
         from pgtrickle.refresh.differential import DifferentialRun, FallbackToFull
@@ -457,8 +436,9 @@ class Refresher:
             full_plan = RefreshPlan(Action.FULL, reason, plan.delta_rows, plan.delta_deletes, True)
             return self._full_refresh(st, full_plan, history_id, request_ids, layout)
         reason = plan.reason
-        if run.recompute_reason and not isinstance(analysis.shape, RecomputeShape):
-            reason = f"{reason}; recomputed the whole query: {run.recompute_reason}"
+        if run.rules and run.rules not in reason:
+            # The history names the rules this refresh ran (never a silent whole-query recompute).
+            reason = f"{reason}; rules: {run.rules}"
             self.conn.execute(
                 "UPDATE pgtrickle.pgt_refresh_history SET mode_reason = %s WHERE refresh_id = %s",
                 (reason, history_id),
@@ -685,7 +665,7 @@ class Refresher:
         layout: Layout | None = None,
     ) -> RefreshOutcome:
         layout = layout or plan_layout(
-            st.normalized_query, _visible(st), st.qualified, Analysis(False, ""), False
+            _visible(st), {c.name: c.type for c in st.columns}, st.qualified, DeltaMode(False, ""), False
         )
         timings: dict[str, float] = {}
         t0 = time.monotonic()
@@ -724,13 +704,17 @@ class Refresher:
                 df.createOrReplaceTempView(view)
                 table_map[(source.schema, source.name)] = view
             column_types = {(s.schema, s.name): dict(s.column_types) for s in st.sources}
-            query_sql, data_timestamp = layout.query_sql, None
+            query_sql, data_timestamp = st.normalized_query, None
             if st.reads_clock:
                 # now() & co mean the snapshot's time, in every partition (pgtrickle.sql.clock).
                 values = clock_values(coord)
                 query_sql, data_timestamp = pin_clock(query_sql, values), values.timestamptz
-            spark_sql = translate_to_spark(query_sql, table_map, column_types)
-            result = spark.sql(spark_sql)
+            if layout.stored is not None:
+                # The stored aggregate's state (visible and hidden columns), by the delta engine's
+                # compiler over the same source views.
+                result = spark.sql(stored_state_sql(st, layout.stored, table_map)).drop("__pgt_w")
+            else:
+                result = spark.sql(translate_to_spark(query_sql, table_map, column_types))
             if len(result.columns) != len(layout.columns):
                 raise RefreshError(
                     f"the query of {st.display} returns {len(result.columns)} columns on Spark but the "

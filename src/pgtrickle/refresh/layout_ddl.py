@@ -6,14 +6,18 @@ the index on ``__pgt_row_id`` and says whether the contents must be recomputed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import psycopg
 from psycopg import sql
 
 from pgtrickle.catalog import identity
 from pgtrickle.catalog.store import StreamTable
-from pgtrickle.dvm import aggregate as agg_rules
-from pgtrickle.dvm.analysis import AggregateShape
+from pgtrickle.dvm import ir
+from pgtrickle.dvm.compile import compile_ir
 from pgtrickle.dvm.layout import Layout
+from pgtrickle.dvm.stored import StoredAggregate, stored_rows
+from pgtrickle.sql.ident import quote_ident
 
 
 def _index_name(st: StreamTable, kind: str) -> str:
@@ -35,8 +39,8 @@ def ensure_layout(conn: psycopg.Connection, st: StreamTable, layout: Layout) -> 
         ).fetchall()
     )
     wanted: dict[str, str] = {}
-    if layout.hidden:
-        wanted = _probe_types(conn, layout)
+    if layout.hidden and layout.stored is not None:
+        wanted = _probe_types(conn, st, layout.stored)
     table = sql.SQL("{}.{}").format(sql.Identifier(st.schema), sql.Identifier(st.name))
     changed = False
     with conn.transaction():
@@ -76,29 +80,58 @@ def ensure_layout(conn: psycopg.Connection, st: StreamTable, layout: Layout) -> 
     return changed
 
 
-def state_types(conn: psycopg.Connection, shape: AggregateShape) -> dict[str, str]:
-    """PostgreSQL's types of an aggregate's hidden state columns."""
-    probe = Layout(agg_rules.state_query(shape).sql("postgres"), (), shape.hidden_columns(), (), True)
-    return _probe_types(conn, probe)
+class _Relations:
+    """Reads of a plan over the stream table's sources, by name (views, or the tables themselves)."""
+
+    def __init__(self, names: Mapping[str, str | tuple[str, str]]) -> None:
+        self._names = names
+
+    def post(self, scan: ir.Scan) -> str | tuple[str, str]:
+        return self._names[scan.relation]
+
+    def delta(self, scan: ir.Scan) -> str:
+        raise ValueError("a stored state query reads no change")
+
+    def materialized(self, node: ir.Materialized) -> str:
+        raise ValueError("a stored state query reads no hidden table")
 
 
-def _probe_types(conn: psycopg.Connection, layout: Layout) -> dict[str, str]:
+def _types(st: StreamTable) -> dict[str, dict[str, str]]:
+    return {f"{s.schema}.{s.name}": dict(s.column_types) for s in st.sources}
+
+
+def stored_state_sql(st: StreamTable, stored: StoredAggregate, views: Mapping[tuple[str, str], str]) -> str:
+    """Spark SQL computing the stored state (:attr:`StoredAggregate.written` then ``__pgt_w``)
+    over the sources' views (``(schema, table)`` → view), for a FULL refresh."""
+    names: dict[str, str | tuple[str, str]] = {f"{s}.{t}": v for (s, t), v in views.items()}
+    plan = stored_rows(stored, stored.state)
+    return compile_ir(plan, _Relations(names), dialect="spark", column_types=_types(st)).sql()
+
+
+def _probe_types(conn: psycopg.Connection, st: StreamTable, stored: StoredAggregate) -> dict[str, str]:
     """PostgreSQL's types of the hidden columns, from a temporary view of the state query."""
+    names: dict[str, str | tuple[str, str]] = {f"{s.schema}.{s.name}": (s.schema, s.name) for s in st.sources}
+    plan = stored_rows(stored, stored.state)
+    query = compile_ir(plan, _Relations(names), dialect="postgres", column_types=_types(st)).sql()
+    columns = ", ".join(quote_ident(c) for c in stored.hidden)
     with conn.transaction():
-        conn.execute("SET LOCAL search_path = pg_catalog, pg_temp")
         conn.execute("DROP VIEW IF EXISTS pg_temp.__pgt_probe")
-        conn.execute(sql.SQL("CREATE TEMP VIEW __pgt_probe AS {}").format(sql.SQL(layout.query_sql)))
+        conn.execute(
+            sql.SQL("CREATE TEMP VIEW __pgt_probe AS SELECT {} FROM ({}) AS s").format(
+                sql.SQL(columns), sql.SQL(query)
+            )
+        )
         rows = conn.execute(
             "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
             " WHERE attrelid = 'pg_temp.__pgt_probe'::regclass AND attnum > 0"
         ).fetchall()
         conn.execute("DROP VIEW pg_temp.__pgt_probe")
     types: dict[str, str] = dict(rows)
-    return {name: types[name] for name in layout.hidden}
+    return {name: types[name] for name in stored.hidden}
 
 
 def equality_operators(conn: psycopg.Connection, relid: int) -> dict[str, str]:
-    """Column name -> ``OPERATOR(s.=)`` for the columns of ``relid`` that need one (``dvm.aggregate.same_value``)."""
+    """Column name -> ``OPERATOR(s.=)`` for the columns of ``relid`` that need one (``delta_apply.same_value``)."""
     rows = conn.execute(
         "SELECT attname::text, pgtrickle._equality_operator(atttypid, format('column %%I has', attname))"
         " FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",

@@ -176,9 +176,18 @@ def delta(
     return fold.delta(node)
 
 
+def delta_state(
+    node: ir.Aggregate, changed: frozenset[str], materialized: Collection[ir.Node] = ()
+) -> ir.Node | None:
+    """The plan of the change of ``node``'s stored state (:func:`aggregate.state_node`; ``node``
+    must be :func:`aggregate.invertible`): the algebraic rule over the state at the window's
+    start, ``Materialized(state_node(node), pre=True)`` — the stream table itself."""
+    return aggregate.delta_state(node, _Fold(node, frozenset(changed), materialized))
+
+
 def pre(node: ir.Node, changed: frozenset[str], materialized: Collection[ir.Node] = ()) -> ir.Node:
     """The plan of ``node``'s value at the window's start (``post ⊎ −Δ``)."""
     return _Fold(node, frozenset(changed), materialized).pre(node)
 
 
-__all__ = ["delta", "pre"]
+__all__ = ["delta", "delta_state", "pre"]

@@ -1,0 +1,313 @@
+"""The reads of a differential refresh: each relation a delta plan reads, as a Spark view.
+
+:class:`ReadNames` names them (deterministically, so a plan compiled once is reused at every
+refresh); :class:`DeltaReads` registers each read of :attr:`Compiled.reads` once, for one
+refresh window (frontier S1, snapshot S2):
+
+- ``post(scan)``: the source at S2 over partitioned JDBC at the exported snapshot, every value
+  read exactly (:mod:`pgtrickle.spark.carry`), broadcast to the change's side when small — or,
+  when the plan bounds it by a change's keys (:func:`pgtrickle.dvm.keyed.restrictions`) and the
+  table is large, only the rows with those keys, selected by PostgreSQL (``col = ANY(keys)``);
+- ``delta(scan)``: the change buffer's rows of the window as a Z-set (new values +1, old values
+  −1), read at a fresh snapshot with the window as an explicit predicate;
+- the stored state of a stream table that keeps its root aggregate (``Materialized(state,
+  pre=True)``): the stream table itself at S2 (= at S1: only its refreshes write it), key-bounded
+  the same way.
+
+A read used more than once by the plan is persisted when it is bounded by the change (a delta,
+a key-bounded read); a whole-table read is read again instead of being cached whole.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgtrickle.catalog.store import Source, StreamTable
+from pgtrickle.dvm import ir
+from pgtrickle.dvm.compile import Compiled, ReadKind
+from pgtrickle.dvm.keyed import KeySource, Restriction
+from pgtrickle.dvm.stored import StoredAggregate
+from pgtrickle.errors import PgTrickleError, UnsupportedQueryError
+from pgtrickle.refresh.context import RefreshContext
+from pgtrickle.spark import carry, jdbc
+from pgtrickle.spark.capabilities import capabilities
+from pgtrickle.sql.ident import quote_ident
+
+WEIGHT = ir.WEIGHT
+
+PUSHDOWN_MIN_ROWS = 10_000
+"""Tables smaller than this are read whole: a key filter would not pay for itself."""
+PUSHDOWN_MAX_KEYS = 100_000
+BROADCAST_MAX_BYTES = 10 * 1024 * 1024
+"""Whole tables read for a join up to this size (by relpages) are broadcast to the change's side."""
+
+
+class FallbackToFull(PgTrickleError):
+    """This refresh cannot run differentially; the message says why (it runs FULL instead)."""
+
+
+def should_push_down(table_rows: float, key_count: int) -> bool:
+    """Read only the rows matching the change's keys? (pure)"""
+    return table_rows >= PUSHDOWN_MIN_ROWS and key_count <= PUSHDOWN_MAX_KEYS and key_count * 4 < table_rows
+
+
+def window_predicate(frontier: str, upto: str) -> sql.Composed:
+    return sql.SQL(
+        "xid >= pg_snapshot_xmin({f}::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, {f}::pg_snapshot)"
+        " AND pg_visible_in_snapshot(xid, {u}::pg_snapshot)"
+    ).format(f=sql.Literal(frontier), u=sql.Literal(upto))
+
+
+def spark_name(name: str) -> str:
+    """A column name as a Spark column reference (backquoted)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def relation_key(source: Source) -> str:
+    """The name the lowering gives ``source`` (``schema.table``, as the schema map keys it)."""
+    return f"{source.schema}.{source.name}"
+
+
+class ReadNames:
+    """The :class:`~pgtrickle.dvm.compile.Reads` of one stream table's plans: a view per source
+    and kind (``pgt_<id>_post_<relid>``, ``pgt_<id>_delta_<relid>``, ``pgt_<id>_state``)."""
+
+    def __init__(self, pgt_id: int, relids: Mapping[str, int]) -> None:
+        self._pgt_id = pgt_id
+        self._relids = relids
+
+    def _relid(self, scan: ir.Scan) -> int:
+        if scan.relation not in self._relids:
+            raise UnsupportedQueryError(f"the query reads {scan.relation}, which is not a recorded source")
+        return self._relids[scan.relation]
+
+    def post(self, scan: ir.Scan) -> str:
+        return f"pgt_{self._pgt_id}_post_{self._relid(scan)}"
+
+    def delta(self, scan: ir.Scan) -> str:
+        return f"pgt_{self._pgt_id}_delta_{self._relid(scan)}"
+
+    def materialized(self, node: ir.Materialized) -> str:
+        if not node.pre:
+            raise UnsupportedQueryError("the plan reads a hidden stream table, which is not built yet")
+        return f"pgt_{self._pgt_id}_state"
+
+
+@dataclass(frozen=True)
+class Window:
+    """The refresh window: from ``frontier`` to ``snapshot``, sources read at ``snap_id``."""
+
+    frontier: str
+    snapshot: str
+    snap_id: str
+    coord: psycopg.Connection
+
+
+class DeltaReads:
+    """Registers the reads of one refresh's plan (see the module docstring)."""
+
+    def __init__(
+        self,
+        r: RefreshContext,
+        st: StreamTable,
+        window: Window,
+        stored: StoredAggregate | None,
+        timings: dict[str, float],
+    ) -> None:
+        self.r = r
+        self.st = st
+        self.window = window
+        self.stored = stored
+        self.timings = timings
+        self.conn = r.conn
+        self._sources = {relation_key(s): s for s in st.sources}
+        self._stats = jdbc.table_stats(window.coord, [*(s.relid for s in st.sources), st.relid])
+        self._buffer_cols = buffer_columns(self.conn, [s.relid for s in st.sources])
+        self._keys: dict[KeySource, tuple[list[Any], bool] | None] = {}
+        self.persisted: list[Any] = []
+        self._read_columns: Mapping[str, frozenset[str]] = {}
+
+    def _columns(self, scan: ir.Scan, source: Source) -> list[str]:
+        wanted = self._read_columns.get(scan.relation, frozenset()) | set(scan.source_columns)
+        return [c for c, _ in source.column_types if c in wanted]
+
+    def register(
+        self,
+        compiled: Compiled,
+        restrictions: Mapping[tuple[str, object], Restriction],
+        read_columns: Mapping[str, frozenset[str]],
+    ) -> None:
+        """Register every read of ``compiled``; ``read_columns``: per relation, the source columns
+        any Scan of the plan reads (the view of a relation holds them all)."""
+        self._read_columns = read_columns
+        for read in compiled.reads:
+            assert isinstance(read.name, str)
+            if read.kind is ReadKind.DELTA:
+                assert isinstance(read.node, ir.Scan)
+                df = self._delta(read.node)
+                bounded = True
+            elif read.kind is ReadKind.POST:
+                assert isinstance(read.node, ir.Scan)
+                df, bounded = self._post(read.node, restrictions.get(("post", read.node.relation)))
+            else:
+                assert isinstance(read.node, ir.Materialized)
+                df, bounded = self._state(read.node, restrictions.get(("materialized", read.node.node)))
+            if read.uses > 1 and bounded:
+                df = df.persist()
+                self.persisted.append(df)
+            df.createOrReplaceTempView(read.name)
+
+    def release(self) -> None:
+        for df in self.persisted:
+            df.unpersist()
+        self.persisted.clear()
+
+    # ------------------------------------------------------------ reads
+    def _source(self, relation: str) -> Source:
+        if relation not in self._sources:
+            raise FallbackToFull(f"the query reads {relation}, which is not a recorded source")
+        return self._sources[relation]
+
+    def _post(self, scan: ir.Scan, restriction: Restriction | None) -> tuple[Any, bool]:
+        source = self._source(scan.relation)
+        stats = self._stats[source.relid]
+        condition = self._condition(restriction, stats.reltuples)
+        spark = self.r.spark
+        if condition is not None:
+            query = f"SELECT {self.r.source_select(source) or '*'} FROM {source.qualified} WHERE {condition}"
+            df = jdbc.read_query(spark, self.r.target, query, self.window.snap_id)
+            self._count("key_filtered_reads")
+        else:
+            parts = jdbc.partition_count(
+                stats, self.r.settings.jdbc_partition_rows, capabilities(spark).parallelism
+            )
+            df = jdbc.read_table(
+                spark,
+                self.r.target,
+                source.qualified,
+                self.window.snap_id,
+                jdbc.ctid_predicates(stats, parts),
+                select=self.r.source_select(source),
+            )
+            if stats.relpages * 8192 <= BROADCAST_MAX_BYTES:
+                # Spark cannot size a JDBC relation: say it is small, so a join with the change
+                # broadcasts it instead of shuffling both sides.
+                df = df.hint("broadcast")
+            self._count("whole_table_reads")
+        return df.selectExpr(*(spark_name(c) for c in self._columns(scan, source))), condition is not None
+
+    def _state(self, node: ir.Materialized, restriction: Restriction | None) -> tuple[Any, bool]:
+        stored = self.stored
+        if stored is None or node.node is not stored.state:
+            raise FallbackToFull("the plan reads a hidden stream table, which is not built yet")
+        stats = self._stats[self.st.relid]
+        if restriction is not None:
+            restriction = Restriction(stored.stored_of(restriction.column), restriction.keys)
+        condition = self._condition(restriction, stats.reltuples) or "true"
+        select = ", ".join(f"{quote_ident(s)} AS {quote_ident(c)}" for c, s in stored.names)
+        query = f"SELECT {select} FROM {self.st.qualified} WHERE {condition}"
+        df = jdbc.read_query(self.r.spark, self.r.target, query, self.window.snap_id)
+        self._count("stored_state_reads")
+        return df, True
+
+    def _delta(self, scan: ir.Scan) -> Any:
+        source = self._source(scan.relation)
+        available = self._buffer_cols.get(source.relid, {})
+        columns = self._columns(scan, source)
+        missing = [c for c in columns if c not in available]
+        if missing:
+            raise FallbackToFull(
+                f"the change buffer of {source.schema}.{source.name} does not carry column {missing[0]}"
+            )
+        buffer = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(source.buffer_name))
+        window = window_predicate(self.window.frontier, self.window.snapshot)
+        bases = dict(self.r.carried_columns(source) or ())
+        label = relation_key(source)
+
+        def side(prefix: str, weight: int, actions: str) -> sql.Composed:
+            select: list[sql.Composable] = [
+                sql.SQL("{} AS {}").format(
+                    carry.read_expression(sql.Identifier(prefix + available[c]), bases[c], f"{label}.{c}")
+                    if c in bases
+                    else sql.Identifier(prefix + available[c]),
+                    sql.Identifier(c),
+                )
+                for c in columns
+            ]
+            select.append(sql.SQL("{}::bigint AS {}").format(sql.Literal(weight), sql.Identifier(WEIGHT)))
+            return sql.SQL("SELECT {} FROM {} WHERE {} AND action IN ({})").format(
+                sql.SQL(", ").join(select), buffer, window, sql.SQL(actions)
+            )
+
+        query = sql.SQL("{} UNION ALL {}").format(side("new_", 1, "'I', 'U'"), side("old_", -1, "'D', 'U'"))
+        return jdbc.read_query(self.r.spark, self.r.target, query.as_string(self.conn), None)
+
+    # ------------------------------------------------------------ key pushdown
+    def _condition(self, restriction: Restriction | None, table_rows: float) -> str | None:
+        """``column = ANY(keys)`` (PostgreSQL text) when reading only those rows pays."""
+        if restriction is None:
+            return None
+        found = self.delta_keys(restriction.keys)
+        if found is None:
+            return None
+        values, with_null = found
+        if not should_push_down(table_rows, len(values)):
+            return None
+        source = self._source(restriction.keys.relation)
+        key_type = dict(source.column_types)[restriction.keys.column]
+        literal = sql.Literal(values).as_string(self.conn)
+        column = quote_ident(restriction.column)
+        condition = f"{column} = ANY(CAST({literal} AS {key_type}[]))"
+        return f"({condition} OR {column} IS NULL)" if with_null else condition
+
+    def delta_keys(self, keys: KeySource) -> tuple[list[Any], bool] | None:
+        """The distinct non-NULL values of a source column in the window's changes, and whether
+        a NULL is among them (``None``: more than :data:`PUSHDOWN_MAX_KEYS`)."""
+        if keys in self._keys:
+            return self._keys[keys]
+        source = self._source(keys.relation)
+        buf = self._buffer_cols.get(source.relid, {}).get(keys.column)
+        found: tuple[list[Any], bool] | None = None
+        if buf is not None:
+            window = window_predicate(self.window.frontier, self.window.snapshot)
+            rows = self.conn.execute(
+                sql.SQL(
+                    "SELECT DISTINCT v FROM (SELECT {n} AS v FROM pgtrickle_changes.{b} WHERE {w}"
+                    " AND action IN ('I','U') UNION ALL SELECT {o} FROM pgtrickle_changes.{b} WHERE {w}"
+                    " AND action IN ('D','U')) s LIMIT {lim}"
+                ).format(
+                    n=sql.Identifier("new_" + buf),
+                    o=sql.Identifier("old_" + buf),
+                    b=sql.Identifier(source.buffer_name),
+                    w=window,
+                    lim=sql.Literal(PUSHDOWN_MAX_KEYS + 2),
+                )
+            ).fetchall()
+            values = [r[0] for r in rows if r[0] is not None]
+            if len(values) <= PUSHDOWN_MAX_KEYS:
+                found = (values, len(values) < len(rows))
+        self._keys[keys] = found
+        return found
+
+    def _count(self, what: str) -> None:
+        self.timings[what] = self.timings.get(what, 0) + 1
+
+
+def buffer_columns(conn: psycopg.Connection, relids: Sequence[int]) -> dict[int, dict[str, str]]:
+    """Per source: its column → the buffer's column carrying it (``new_``/``old_`` + that)."""
+    rows = conn.execute(
+        "SELECT source_relid::bigint, columns FROM pgtrickle.pgt_change_sources WHERE source_relid = ANY(%s::oid[])",
+        (list(relids),),
+    ).fetchall()
+    result = {}
+    for relid, cols in rows:
+        if isinstance(cols, str):
+            cols = json.loads(cols)
+        result[int(relid)] = {c["name"]: c["buf"] for c in cols or []}
+    return result

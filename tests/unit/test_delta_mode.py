@@ -1,0 +1,119 @@
+"""The refresh-mode decision, the stored aggregate layout and the key-pushdown analysis (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgtrickle.dvm import ir, keyed, materialize, rules
+from pgtrickle.dvm.keyed import KeySource, Restriction
+from pgtrickle.dvm.layout import decide_mode, plan_layout
+from pgtrickle.dvm.pipeline import plan_delta
+from pgtrickle.dvm.stored import stored_aggregate, stored_rows
+
+TYPES = {
+    "public.orders": {"id": "integer", "cust": "integer", "amount": "numeric(10,2)", "qty": "integer"},
+    "public.customers": {"cid": "integer", "region": "text"},
+}
+SCHEMA = {relation: list(cols) for relation, cols in TYPES.items()}
+
+
+def mode(sql: str, visible: list[str]):  # type: ignore[no-untyped-def]
+    return decide_mode(sql, SCHEMA, TYPES, visible)
+
+
+def test_linear_query_is_differential_with_its_rules_named() -> None:
+    m = mode("SELECT o.id, o.qty FROM public.orders o WHERE o.qty > 2", ["id", "qty"])
+    assert m.differential and m.stored is None
+    assert "Scan: change buffer" in m.rules and "Filter: linear" in m.rules
+
+
+def test_invertible_aggregate_keeps_its_state() -> None:
+    m = mode(
+        "SELECT o.cust, count(*) AS n, sum(o.amount) AS total, avg(o.qty) AS a FROM public.orders o GROUP BY o.cust",
+        ["cust", "n", "total", "a"],
+    )
+    assert m.differential and m.stored is not None
+    assert "algebraic over stored state" in m.rules
+    layout = plan_layout(("cust", "n", "total", "a"), {"a": "numeric"}, '"public"."st"', m, True)
+    assert layout.columns == ("cust", "n", "total", "__pgt_n_total", "__pgt_s_a", "__pgt_n_a", "__pgt_count")
+    assert layout.hidden == ("__pgt_n_total", "__pgt_s_a", "__pgt_n_a", "__pgt_count")
+    assert layout.key_positions == (0,) and layout.unique_keys
+    assert '"a" = CASE WHEN "__pgt_n_a" > 0' in layout.finalize
+    # FULL mode keeps no state.
+    full = plan_layout(("cust", "n", "total", "a"), {}, '"public"."st"', m, False)
+    assert full.hidden == () and full.stored is None and full.key_positions == (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT o.cust, max(o.qty) AS m FROM public.orders o GROUP BY o.cust",  # not invertible
+        "SELECT o.cust, sum(o.qty) * 2 AS s FROM public.orders o GROUP BY o.cust",  # an expression above it
+        "SELECT o.cust, count(DISTINCT o.qty) AS d FROM public.orders o GROUP BY o.cust",
+        "SELECT o.cust, sum(o.qty::float8) AS f FROM public.orders o GROUP BY o.cust",  # floats drift
+    ],
+)
+def test_other_aggregates_recompute_their_touched_groups(sql: str) -> None:
+    m = mode(sql, ["cust", "x"])
+    assert m.differential and m.stored is None
+    assert "touched groups, recompute" in m.rules
+
+
+def test_a_plan_needing_a_hidden_table_is_full_with_the_reason() -> None:
+    m = mode("SELECT o.id FROM public.orders o ORDER BY o.qty LIMIT 3", ["id"])
+    assert not m.differential and "needs a hidden stream table" in m.reason
+
+
+def test_a_construct_without_a_rule_is_named() -> None:
+    m = mode("SELECT o.id, random() AS r FROM public.orders o", ["id", "r"])
+    assert not m.differential and m.reason.startswith("no delta rule")
+
+
+def test_telescoping_join_reads_the_other_side_by_the_changes_keys() -> None:
+    sql = "SELECT o.id, c.region FROM public.orders o JOIN public.customers c ON o.cust = c.cid"
+    plan = plan_delta(sql, SCHEMA, TYPES, {"public.orders"}, "spark").plan
+    assert plan is not None
+    found = keyed.restrictions(plan)
+    assert found[("post", "public.customers")] == Restriction("cid", KeySource("public.orders", "cust"))
+    # Both changed: each post is read where the other's change bounds it... and also in the
+    # term where it is the only bound, so every use must agree.
+    both = plan_delta(sql, SCHEMA, TYPES, {"public.orders", "public.customers"}, "spark").plan
+    assert both is not None
+    restricted = keyed.restrictions(both)
+    assert restricted.get(("post", "public.orders")) == Restriction("cust", KeySource("public.customers", "cid"))
+
+
+def test_recomputed_groups_read_only_their_rows() -> None:
+    sql = "SELECT o.cust, max(o.qty) AS m FROM public.orders o GROUP BY o.cust"
+    plan = plan_delta(sql, SCHEMA, TYPES, {"public.orders"}, "spark").plan
+    assert plan is not None
+    assert keyed.restrictions(plan)[("post", "public.orders")] == Restriction(
+        "cust", KeySource("public.orders", "cust")
+    )
+
+
+def test_a_whole_scan_is_not_restricted() -> None:
+    sql = "SELECT o.id FROM public.orders o WHERE NOT EXISTS (SELECT 1 FROM public.customers c WHERE c.cid = o.cust)"
+    plan = plan_delta(sql, SCHEMA, TYPES, {"public.customers"}, "spark").plan
+    assert plan is not None
+    # The anti join keeps the rows of orders that match no customer: orders is bounded by the
+    # customers' changed keys only through the existence flips, never read whole by an ANTI side.
+    for key, restriction in keyed.restrictions(plan).items():
+        assert restriction.keys.relation == "public.customers", key
+
+
+def test_stored_state_delta_reads_the_stream_table_for_touched_groups() -> None:
+    sql = "SELECT o.cust, count(*) AS n, sum(o.amount) AS total FROM public.orders o GROUP BY o.cust"
+    tree = plan_delta(sql, SCHEMA, TYPES, {"public.orders"}, "spark").tree
+    stored = stored_aggregate(tree, ["cust", "n", "total"], TYPES)
+    assert stored is not None
+    state = rules.delta_state(stored.root, frozenset({"public.orders"}), tuple(materialize.decide(tree)))
+    assert state is not None
+    plan = stored_rows(stored, state)
+    assert plan.columns == stored.written
+    hidden = [n for n in ir.walk(plan) if isinstance(n, ir.Materialized)]
+    assert hidden and all(n.pre and n.node is stored.state for n in hidden)
+    restriction = keyed.restrictions(plan)[("materialized", stored.state)]
+    assert restriction.keys == KeySource("public.orders", "cust")
+    assert stored.stored_of(restriction.column) == "cust"
+    assert rules.delta_state(stored.root, frozenset({"public.customers"})) is None
