@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from pgtrickle.dvm import ir
+from pgtrickle.dvm.compile_sql import type_of
 from pgtrickle.dvm.compile_types import node_types
 from pgtrickle.dvm.rules import aggregate as aggregate_rule
 from pgtrickle.errors import UnsupportedQueryError
@@ -105,7 +106,7 @@ def _floating(root: ir.Aggregate, column_types: Mapping[str, Mapping[str, str]])
     for _, call in root.aggregates:
         inner, argument, _, _ = ir.split_aggregate(call)
         if isinstance(inner, (exp.Sum, exp.Avg)) and argument is not None:
-            found = types.get(argument.name) if isinstance(argument, exp.Column) else None
+            found = type_of(argument, types)
             if found is None or any(word in found for word in ("double", "real", "float")):
                 return True
     return False

@@ -436,7 +436,7 @@ class Refresher:
             full_plan = RefreshPlan(Action.FULL, reason, plan.delta_rows, plan.delta_deletes, True)
             return self._full_refresh(st, full_plan, history_id, request_ids, layout)
         reason = plan.reason
-        if run.rules and run.rules not in reason:
+        if run.rules:
             # The history names the rules this refresh ran (never a silent whole-query recompute).
             reason = f"{reason}; rules: {run.rules}"
             self.conn.execute(
