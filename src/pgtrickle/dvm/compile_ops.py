@@ -256,3 +256,106 @@ def set_operation(
     query = select([*columns_of(output), alias(bigint(count), WEIGHT)], derived(counts, "__pgt_c"))
     query.set("where", exp.Where(this=exp.GT(this=count.copy(), expression=exp.Literal.number(0))))
     return query
+
+
+# --------------------------------------------------------------------------- stored state
+
+
+def state_change(
+    src: exp.Expr, names: Sequence[str], types: Types, keys: Named, components: Named, dialect: Dialect
+) -> exp.Select:
+    """Per group of ``keys``, the change of each additive state column over the *signed*
+    weighted relation ``src`` (a change: ``names`` then ``__pgt_w``, not consolidated): one
+    aggregation, no expansion of integer rows.
+
+    ``COUNT(*)`` / ``COUNT(x)`` become ``sum(w)`` over the rows (with ``x`` not NULL) passing
+    the FILTER; ``SUM(x)`` becomes ``sum(x * w)`` over those rows, NULL where none passes (the
+    merge keeps the stored sum then). Only integer and numeric sums come here (floats would
+    drift, :mod:`pgtrickle.dvm.stored`): a numeric ``x * w`` would lose fraction digits in
+    Spark's decimal arithmetic, so when one is summed each row is repeated ``|w|`` times and
+    negated for a negative weight instead - exact. Groups whose every change is 0 are dropped.
+    """
+    exact = all(
+        type_of(argument, types) in _INTEGERS
+        for _, call in components
+        for inner, argument in [_inner(call)]
+        if isinstance(inner, exp.Sum) and argument is not None
+    )
+    source = src
+    if not exact:
+        source = derived(_signed_expand(src, names, dialect), "__pgt_x")
+    outputs: list[exp.Expr] = []
+    for _, call in components:
+        inner, argument = _inner(call)
+        where = call.expression if isinstance(call, exp.Filter) else None
+        condition: exp.Expr | None = where.this if isinstance(where, exp.Where) else where
+        if argument is not None:
+            present = exp.Not(this=exp.Is(this=argument.copy(), expression=exp.Null()))
+            condition = present if condition is None else exp.and_(exp.Paren(this=condition.copy()), present)
+        if isinstance(inner, exp.Count):
+            value: exp.Expr = weight()
+            otherwise: exp.Expr | None = exp.Literal.number(0)
+        else:
+            assert argument is not None
+            if exact:
+                value = exp.Mul(this=argument.copy(), expression=weight())
+            else:
+                negative = exp.LT(this=weight(), expression=exp.Literal.number(0))
+                value = exp.Case(
+                    ifs=[exp.If(this=negative, true=exp.Neg(this=exp.Paren(this=argument.copy())))],
+                    default=argument.copy(),
+                )
+            otherwise = None
+        term = value if condition is None else exp.Case(ifs=[exp.If(this=condition, true=value)])
+        if otherwise is not None and condition is not None:
+            term.set("default", otherwise)
+        total: exp.Expr = exp.Sum(this=term)
+        if isinstance(inner, exp.Count):
+            total = bigint(exp.Coalesce(this=total, expressions=[exp.Literal.number(0)]))
+        outputs.append(render(total, types, dialect))
+    key_exprs = [render(expression, types, dialect) for _, expression in keys]
+    query = select(
+        [
+            *(alias(k, name) for k, (name, _) in zip(key_exprs, keys, strict=True)),
+            *(alias(o, name) for o, (name, _) in zip(outputs, components, strict=True)),
+        ],
+        source,
+    )
+    if key_exprs:
+        query.set("group", exp.Group(expressions=[k.copy() for k in key_exprs]))
+    moved = [
+        exp.Coalesce(this=exp.NEQ(this=o.copy(), expression=exp.Literal.number(0)), expressions=[exp.false()])
+        for o in outputs
+    ]
+    having: exp.Expr = moved[0]
+    for other in moved[1:]:
+        having = exp.or_(having, other)
+    query.set("having", exp.Having(this=having))
+    return query
+
+
+def _inner(call: exp.Expr) -> tuple[exp.Expr, exp.Expr | None]:
+    """The aggregate function under its FILTER, and its argument (``None`` for COUNT(*))."""
+    inner = call.this if isinstance(call, exp.Filter) else call
+    argument = inner.args.get("this")
+    return inner, None if argument is None or isinstance(argument, exp.Star) else argument
+
+
+def _signed_expand(src: exp.Expr, names: Sequence[str], dialect: Dialect) -> exp.Select:
+    """Each row of the signed ``src`` repeated ``|w|`` times with weight ``sign(w)`` (±1)."""
+    magnitude = exp.Abs(this=weight())
+    bounds = [one(), magnitude]
+    series: exp.Expr
+    if dialect == "spark":
+        series = exp.Anonymous(
+            this="explode", expressions=[exp.Anonymous(this="sequence", expressions=bounds)]
+        )
+    else:
+        series = exp.Anonymous(this="generate_series", expressions=bounds)
+    sign = exp.Case(
+        ifs=[
+            exp.If(this=exp.LT(this=weight(), expression=exp.Literal.number(0)), true=exp.Literal.number(-1))
+        ],
+        default=exp.Literal.number(1),
+    )
+    return select([*columns_of(names), alias(bigint(sign), WEIGHT), alias(series, "__pgt_copy")], src)

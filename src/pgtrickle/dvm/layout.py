@@ -86,10 +86,15 @@ def average_expression(sum_column: str, count_column: str, pg_type: str, qualifi
     (``numeric`` for integers and numerics, ``double precision`` for floats), NULL without values."""
     from pgtrickle.sql.ident import quote_ident
 
-    s = f"{qualifier}{quote_ident(sum_column)}"
-    n = f"{qualifier}{quote_ident(count_column)}"
+    return average_of(
+        f"{qualifier}{quote_ident(sum_column)}", f"{qualifier}{quote_ident(count_column)}", pg_type
+    )
+
+
+def average_of(total: str, count: str, pg_type: str) -> str:
+    """:func:`average_expression` over SQL expressions ``total`` and ``count``."""
     cast = "double precision" if pg_type in ("double precision", "real") else "numeric"
-    return f"CASE WHEN {n} > 0 THEN ({s}::{cast} / {n}::{cast}) END"
+    return f"CASE WHEN ({count}) > 0 THEN (({total})::{cast} / ({count})::{cast}) END"
 
 
 def plan_layout(

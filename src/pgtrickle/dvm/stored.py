@@ -59,6 +59,8 @@ class StoredAggregate:
     hidden: tuple[str, ...]
     """The hidden stored columns (``__pgt_*``), in the state's order."""
     averages: tuple[Average, ...]
+    sums: tuple[tuple[str, str], ...] = ()
+    """(stored sum column, stored column counting its non-NULL values): a sum over no value is NULL."""
 
     @property
     def written(self) -> tuple[str, ...]:
@@ -160,7 +162,11 @@ def stored_aggregate(
         if isinstance(ir.split_aggregate(call)[0], exp.Avg):
             averages.append(Average(shown[name], sums[name], counts[name]))
     keys = tuple(shown[k] for k, _ in root.keys)
-    return StoredAggregate(root, state, tuple(names), keys, tuple(hidden), tuple(averages))
+    stored_of = dict(names)
+    sum_pairs = tuple(
+        (stored_of[total], stored_of[count]) for total, count in aggregate_rule.sum_counts(root).items()
+    )
+    return StoredAggregate(root, state, tuple(names), keys, tuple(hidden), tuple(averages), sum_pairs)
 
 
 def stored_rows(stored: StoredAggregate, state_rows: ir.Node) -> ir.Node:

@@ -4,16 +4,18 @@
    until it has passed S2. The window (frontier, S2] is counted again (the plan's counts are
    from an earlier snapshot); a truncated source means FULL.
 2. The plan: :func:`pgtrickle.dvm.pipeline.plan_delta` over the relations with pending changes
-   (one rule per operator, composed; cached per set of changed relations), or, for a stream table
-   keeping its root aggregate's state, the algebraic rule over that state
-   (:mod:`pgtrickle.dvm.stored`). Either way ONE consolidated Spark SQL query: the stored columns
-   and the weight ``__pgt_w``.
+   (one rule per operator, composed; cached per set of changed relations): ONE consolidated
+   Spark SQL query, the stored columns and the weight ``__pgt_w``. For a stream table keeping
+   its root aggregate's state (:mod:`pgtrickle.dvm.stored`): the change of the aggregate's input
+   by the same rules, aggregated once by weight into the change of each state column per
+   touched group (:mod:`pgtrickle.dvm.state_change`) - the stored state is not read by Spark.
 3. Its reads become Spark views (:mod:`pgtrickle.refresh.delta_reads`): change buffers as Z-sets,
    sources at S2, key-bounded where the plan allows (:mod:`pgtrickle.dvm.keyed`).
 4. One Spark action: a small delta is collected (then COPYed), a large one written by
    partitioned JDBC into a staging table. Row identity ``__pgt_row_id``: xxhash64 of the visible
    columns (a stored aggregate's: of its group keys), as a FULL refresh computes it.
-5. One PostgreSQL transaction applies it (:mod:`pgtrickle.refresh.delta_apply`), records it in
+5. One PostgreSQL transaction applies it (:mod:`pgtrickle.refresh.delta_apply`; a state change
+   is merged into the stored groups, :mod:`pgtrickle.refresh.state_merge`), records it in
    the stream table's own change buffer for downstream stream tables, advances the frontier and
    completes the history row. A delta that does not match the table (it never should) aborts
    the transaction and the engine refreshes in full instead.
@@ -32,11 +34,10 @@ from pgtrickle import faults
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import PendingChanges, pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
-from pgtrickle.dvm import ir, keyed, materialize, rules
-from pgtrickle.dvm.compile import compile_ir
+from pgtrickle.dvm import ir, keyed, materialize
 from pgtrickle.dvm.layout import ROW_ID, DeltaMode, Layout
 from pgtrickle.dvm.pipeline import plan_delta
-from pgtrickle.dvm.stored import stored_rows
+from pgtrickle.dvm.state_change import state_change
 from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.refresh import commit, history, user_triggers
 from pgtrickle.refresh.context import RefreshContext
@@ -51,6 +52,7 @@ from pgtrickle.refresh.delta_reads import (
     spark_name,
 )
 from pgtrickle.refresh.layout_ddl import equality_operators
+from pgtrickle.refresh.state_merge import StateMerge
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
 from pgtrickle.sql.ident import quote_ident
@@ -169,11 +171,10 @@ class DifferentialRun:
         stored = self.layout.stored
         if stored is not None:
             assert mode.tree is not None
-            state = rules.delta_state(stored.root, changed, tuple(materialize.decide(mode.tree)))
-            if state is None:
+            found = state_change(stored, changed, tuple(materialize.decide(mode.tree)), names, types)
+            if found is None:
                 return None
-            plan = stored_rows(stored, state)
-            compiled = compile_ir(plan, names, dialect="spark", column_types=types).consolidated()
+            plan, compiled = found.change, found.compiled
             rules_text = mode.rules
         else:
             schema = {relation_key(s): [c for c, _ in s.column_types] for s in st.sources}
@@ -310,7 +311,8 @@ class DifferentialRun:
                 equality = self.r.cached(
                     ("equality", st.pgt_id, st.relid), lambda: equality_operators(conn, st.relid)
                 )
-                apply = DeltaApply(conn, st, self.layout, equality, own_buffer(conn, st))
+                merge = StateMerge if self.layout.stored is not None else DeltaApply
+                apply = merge(conn, st, self.layout, equality, own_buffer(conn, st))
                 inserted, deleted = apply.apply(rows)
             commit.complete(
                 conn,

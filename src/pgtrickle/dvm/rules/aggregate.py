@@ -77,7 +77,7 @@ def _state_columns(node: ir.Aggregate) -> tuple[tuple[str, exp.Expr], ...]:
     return tuple(out)
 
 
-def _sum_counts(node: ir.Aggregate) -> dict[str, str]:
+def sum_counts(node: ir.Aggregate) -> dict[str, str]:
     """Each SUM column of the state → the column counting its non-NULL values."""
     out: dict[str, str] = {}
     for name, call in node.aggregates:
@@ -157,7 +157,7 @@ def delta_state(node: ir.Aggregate, ctx: Context) -> ir.Node | None:
         tuple((k, col(k)) for k in key_names),
         tuple((name, exp.Sum(this=col(name))) for name, _ in components),
     )
-    counts = _sum_counts(node)
+    counts = sum_counts(node)
     fixed: list[tuple[str, exp.Expr]] = [(k, col(k)) for k in key_names]
     for name, _ in components:
         if name in counts:
