@@ -211,7 +211,24 @@ class DeltaReads:
             restriction = Restriction(stored.stored_of(restriction.column), restriction.keys)
         condition = self._condition(restriction, stats.reltuples) or "true"
         select = ", ".join(f"{quote_ident(s)} AS {quote_ident(c)}" for c, s in stored.names)
-        query = f"SELECT {select} FROM {self.st.qualified} WHERE {condition}"
+        # Every value read exactly (spark/carry.py), as a source is: a time or a numeric key must
+        # meet the change's keys with all its digits.
+        types = self.conn.execute(
+            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
+            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            (self.st.relid,),
+        ).fetchall()
+        wanted = set(stored.written)
+        own = Source(
+            self.st.relid,
+            self.st.schema,
+            self.st.name,
+            "STREAM_TABLE",
+            "",
+            column_types=tuple((n, t) for n, t in types if n in wanted),
+        )
+        exact = self.r.source_select(own) or "*"
+        query = f"SELECT {select} FROM (SELECT {exact} FROM {self.st.qualified} WHERE {condition}) AS __pgt_s"
         df = jdbc.read_query(self.r.spark, self.r.target, query, self.window.snap_id)
         self._count("stored_state_reads")
         return df, True
