@@ -11,6 +11,7 @@ from psycopg import sql
 
 from pgtrickle.catalog import identity
 from pgtrickle.catalog.store import StreamTable
+from pgtrickle.db.columns import column_types
 from pgtrickle.dvm import aggregate as agg_rules
 from pgtrickle.dvm.analysis import AggregateShape
 from pgtrickle.dvm.layout import Layout
@@ -27,13 +28,11 @@ def row_index_name(st: StreamTable) -> str:
 
 def ensure_layout(conn: psycopg.Connection, st: StreamTable, layout: Layout) -> bool:
     """Make the table match ``layout``; True when its contents must be recomputed (FULL)."""
-    existing: dict[str, str] = dict(
-        conn.execute(
-            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s"
-            " AND attnum > 0 AND NOT attisdropped AND attname LIKE '\\_\\_pgt\\_%%' AND attname <> '__pgt_row_id'",
-            (st.relid,),
-        ).fetchall()
-    )
+    existing = {
+        name: typ
+        for name, typ in column_types(conn, st.relid).items()
+        if name.startswith("__pgt_") and name != "__pgt_row_id"
+    }
     wanted: dict[str, str] = {}
     if layout.hidden:
         wanted = _probe_types(conn, layout)
@@ -88,12 +87,8 @@ def _probe_types(conn: psycopg.Connection, layout: Layout) -> dict[str, str]:
         conn.execute("SET LOCAL search_path = pg_catalog, pg_temp")
         conn.execute("DROP VIEW IF EXISTS pg_temp.__pgt_probe")
         conn.execute(sql.SQL("CREATE TEMP VIEW __pgt_probe AS {}").format(sql.SQL(layout.query_sql)))
-        rows = conn.execute(
-            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
-            " WHERE attrelid = 'pg_temp.__pgt_probe'::regclass AND attnum > 0"
-        ).fetchall()
+        types = column_types(conn, "pg_temp.__pgt_probe")
         conn.execute("DROP VIEW pg_temp.__pgt_probe")
-    types: dict[str, str] = dict(rows)
     return {name: types[name] for name in layout.hidden}
 
 

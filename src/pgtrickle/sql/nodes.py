@@ -8,12 +8,15 @@ inference gives a node is kept in its ``meta`` under :data:`META_KEY`
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from decimal import Decimal, InvalidOperation
+from typing import TypeVar
 
 from sqlglot import exp
 
 READ = "postgres"
+
+T = TypeVar("T")
 
 
 WRITE = "spark"
@@ -262,3 +265,47 @@ def java_pattern(pattern: exp.Expr, flags: str) -> exp.Expr:
     if is_string_literal(pattern):
         return exp.Literal.string(prefix + pattern.this)
     return spark_func("CONCAT", exp.Literal.string(prefix), pattern)
+
+
+def fold_outputs(
+    node: exp.Expr,
+    index: int,
+    leaf: Callable[[exp.Expr | None], T],
+    combine: Callable[[list[T]], T],
+    *,
+    through_values: bool = True,
+) -> T:
+    """Fold over the ``index``-th output expression of every branch of a (sub)query.
+
+    A ``SELECT`` gives ``leaf`` its ``index``-th projection (``None`` for a
+    ``*`` or a missing one); a set operation ``combine``s its two sides,
+    pairwise as PostgreSQL resolves a set operation's column types; a
+    ``VALUES`` list ``combine``s its rows' ``index``-th values (unless
+    ``through_values`` is false: then, like anything else, ``leaf(None)``).
+    """
+    while isinstance(node, exp.Subquery):
+        node = node.this
+    if isinstance(node, exp.Select):
+        projections = node.expressions
+        if index < len(projections) and not isinstance(projections[index], exp.Star):
+            return leaf(projections[index])
+        return leaf(None)
+    if isinstance(node, exp.SetOperation):
+        return combine(
+            [
+                fold_outputs(side, index, leaf, combine, through_values=through_values)
+                for side in (node.this, node.expression)
+            ]
+        )
+    if isinstance(node, exp.Values) and through_values:
+        return combine(
+            [
+                leaf(
+                    row.expressions[index]
+                    if isinstance(row, exp.Tuple) and index < len(row.expressions)
+                    else None
+                )
+                for row in node.expressions
+            ]
+        )
+    return leaf(None)

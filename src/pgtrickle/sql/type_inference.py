@@ -15,7 +15,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from pgtrickle.sql import blank_padded
 from pgtrickle.sql.functions import TIMESTAMP_FUNCTIONS
-from pgtrickle.sql.nodes import META_KEY
+from pgtrickle.sql.nodes import META_KEY, fold_outputs
 from pgtrickle.sql.parse import cte_names
 from pgtrickle.sql.typing_rules import (
     FIXED_RESULT_TYPES,
@@ -77,12 +77,12 @@ class TypeInference:
         if isinstance(node, exp.Cast):
             return blank_padded.width_from_datatype(node.to)
         if isinstance(node, (exp.Coalesce, exp.Min, exp.Max)):
-            widths = {
+            widths = [
                 self.padded_width(arg, depth + 1)
                 for arg in [node.this, *node.expressions]
                 if not isinstance(arg, exp.Null)
-            }
-            return widths.pop() if len(widths) == 1 else (0 if None not in widths and widths else None)
+            ]
+            return _same_width(widths) if widths else None
         if not isinstance(node, exp.Column):
             return None
         found = self._column_source(node)
@@ -97,23 +97,16 @@ class TypeInference:
         return self._widths.get(self._table_key(source), {}).get(name)
 
     def _query_width(self, node: exp.Expr, index: int, depth: int) -> int | None:
-        while isinstance(node, exp.Subquery):
-            node = node.this
-        if isinstance(node, exp.Select):
-            projections = node.expressions
-            if index < len(projections) and not isinstance(projections[index], exp.Star):
-                projection = projections[index]
-                return self.padded_width(
-                    projection.this if isinstance(projection, exp.Alias) else projection, depth
-                )
-            return None
-        if isinstance(node, exp.SetOperation):
-            widths = {
-                self._query_width(node.this, index, depth + 1),
-                self._query_width(node.expression, index, depth + 1),
-            }
-            return widths.pop() if len(widths) == 1 else (0 if None not in widths else None)
-        return None
+        """Width of the ``index``-th output column of a (sub)query (see :meth:`padded_width`)."""
+
+        def leaf(projection: exp.Expr | None) -> int | None:
+            if projection is None:
+                return None
+            return self.padded_width(
+                projection.this if isinstance(projection, exp.Alias) else projection, depth
+            )
+
+        return fold_outputs(node, index, leaf, _same_width, through_values=False)
 
     def type_of(self, node: exp.Expr | None) -> str | None:
         """Return the inferred category of ``node`` (memoised)."""
@@ -197,24 +190,7 @@ class TypeInference:
 
     def _query_type(self, node: exp.Expr, index: int) -> str | None:
         """Category of the ``index``-th output column of a (sub)query."""
-        while isinstance(node, exp.Subquery):
-            node = node.this
-        if isinstance(node, exp.Select):
-            projections = node.expressions
-            if index < len(projections) and not isinstance(projections[index], exp.Star):
-                return self.type_of(projections[index])
-            return None
-        if isinstance(node, exp.SetOperation):
-            return common_type((self._query_type(node.this, index), self._query_type(node.expression, index)))
-        if isinstance(node, exp.Values):
-            rows = node.expressions
-            return common_type(
-                self.type_of(row.expressions[index])
-                if isinstance(row, exp.Tuple) and index < len(row.expressions)
-                else None
-                for row in rows
-            )
-        return None
+        return fold_outputs(node, index, self.type_of, common_type)
 
     def _column_type(self, column: exp.Column) -> str | None:
         """Resolve a column reference to its source and return that column's category."""
@@ -263,6 +239,13 @@ class TypeInference:
             return self._query_type(source.expression, names.index(name))
         columns = self._columns.get(self._table_key(source))
         return None if columns is None else columns.get(name)
+
+
+def _same_width(widths: list[int | None]) -> int | None:
+    """The width of values from several branches (set operations, ``coalesce``...): theirs when they
+    agree, 0 (``bpchar`` of no length) when they differ, None when one is not blank-padded."""
+    distinct = set(widths)
+    return distinct.pop() if len(distinct) == 1 else (0 if None not in distinct else None)
 
 
 def _scope_output_names(scope: Scope) -> list[str] | None:
