@@ -471,12 +471,15 @@ def explain(
     name: Annotated[str, typer.Argument(help="Stream table to explain.", show_default=False)],
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON document (see docs/CLI.md).")] = False,
 ) -> None:
-    """Say which refresh mode a stream table gets (FULL or DIFFERENTIAL) and why.
+    """Say which refresh mode a stream table gets (FULL or DIFFERENTIAL) and why, and show its operator tree.
 
     Analyses the defining query now and records the result, so that
-    pgtrickle.explain_refresh_mode() in SQL shows it too.
+    pgtrickle.explain_refresh_mode() in SQL shows it too. The operator tree has
+    one line per node: its rule for computing the change and, where the node
+    would be kept as a hidden stream table, why (materialized: ...).
     """
     from pgtrickle.catalog.store import load_stream_tables
+    from pgtrickle.cli.explain_tree import plan_tree, tree_document, tree_lines
     from pgtrickle.dvm.analysis import analyze
     from pgtrickle.refresh.plan import READS_CLOCK_REASON
 
@@ -500,8 +503,11 @@ def explain(
                     " mode_analyzed_at = now() WHERE pgt_id = %s",
                     (mode, reason, st.pgt_id),
                 )
+            tree = plan_tree(st)
             if json_:
-                typer.echo(dumps(explain_document(st.display, st.refresh_mode, mode, reason)))
+                document = explain_document(st.display, st.refresh_mode, mode, reason)
+                document["operator_tree"] = tree_document(tree)
+                typer.echo(dumps(document))
                 return
             console.print(
                 f"{escape(st.display)}: refresh_mode {st.refresh_mode} → [bold]{mode}[/]", highlight=False
@@ -511,6 +517,9 @@ def explain(
                 console.print(
                     "  refresh_mode DIFFERENTIAL cannot run this query; use AUTO or FULL.", highlight=False
                 )
+            console.print("operator tree:", highlight=False)
+            for line in tree_lines(tree):
+                console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
 
     _run(go)
 
