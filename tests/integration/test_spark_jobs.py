@@ -68,20 +68,32 @@ def test_full_differential_and_no_change_refreshes_record_their_spark_jobs(order
     _check_figures(differential)
     assert (full["spark_jobs"], differential["spark_jobs"]) == (initial.spark_jobs, diff.spark_jobs)
     assert (no_data["spark_jobs"], no_data["spark_stages"], no_data["spark_jobs_why"]) == (0, 0, None)
+    # pgtrickle history shows them, in text and JSON
+    result = runner.invoke(app, ["--dsn", db.dsn, "history", "per_region"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "jobs" in result.output and "NO_DATA" in result.output and "DIFFERENTIAL" in result.output
+    result = runner.invoke(app, ["--dsn", db.dsn, "history", "--json", "-n", "2", "per_region"],
+                           catch_exceptions=False)
+    doc = json.loads(result.stdout)
+    assert doc["name"] == "public.per_region" and len(doc["refreshes"]) == 2
+    assert [(r["action"], r["spark_jobs"]) for r in doc["refreshes"]] == [
+        ("NO_DATA", 0), ("DIFFERENTIAL", diff.spark_jobs)]
+    result = runner.invoke(app, ["--dsn", db.dsn, "history", "-n", "0", "per_region"])
+    assert result.exit_code == 1 and "max_rows must be between 1 and 1000000" in result.output
 
 
 @pytest.mark.usefixtures("spark")
 def test_a_failed_refresh_records_the_jobs_it_ran_and_one_failing_before_spark_none(orders: Database) -> None:
     db = orders
-    create_st(db, "ratio", "SELECT o.id, 100 / (o.amount - 3)::int AS r FROM orders o", refresh_mode="FULL")
+    create_st(db, "ratio", "SELECT o.id, 100 / (o.id - 5000) AS r FROM orders o", refresh_mode="FULL")
     refresh_and_check(db, "ratio")
-    db.sql("INSERT INTO orders VALUES (2000, 1, 3)")  # division by zero on Spark (ANSI mode)
+    db.sql("INSERT INTO orders VALUES (5000, 1, 3)")  # division by zero on Spark (ANSI mode)
     with pytest.raises(Exception):  # noqa: B017,PT011 - the error type is the refresh path's own business
         refresh_and_check(db, "ratio")
     failed = history(db, "ratio")[0]
     assert failed["status"] == "FAILED"
     assert failed["spark_jobs"] is not None and failed["spark_jobs"] >= 1
-    db.sql("DELETE FROM orders WHERE id = 2000")
+    db.sql("DELETE FROM orders WHERE id = 5000")
     refresh_and_check(db, "ratio")
 
 

@@ -3,11 +3,13 @@ parts, no JVM, no database. The real status tracker and PostgreSQL: tests/integr
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgtrickle.catalog.store import Column, Source, StreamTable
+from pgtrickle.cli.history import HistoryRow, history_document, history_table
+from pgtrickle.cli.render import render_text
 from pgtrickle.cli.explain_tree import plan_tree, relations_of, tree_document, tree_lines
 from pgtrickle.cli.json_output import refresh_document
 from pgtrickle.daemon.manual import ManualRefresh, Result
@@ -144,3 +146,27 @@ def test_refresh_document_and_metrics_carry_the_job_count() -> None:
     assert got[("pgtrickle_refresh_spark_jobs_bucket", (("le", "1.0"), ("mode", "FULL"), ("st", "public.st")))] == 0
     assert ("pgtrickle_refresh_spark_jobs_count", (("mode", "DIFFERENTIAL"), ("st", "public.st"))) not in got
 
+
+
+def _row(refresh_id: int, action: str, jobs_ran: int | None, why: str | None = None, **kw: object) -> HistoryRow:
+    values: dict = dict(refresh_id=refresh_id, action=action, status="COMPLETED", initiated_by="MANUAL",
+                        rows_inserted=1, rows_deleted=0, delta_row_count=2, start_time=NOW, end_time=NOW,
+                        duration=timedelta(seconds=1.5), was_full_fallback=False, mode_reason="initial",
+                        skip_reason=None, error_message=None, spark_jobs=jobs_ran, spark_stages=jobs_ran,
+                        spark_jobs_why=why)
+    values.update(kw)
+    return HistoryRow(**values)
+
+
+def test_history_table_and_document() -> None:
+    rows = [_row(3, "NO_DATA", 0), _row(2, "DIFFERENTIAL", None),
+            _row(1, "FULL", 2, "2 jobs: 2x collect at engine.py:771", error_message="boom\x1b[2J", status="FAILED")]
+    text = render_text(history_table(rows), 200)
+    lines = [line for line in text.splitlines() if line.startswith("│ ")]  # the header's are ┃
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines[:2]]
+    assert cells[0][2] == "NO_DATA" and cells[0][9:11] == ["0", "0"]
+    assert cells[1][2] == "DIFFERENTIAL" and cells[1][9:11] == ["-", "-"]
+    assert "boom\\x1b[2J; 2 jobs: 2x collect at engine.py:771" in text and "\x1b" not in text
+    doc = history_document("public.st", rows)
+    assert [r["spark_jobs"] for r in doc["refreshes"]] == [0, None, 2]
+    assert doc["refreshes"][2]["spark_jobs_why"].startswith("2 jobs") and doc["refreshes"][0]["seconds"] == 1.5

@@ -524,6 +524,28 @@ def explain(
     _run(go)
 
 
+@app.command()
+def history(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Stream table.", show_default=False)],
+    limit: Annotated[int, typer.Option("--limit", "-n", help="How many refreshes, newest first.")] = 20,
+    json_: Annotated[bool, typer.Option("--json", help="Print one JSON document (see docs/CLI.md).")] = False,
+) -> None:
+    """Show a stream table's recent refreshes: action, status, rows, seconds, Spark jobs and why."""
+    from pgtrickle.cli.history import history_document, history_table, load_history
+
+    def go() -> None:
+        with connect(_dsn(ctx, quiet=json_)) as conn:
+            display, rows = load_history(conn, name, limit)
+        if json_:
+            typer.echo(dumps(history_document(display, rows)))
+            return
+        console.print(f"{escape(display)}: {len(rows)} most recent refreshes", highlight=False)
+        console.print(history_table(rows))
+
+    _run(go)
+
+
 # ---------------------------------------------------------- watermarks
 
 

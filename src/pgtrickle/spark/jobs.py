@@ -123,7 +123,7 @@ def figures() -> JobFigures:
         try:
             count.recorded = _tracked(count)
         except Exception:  # a counting failure must never fail the refresh it describes
-            log.debug("could not count the Spark jobs of job group %s", count.group, exc_info=True)
+            log.warning("could not count the Spark jobs of job group %s", count.group, exc_info=True)
             count.recorded = NOT_COUNTED
     return count.recorded
 
@@ -144,7 +144,11 @@ def _tracked(count: JobCount) -> JobFigures:
             ran = []
             for stage_id in info.stageIds:
                 stage = tracker.getStageInfo(stage_id)
-                if stage is not None and stage.submissionTime > 0:  # 0: skipped (shuffle output reused)
+                # A skipped stage (its shuffle output reused) never ran a task.
+                if (
+                    stage is not None
+                    and stage.numCompletedTasks + stage.numActiveTasks + stage.numFailedTasks
+                ):
                     stages.add(stage_id)
                     ran.append(stage)
             last = max(ran, key=lambda s: s.stageId, default=None)
