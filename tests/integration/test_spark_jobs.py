@@ -162,6 +162,27 @@ def test_two_refreshers_in_parallel_threads_record_their_own_counts(orders: Data
         assert row["spark_jobs"] == jobs_alone == outcomes[name].spark_jobs, (name, row, alone)
 
 
+@pytest.mark.usefixtures("spark")
+def test_each_member_of_an_atomic_group_records_its_own_jobs(db: Database) -> None:
+    """A diamond refreshes as one group; each member's history row counts the jobs of its own part."""
+    db.sql("CREATE TABLE sales (id bigint PRIMARY KEY, region text NOT NULL, amount int NOT NULL)")
+    db.sql("INSERT INTO sales SELECT g, 'r' || (g % 4), g FROM generate_series(1, 200) g")
+    create_st(db, "by_region", "SELECT region, sum(amount) AS total FROM sales GROUP BY region")
+    create_st(db, "by_region_n", "SELECT region, count(*) AS n FROM sales GROUP BY region")
+    create_st(db, "report", "SELECT a.region, a.total, b.n FROM by_region a JOIN by_region_n b USING (region)")
+    refresh_and_check(db)
+    db.sql("INSERT INTO sales VALUES (1001, 'r1', 5), (1002, 'r9', 7)")
+    outcomes = refresh_and_check(db, "report")  # the whole group runs
+    assert len(outcomes) == 3
+    for name in ("by_region", "by_region_n", "report"):
+        row = history(db, name)[0]
+        assert row["status"] == "COMPLETED", row
+        _check_figures(row)
+    assert "atomic group" in history(db, "report")[0]["mode_reason"]
+    assert {o.st.name: o.spark_jobs for o in outcomes} == {
+        name: history(db, name)[0]["spark_jobs"] for name in ("by_region", "by_region_n", "report")}
+
+
 # ------------------------------------------------------------------------------------------ explain
 
 
