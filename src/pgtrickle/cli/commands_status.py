@@ -1,4 +1,4 @@
-"""``pgtrickle status``, ``verify`` and ``explain``: what the stream tables are, hold and get."""
+"""``pgtrickle status``, ``verify``, ``explain`` and ``history``: what the stream tables are, hold, get and got."""
 
 from __future__ import annotations
 
@@ -125,12 +125,15 @@ def explain(
     name: Annotated[str, typer.Argument(help="Stream table to explain.", show_default=False)],
     json_: Annotated[bool, typer.Option("--json", help="Print one JSON document (see docs/CLI.md).")] = False,
 ) -> None:
-    """Say which refresh mode a stream table gets (FULL or DIFFERENTIAL) and why.
+    """Say which refresh mode a stream table gets (FULL or DIFFERENTIAL) and why, and show its operator tree.
 
     Analyses the defining query now and records the result, so that
-    pgtrickle.explain_refresh_mode() in SQL shows it too.
+    pgtrickle.explain_refresh_mode() in SQL shows it too. The operator tree has
+    one line per node: its rule for computing the change and, where the node
+    would be kept as a hidden stream table, why (materialized: ...).
     """
     from pgtrickle.catalog.store import load_stream_tables
+    from pgtrickle.cli.explain_tree import plan_tree, tree_document, tree_lines
     from pgtrickle.dvm.analysis import analyze
     from pgtrickle.refresh.plan import READS_CLOCK_REASON
 
@@ -154,8 +157,11 @@ def explain(
                     " mode_analyzed_at = now() WHERE pgt_id = %s",
                     (mode, reason, st.pgt_id),
                 )
+            tree = plan_tree(st)
             if json_:
-                typer.echo(dumps(explain_document(st.display, st.refresh_mode, mode, reason)))
+                document = explain_document(st.display, st.refresh_mode, mode, reason)
+                document["operator_tree"] = tree_document(tree)
+                typer.echo(dumps(document))
                 return
             console.print(
                 f"{escape(st.display)}: refresh_mode {st.refresh_mode} → [bold]{mode}[/]", highlight=False
@@ -165,5 +171,29 @@ def explain(
                 console.print(
                     "  refresh_mode DIFFERENTIAL cannot run this query; use AUTO or FULL.", highlight=False
                 )
+            console.print("operator tree:", highlight=False)
+            for line in tree_lines(tree):
+                console.print(f"  {escape(line)}", highlight=False, soft_wrap=True)
+
+    run_cleanly(go)
+
+
+def history(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Stream table.", show_default=False)],
+    limit: Annotated[int, typer.Option("--limit", "-n", help="How many refreshes, newest first.")] = 20,
+    json_: Annotated[bool, typer.Option("--json", help="Print one JSON document (see docs/CLI.md).")] = False,
+) -> None:
+    """Show a stream table's recent refreshes: action, status, rows, seconds, Spark jobs and why."""
+    from pgtrickle.cli.history import history_document, history_table, load_history
+
+    def go() -> None:
+        with connect(dsn_of(ctx, quiet=json_)) as conn:
+            display, rows = load_history(conn, name, limit)
+        if json_:
+            typer.echo(dumps(history_document(display, rows)))
+            return
+        console.print(f"{escape(display)}: {len(rows)} most recent refreshes", highlight=False)
+        console.print(history_table(rows))
 
     run_cleanly(go)

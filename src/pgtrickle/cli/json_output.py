@@ -136,6 +136,7 @@ def refresh_document(results: Sequence) -> dict[str, Any]:
                 "rows_inserted": o.rows_inserted if o else None,
                 "rows_deleted": o.rows_deleted if o else None,
                 "seconds": round(o.seconds, 6) if o else None,
+                "spark_jobs": o.spark_jobs if o else None,
                 "error": _error(r.error, scrub(r.reason)) if r.result is Result.FAILED else None,
             }
         )

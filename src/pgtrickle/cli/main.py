@@ -103,6 +103,7 @@ app.command()(commands_refresh.run)
 app.command()(commands_status.status)
 app.command()(commands_status.verify)
 app.command()(commands_status.explain)
+app.command()(commands_status.history)
 app.command()(commands_watermarks.watermarks)
 app.command()(commands_refresh.demo)
 

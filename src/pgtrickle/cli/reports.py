@@ -23,7 +23,7 @@ def refresh_results(console: Console, results: Sequence) -> None:
     for name in ("result", "action"):
         table.add_column(name, no_wrap=True, min_width=len("DIFFERENTIAL") if name == "action" else None)
     table.add_column("why", overflow="fold", ratio=3)
-    for name in ("inserted", "deleted", "seconds"):
+    for name in ("inserted", "deleted", "seconds", "jobs"):
         table.add_column(name, no_wrap=True, justify="right")
     for r in results:
         o = r.outcome
@@ -36,6 +36,7 @@ def refresh_results(console: Console, results: Sequence) -> None:
             f"{o.rows_inserted:,}" if o else "-",
             f"{o.rows_deleted:,}" if o else "-",
             f"{o.seconds:.2f}" if o else "-",
+            str(o.spark_jobs) if o and o.spark_jobs is not None else "-",
         )
     console.print(table)
     for r in results:

@@ -67,7 +67,9 @@ from pgtrickle.refresh.plan import (
     reinit_text,
 )
 from pgtrickle.spark import carry, jdbc
-from pgtrickle.spark.capabilities import capabilities, tag_jobs
+from pgtrickle.spark.capabilities import capabilities, join_count, tag_jobs
+from pgtrickle.spark.jobs import counting
+from pgtrickle.spark.jobs import figures as job_figures
 from pgtrickle.sql.clock import pin_clock
 from pgtrickle.sql.translate import translate_to_spark
 
@@ -88,6 +90,9 @@ class RefreshOutcome:
     seconds: float = 0.0
     spark_seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    spark_jobs: int | None = 0
+    """The Spark jobs it ran (0 for NO_DATA and SKIP; ``None``: not counted, e.g. on Spark Connect);
+    see spark/jobs.py."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,9 @@ class Refresher:
             from pgtrickle.spark.session import get_spark
 
             self._spark_provider = get_spark
-        return self._spark_provider(self.settings)
+        session = self._spark_provider(self.settings)
+        join_count(session)  # a refresh in progress counts this session's jobs (spark/jobs.py)
+        return session
 
     def clear_cancel(self) -> None:
         """A new refresh (or atomic group) begins: an earlier cancellation request does not apply to it."""
@@ -210,8 +217,24 @@ class Refresher:
     ) -> Prepared:
         """Analyse, lay out and plan a refresh of ``st`` (see :meth:`_plan_and_maybe_skip`).
 
-        A failure here is recorded (history, error count, alerts) and raised.
+        A failure here is recorded (history, error count, alerts) and raised; no Spark job
+        runs here, so its history row counts none.
         """
+        with counting(f"pgtrickle-{st.pgt_id}", f"prepare {st.display}"):
+            return self._prepare_refresh(
+                st, request_ids, initiated_by, record_no_data, force, snapshot, defer_no_data
+            )
+
+    def _prepare_refresh(
+        self,
+        st: StreamTable,
+        request_ids: Sequence[int],
+        initiated_by: str,
+        record_no_data: bool,
+        force: bool,
+        snapshot: str | None,
+        defer_no_data: bool,
+    ) -> Prepared:
         try:
             analysis, differential, layout, layout_changed = self._prepare(st, initiated_by)
             mode = ModeContext(
@@ -257,8 +280,22 @@ class Refresher:
         """Run a planned FULL or DIFFERENTIAL refresh whose history row exists.
 
         A failure is recorded and raised — except inside an atomic group, whose
-        transaction is rolled back and which records the failure itself.
+        transaction is rolled back and which records the failure itself. The Spark jobs it
+        runs are counted (:mod:`pgtrickle.spark.jobs`) and recorded with the outcome.
         """
+        with counting(f"pgtrickle-{st.pgt_id}", f"refresh {st.display}") as count:
+            outcome = self._execute(st, plan, history_id, request_ids, prepared)
+            outcome.spark_jobs = (count.recorded or job_figures()).jobs
+            return outcome
+
+    def _execute(
+        self,
+        st: StreamTable,
+        plan: RefreshPlan,
+        history_id: int,
+        request_ids: Sequence[int],
+        prepared: Prepared,
+    ) -> RefreshOutcome:
         try:
             if plan.action is Action.DIFFERENTIAL:
                 return self._differential_or_fallback(

@@ -2076,7 +2076,8 @@ CREATE OR REPLACE FUNCTION pgtrickle._api_get_refresh_history(name text, max_row
 RETURNS TABLE (refresh_id bigint, action text, status text, initiated_by text,
                rows_inserted bigint, rows_deleted bigint, delta_row_count bigint,
                start_time timestamptz, end_time timestamptz, duration interval,
-               was_full_fallback boolean, mode_reason text, skip_reason text, error_message text)
+               was_full_fallback boolean, mode_reason text, skip_reason text, error_message text,
+               spark_jobs integer, spark_stages integer, spark_jobs_why text)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 #variable_conflict use_variable
@@ -2091,7 +2092,8 @@ BEGIN
     RETURN QUERY
         SELECT h.refresh_id, h.action, h.status, h.initiated_by, h.rows_inserted, h.rows_deleted,
                h.delta_row_count, h.start_time, h.end_time, h.end_time - h.start_time,
-               h.was_full_fallback, h.mode_reason, h.skip_reason, h.error_message
+               h.was_full_fallback, h.mode_reason, h.skip_reason, h.error_message,
+               h.spark_jobs, h.spark_stages, h.spark_jobs_why
           FROM pgtrickle.pgt_refresh_history h
          WHERE h.pgt_id = st.pgt_id
          ORDER BY h.refresh_id DESC
@@ -3237,7 +3239,8 @@ CREATE OR REPLACE FUNCTION pgtrickle.get_refresh_history(name text, max_rows int
 RETURNS TABLE (refresh_id bigint, action text, status text, initiated_by text,
                rows_inserted bigint, rows_deleted bigint, delta_row_count bigint,
                start_time timestamptz, end_time timestamptz, duration interval,
-               was_full_fallback boolean, mode_reason text, skip_reason text, error_message text) LANGUAGE sql
+               was_full_fallback boolean, mode_reason text, skip_reason text, error_message text,
+               spark_jobs integer, spark_stages integer, spark_jobs_why text) LANGUAGE sql
 BEGIN ATOMIC
     SELECT * FROM pgtrickle._api_get_refresh_history($1, $2, pg_catalog.current_setting('search_path'));
 END;
