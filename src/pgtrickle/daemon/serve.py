@@ -100,6 +100,8 @@ class Daemon(Scheduler):
         self.serving_pid: int | None = None
         """Backend pid of the listener connection holding the daemon lock (None: not registered)."""
         self._last_prune = 0.0
+        self.commands_served = 0
+        """Refresh commands this daemon answered (results and refusals alike)."""
 
     def on_listen(self, listener: psycopg.Connection) -> None:
         listener.execute("SELECT pg_advisory_lock_shared(%s, %s)", DAEMON_LOCK)
@@ -121,6 +123,7 @@ class Daemon(Scheduler):
                 break
             self._serve(command)
             served += 1
+            self.commands_served += 1
         if time.monotonic() - self._last_prune >= PRUNE_EVERY_SECONDS:
             self._last_prune = time.monotonic()
             self._prune()
