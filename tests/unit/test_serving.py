@@ -99,7 +99,7 @@ def _text(document: dict) -> str:
 def test_a_stored_document_prints_what_the_results_print() -> None:
     """The daemon stores results_document as JSON; the command line prints the same from it."""
     results = _results()
-    stored = json.loads(json.dumps(results_document(results)))  # through jsonb and back
+    stored = json.loads(json.dumps(results_document(results)))  # through the json column and back
     assert dumps(served_document(stored)) == dumps(refresh_document(results))
     text = _text(stored)
     assert text == _text(results_document(results))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Json
 
 from pgtrickle.daemon.loop import LOCK_NAMESPACE, Scheduler, TickReport
 from pgtrickle.daemon.manual import Result, refresh_on, results_document
@@ -121,9 +121,9 @@ class Daemon(Scheduler):
             command = self._claim()
             if command is None:
                 break
-            self._serve(command)
             served += 1
             self.commands_served += 1
+            self._serve(command)
         if time.monotonic() - self._last_prune >= PRUNE_EVERY_SECONDS:
             self._last_prune = time.monotonic()
             self._prune()
@@ -194,7 +194,7 @@ class Daemon(Scheduler):
             "WITH done AS (UPDATE pgtrickle.pgt_refresh_commands SET finished_at = clock_timestamp(),"
             " result = %s, error = %s WHERE command_id = %s RETURNING command_id)"
             " SELECT pg_notify(%s, command_id::text) FROM done",
-            (Jsonb(result) if result is not None else None, error, command_id, DONE_CHANNEL),
+            (Json(result) if result is not None else None, error, command_id, DONE_CHANNEL),
         )
 
     def _prune(self) -> None:

@@ -15,7 +15,7 @@ CREATE TABLE IF NOT EXISTS pgtrickle.pgt_refresh_commands (
     claimed_by    integer,
     claimed_at    timestamptz,
     finished_at   timestamptz,
-    result        jsonb,
+    result        json,               -- json, not jsonb: the document keeps its key order
     error         text,
     CHECK (finished_at IS NULL OR claimed_by IS NOT NULL),
     CHECK (finished_at IS NULL OR (result IS NULL) <> (error IS NULL))
