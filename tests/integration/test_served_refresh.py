@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pgtrickle.cli.main import app
+from pgtrickle.daemon.loop import LOCK_NAMESPACE
 from pgtrickle.daemon.serve import Daemon, WaitInterrupted, submit, wait_for
 from pgtrickle.daemon.serving import DAEMON_LOCK, TIMEOUT_EXIT_CODE
 from tests.conftest import Database
@@ -154,7 +155,7 @@ def test_served_failure_and_refusal_print_what_inline_ones_print(three: Database
 
     # A refused command (the circuit breaker is open): the same error, nothing refreshed, exit 1.
     db.sql("UPDATE src SET s = '1' WHERE id = 1")
-    db.sql("UPDATE pgtrickle.pgt_stream_tables SET cb_state = 'open', cb_trip_reason = 'test trip'"
+    db.sql("UPDATE pgtrickle.pgt_stream_tables SET cb_mode = 'fixed', cb_state = 'open', cb_trip_reason = 'test trip'"
            " WHERE pgt_name = 'good'")
     history = db.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_history")
     served, inline = _both(db, daemon, "SELECT 1", "good")
@@ -177,7 +178,7 @@ def test_served_failure_and_refusal_print_what_inline_ones_print(three: Database
     inline = invoke(db, "refresh", "--inline", "nope")
     assert served.exit_code == inline.exit_code == 1
     assert served.stderr == inline.stderr and "nope" in served.stderr
-    db.sql("UPDATE pgtrickle.pgt_stream_tables SET cb_state = 'closed', cb_trip_reason = NULL")
+    db.sql("UPDATE pgtrickle.pgt_stream_tables SET cb_mode = 'default', cb_state = 'closed', cb_trip_reason = NULL")
     assert invoke(db, "refresh", "--all").exit_code == 0
     assert_oracle(db)
 
@@ -309,3 +310,31 @@ def test_timeout_and_interrupt(three: Database) -> None:
     result = invoke(db, "refresh", "good")
     assert result.exit_code == 0 and NOTICE in result.stderr
     assert_oracle(db, "good")
+
+
+def test_a_command_for_a_stream_table_refreshed_elsewhere_is_left_to_that_process(three: Database) -> None:
+    db = three
+    good = db.scalar("SELECT pgt_id FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'good'")
+    d = Daemon(db.settings, db.dsn)
+    other = psycopg.connect(db.dsn, autocommit=True)  # another daemon, refreshing `good` right now
+    try:
+        d.serving_pid = d.conn.info.backend_pid  # registered (run() does it on its listener)
+        other.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_NAMESPACE, good))
+        db.sql("INSERT INTO other VALUES (104, 104)")
+        with psycopg.connect(db.dsn, autocommit=True) as conn:
+            named = submit(conn, ["good"], False)
+            every = submit(conn, None, False)
+        assert d.serve_commands() == 1  # --all is taken; `good` fails there as locked elsewhere
+        rows = dict(db.sql("SELECT command_id, claimed_by FROM pgtrickle.pgt_refresh_commands"))
+        assert rows == {named: None, every: d.serving_pid}
+        doc = db.scalar("SELECT result FROM pgtrickle.pgt_refresh_commands WHERE command_id = %s", (every,))
+        assert [t["result"] for t in doc["stream_tables"]] == ["REFRESHED", "REFRESHED", "FAILED"]
+        assert "being refreshed by another process" in doc["stream_tables"][2]["reason"]
+        other.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, good))
+        assert d.serve_commands() == 1  # free now: taken and refreshed
+        doc = db.scalar("SELECT result FROM pgtrickle.pgt_refresh_commands WHERE command_id = %s", (named,))
+        assert doc["stream_tables"][0]["action"] == "DIFFERENTIAL", doc
+        assert_oracle(db, "good")
+    finally:
+        other.close()
+        d.close()
