@@ -48,7 +48,7 @@ QUERY = "SELECT g, count(*) AS n, sum(v) AS s FROM src GROUP BY g"
 
 def setup(conn: psycopg.Connection, rows: int) -> None:
     conn.execute("CREATE TABLE src (id int PRIMARY KEY, g int NOT NULL, v bigint NOT NULL)")
-    conn.execute("INSERT INTO src SELECT i, i % 100, i FROM generate_series(1, %s) i", (rows,))
+    conn.execute("INSERT INTO src SELECT i, i %% 100, i FROM generate_series(1, %s) i", (rows,))
     conn.execute("ANALYZE src")
     conn.execute("SELECT pgtrickle.create_stream_table('agg', %s, schedule => '1h', refresh_mode => 'DIFFERENTIAL',"
                  " initialize => false)", (QUERY,))

@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 
 from pgtrickle.cli.main import app
 from pgtrickle.daemon.loop import LOCK_NAMESPACE
-from pgtrickle.daemon.serve import Daemon, WaitInterrupted, submit, wait_for
+from pgtrickle.daemon.serve import Daemon
+from pgtrickle.daemon.serve_client import WaitInterrupted, submit, wait_for
 from pgtrickle.daemon.serving import DAEMON_LOCK, TIMEOUT_EXIT_CODE
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, create_st, refresh_and_check

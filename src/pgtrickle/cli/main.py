@@ -278,7 +278,7 @@ def refresh(
     --all it is skipped and reported).
     """
     from pgtrickle.cli.refresh_command import run_refresh
-    from pgtrickle.daemon.serve import DaemonTimeout, WaitInterrupted
+    from pgtrickle.daemon.serve_client import DaemonTimeout, WaitInterrupted
 
     if not names and not all_:
         _fail("name one or more stream tables, or give --all")

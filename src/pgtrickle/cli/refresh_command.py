@@ -48,8 +48,8 @@ def run_refresh(
 ) -> int:
     """Refresh ``names`` (None: every stream table), print the outcome; returns the exit status.
 
-    Raises :class:`~pgtrickle.daemon.serve.DaemonTimeout` and
-    :class:`~pgtrickle.daemon.serve.WaitInterrupted` (the caller maps them to exit statuses).
+    Raises :class:`~pgtrickle.daemon.serve_client.DaemonTimeout` and
+    :class:`~pgtrickle.daemon.serve_client.WaitInterrupted` (the caller maps them to exit statuses).
     """
     spinner = err_console if json_ else console
     if not inline:
@@ -83,7 +83,7 @@ def _by_daemon(
     err_console: Console,
 ) -> dict[str, Any] | None:
     """The daemon's result document; None (after saying so on stderr) when no daemon answers."""
-    from pgtrickle.daemon.serve import serving_daemons, submit, wait_for
+    from pgtrickle.daemon.serve_client import serving_daemons, submit, wait_for
 
     with connect(dsn, application_name="pgtrickle-refresh") as conn:
         require_installed(conn)

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from pgtrickle.daemon.serving import Summary
 from pgtrickle.db.redaction import scrub
 
 _RESULT_STYLE = {"REFRESHED": "green", "FAILED": "red", "SKIPPED": "yellow"}
@@ -19,8 +20,6 @@ def refresh_results(console: Console, document: Mapping[str, Any]) -> None:
 
     Drawn from the ``--json`` document (``results_document``), refreshed here or by a daemon alike.
     """
-    from pgtrickle.daemon.manual import Summary
-
     # Name and reason fold; result, action and the figures are never cut (scripts grep them).
     table = Table()
     table.add_column("stream table", overflow="fold", ratio=2)

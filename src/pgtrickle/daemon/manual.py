@@ -23,6 +23,7 @@ import psycopg
 from pgtrickle.catalog.store import StreamTable, load_requests, load_stream_tables, upstream_ids
 from pgtrickle.config import Settings
 from pgtrickle.daemon.loop import LockedElsewhere, Scheduler, effective_groups, ordered
+from pgtrickle.daemon.serving import Summary
 from pgtrickle.db.redaction import scrub
 from pgtrickle.errors import PgTrickleError
 from pgtrickle.gates import watermark_gate
@@ -48,25 +49,6 @@ class ManualRefresh:
     reason: str
     outcome: RefreshOutcome | None = None
     error: PgTrickleError | Exception | None = None
-
-
-@dataclass(frozen=True)
-class Summary:
-    refreshed: int
-    failed: int
-    skipped: int
-
-    @property
-    def exit_code(self) -> int:
-        """0: nothing failed; 1: some refresh failed (the others were still done)."""
-        return 1 if self.failed else 0
-
-    def text(self) -> str:
-        total = self.refreshed + self.failed + self.skipped
-        return (
-            f"{total} stream table{'s' if total != 1 else ''}: {self.refreshed} refreshed, "
-            f"{self.failed} failed, {self.skipped} skipped"
-        )
 
 
 def summarize(results: Iterable[ManualRefresh]) -> Summary:

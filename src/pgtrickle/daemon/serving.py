@@ -105,3 +105,24 @@ def error_text(exc: BaseException) -> str:
         hint = f"\nhint: {diag.message_hint}" if diag.message_hint else ""
         return f"{text.splitlines()[0] if text else type(exc).__name__}{hint}"
     return str(exc)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """How many stream tables a ``pgtrickle refresh`` refreshed, failed and skipped (daemon/manual.py)."""
+
+    refreshed: int
+    failed: int
+    skipped: int
+
+    @property
+    def exit_code(self) -> int:
+        """0: nothing failed; 1: some refresh failed (the others were still done)."""
+        return 1 if self.failed else 0
+
+    def text(self) -> str:
+        total = self.refreshed + self.failed + self.skipped
+        return (
+            f"{total} stream table{'s' if total != 1 else ''}: {self.refreshed} refreshed, "
+            f"{self.failed} failed, {self.skipped} skipped"
+        )
