@@ -38,7 +38,7 @@ from common import (  # noqa: E402
 )
 from pgtrickle.catalog.install import install  # noqa: E402
 from pgtrickle.config import Settings  # noqa: E402
-from pgtrickle.db.connection import resolve_dsn  # noqa: E402
+from pgtrickle.db.connection import redact, resolve_dsn  # noqa: E402
 from pgtrickle.refresh.verify import verify  # noqa: E402
 
 SECTION = "cli-refresh"
@@ -164,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         "served": {"all": [round(x, 3) for x in served], "median": statistics.median(served)},
     }
     results["ratio"] = results["served"]["median"] / results["inline"]["median"]
-    report = {"command": command_line("benchmarks/cli_refresh.py", argv), "date": now_text(),
+    command = command_line("benchmarks/cli_refresh.py", argv)
+    if args.dsn:
+        command = command.replace(args.dsn, redact(args.dsn))  # no password in the docs
+    report = {"command": command, "date": now_text(),
               "preset": args.preset, "machine": host, "revision": revision(), "spark_master": args.spark_master,
               "rows": args.rows, "changes": args.changes, "results": results}
     print(f"median no daemon {results['inline']['median']:.2f}s, daemon {results['served']['median']:.2f}s, "
