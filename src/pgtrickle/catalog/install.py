@@ -130,6 +130,8 @@ def install(conn: psycopg.Connection, up_to: int | None = None) -> InstallResult
         # Partition / inheritance capture first: api.sql's upgrade step rebuilds captures with it.
         conn.execute((_sql_dir() / "capture_hierarchy.sql").read_text())
         conn.execute((_sql_dir() / "api.sql").read_text())
+        # Refresh commands served by a running daemon (after api.sql: it uses its helpers).
+        conn.execute((_sql_dir() / "serve.sql").read_text())
         event_triggers = _install_event_triggers(conn)
         repaired = repair_capture(conn)
     return InstallResult(applied, latest_version(), event_triggers, repaired)

@@ -18,8 +18,7 @@ from pgtrickle.cli.common import (
     settings_of,
     spark_where,
 )
-from pgtrickle.cli.json_output import dumps, refresh_document
-from pgtrickle.cli.reports import refresh_results
+from pgtrickle.daemon.serving import DEFAULT_TIMEOUT_SECONDS
 from pgtrickle.db.connection import redact
 
 
@@ -36,16 +35,30 @@ def refresh(
         bool,
         typer.Option("--json", help="Print one JSON document: each stream table's outcome and the summary."),
     ] = False,
-    spark_remote: Annotated[str | None, typer.Option(help=SPARK_REMOTE_HELP, show_default=False)] = None,
+    inline: Annotated[
+        bool, typer.Option("--inline", help="Refresh in this process even when a daemon is running.")
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(help="Seconds to wait for a running daemon's result (exit status 3 past it).", min=0.1),
+    ] = DEFAULT_TIMEOUT_SECONDS,
+    spark_remote: Annotated[
+        str | None,
+        typer.Option(help=SPARK_REMOTE_HELP + " Refreshes in this process.", show_default=False),
+    ] = None,
 ) -> None:
     """Refresh stream tables now, upstream first, and wait for the result.
 
-    A failed refresh does not stop the others; a stream table whose upstream
-    failed is skipped. Exit status 0 when none failed, 1 otherwise. A named
-    stream table whose circuit breaker is open, or whose watermark gate is
-    closed, is refused unless --force (with --all it is skipped and reported).
+    A running daemon (pgtrickle run) does the refresh on its warm SparkSession;
+    with none, this process does it (and says so on stderr). A failed refresh
+    does not stop the others; a stream table whose upstream failed is skipped.
+    Exit status 0 when none failed, 1 otherwise, 3 when the daemon did not answer
+    within --timeout, 130 on Ctrl-C. A named stream table whose circuit breaker
+    is open, or whose watermark gate is closed, is refused unless --force (with
+    --all it is skipped and reported).
     """
-    from pgtrickle.daemon.manual import refresh_all, summarize
+    from pgtrickle.cli.refresh_command import run_refresh
+    from pgtrickle.daemon.serve_client import DaemonTimeout, WaitInterrupted
 
     if not names and not all_:
         fail("name one or more stream tables, or give --all")
@@ -55,20 +68,21 @@ def refresh(
     def go() -> int:
         settings = remote_settings(ctx, spark_remote)
         dsn = dsn_of(ctx, quiet=json_)
-        spinner = err_console if json_ else console
-        with spinner.status("Refreshing (the first Spark job of a process takes a few seconds)…") as status:
-            results = refresh_all(
+        try:
+            return run_refresh(
                 settings,
                 dsn,
                 None if all_ else names,
-                progress=lambda msg: status.update(escape(msg)),
                 force=force,
+                json_=json_,
+                timeout=timeout,
+                inline=inline or spark_remote is not None,
+                console=console,
+                err_console=err_console,
             )
-        if json_:
-            typer.echo(dumps(refresh_document(results)))
-        else:
-            refresh_results(console, results)
-        return summarize(results).exit_code
+        except (DaemonTimeout, WaitInterrupted) as exc:
+            fail(str(exc), exc.exit_code)
+        return 1
 
     code = run_cleanly(go)
     if code:
@@ -97,15 +111,18 @@ def run(
     ] = None,
     spark_remote: Annotated[str | None, typer.Option(help=SPARK_REMOTE_HELP, show_default=False)] = None,
 ) -> None:
-    """Run the daemon: refresh due stream tables in dependency order until stopped."""
-    from pgtrickle.daemon.loop import Scheduler
+    """Run the daemon: refresh due stream tables in dependency order until stopped.
+
+    It also serves `pgtrickle refresh` run while it is up (on its warm SparkSession).
+    """
+    from pgtrickle.daemon.serve import Daemon
 
     def go() -> None:
         settings = remote_settings(ctx, spark_remote).with_overrides(
             tick_seconds=tick, metrics_port=metrics_port, metrics_address=metrics_address
         )
         dsn = dsn_of(ctx)
-        scheduler = Scheduler(
+        scheduler = Daemon(
             settings,
             dsn,
             on_outcome=lambda o: console.print(

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from pgtrickle.config import Settings
+from pgtrickle.daemon.serving import error_text
 from pgtrickle.db.connection import resolve_dsn
 from pgtrickle.db.redaction import scrub
 from pgtrickle.errors import PgTrickleError
@@ -58,9 +59,7 @@ def run_cleanly(fn):
     except PgTrickleError as exc:
         fail(str(exc))
     except psycopg.Error as exc:
-        diag = getattr(exc, "diag", None)
-        hint = f"\nhint: {diag.message_hint}" if diag is not None and diag.message_hint else ""
-        fail(f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}{hint}")
+        fail(error_text(exc))
     return None
 
 

@@ -599,7 +599,14 @@ class Scheduler:
     def _listen(self) -> psycopg.Connection:
         listener = connect(self.dsn, application_name="pgtrickle-listener")
         listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        self.on_listen(listener)
         return listener
+
+    def on_listen(self, listener: psycopg.Connection) -> None:
+        """Hook: the listener connection was opened (at start, and again after a lost connection).
+
+        The serving daemon (daemon/serve.py) registers itself on it.
+        """
 
     def _install_signal_handlers(self) -> None:
         def handler(signum: int, _frame: object) -> None:

@@ -1505,6 +1505,11 @@ BEGIN
     END IF;
     INSERT INTO pgtrickle.pgt_refresh_requests (pgt_id, kind, force) VALUES (st.pgt_id, 'REFRESH', force);
     PERFORM pg_notify('pgtrickle_refresh', st.pgt_id::text);
+    IF NOT EXISTS (SELECT FROM pgtrickle._serving_daemons()) THEN
+        RAISE NOTICE 'no pgtrickle daemon is running on this database: stream table % is refreshed when one starts',
+            pgtrickle._display_name(st.pgt_schema, st.pgt_name)
+            USING HINT = 'Start one with `pgtrickle run`, or refresh now with `pgtrickle refresh NAME`.';
+    END IF;
 END
 $$;
 
@@ -3312,7 +3317,7 @@ COMMENT ON FUNCTION pgtrickle.stream_table_query_changed(text, text) IS
 'Whether a query differs, in normalized form, from the defining query a stream table has now (so replacing the stream table would change what it computes).';
 
 COMMENT ON FUNCTION pgtrickle.refresh_stream_table(text, boolean) IS
-'Ask the pgtrickle daemon to refresh a stream table now (force => true passes an open circuit breaker and a closed watermark gate). Runs when the calling transaction commits; `pgtrickle refresh NAME` refreshes synchronously.';
+'Ask the pgtrickle daemon to refresh a stream table now (force => true passes an open circuit breaker and a closed watermark gate). Runs when the calling transaction commits, and does not wait (a NOTICE says so when no daemon is running); `pgtrickle refresh NAME` waits for the result.';
 
 COMMENT ON FUNCTION pgtrickle.advance_watermark(text, timestamptz) IS
 'Say that a source table is complete through a point in time (monotonic; part of the caller''s transaction).';
