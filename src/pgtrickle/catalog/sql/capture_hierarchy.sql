@@ -1,5 +1,5 @@
 -- pgtrickle: change capture of partitions and inheritance children (docs/ARCHITECTURE.md,
--- "Partitions and inheritance children"). Installed after the migrations and before api.sql.
+-- "Partitions and inheritance children"). Installed after the migrations and before sql/api/.
 --
 -- A table source's capture trigger function pgtrickle_changes.capture_<source> fires on the
 -- source itself (triggers pgt_capture_*) and on every table below it in its partition or

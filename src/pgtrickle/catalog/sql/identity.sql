@@ -1,5 +1,5 @@
 -- pgtrickle: what the daemon stores and how it follows the objects it works on.
--- Installed after api.sql on every install (functions are re-created).
+-- Installed before the SQL API's area files (sql/api/) on every install (functions are re-created).
 --
 -- Two rules keep the daemon from ever running code another role controls
 -- (see docs/SECURITY.md, "Code the daemon never runs"):
