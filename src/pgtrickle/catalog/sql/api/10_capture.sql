@@ -13,15 +13,9 @@ SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle._drop_capture_triggers(p_relid oid)
-RETURNS void LANGUAGE plpgsql
+RETURNS void LANGUAGE sql
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
-DECLARE
-    trg text;
-BEGIN
-    FOREACH trg IN ARRAY ARRAY['pgt_capture_ins', 'pgt_capture_upd', 'pgt_capture_del', 'pgt_capture_trunc'] LOOP
-        EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', trg, p_relid::regclass);
-    END LOOP;
-END
+    SELECT pgtrickle._drop_statement_triggers('pgt_capture', p_relid)
 $$;
 
 -- The change buffer of a source is the view pgtrickle_changes.changes_<relid>
@@ -157,13 +151,11 @@ DECLARE
     col record;
     k text;
     body text;
-    tbl text;
 BEGIN
     SELECT * INTO src FROM pgtrickle.pgt_change_sources WHERE source_relid = p_relid;
     fn := format('pgtrickle_changes.%I', 'capture_' || p_relid);
     buf := pgtrickle._buffer_part(src.buffer_name, 'rows');
     batches := pgtrickle._buffer_part(src.buffer_name, 'batches');
-    tbl := p_relid::regclass::text;
     FOR col IN
         SELECT c->>'name' AS name, c->>'buf' AS buf
           FROM jsonb_array_elements(src.columns) c
@@ -229,16 +221,7 @@ $f$ $b$,
         batches, b_cols, n_row, o_row, b_aggs);
     EXECUTE body;
 
-    -- One trigger per event: transition tables need single-event triggers.
-    PERFORM pgtrickle._drop_capture_triggers(p_relid);
-    EXECUTE format('CREATE TRIGGER pgt_capture_ins AFTER INSERT ON %s REFERENCING NEW TABLE AS __pgt_new '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
-    EXECUTE format('CREATE TRIGGER pgt_capture_upd AFTER UPDATE ON %s REFERENCING OLD TABLE AS __pgt_old '
-                   'NEW TABLE AS __pgt_new FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
-    EXECUTE format('CREATE TRIGGER pgt_capture_del AFTER DELETE ON %s REFERENCING OLD TABLE AS __pgt_old '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
-    EXECUTE format('CREATE TRIGGER pgt_capture_trunc AFTER TRUNCATE ON %s '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION %s()', tbl, fn);
+    PERFORM pgtrickle._create_statement_triggers('pgt_capture', p_relid, fn);
     -- Partitions and inheritance children write the same buffer; a source that is a
     -- partition is captured through the tables above it too (capture_hierarchy.sql).
     PERFORM pgtrickle._sync_member_capture(p_relid);
