@@ -90,12 +90,8 @@ $$;
 CREATE OR REPLACE FUNCTION pgtrickle._drop_member_captures(p_relid oid)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
-DECLARE
-    m oid;
 BEGIN
-    FOR m IN SELECT c.member_relid FROM pgtrickle._captured_members(p_relid) c LOOP
-        PERFORM pgtrickle._drop_member_capture(p_relid, m);
-    END LOOP;
+    PERFORM pgtrickle._drop_member_capture(p_relid, c.member_relid) FROM pgtrickle._captured_members(p_relid) c;
     PERFORM pgtrickle._drop_ancestor_captures(p_relid);
     EXECUTE format('DROP FUNCTION IF EXISTS pgtrickle_changes.%I()', 'capture_' || p_relid || '_via');
 END
@@ -131,12 +127,8 @@ $$;
 CREATE OR REPLACE FUNCTION pgtrickle._drop_ancestor_captures(p_relid oid)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
-DECLARE
-    a oid;
 BEGIN
-    FOR a IN SELECT c.ancestor_relid FROM pgtrickle._captured_ancestors(p_relid) c LOOP
-        PERFORM pgtrickle._drop_ancestor_capture(p_relid, a);
-    END LOOP;
+    PERFORM pgtrickle._drop_ancestor_capture(p_relid, c.ancestor_relid) FROM pgtrickle._captured_ancestors(p_relid) c;
 END
 $$;
 

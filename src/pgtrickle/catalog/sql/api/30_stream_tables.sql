@@ -19,7 +19,7 @@ END
 $$;
 
 -- The quadratic character-by-character scanner that used to decide "one statement" is gone:
--- PostgreSQL's own parser decides it now (_api_create_stream_table opens a cursor on
+-- PostgreSQL's own parser decides it now (_create_query_view opens a cursor on
 -- EXPLAIN <query>, which refuses a multi-statement text before anything runs).
 DROP FUNCTION IF EXISTS pgtrickle._is_single_statement(text);
 
@@ -96,6 +96,253 @@ $$;
 
 -- ------------------------------------------------------------------ the API
 
+-- create_stream_table, step 1: where the stream table goes must be free, and the caller allowed
+-- to create a table there.
+CREATE OR REPLACE FUNCTION pgtrickle._check_st_target(p_schema text, p_name text, p_display text, p_caller name)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = p_schema) THEN
+        RAISE EXCEPTION 'schema % does not exist', quote_ident(p_schema) USING ERRCODE = 'invalid_schema_name';
+    END IF;
+    IF p_schema IN ('pgtrickle', 'pgtrickle_changes', 'pg_catalog', 'information_schema') THEN
+        RAISE EXCEPTION 'stream tables cannot be created in schema %', quote_ident(p_schema)
+            USING ERRCODE = 'invalid_schema_name';
+    END IF;
+    -- The stream table is created by pgtrickle's owner: the caller must be allowed to create it themselves.
+    IF NOT has_schema_privilege(p_caller, (SELECT oid FROM pg_namespace WHERE nspname = p_schema), 'CREATE') THEN
+        RAISE EXCEPTION 'permission denied: role % may not create tables in schema %', quote_ident(p_caller),
+            quote_ident(p_schema)
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = format('GRANT CREATE ON SCHEMA %I TO %I; or create the stream table in a schema of your own.',
+                                p_schema, p_caller);
+    END IF;
+    IF EXISTS (SELECT 1 FROM pgtrickle.pgt_stream_tables WHERE pgt_schema = p_schema AND pgt_name = p_name) THEN
+        RAISE EXCEPTION 'stream table % already exists', p_display USING ERRCODE = 'duplicate_object',
+            HINT = 'Drop it first with pgtrickle.drop_stream_table, or choose another name.';
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                WHERE n.nspname = p_schema AND c.relname = p_name) THEN
+        RAISE EXCEPTION 'relation % already exists', p_display USING ERRCODE = 'duplicate_table';
+    END IF;
+END
+$$;
+
+-- Parse a defining query in the caller's search_path (p_path) by creating a view of it: p_view
+-- says which (a qualified view, or TEMPORARY VIEW <name>). PostgreSQL's errors come back as
+-- errors of the defining query, naming the stream table p_display when there is one (then a
+-- query reading p_schema.p_name, the stream table itself, is refused as recursive).
+CREATE OR REPLACE FUNCTION pgtrickle._create_query_view(p_view text, p_query text, p_path text,
+                                                       p_display text, p_schema text, p_name text)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    v_check refcursor;
+    v_state text;
+    v_msg text;
+    v_detail text;
+    v_hint text;
+    v_of text := coalesce(' of stream table ' || p_display, '');
+BEGIN
+    -- The defining query means what it means to the caller: parse it in the caller's search_path.
+    PERFORM pg_catalog.set_config('search_path', coalesce(p_path, ''), true);
+    -- One statement, decided by PostgreSQL's parser in linear time: a cursor opens on exactly
+    -- one statement, and every statement of the text is parsed (nothing runs, nothing is
+    -- planned: EXPLAIN would run only when fetched) before a second one is refused (42P11).
+    OPEN v_check FOR EXECUTE 'EXPLAIN ' || p_query;
+    CLOSE v_check;
+    EXECUTE pg_catalog.format('CREATE %s AS %s', p_view, p_query);
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pgtrickle, pg_temp', true);
+EXCEPTION WHEN others THEN
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pgtrickle, pg_temp', true);
+    GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT,
+                            v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
+    IF v_state = '42P01' AND p_display IS NOT NULL
+       AND (v_msg = format('relation "%s" does not exist', p_name)
+            OR v_msg = format('relation "%s.%s" does not exist', p_schema, p_name)) THEN
+        RAISE EXCEPTION 'stream table % cannot be defined in terms of itself', p_display
+            USING ERRCODE = 'invalid_recursion';
+    END IF;
+    IF v_state = '42P11' THEN
+        RAISE EXCEPTION '%', CASE WHEN p_display IS NULL THEN 'a defining query must be a single SELECT statement'
+                                  ELSE format('defining query%s must be a single SELECT statement', v_of) END
+            USING ERRCODE = 'syntax_error',
+                  DETAIL = 'The query text contains more than one statement.';
+    END IF;
+    IF v_state = '42601' AND p_display IS NOT NULL THEN
+        v_hint := coalesce(v_hint, 'The defining query must be a single SELECT (or WITH ... SELECT, VALUES) query.');
+    END IF;
+    RAISE EXCEPTION 'invalid defining query%: %', CASE WHEN p_display IS NULL THEN '' ELSE ' for stream table ' || p_display END,
+        v_msg USING ERRCODE = v_state, DETAIL = coalesce(v_detail, ''), HINT = coalesce(v_hint, '');
+END
+$$;
+
+-- create_stream_table, step 3: what the defining view p_view reads - named columns, tables (or
+-- stream tables) the caller may read and the daemon may store - and the functions it calls.
+CREATE OR REPLACE FUNCTION pgtrickle._check_defining_view(p_view oid, p_display text, p_caller name,
+                                                         p_definer name)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    v_bad record;
+    dep record;
+    v_fn record;
+BEGIN
+    FOR v_bad IN SELECT attnum, attname FROM pg_catalog.pg_attribute
+                  WHERE attrelid = p_view AND attnum > 0 AND NOT attisdropped
+                    AND (attname = '?column?' OR attname LIKE '\_\_pgt\_%') LOOP
+        RAISE EXCEPTION 'column % of the defining query of % needs a name', v_bad.attnum, p_display
+            USING ERRCODE = 'invalid_column_reference',
+                  HINT = format('Give the expression an alias (AS name); names starting with __pgt_ are reserved (got %s).',
+                                quote_ident(v_bad.attname));
+    END LOOP;
+
+    -- What the query reads, from the view's dependencies.
+    FOR dep IN
+        SELECT d.refobjid AS relid, c.relkind, n.nspname, c.relname,
+               array_agg(DISTINCT a.attname::text) FILTER (WHERE a.attname IS NOT NULL) AS cols,
+               EXISTS (SELECT 1 FROM pgtrickle.pgt_stream_tables s WHERE s.pgt_relid = d.refobjid) AS is_st
+          FROM pg_catalog.pg_rewrite r
+          JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
+                                     AND d.refclassid = 'pg_catalog.pg_class'::regclass
+          JOIN pg_catalog.pg_class c ON c.oid = d.refobjid
+          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+          LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+                                             AND d.refobjsubid > 0
+         WHERE r.ev_class = p_view AND d.refobjid <> p_view
+         GROUP BY d.refobjid, c.relkind, n.nspname, c.relname
+    LOOP
+        IF dep.nspname IN ('pgtrickle', 'pgtrickle_changes') THEN
+            RAISE EXCEPTION 'the defining query of % reads pgtrickle''s own table %.%', p_display,
+                quote_ident(dep.nspname), quote_ident(dep.relname) USING ERRCODE = 'feature_not_supported';
+        END IF;
+        IF dep.relkind NOT IN ('r', 'p') THEN
+            RAISE EXCEPTION 'source %.% of stream table % is a %, which is not supported', quote_ident(dep.nspname),
+                quote_ident(dep.relname), p_display,
+                CASE dep.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
+                                 WHEN 'f' THEN 'foreign table' ELSE 'relation of kind ' || dep.relkind::text END
+                USING ERRCODE = 'feature_not_supported',
+                      HINT = 'Stream tables read tables and other stream tables. Inline the view''s query, or make it a stream table.';
+        END IF;
+        IF dep.relkind = 'r' AND (SELECT relpersistence FROM pg_class WHERE oid = dep.relid) = 't' THEN
+            RAISE EXCEPTION 'source %.% of stream table % is a temporary table', quote_ident(dep.nspname),
+                quote_ident(dep.relname), p_display USING ERRCODE = 'feature_not_supported';
+        END IF;
+        IF pgtrickle._rls_refusal(dep.relid, p_caller, p_display) IS NOT NULL THEN
+            RAISE EXCEPTION '%', pgtrickle._rls_refusal(dep.relid, p_caller, p_display)
+                USING ERRCODE = 'feature_not_supported',
+                      HINT = 'Filter the rows the stream table may show in its query, or give the owner BYPASSRLS.';
+        END IF;
+        PERFORM pgtrickle._check_storable(dep.relid, dep.cols,
+                                          format('source %s of stream table %s:', dep.relid::regclass, p_display));
+        -- The daemon fills the table with its own rights: the caller must be allowed to read what it shows.
+        IF NOT pgtrickle._caller_may_read(p_caller, dep.relid, p_view) THEN
+            RAISE EXCEPTION 'permission denied: role % may not read %.%, which the defining query of % reads',
+                p_caller, quote_ident(dep.nspname), quote_ident(dep.relname), p_display
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = format('A stream table shows what its query reads. GRANT SELECT ON %I.%I TO %I first.',
+                                    dep.nspname, dep.relname, p_caller);
+        END IF;
+    END LOOP;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid
+                    WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass AND r.ev_class = p_view
+                      AND d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid <> p_view) THEN
+        RAISE EXCEPTION 'the defining query of % reads no table', p_display
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A stream table maintains a query over tables; a constant query needs no stream table.';
+    END IF;
+    -- The query runs with pgtrickle's rights (the daemon's): it may call only functions (and operators)
+    -- that are built in or owned by a superuser or pgtrickle's owner, never code another role can change.
+    FOR v_fn IN
+        SELECT p.oid::regprocedure::text AS fn, p.oid, p.proowner, r.rolsuper, n.nspname
+          FROM pg_catalog.pg_depend d
+          JOIN pg_catalog.pg_rewrite rw ON rw.oid = d.objid
+          LEFT JOIN pg_catalog.pg_operator o ON d.refclassid = 'pg_catalog.pg_operator'::regclass AND o.oid = d.refobjid
+          JOIN pg_catalog.pg_proc p ON p.oid = CASE WHEN d.refclassid = 'pg_catalog.pg_proc'::regclass THEN d.refobjid
+                                                     ELSE o.oprcode::oid END
+          JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+          JOIN pg_catalog.pg_roles r ON r.oid = p.proowner
+         WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass AND rw.ev_class = p_view
+           AND d.refclassid IN ('pg_catalog.pg_proc'::regclass, 'pg_catalog.pg_operator'::regclass)
+    LOOP
+        IF v_fn.nspname <> 'pg_catalog' AND NOT v_fn.rolsuper AND v_fn.proowner <> (SELECT oid FROM pg_roles WHERE rolname = p_definer) THEN
+            RAISE EXCEPTION 'the defining query of % calls %, which is owned by %: pgtrickle runs defining queries with its own rights, so they may call only built-in functions and functions owned by a superuser',
+                p_display, v_fn.fn, quote_ident((SELECT rolname FROM pg_roles WHERE oid = v_fn.proowner))
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Inline the function''s logic in the query, or have a superuser own the function (ALTER FUNCTION ... OWNER TO).';
+        END IF;
+        IF NOT has_function_privilege(p_caller, v_fn.oid, 'EXECUTE') THEN
+            RAISE EXCEPTION 'permission denied: role % may not execute %, which the defining query of % calls',
+                quote_ident(p_caller), v_fn.fn, p_display USING ERRCODE = 'insufficient_privilege';
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- create_stream_table, step 4: the stream table's own table, its columns in storage types, owned
+-- by pgtrickle (p_definer) and readable by its creator (p_caller).
+CREATE OR REPLACE FUNCTION pgtrickle._create_st_storage(p_schema text, p_name text, p_view oid, p_display text,
+                                                       p_caller name, p_definer name)
+RETURNS oid LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    v_relid oid;
+BEGIN
+    -- Columns in storage types: a domain is stored as its base type (writing a domain value
+    -- would run its CHECK, code of the domain's owner, with the daemon's rights).
+    PERFORM pgtrickle._check_storable(p_view, NULL, format('stream table %s:', p_display));
+    -- Refreshes compare stored values (the apply): each column's type needs an equality they may run.
+    PERFORM pgtrickle._equality_operator(a.atttypid, format('stream table %s: column %I has', p_display, a.attname))
+       FROM pg_attribute a WHERE a.attrelid = p_view AND a.attnum > 0 AND NOT a.attisdropped;
+    EXECUTE format('CREATE TABLE %I.%I (%s)', p_schema, p_name,
+                   (SELECT string_agg(format('%I %s%s', a.attname, pgtrickle._storage_type(a.atttypid, a.atttypmod),
+                                             CASE WHEN a.attcollation <> 0 THEN
+                                                 (SELECT format(' COLLATE %I.%I', cn.nspname, co.collname)
+                                                    FROM pg_collation co JOIN pg_namespace cn ON cn.oid = co.collnamespace
+                                                   WHERE co.oid = a.attcollation) ELSE '' END),
+                                      ', ' ORDER BY a.attnum)
+                      FROM pg_attribute a WHERE a.attrelid = p_view AND a.attnum > 0 AND NOT a.attisdropped));
+    v_relid := format('%I.%I', p_schema, p_name)::regclass;
+    EXECUTE format('ALTER TABLE %I.%I ADD COLUMN __pgt_row_id bigint', p_schema, p_name);
+    EXECUTE format('COMMENT ON TABLE %I.%I IS %L', p_schema, p_name,
+                   'pgtrickle stream table; its contents are maintained by pgtrickle');
+    -- The table stays pgtrickle's (whoever owns a table can make writes into it run their code -
+    -- triggers, rules, index expressions - and the daemon writes it with its own rights). The
+    -- creator reads it and decides who else may: reading follows ordinary grants.
+    IF p_caller <> p_definer THEN
+        EXECUTE format('GRANT SELECT ON %I.%I TO %I WITH GRANT OPTION', p_schema, p_name, p_caller);
+    END IF;
+    RETURN v_relid;
+END
+$$;
+
+-- create_stream_table, step 5: capture every source the defining view reads, and record it.
+CREATE OR REPLACE FUNCTION pgtrickle._record_sources(p_id bigint, p_view oid)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    dep record;
+BEGIN
+    FOR dep IN
+        SELECT d.refobjid AS relid,
+               coalesce(array_agg(DISTINCT a.attname::text) FILTER (WHERE a.attname IS NOT NULL), '{}') AS cols,
+               EXISTS (SELECT 1 FROM pgtrickle.pgt_stream_tables s WHERE s.pgt_relid = d.refobjid) AS is_st
+          FROM pg_catalog.pg_rewrite r
+          JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
+                                     AND d.refclassid = 'pg_catalog.pg_class'::regclass
+          LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+                                             AND d.refobjsubid > 0
+         WHERE r.ev_class = p_view AND d.refobjid <> p_view
+         GROUP BY d.refobjid
+    LOOP
+        PERFORM pgtrickle._ensure_capture(dep.relid, CASE WHEN dep.is_st THEN 'STREAM_TABLE' ELSE 'TABLE' END,
+                                          dep.cols);
+        INSERT INTO pgtrickle.pgt_dependencies (pgt_id, source_relid, columns_used)
+        VALUES (p_id, dep.relid, dep.cols);
+    END LOOP;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgtrickle._api_create_stream_table(
     name text,
     query text,
@@ -114,20 +361,12 @@ DECLARE
     v_mode text;
     v_query text;
     v_id bigint;
-    v_view_name text;
     v_view oid;
     v_relid oid;
-    v_norm text;
-    v_bad record;
-    dep record;
-    v_state text;
     v_msg text;
-    v_detail text;
-    v_hint text;
+    v_norm text;
     v_caller name := pgtrickle._require_user('create stream tables');
     v_definer name := current_user;
-    v_fn record;
-    v_check refcursor;
 BEGIN
     SELECT schema_name, rel_name INTO v_schema, v_name FROM pgtrickle._parse_name(name, caller_path);
     v_display := pgtrickle._display_name(v_schema, v_name);
@@ -140,154 +379,15 @@ BEGIN
     IF initialize IS NULL THEN
         RAISE EXCEPTION 'initialize must be true or false, not NULL' USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = v_schema) THEN
-        RAISE EXCEPTION 'schema % does not exist', quote_ident(v_schema) USING ERRCODE = 'invalid_schema_name';
-    END IF;
-    IF v_schema IN ('pgtrickle', 'pgtrickle_changes', 'pg_catalog', 'information_schema') THEN
-        RAISE EXCEPTION 'stream tables cannot be created in schema %', quote_ident(v_schema)
-            USING ERRCODE = 'invalid_schema_name';
-    END IF;
-    -- The stream table is created by pgtrickle's owner: the caller must be allowed to create it themselves.
-    IF NOT has_schema_privilege(v_caller, (SELECT oid FROM pg_namespace WHERE nspname = v_schema), 'CREATE') THEN
-        RAISE EXCEPTION 'permission denied: role % may not create tables in schema %', quote_ident(v_caller),
-            quote_ident(v_schema)
-            USING ERRCODE = 'insufficient_privilege',
-                  HINT = format('GRANT CREATE ON SCHEMA %I TO %I; or create the stream table in a schema of your own.',
-                                v_schema, v_caller);
-    END IF;
-    IF EXISTS (SELECT 1 FROM pgtrickle.pgt_stream_tables WHERE pgt_schema = v_schema AND pgt_name = v_name) THEN
-        RAISE EXCEPTION 'stream table % already exists', v_display USING ERRCODE = 'duplicate_object',
-            HINT = 'Drop it first with pgtrickle.drop_stream_table, or choose another name.';
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-                WHERE n.nspname = v_schema AND c.relname = v_name) THEN
-        RAISE EXCEPTION 'relation % already exists', v_display USING ERRCODE = 'duplicate_table';
-    END IF;
+    PERFORM pgtrickle._check_st_target(v_schema, v_name, v_display, v_caller);
     PERFORM pgtrickle._check_query_text(query, v_display);
     v_query := regexp_replace(query, ';\s*$', '');
 
     v_id := nextval('pgtrickle.pgt_stream_tables_pgt_id_seq');
-    v_view_name := 'pgt_def_' || v_id;
-    BEGIN
-        -- The defining query means what it means to the caller: parse it in the caller's search_path.
-        PERFORM pg_catalog.set_config('search_path', coalesce(caller_path, ''), true);
-        -- One statement, decided by PostgreSQL's parser in linear time: a cursor opens on exactly
-        -- one statement, and every statement of the text is parsed (nothing runs, nothing is
-        -- planned: EXPLAIN would run only when fetched) before a second one is refused (42P11).
-        OPEN v_check FOR EXECUTE 'EXPLAIN ' || v_query;
-        CLOSE v_check;
-        EXECUTE pg_catalog.format('CREATE VIEW pgtrickle.%I AS %s', v_view_name, v_query);
-        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pgtrickle, pg_temp', true);
-    EXCEPTION WHEN others THEN
-        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pgtrickle, pg_temp', true);
-        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT,
-                                v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
-        IF v_state = '42P01' AND (v_msg = format('relation "%s" does not exist', v_name)
-                                  OR v_msg = format('relation "%s.%s" does not exist', v_schema, v_name)) THEN
-            RAISE EXCEPTION 'stream table % cannot be defined in terms of itself', v_display
-                USING ERRCODE = 'invalid_recursion';
-        END IF;
-        IF v_state = '42P11' THEN
-            RAISE EXCEPTION 'defining query of stream table % must be a single SELECT statement', v_display
-                USING ERRCODE = 'syntax_error',
-                      DETAIL = 'The query text contains more than one statement.';
-        END IF;
-        IF v_state = '42601' THEN
-            v_hint := coalesce(v_hint, 'The defining query must be a single SELECT (or WITH ... SELECT, VALUES) query.');
-        END IF;
-        RAISE EXCEPTION 'invalid defining query for stream table %: %', v_display, v_msg
-            USING ERRCODE = v_state, DETAIL = coalesce(v_detail, ''), HINT = coalesce(v_hint, '');
-    END;
-    v_view := format('pgtrickle.%I', v_view_name)::regclass;
-
-    FOR v_bad IN SELECT attnum, attname FROM pg_catalog.pg_attribute
-                  WHERE attrelid = v_view AND attnum > 0 AND NOT attisdropped
-                    AND (attname = '?column?' OR attname LIKE '\_\_pgt\_%') LOOP
-        RAISE EXCEPTION 'column % of the defining query of % needs a name', v_bad.attnum, v_display
-            USING ERRCODE = 'invalid_column_reference',
-                  HINT = format('Give the expression an alias (AS name); names starting with __pgt_ are reserved (got %s).',
-                                quote_ident(v_bad.attname));
-    END LOOP;
-
-    -- What the query reads, from the view's dependencies.
-    FOR dep IN
-        SELECT d.refobjid AS relid, c.relkind, n.nspname, c.relname,
-               array_agg(DISTINCT a.attname::text) FILTER (WHERE a.attname IS NOT NULL) AS cols,
-               EXISTS (SELECT 1 FROM pgtrickle.pgt_stream_tables s WHERE s.pgt_relid = d.refobjid) AS is_st
-          FROM pg_catalog.pg_rewrite r
-          JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
-                                     AND d.refclassid = 'pg_catalog.pg_class'::regclass
-          JOIN pg_catalog.pg_class c ON c.oid = d.refobjid
-          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-          LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
-                                             AND d.refobjsubid > 0
-         WHERE r.ev_class = v_view AND d.refobjid <> v_view
-         GROUP BY d.refobjid, c.relkind, n.nspname, c.relname
-    LOOP
-        IF dep.nspname IN ('pgtrickle', 'pgtrickle_changes') THEN
-            RAISE EXCEPTION 'the defining query of % reads pgtrickle''s own table %.%', v_display,
-                quote_ident(dep.nspname), quote_ident(dep.relname) USING ERRCODE = 'feature_not_supported';
-        END IF;
-        IF dep.relkind NOT IN ('r', 'p') THEN
-            RAISE EXCEPTION 'source %.% of stream table % is a %, which is not supported', quote_ident(dep.nspname),
-                quote_ident(dep.relname), v_display,
-                CASE dep.relkind WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view'
-                                 WHEN 'f' THEN 'foreign table' ELSE 'relation of kind ' || dep.relkind::text END
-                USING ERRCODE = 'feature_not_supported',
-                      HINT = 'Stream tables read tables and other stream tables. Inline the view''s query, or make it a stream table.';
-        END IF;
-        IF dep.relkind = 'r' AND (SELECT relpersistence FROM pg_class WHERE oid = dep.relid) = 't' THEN
-            RAISE EXCEPTION 'source %.% of stream table % is a temporary table', quote_ident(dep.nspname),
-                quote_ident(dep.relname), v_display USING ERRCODE = 'feature_not_supported';
-        END IF;
-        IF pgtrickle._rls_refusal(dep.relid, v_caller, v_display) IS NOT NULL THEN
-            RAISE EXCEPTION '%', pgtrickle._rls_refusal(dep.relid, v_caller, v_display)
-                USING ERRCODE = 'feature_not_supported',
-                      HINT = 'Filter the rows the stream table may show in its query, or give the owner BYPASSRLS.';
-        END IF;
-        PERFORM pgtrickle._check_storable(dep.relid, dep.cols,
-                                          format('source %s of stream table %s:', dep.relid::regclass, v_display));
-        -- The daemon fills the table with its own rights: the caller must be allowed to read what it shows.
-        IF NOT pgtrickle._caller_may_read(v_caller, dep.relid, v_view) THEN
-            RAISE EXCEPTION 'permission denied: role % may not read %.%, which the defining query of % reads',
-                v_caller, quote_ident(dep.nspname), quote_ident(dep.relname), v_display
-                USING ERRCODE = 'insufficient_privilege',
-                      HINT = format('A stream table shows what its query reads. GRANT SELECT ON %I.%I TO %I first.',
-                                    dep.nspname, dep.relname, v_caller);
-        END IF;
-    END LOOP;
-    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_rewrite r ON r.oid = d.objid
-                    WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass AND r.ev_class = v_view
-                      AND d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid <> v_view) THEN
-        RAISE EXCEPTION 'the defining query of % reads no table', v_display
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'A stream table maintains a query over tables; a constant query needs no stream table.';
-    END IF;
-    -- The query runs with pgtrickle's rights (the daemon's): it may call only functions (and operators)
-    -- that are built in or owned by a superuser or pgtrickle's owner, never code another role can change.
-    FOR v_fn IN
-        SELECT p.oid::regprocedure::text AS fn, p.oid, p.proowner, r.rolsuper, n.nspname
-          FROM pg_catalog.pg_depend d
-          JOIN pg_catalog.pg_rewrite rw ON rw.oid = d.objid
-          LEFT JOIN pg_catalog.pg_operator o ON d.refclassid = 'pg_catalog.pg_operator'::regclass AND o.oid = d.refobjid
-          JOIN pg_catalog.pg_proc p ON p.oid = CASE WHEN d.refclassid = 'pg_catalog.pg_proc'::regclass THEN d.refobjid
-                                                     ELSE o.oprcode::oid END
-          JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-          JOIN pg_catalog.pg_roles r ON r.oid = p.proowner
-         WHERE d.classid = 'pg_catalog.pg_rewrite'::regclass AND rw.ev_class = v_view
-           AND d.refclassid IN ('pg_catalog.pg_proc'::regclass, 'pg_catalog.pg_operator'::regclass)
-    LOOP
-        IF v_fn.nspname <> 'pg_catalog' AND NOT v_fn.rolsuper AND v_fn.proowner <> (SELECT oid FROM pg_roles WHERE rolname = v_definer) THEN
-            RAISE EXCEPTION 'the defining query of % calls %, which is owned by %: pgtrickle runs defining queries with its own rights, so they may call only built-in functions and functions owned by a superuser',
-                v_display, v_fn.fn, quote_ident((SELECT rolname FROM pg_roles WHERE oid = v_fn.proowner))
-                USING ERRCODE = 'insufficient_privilege',
-                      HINT = 'Inline the function''s logic in the query, or have a superuser own the function (ALTER FUNCTION ... OWNER TO).';
-        END IF;
-        IF NOT has_function_privilege(v_caller, v_fn.oid, 'EXECUTE') THEN
-            RAISE EXCEPTION 'permission denied: role % may not execute %, which the defining query of % calls',
-                quote_ident(v_caller), v_fn.fn, v_display USING ERRCODE = 'insufficient_privilege';
-        END IF;
-    END LOOP;
+    PERFORM pgtrickle._create_query_view(format('VIEW pgtrickle.%I', 'pgt_def_' || v_id), v_query, caller_path,
+                                         v_display, v_schema, v_name);
+    v_view := format('pgtrickle.%I', 'pgt_def_' || v_id)::regclass;
+    PERFORM pgtrickle._check_defining_view(v_view, v_display, v_caller, v_definer);
 
     -- What no refresh can run, and what refresh_mode DIFFERENTIAL has no rule for: refused now
     -- rather than at the first refresh.
@@ -302,30 +402,7 @@ BEGIN
 
     v_norm := pgtrickle._normalized_query(v_view);
 
-    -- Columns in storage types: a domain is stored as its base type (writing a domain value
-    -- would run its CHECK, code of the domain's owner, with the daemon's rights).
-    PERFORM pgtrickle._check_storable(v_view, NULL, format('stream table %s:', v_display));
-    -- Refreshes compare stored values (the apply): each column's type needs an equality they may run.
-    PERFORM pgtrickle._equality_operator(a.atttypid, format('stream table %s: column %I has', v_display, a.attname))
-       FROM pg_attribute a WHERE a.attrelid = v_view AND a.attnum > 0 AND NOT a.attisdropped;
-    EXECUTE format('CREATE TABLE %I.%I (%s)', v_schema, v_name,
-                   (SELECT string_agg(format('%I %s%s', a.attname, pgtrickle._storage_type(a.atttypid, a.atttypmod),
-                                             CASE WHEN a.attcollation <> 0 THEN
-                                                 (SELECT format(' COLLATE %I.%I', cn.nspname, co.collname)
-                                                    FROM pg_collation co JOIN pg_namespace cn ON cn.oid = co.collnamespace
-                                                   WHERE co.oid = a.attcollation) ELSE '' END),
-                                      ', ' ORDER BY a.attnum)
-                      FROM pg_attribute a WHERE a.attrelid = v_view AND a.attnum > 0 AND NOT a.attisdropped));
-    v_relid := format('%I.%I', v_schema, v_name)::regclass;
-    EXECUTE format('ALTER TABLE %I.%I ADD COLUMN __pgt_row_id bigint', v_schema, v_name);
-    EXECUTE format('COMMENT ON TABLE %I.%I IS %L', v_schema, v_name,
-                   'pgtrickle stream table; its contents are maintained by pgtrickle');
-    -- The table stays pgtrickle's (whoever owns a table can make writes into it run their code -
-    -- triggers, rules, index expressions - and the daemon writes it with its own rights). The
-    -- creator reads it and decides who else may: reading follows ordinary grants.
-    IF v_caller <> v_definer THEN
-        EXECUTE format('GRANT SELECT ON %I.%I TO %I WITH GRANT OPTION', v_schema, v_name, v_caller);
-    END IF;
+    v_relid := pgtrickle._create_st_storage(v_schema, v_name, v_view, v_display, v_caller, v_definer);
 
     INSERT INTO pgtrickle.pgt_stream_tables
         (pgt_id, pgt_relid, pgt_schema, pgt_name, def_view, defining_query, normalized_query,
@@ -334,23 +411,7 @@ BEGIN
             pgtrickle._reads_clock(v_view));
 
     PERFORM pgtrickle._ensure_capture(v_relid, 'STREAM_TABLE', '{}');
-    FOR dep IN
-        SELECT d.refobjid AS relid,
-               coalesce(array_agg(DISTINCT a.attname::text) FILTER (WHERE a.attname IS NOT NULL), '{}') AS cols,
-               EXISTS (SELECT 1 FROM pgtrickle.pgt_stream_tables s WHERE s.pgt_relid = d.refobjid) AS is_st
-          FROM pg_catalog.pg_rewrite r
-          JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_rewrite'::regclass AND d.objid = r.oid
-                                     AND d.refclassid = 'pg_catalog.pg_class'::regclass
-          LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
-                                             AND d.refobjsubid > 0
-         WHERE r.ev_class = v_view AND d.refobjid <> v_view
-         GROUP BY d.refobjid
-    LOOP
-        PERFORM pgtrickle._ensure_capture(dep.relid, CASE WHEN dep.is_st THEN 'STREAM_TABLE' ELSE 'TABLE' END,
-                                          dep.cols);
-        INSERT INTO pgtrickle.pgt_dependencies (pgt_id, source_relid, columns_used)
-        VALUES (v_id, dep.relid, dep.cols);
-    END LOOP;
+    PERFORM pgtrickle._record_sources(v_id, v_view);
 
     IF initialize THEN
         INSERT INTO pgtrickle.pgt_refresh_requests (pgt_id, kind) VALUES (v_id, 'INITIALIZE');

@@ -260,34 +260,14 @@ DECLARE
     v_query text;
     v_view text := 'pgt_normalize_' || pg_catalog.pg_backend_pid() || '_' || pg_catalog.pg_current_xact_id();
     v_norm text;
-    v_check refcursor;
-    v_state text;
-    v_msg text;
-    v_detail text;
-    v_hint text;
 BEGIN
     IF query IS NULL OR btrim(query) = '' THEN
         RAISE EXCEPTION 'query must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM pgtrickle._check_query_text(query, '(candidate)');
     v_query := regexp_replace(query, ';\s*$', '');
-    BEGIN
-        PERFORM pg_catalog.set_config('search_path', coalesce(caller_path, ''), true);
-        OPEN v_check FOR EXECUTE 'EXPLAIN ' || v_query;
-        CLOSE v_check;
-        EXECUTE pg_catalog.format('CREATE TEMPORARY VIEW %I AS %s', v_view, v_query);
-        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pgtrickle, pg_temp', true);
-    EXCEPTION WHEN others THEN
-        PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pgtrickle, pg_temp', true);
-        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT,
-                                v_detail = PG_EXCEPTION_DETAIL, v_hint = PG_EXCEPTION_HINT;
-        IF v_state = '42P11' THEN
-            RAISE EXCEPTION 'a defining query must be a single SELECT statement'
-                USING ERRCODE = 'syntax_error', DETAIL = 'The query text contains more than one statement.';
-        END IF;
-        RAISE EXCEPTION 'invalid defining query: %', v_msg
-            USING ERRCODE = v_state, DETAIL = coalesce(v_detail, ''), HINT = coalesce(v_hint, '');
-    END;
+    PERFORM pgtrickle._create_query_view(pg_catalog.format('TEMPORARY VIEW %I', v_view), v_query, caller_path,
+                                         NULL, NULL, NULL);
     v_norm := pgtrickle._normalized_query(pg_catalog.format('pg_temp.%I', v_view)::regclass);
     EXECUTE pg_catalog.format('DROP VIEW pg_temp.%I', v_view);
     RETURN v_norm;
