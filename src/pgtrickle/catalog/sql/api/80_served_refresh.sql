@@ -1,5 +1,5 @@
--- pgtrickle: refresh commands served by a running daemon (table: migration 017; docs/CLI.md).
--- Installed after api.sql on every install (functions are re-created).
+-- pgtrickle: refresh commands served by a running daemon (table: migration 018; docs/CLI.md).
+-- Installed with the other API files on every install (functions are re-created).
 --
 -- A daemon that serves commands holds a shared advisory lock (1885828196, 1) on its listener
 -- connection for as long as it runs (pgtrickle.daemon.serving.DAEMON_LOCK). PostgreSQL releases
