@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 DAEMON_LOCK = (0x70677464, 1)
-"""The shared advisory lock (two int4 keys, "pgtd", 1) a serving daemon holds; sql/api/80_served_refresh.sql knows it too."""
+"""The shared advisory lock (two int4 keys, "pgtd", 1) a serving daemon holds (also known to
+sql/api/80_served_refresh.sql)."""
 DONE_CHANNEL = "pgtrickle_refresh_done"
 """NOTIFY channel the daemon signals on (payload: the command id) when a command's result is stored."""
 DEFAULT_TIMEOUT_SECONDS = 600.0
