@@ -317,13 +317,24 @@ def run(
         ),
     ] = None,
     spark_remote: Annotated[str | None, typer.Option(help=SPARK_REMOTE_HELP, show_default=False)] = None,
+    max_parallel_refreshes: Annotated[
+        int | None,
+        typer.Option(
+            help="Refreshes run at once ($PGTRICKLE_MAX_PARALLEL_REFRESHES; default: cores, at most 4; "
+            "1: one at a time).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon: refresh due stream tables in dependency order until stopped."""
     from pgtrickle.daemon.loop import Scheduler
 
     def go() -> None:
         settings = _remote(ctx, spark_remote).with_overrides(
-            tick_seconds=tick, metrics_port=metrics_port, metrics_address=metrics_address
+            tick_seconds=tick,
+            metrics_port=metrics_port,
+            metrics_address=metrics_address,
+            max_parallel_refreshes=max_parallel_refreshes,
         )
         dsn = _dsn(ctx)
         scheduler = Scheduler(

@@ -822,6 +822,8 @@ BEGIN
     ELSIF TG_OP = 'TRUNCATE' THEN
         INSERT INTO %2$s (xid, action) VALUES (v_xid, 'T');
     END IF;
+    -- Wakes the daemon (scheduler/wake.py); PostgreSQL sends one per transaction and source.
+    PERFORM pg_notify('pgtrickle_changes', %13$L);
     RETURN NULL;
 END
 $f$ $b$,
@@ -836,7 +838,7 @@ $f$ $b$,
               FROM __pgt_old o FULL JOIN __pgt_new n ON %7$s;$u$,
                    buf, new_cols, old_cols, n_vals, o_vals, key_first, key_join)
         END,
-        batches, b_cols, n_row, o_row, b_aggs);
+        batches, b_cols, n_row, o_row, b_aggs, p_relid::text);
     EXECUTE body;
 
     -- One trigger per event: transition tables need single-event triggers.
@@ -3380,3 +3382,20 @@ $$;
 -- ------------------------------------------------------------------- grants
 -- (The view is re-created above on every install, so its grant is given here.)
 GRANT SELECT ON pgtrickle.stream_tables_info TO pgtrickle_user;
+
+-- ------------------------------------------------------- change notifications
+-- Capture functions built before they sent NOTIFY pgtrickle_changes are rebuilt once (at install).
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT c.source_relid
+               FROM pgtrickle.pgt_change_sources c
+               JOIN pg_proc p ON p.oid = to_regproc(format('pgtrickle_changes.%I', 'capture_' || c.source_relid))
+              WHERE c.source_kind = 'TABLE' AND c.cdc_mode = 'trigger'
+                AND p.prosrc NOT LIKE '%pgtrickle_changes''%'
+                AND EXISTS (SELECT 1 FROM pg_class WHERE oid = c.source_relid) LOOP
+        PERFORM pgtrickle._build_capture(r.source_relid);
+    END LOOP;
+END
+$$;
