@@ -1,0 +1,122 @@
+"""What the capture triggers' ``NOTIFY pgtrickle_changes`` costs a writer.
+
+The capture function of a trigger-captured source ends with ``pg_notify('pgtrickle_changes',
+'<relid>')`` (the daemon's wake-on-change, docs/OPERATIONS.md). PostgreSQL keeps one notification per
+channel and payload per transaction, so a transaction pays for it once per source however many
+statements it runs; the cost is worst for many small transactions. This probe times ``--transactions``
+single-row ``INSERT`` transactions (autocommit, so each includes its commit) into one captured source,
+with the capture function as installed and with the same function without the ``pg_notify`` line,
+alternating in ``--rounds`` rounds (drift on a shared machine spreads over both), while a listener
+connection ``LISTEN``s and drains the channel as the daemon does. A second case runs ``--statements``
+single-row INSERTs per transaction (one notification each).
+
+    .venv/bin/python benchmarks/change_notify.py [--transactions 2000] [--rounds 5] [--dsn ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import psycopg  # noqa: E402
+
+from common import bench_dsn, drop_database, machine, recreate_database, scalar  # noqa: E402
+from pgtrickle.catalog.install import install  # noqa: E402
+from pgtrickle.config import Settings  # noqa: E402
+from pgtrickle.db.connection import resolve_dsn  # noqa: E402
+
+NOTIFY_LINE = "PERFORM pg_notify('pgtrickle_changes', "
+
+
+def capture_source(conn: psycopg.Connection, relid: int) -> str:
+    return str(scalar(conn, "SELECT pg_get_functiondef(%s::regproc)", (f"pgtrickle_changes.capture_{relid}",)))
+
+
+def without_notify(definition: str) -> str:
+    lines = [line for line in definition.splitlines() if NOTIFY_LINE not in line]
+    assert len(lines) == len(definition.splitlines()) - 1, "the capture function has no NOTIFY line"
+    return "\n".join(lines)
+
+
+def timed(conn: psycopg.Connection, start: int, count: int, per_txn: int) -> float:
+    began = time.perf_counter()
+    for i in range(count):
+        if per_txn == 1:
+            conn.execute("INSERT INTO src VALUES (%s, 1)", (start + i,))
+        else:
+            with conn.transaction():
+                for j in range(per_txn):
+                    conn.execute("INSERT INTO src VALUES (%s, 1)", ((start + i) * per_txn + j,))
+    return (time.perf_counter() - began) / count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--transactions", type=int, default=2000)
+    parser.add_argument("--statements", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--dsn")
+    args = parser.parse_args(argv)
+    admin = resolve_dsn(Settings.from_env().with_overrides(dsn=args.dsn))
+    db = f"pgtrickle_bench_notify_{os.getpid()}"
+    recreate_database(admin, db)
+    dsn = bench_dsn(admin, db)
+    stop = threading.Event()
+    received = [0]
+
+    def listen() -> None:
+        with psycopg.connect(dsn, autocommit=True) as listener:
+            listener.execute("LISTEN pgtrickle_changes")
+            while not stop.is_set():
+                received[0] += sum(1 for _ in listener.notifies(timeout=0.2))
+
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            host = machine(conn)
+            install(conn)
+            conn.execute("CREATE TABLE src (id bigint PRIMARY KEY, v int)")
+            conn.execute("SELECT pgtrickle.create_stream_table('st', 'SELECT id, v FROM src', initialize => false)")
+            relid = int(scalar(conn, "SELECT 'src'::regclass::oid"))
+            with_it = capture_source(conn, relid)
+            plain = without_notify(with_it)
+            buffers = ("SELECT string_agg(c.oid::regclass::text, ', ') FROM pg_class c JOIN pg_namespace n"
+                       " ON n.oid = c.relnamespace WHERE n.nspname = 'pgtrickle_changes' AND c.relkind = 'r'")
+            thread = threading.Thread(target=listen, daemon=True)
+            thread.start()
+            results: dict[tuple[str, int], list[float]] = {}
+            next_id = 1
+            for round_ in range(args.rounds):
+                for per_txn in (1, args.statements):
+                    count = args.transactions if per_txn == 1 else max(1, args.transactions // per_txn)
+                    variants = [("notify", with_it), ("no notify", plain)]
+                    for name, definition in variants if round_ % 2 == 0 else reversed(variants):
+                        conn.execute(definition)
+                        conn.execute("TRUNCATE src")
+                        conn.execute(f"TRUNCATE {scalar(conn, buffers)}")
+                        conn.execute("CHECKPOINT")
+                        results.setdefault((name, per_txn), []).append(timed(conn, next_id, count, per_txn))
+                        next_id += count + 1
+            conn.execute(with_it)
+            stop.set()
+            thread.join()
+    finally:
+        drop_database(admin, db)
+    print(f"machine: {host.get('cpus')} CPUs, load {host.get('load_average')}; {args.rounds} rounds; "
+          f"{received[0]} notifications received by the listener")
+    for per_txn in (1, args.statements):
+        base = statistics.median(results[("no notify", per_txn)])
+        notify = statistics.median(results[("notify", per_txn)])
+        print(f"{per_txn:>3} INSERT(s) per transaction: {base * 1e6:8.0f} µs/txn without NOTIFY, "
+              f"{notify * 1e6:8.0f} µs/txn with ({(notify - base) * 1e6:+.0f} µs, {notify / base - 1:+.1%})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
