@@ -5,8 +5,8 @@ The capture function of a trigger-captured source ends with ``pg_notify('pgtrick
 channel and payload per transaction, so a transaction pays for it once per source however many
 statements it runs; the cost is worst for many small transactions. This probe times ``--transactions``
 single-row ``INSERT`` transactions (autocommit, so each includes its commit) into one captured source,
-with the capture function as installed and with the same function without the ``pg_notify`` line,
-alternating in ``--rounds`` rounds (drift on a shared machine spreads over both), while a listener
+with the capture function as installed (at most one NOTIFY per 100 ms per session and source), with a
+NOTIFY on every statement, and without any, rotating in ``--rounds`` rounds (drift on a shared machine spreads over both), while a listener
 connection ``LISTEN``s and drains the channel as the daemon does. A second case runs ``--statements``
 single-row INSERTs per transaction (one notification each).
 
@@ -32,17 +32,24 @@ from pgtrickle.catalog.install import install  # noqa: E402
 from pgtrickle.config import Settings  # noqa: E402
 from pgtrickle.db.connection import resolve_dsn  # noqa: E402
 
-NOTIFY_LINE = "PERFORM pg_notify('pgtrickle_changes', "
+THROTTLE_START = "IF coalesce(current_setting('pgtrickle.notified_"
 
 
 def capture_source(conn: psycopg.Connection, relid: int) -> str:
     return str(scalar(conn, "SELECT pg_get_functiondef(%s::regproc)", (f"pgtrickle_changes.capture_{relid}",)))
 
 
-def without_notify(definition: str) -> str:
-    lines = [line for line in definition.splitlines() if NOTIFY_LINE not in line]
-    assert len(lines) == len(definition.splitlines()) - 1, "the capture function has no NOTIFY line"
-    return "\n".join(lines)
+def variants(definition: str) -> dict[str, str]:
+    """The capture function as installed (throttled NOTIFY), with a NOTIFY on every statement, without."""
+    lines = definition.splitlines()
+    start = next(i for i, line in enumerate(lines) if THROTTLE_START in line)
+    end = next(i for i in range(start, len(lines)) if lines[i].strip() == "END IF;")
+    notify = next(line for line in lines[start:end] if "pg_notify(" in line)
+    return {
+        "no NOTIFY": "\n".join(lines[:start] + lines[end + 1:]),
+        "NOTIFY every statement": "\n".join(lines[:start] + [notify] + lines[end + 1:]),
+        "throttled NOTIFY (installed)": definition,
+    }
 
 
 def timed(conn: psycopg.Connection, start: int, count: int, per_txn: int) -> float:
@@ -84,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute("CREATE TABLE src (id bigint PRIMARY KEY, v int)")
             conn.execute("SELECT pgtrickle.create_stream_table('st', 'SELECT id, v FROM src', initialize => false)")
             relid = int(scalar(conn, "SELECT 'src'::regclass::oid"))
-            with_it = capture_source(conn, relid)
-            plain = without_notify(with_it)
+            installed = capture_source(conn, relid)
+            functions = variants(installed)
             buffers = ("SELECT string_agg(c.oid::regclass::text, ', ') FROM pg_class c JOIN pg_namespace n"
                        " ON n.oid = c.relnamespace WHERE n.nspname = 'pgtrickle_changes' AND c.relkind = 'r'")
             thread = threading.Thread(target=listen, daemon=True)
@@ -95,15 +102,15 @@ def main(argv: list[str] | None = None) -> int:
             for round_ in range(args.rounds):
                 for per_txn in (1, args.statements):
                     count = args.transactions if per_txn == 1 else max(1, args.transactions // per_txn)
-                    variants = [("notify", with_it), ("no notify", plain)]
-                    for name, definition in variants if round_ % 2 == 0 else reversed(variants):
+                    order = list(functions.items())
+                    order = order[round_ % len(order):] + order[:round_ % len(order)]
+                    for name, definition in order:
                         conn.execute(definition)
-                        conn.execute("TRUNCATE src")
                         conn.execute(f"TRUNCATE {scalar(conn, buffers)}")
                         conn.execute("CHECKPOINT")
                         results.setdefault((name, per_txn), []).append(timed(conn, next_id, count, per_txn))
                         next_id += count + 1
-            conn.execute(with_it)
+            conn.execute(installed)
             stop.set()
             thread.join()
     finally:
@@ -111,10 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {host.get('cpus')} CPUs, load {host.get('load_average')}; {args.rounds} rounds; "
           f"{received[0]} notifications received by the listener")
     for per_txn in (1, args.statements):
-        base = statistics.median(results[("no notify", per_txn)])
-        notify = statistics.median(results[("notify", per_txn)])
-        print(f"{per_txn:>3} INSERT(s) per transaction: {base * 1e6:8.0f} µs/txn without NOTIFY, "
-              f"{notify * 1e6:8.0f} µs/txn with ({(notify - base) * 1e6:+.0f} µs, {notify / base - 1:+.1%})")
+        base = statistics.median(results[("no NOTIFY", per_txn)])
+        for name in functions:
+            value = statistics.median(results[(name, per_txn)])
+            print(f"{per_txn:>3} INSERT(s) per transaction, {name}: {value * 1e6:.0f} µs/txn "
+                  f"({(value - base) * 1e6:+.0f} µs, {value / base - 1:+.1%})")
     return 0
 
 

@@ -32,7 +32,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from contextlib import suppress
-from dataclasses import replace
 from datetime import datetime, timedelta
 
 import psycopg
@@ -60,6 +59,7 @@ from pgtrickle.daemon.units import (
     refresh_group_unit,
     refresh_one,
 )
+from pgtrickle.daemon.wake import Wakes
 from pgtrickle.daemon.workers import Job, WorkerPool, inline, run_units
 from pgtrickle.db.connection import connect
 from pgtrickle.db.query import scalar
@@ -75,7 +75,7 @@ from pgtrickle.scheduler.groups import RefreshGroup, refresh_groups
 from pgtrickle.scheduler.policy import DueReason, DueState, due_reason, next_due_at, reconnect_delay
 from pgtrickle.scheduler.ready import ReadySet, Unit, plan_units, unit_dependencies
 from pgtrickle.scheduler.schedule import IntervalSchedule, Schedule, parse_schedule
-from pgtrickle.scheduler.wake import CHANGES_CHANNEL, changed_wake, parse_change, readers_of
+from pgtrickle.scheduler.wake import CHANGES_CHANNEL, readers_of
 
 __all__ = [
     "LOCK_NAMESPACE",
@@ -143,11 +143,7 @@ class Scheduler:
         self.refresher = Refresher(settings, dsn, progress=self.progress)
         self.pool = WorkerPool(settings, dsn, settings.max_parallel_refreshes, self.progress)
         """Parallel refresh workers (made on the first tick with more than one unit to run)."""
-        self.pending: dict[int, datetime] = {}
-        """Stream tables with new input not refreshed yet (their schedule did not allow it): when each is due."""
-        self._next_due: dict[int, datetime | None] = {}
-        self._readers: dict[int, frozenset[int]] = {}
-        self._clock: tuple[datetime, float] | None = None
+        self.wakes = Wakes()
         self.stop_requested = False
         self._last_maintenance = 0.0
         self.decoder: DecoderThread | None = None
@@ -275,7 +271,7 @@ class Scheduler:
         started = time.monotonic()
         sts = load_stream_tables(self.conn)
         if not sts:
-            self.pending, self._next_due, self._readers = {}, {}, {}
+            self.wakes.forget()
             return report
         requests = load_requests(self.conn)
         requested: dict[int, list[int]] = {}
@@ -326,7 +322,7 @@ class Scheduler:
             reasons = {m: due(m, at) for m in unit.members}
             if not any(reasons.values()):
                 for m in unit.members:
-                    if (ups[m] & changed or m in notified or m in self.pending) and m not in broken:
+                    if (ups[m] & changed or m in notified or m in self.wakes.pending) and m not in broken:
                         when = next_due_at(state(m), schedules[m], at)
                         if when is not None:
                             pending[m] = when
@@ -363,7 +359,7 @@ class Scheduler:
         for unit in units:  # in dependency order, whichever finished first
             if unit.key in results:
                 report.extend(results[unit.key])
-        self._remember_due_times(sts, schedules, state, ended, pending, readers, clock())
+        self.wakes.remember(sts, schedules, state, ended, pending, readers, notified, clock())
         if not self.stop_requested:
             for name, move, why in self.capture.reconcile():
                 log.warning("%s: change capture %s (%s)", name, move.value, why)
@@ -375,31 +371,6 @@ class Scheduler:
                 raise  # the run loop reconnects
             log.exception("maintenance (buffer cleanup, metrics, pruning) failed; the next tick tries again")
         return report
-
-    def _remember_due_times(
-        self,
-        sts: dict[int, StreamTable],
-        schedules: dict[int, Schedule],
-        state: Callable[[int], DueState],
-        ended: dict[int, datetime],
-        pending: dict[int, datetime],
-        readers: dict[int, frozenset[int]],
-        at: datetime,
-    ) -> None:
-        """What the wait for the next tick needs: each stream table's next due time, and who reads what."""
-        next_due: dict[int, datetime | None] = {}
-        for pgt_id in sts:
-            current = state(pgt_id)
-            if pgt_id in ended:
-                current = replace(current, last_refresh_at=ended[pgt_id], last_attempt_at=ended[pgt_id])
-            try:
-                next_due[pgt_id] = next_due_at(current, schedules[pgt_id], at)
-            except (ScheduleError, ValueError):
-                next_due[pgt_id] = None
-        self.pending = pending
-        self._next_due = next_due
-        self._readers = readers
-        self._clock = (at, time.monotonic())
 
     def _check_staleness(self, schedules: dict[int, Schedule]) -> None:
         try:
@@ -553,46 +524,13 @@ class Scheduler:
                 listener.close()
 
     def wait(self, listener: psycopg.Connection) -> set[int | None]:
-        """Wait for the next tick; returns the sources notified as changed meanwhile.
+        """Wait for the next tick; returns the sources notified as changed meanwhile (daemon/wake.py)."""
+        return self.wakes.wait(listener, self.settings.tick_seconds, lambda: self.stop_requested)
 
-        The tick comes after ``tick_seconds``; at once on ``NOTIFY pgtrickle_refresh``; at the
-        due time of a :attr:`pending` stream table; and on ``NOTIFY pgtrickle_changes`` at the
-        first due time of the stream tables reading that source (scheduler/wake.py).
-        """
-        changed: set[int | None] = set()
-        db_then, mono_then = self._clock or (None, time.monotonic())
-        deadline = time.monotonic() + self.settings.tick_seconds
-
-        def db_now() -> datetime | None:
-            return None if db_then is None else db_then + timedelta(seconds=time.monotonic() - mono_then)
-
-        def at_mono(when: datetime) -> float:
-            current = db_now()
-            assert current is not None
-            return time.monotonic() + (when - current).total_seconds()
-
-        if db_then is not None and self.pending:
-            deadline = min(deadline, at_mono(min(self.pending.values())))
-        while not self.stop_requested:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            notified = False
-            for note in listener.notifies(timeout=remaining, stop_after=1):
-                notified = True
-                if note.channel != CHANGES_CHANNEL:
-                    return changed
-                relid = parse_change(note.payload)
-                changed.add(relid)
-                current = db_now()
-                if current is None:
-                    return changed
-                wake, _ = changed_wake([relid], self._readers, self._next_due, current)
-                if wake is not None:
-                    deadline = min(deadline, at_mono(wake))
-            if not notified:
-                break
-        return changed
+    @property
+    def pending(self) -> dict[int, datetime]:
+        """Stream tables with new input not refreshed yet (their schedule did not allow it): when each is due."""
+        return self.wakes.pending
 
     def _listen(self) -> psycopg.Connection:
         listener = connect(self.dsn, application_name="pgtrickle-listener")

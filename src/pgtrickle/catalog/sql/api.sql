@@ -822,8 +822,15 @@ BEGIN
     ELSIF TG_OP = 'TRUNCATE' THEN
         INSERT INTO %2$s (xid, action) VALUES (v_xid, 'T');
     END IF;
-    -- Wakes the daemon (scheduler/wake.py); PostgreSQL sends one per transaction and source.
-    PERFORM pg_notify('pgtrickle_changes', %13$L);
+    -- Wakes the daemon (scheduler/wake.py): at most once per 100 ms per session and source (a
+    -- notifying commit serializes with every other notifying commit); PostgreSQL also sends one
+    -- per transaction and payload. The daemon re-checks the readers once after a wake.
+    IF coalesce(current_setting('pgtrickle.notified_%13$s', true), '') = ''
+       OR current_setting('pgtrickle.notified_%13$s', true)::float8
+          < extract(epoch FROM clock_timestamp()) - 0.1 THEN
+        PERFORM pg_notify('pgtrickle_changes', %13$L);
+        PERFORM set_config('pgtrickle.notified_%13$s', extract(epoch FROM clock_timestamp())::text, false);
+    END IF;
     RETURN NULL;
 END
 $f$ $b$,
@@ -3393,7 +3400,7 @@ BEGIN
                FROM pgtrickle.pgt_change_sources c
                JOIN pg_proc p ON p.oid = to_regproc(format('pgtrickle_changes.%I', 'capture_' || c.source_relid))
               WHERE c.source_kind = 'TABLE' AND c.cdc_mode = 'trigger'
-                AND p.prosrc NOT LIKE '%pgtrickle_changes''%'
+                AND p.prosrc NOT LIKE '%pgtrickle.notified_%'
                 AND EXISTS (SELECT 1 FROM pg_class WHERE oid = c.source_relid) LOOP
         PERFORM pgtrickle._build_capture(r.source_relid);
     END LOOP;
