@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--statements", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dsn")
+    parser.add_argument("--async-commit", action="store_true",
+                        help="synchronous_commit off for the writer: no WAL flush wait, the NOTIFY's share shows")
     args = parser.parse_args(argv)
     admin = resolve_dsn(Settings.from_env().with_overrides(dsn=args.dsn))
     db = f"pgtrickle_bench_notify_{os.getpid()}"
@@ -88,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(dsn, autocommit=True) as conn:
             host = machine(conn)
             install(conn)
+            if args.async_commit:
+                conn.execute("SET synchronous_commit = off")
             conn.execute("CREATE TABLE src (id bigint PRIMARY KEY, v int)")
             conn.execute("SELECT pgtrickle.create_stream_table('st', 'SELECT id, v FROM src', initialize => false)")
             relid = int(scalar(conn, "SELECT 'src'::regclass::oid"))
@@ -116,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         drop_database(admin, db)
     print(f"machine: {host.get('cpus')} CPUs, load {host.get('load_average')}; {args.rounds} rounds; "
+          f"synchronous_commit {'off' if args.async_commit else 'on'}; "
           f"{received[0]} notifications received by the listener")
     for per_txn in (1, args.statements):
         base = statistics.median(results[("no NOTIFY", per_txn)])
