@@ -10,7 +10,8 @@ NOTIFY on every statement, and without any, rotating in ``--rounds`` rounds (dri
 connection ``LISTEN``s and drains the channel as the daemon does. A second case runs ``--statements``
 single-row INSERTs per transaction (one notification each).
 
-    .venv/bin/python benchmarks/change_notify.py [--transactions 2000] [--rounds 5] [--dsn ...]
+    .venv/bin/python benchmarks/change_notify.py [--transactions 2000] [--rounds 5] [--writers 1]
+        [--async-commit] [--dsn ...]
 """
 
 from __future__ import annotations
@@ -52,16 +53,36 @@ def variants(definition: str) -> dict[str, str]:
     }
 
 
-def timed(conn: psycopg.Connection, start: int, count: int, per_txn: int) -> float:
-    began = time.perf_counter()
-    for i in range(count):
-        if per_txn == 1:
-            conn.execute("INSERT INTO src VALUES (%s, 1)", (start + i,))
-        else:
-            with conn.transaction():
-                for j in range(per_txn):
-                    conn.execute("INSERT INTO src VALUES (%s, 1)", ((start + i) * per_txn + j,))
-    return (time.perf_counter() - began) / count
+def timed(dsn: str, start: int, count: int, per_txn: int, writers: int, async_commit: bool) -> float:
+    """Seconds per transaction: ``count`` transactions of ``per_txn`` INSERTs, by ``writers`` sessions at once."""
+    conns = [psycopg.connect(dsn, autocommit=True) for _ in range(writers)]
+    try:
+        for conn in conns:
+            if async_commit:
+                conn.execute("SET synchronous_commit = off")
+        share = count // writers
+
+        def write(k: int) -> None:
+            conn = conns[k]
+            first = start + k * share
+            for i in range(first, first + share):
+                if per_txn == 1:
+                    conn.execute("INSERT INTO src VALUES (%s, 1)", (i,))
+                else:
+                    with conn.transaction():
+                        for j in range(per_txn):
+                            conn.execute("INSERT INTO src VALUES (%s, 1)", (i * per_txn + j,))
+
+        threads = [threading.Thread(target=write, args=(k,)) for k in range(writers)]
+        began = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return (time.perf_counter() - began) / (share * writers)
+    finally:
+        for conn in conns:
+            conn.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--statements", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dsn")
+    parser.add_argument("--writers", type=int, default=1, help="sessions writing at once")
     parser.add_argument("--async-commit", action="store_true",
                         help="synchronous_commit off for the writer: no WAL flush wait, the NOTIFY's share shows")
     args = parser.parse_args(argv)
@@ -90,8 +112,6 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(dsn, autocommit=True) as conn:
             host = machine(conn)
             install(conn)
-            if args.async_commit:
-                conn.execute("SET synchronous_commit = off")
             conn.execute("CREATE TABLE src (id bigint PRIMARY KEY, v int)")
             conn.execute("SELECT pgtrickle.create_stream_table('st', 'SELECT id, v FROM src', initialize => false)")
             relid = int(scalar(conn, "SELECT 'src'::regclass::oid"))
@@ -112,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                         conn.execute(definition)
                         conn.execute(f"TRUNCATE {scalar(conn, buffers)}")
                         conn.execute("CHECKPOINT")
-                        results.setdefault((name, per_txn), []).append(timed(conn, next_id, count, per_txn))
+                        results.setdefault((name, per_txn), []).append(
+                            timed(dsn, next_id, count, per_txn, args.writers, args.async_commit))
                         next_id += count + 1
             conn.execute(installed)
             stop.set()
@@ -120,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         drop_database(admin, db)
     print(f"machine: {host.get('cpus')} CPUs, load {host.get('load_average')}; {args.rounds} rounds; "
-          f"synchronous_commit {'off' if args.async_commit else 'on'}; "
+          f"synchronous_commit {'off' if args.async_commit else 'on'}; {args.writers} writer(s); "
           f"{received[0]} notifications received by the listener")
     for per_txn in (1, args.statements):
         base = statistics.median(results[("no NOTIFY", per_txn)])

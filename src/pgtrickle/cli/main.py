@@ -349,7 +349,10 @@ def run(
             ),
         )
         console.print(
-            escape(f"pgtrickle daemon on {redact(dsn)}, {_spark_where(settings)}; Ctrl-C to stop"),
+            escape(
+                f"pgtrickle daemon on {redact(dsn)}, {_spark_where(settings)}, "
+                f"{settings.max_parallel_refreshes} refresh(es) at once; Ctrl-C to stop"
+            ),
             highlight=False,
         )
         try:
