@@ -113,8 +113,8 @@ def test_a_failed_refresh_leaves_the_others_refreshed(db: Database) -> None:
         assert all(o.action is not Action.NO_DATA for o in report.refreshed if o.st.name.startswith("b1_")), \
             "every first-level branch applied the new row"
         assert_oracle(db, *names)
-        assert db.scalar("SELECT status FROM pgtrickle.pgt_refresh_history h JOIN pgtrickle.pgt_stream_tables s "
-                         "USING (pgt_id) WHERE s.pgt_name = 'fragile' ORDER BY refresh_id DESC LIMIT 1") == "FAILED"
+        assert db.scalar("SELECT h.status FROM pgtrickle.pgt_refresh_history h JOIN pgtrickle.pgt_stream_tables s "
+                         "USING (pgt_id) WHERE s.pgt_name = 'fragile' ORDER BY h.refresh_id DESC LIMIT 1") == "FAILED"
     finally:
         scheduler.close()
 
