@@ -266,14 +266,15 @@ def propagation(conn: psycopg.Connection, settings: Settings, dsn: str, source: 
 # ------------------------------------------------------------------ output
 def plot(report: dict[str, Any], path: Path) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     idle_ = report["idle"]
+    fig, axes = plt.subplots(1, 2 if idle_ else 1, figsize=(9 if idle_ else 5.5, 3.6), squeeze=False)
+    axes = axes[0] if idle_ else [None, axes[0][0]]
     if idle_:
         axes[0].bar(["nothing due", "all due,\nno changes"],
                     [idle_["nothing_due_tick_ms"]["median"], idle_["all_due_no_changes_tick_ms"]["median"]],
                     color=["#2a9d8f", "#e9c46a"])
         axes[0].set_title(f"one tick, {idle_['stream_tables']} stream tables", fontsize=9)
-    axes[0].set_ylabel("ms per scheduler tick (median)")
+        axes[0].set_ylabel("ms per scheduler tick (median)")
     colors = ["#e76f51", "#2a9d8f", "#264653", "#e9c46a"]
     for k, run in enumerate(report["runs"]):
         for i, key in enumerate(("chain", "fan", "branch")):
@@ -294,8 +295,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def docs_section(report: dict[str, Any], plot_path: Path) -> str:
-    lines = header_lines("Scheduler overhead: idle ticks and DAG propagation", report,
-                         "benchmarks/scheduler_overhead.py")
+    title = "Scheduler overhead: idle ticks and DAG propagation" if report["idle"] else \
+        "DAG propagation by max_parallel_refreshes"
+    lines = header_lines(title, report, "benchmarks/scheduler_overhead.py")
     i = report["idle"]
     if i:
         cpu = i["daemon_cpu_share"]
@@ -325,10 +327,11 @@ def docs_section(report: dict[str, Any], plot_path: Path) -> str:
         "`max_parallel_refreshes`:",
         "",
         *md_table(["DAG", "at once", "stream tables", "latency median", "latency max", "refreshes",
-                   "refresh work median"], [
+                   "refresh work median", "latency in mean refresh times"], [
             [name, run["parallel"], r["stream_tables"], f"{r['latency_median_s']:.2f} s",
              f"{r['latency_max_s']:.2f} s", statistics.median(x["refreshes"] for x in r["rounds"]),
-             f"{r['refresh_seconds_median']:.2f} s"]
+             f"{r['refresh_seconds_median']:.2f} s",
+             f"{r['latency_median_s'] / (r['refresh_seconds_median'] / r['stream_tables']):.1f}"]
             for run in report["runs"]
             for name, r in (("chain of 10", run["chain"]), ("3×20 fan (20 branches, depth 3)", run["fan"]),
                             ("one branch of depth 3", run["branch"]))
