@@ -238,3 +238,49 @@ def test_max_parallel_refreshes_default_env_and_bounds(monkeypatch: pytest.Monke
     for bad in (0, -2, 65):
         with pytest.raises(ConfigError, match="max_parallel_refreshes must be between 1 and 64"):
             Settings(max_parallel_refreshes=bad)
+
+
+# ------------------------------------------------------------------ Spark sessions of the workers
+class _Context:
+    def __init__(self) -> None:
+        self.properties: dict[str, str] = {}
+
+    def setLocalProperty(self, key: str, value: str) -> None:  # noqa: N802 - Spark's name
+        self.properties[key] = value
+
+
+class _LocalSession:
+    def __init__(self) -> None:
+        self.sparkContext = _Context()
+        self.children: list[_LocalSession] = []
+
+    def newSession(self) -> _LocalSession:  # noqa: N802 - Spark's name
+        child = _LocalSession()
+        child.sparkContext = self.sparkContext
+        self.children.append(child)
+        return child
+
+
+class _ConnectSession:
+    pass
+
+
+_ConnectSession.__module__ = "pyspark.sql.connect.session"  # what is_connect looks at
+
+
+def test_a_worker_gets_a_child_session_and_a_fair_pool_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pgtrickle.spark import connect
+    from pgtrickle.spark.session import child_session, use_pool
+
+    local = _LocalSession()
+    child = child_session(local, Settings())
+    assert local.children == [child], "a local child shares the SparkContext, not the temporary views"
+    assert use_pool(child, "pgtrickle-1") is True
+    assert local.sparkContext.properties == {"spark.scheduler.pool": "pgtrickle-1"}
+
+    opened: list[dict[str, str]] = []
+    remote = _ConnectSession()
+    monkeypatch.setattr(connect, "open_session", lambda settings, defaults: opened.append(defaults) or remote)
+    assert child_session(_ConnectSession(), Settings(spark_remote="sc://spark:15002")) is remote
+    assert opened and opened[0]["spark.sql.caseSensitive"] == "true", "a Connect child gets pgtrickle's settings"
+    assert use_pool(remote, "pgtrickle-0") is False, "no thread-local properties on Spark Connect"
