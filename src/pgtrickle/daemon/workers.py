@@ -3,7 +3,8 @@
 With ``max_parallel_refreshes`` N > 1 the daemon keeps N workers, each with
 its own :class:`~pgtrickle.refresh.engine.Refresher` (PostgreSQL connection,
 advisory locks) and its own Spark session (:func:`~pgtrickle.spark.session.child_session`:
-separate temporary views and SQL settings over the one SparkContext), and
+separate temporary views and SQL settings over the one SparkContext; worker 0
+uses the process's session), and
 submits each worker's jobs in a fair scheduler pool of its own. The daemon's
 main thread decides (which unit may start: :class:`~pgtrickle.scheduler.ready.ReadySet`;
 is it due) and merges the results; workers only refresh. With N = 1 the
@@ -17,8 +18,8 @@ Analyses, layouts and differential plans are shared by every worker
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -38,9 +39,14 @@ Job = Callable[[Worker], TickReport]
 
 
 class ChildSpark:
-    """A worker's Spark session, made from the process's session on first use (again if that one changed)."""
+    """A worker's Spark session, made from the process's session on first use (again if that one changed).
 
-    def __init__(self) -> None:
+    Worker 0 uses the process's session itself (the daemon's own refresher uses it only when the
+    pool does not run), so work that runs one unit at a time -- a chain -- needs no second session.
+    """
+
+    def __init__(self, index: int) -> None:
+        self.index = index
         self._lock = threading.Lock()
         self._parent: Any = None
         self.session: Any = None
@@ -49,6 +55,8 @@ class ChildSpark:
         from pgtrickle.spark.session import child_session, get_spark
 
         parent = get_spark(settings)
+        if self.index == 0:
+            return parent
         with self._lock:
             if self.session is None or self._parent is not parent:
                 self.session = child_session(parent, settings)
@@ -89,7 +97,7 @@ class WorkerPool:
         if self.workers:
             return
         for index in range(self.size):
-            spark = ChildSpark()
+            spark = ChildSpark(index)
             refresher = Refresher(self.settings, self.dsn, progress=self.progress, spark_provider=spark)
             self.workers.append(Worker(index, refresher, refresher.conn))
             self._sparks.append(spark)
@@ -109,12 +117,12 @@ class WorkerPool:
         self._start()
         assert self._executor is not None
         executor = self._executor
-        free: queue.SimpleQueue[int] = queue.SimpleQueue()
-        for index in range(len(self.workers)):
-            free.put(index)
+        free = list(range(len(self.workers)))  # a heap: the lowest free worker first (its caches are warm)
+        free_lock = threading.Lock()
 
         def submit(job: Job) -> Future[TickReport]:
-            index = free.get_nowait()  # never empty: at most `size` units run at once
+            with free_lock:
+                index = heapq.heappop(free)  # never empty: at most `size` units run at once
 
             def task() -> TickReport:
                 worker = self.workers[index]
@@ -124,7 +132,8 @@ class WorkerPool:
                     use_pool(worker.refresher.spark, f"pgtrickle-{index}")
                     return job(worker)
                 finally:
-                    free.put(index)
+                    with free_lock:
+                        heapq.heappush(free, index)
 
             return executor.submit(task)
 
