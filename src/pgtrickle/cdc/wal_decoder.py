@@ -108,6 +108,9 @@ class WalDecoder:
         self._pending_count = 0
         self._fast: dict[int, tuple[BinaryPlan, dict[int, bytes], list[bytes]]] = {}  # this transaction's
         self._checked: set[int] = set()  # relations whose buffer types were checked (and locked) in the batch
+        self._notify: set[int] = (
+            set()
+        )  # relations the batch wrote changes of: NOTIFY pgtrickle_changes at commit
         self._buffer_copy = BufferCopy()
         self._reference_xid8 = 0
         self._batch_changes = 0
@@ -262,6 +265,7 @@ class WalDecoder:
             if not rows:
                 continue
             assert self._conn is not None
+            self._notify.add(relid)
             copy = self._buffer_copy.open(self._conn, relid, self._tracked[relid], self.binary)
             if self.binary:
                 copy.write(b"".join(rows))
@@ -395,8 +399,15 @@ class WalDecoder:
             " changes_total = changes_total + %s, updated_at = now() WHERE slot_name = %s",
             (pgoutput.lsn_to_str(self._progress), self._batch_changes, self.slot),
         )
+        if self._notify and self._batch_changes:
+            # Wakes the daemon (scheduler/wake.py), as a capture trigger does; sent at the commit.
+            conn.execute(
+                "SELECT pg_notify('pgtrickle_changes', r::text) FROM unnest(%s::oid[]) r",
+                (sorted(self._notify),),
+            )
         faults.point("wal.before_flush")
         conn.commit()
+        self._notify.clear()
         faults.point("wal.after_flush")
         self._checked.clear()  # the commit released the buffer locks
         self.flushed_lsn = self._progress

@@ -110,6 +110,14 @@ def run(
         ),
     ] = None,
     spark_remote: Annotated[str | None, typer.Option(help=SPARK_REMOTE_HELP, show_default=False)] = None,
+    max_parallel_refreshes: Annotated[
+        int | None,
+        typer.Option(
+            help="Refreshes run at once ($PGTRICKLE_MAX_PARALLEL_REFRESHES; default: cores, at most 4; "
+            "1: one at a time).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon: refresh due stream tables in dependency order until stopped.
 
@@ -119,7 +127,10 @@ def run(
 
     def go() -> None:
         settings = remote_settings(ctx, spark_remote).with_overrides(
-            tick_seconds=tick, metrics_port=metrics_port, metrics_address=metrics_address
+            tick_seconds=tick,
+            metrics_port=metrics_port,
+            metrics_address=metrics_address,
+            max_parallel_refreshes=max_parallel_refreshes,
         )
         dsn = dsn_of(ctx)
         scheduler = Daemon(
@@ -134,7 +145,10 @@ def run(
             ),
         )
         console.print(
-            escape(f"pgtrickle daemon on {redact(dsn)}, {spark_where(settings)}; Ctrl-C to stop"),
+            escape(
+                f"pgtrickle daemon on {redact(dsn)}, {spark_where(settings)}, "
+                f"{settings.max_parallel_refreshes} refresh(es) at once; Ctrl-C to stop"
+            ),
             highlight=False,
         )
         try:

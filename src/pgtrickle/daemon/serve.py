@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,9 +75,9 @@ class Daemon(Scheduler):
         self.serving_pid = listener.info.backend_pid
         log.info("serving pgtrickle refresh commands (listener pid %d)", self.serving_pid)
 
-    def tick(self) -> TickReport:
+    def tick(self, changed_relids: Iterable[int | None] = ()) -> TickReport:
         self.serve_commands()
-        return super().tick()
+        return super().tick(changed_relids)
 
     def serve_commands(self) -> int:
         """Run every queued command this daemon may take now; returns how many it ran."""

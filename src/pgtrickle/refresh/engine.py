@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
@@ -111,7 +112,13 @@ class Cancelled(PgTrickleError):
 
 _SHARED_CACHES: dict[str, tuple[dict, dict, dict]] = {}
 """Per database (DSN): query analyses, table layouts made, differential plans. Keys hold the
-stream table's id and query text, so a changed query or a recreated table misses."""
+stream table's id and query text, so a changed query or a recreated table misses.
+
+Parallel refreshes (daemon/workers.py) share them from several threads: an entry is built
+outside any lock (two threads may both build one; the builds agree) and the first one stored
+wins (:data:`_CACHE_LOCK`), so every thread then uses the same value."""
+
+_CACHE_LOCK = threading.Lock()
 
 
 class Refresher:
@@ -331,9 +338,11 @@ class Refresher:
 
     def cached(self, key: tuple, build: Callable[[], object]):
         """``build()``, computed once per key for the life of this refresher."""
-        if key not in self.dvm_cache:
-            self.dvm_cache[key] = build()
-        return self.dvm_cache[key]
+        if key in self.dvm_cache:
+            return self.dvm_cache[key]
+        value = build()
+        with _CACHE_LOCK:
+            return self.dvm_cache.setdefault(key, value)
 
     def carried_columns(self, source: Source) -> list[tuple[str, str]] | None:
         """(name, base type) of ``source``'s columns when one is not read as it is; see spark/carry.py."""
@@ -351,9 +360,10 @@ class Refresher:
 
     def view_name(self, pgt_id: int, key: tuple) -> str:
         """A stable Spark view name for a key-filtered read (so cached SQL keeps matching)."""
-        names = self.dvm_cache.setdefault(("view-names", pgt_id), {})
-        assert isinstance(names, dict)
-        return names.setdefault(key, f"pgt_{pgt_id}_p{len(names)}")
+        with _CACHE_LOCK:
+            names = self.dvm_cache.setdefault(("view-names", pgt_id), {})
+            assert isinstance(names, dict)
+            return names.setdefault(key, f"pgt_{pgt_id}_p{len(names)}")
 
     # ------------------------------------------------------------- modes
     def analysis(self, st: StreamTable) -> Analysis:

@@ -204,6 +204,15 @@ BEGIN
     ELSIF TG_OP = 'TRUNCATE' THEN
         INSERT INTO %2$s (xid, action) VALUES (v_xid, 'T');
     END IF;
+    -- Wakes the daemon (scheduler/wake.py): at most once per 100 ms per session and source (a
+    -- notifying commit serializes with every other notifying commit); PostgreSQL also sends one
+    -- per transaction and payload. The daemon re-checks the readers once after a wake.
+    IF coalesce(current_setting('pgtrickle.notified_%13$s', true), '') = ''
+       OR current_setting('pgtrickle.notified_%13$s', true)::float8
+          < extract(epoch FROM clock_timestamp()) - 0.1 THEN
+        PERFORM pg_notify('pgtrickle_changes', %13$L);
+        PERFORM set_config('pgtrickle.notified_%13$s', extract(epoch FROM clock_timestamp())::text, false);
+    END IF;
     RETURN NULL;
 END
 $f$ $b$,
@@ -218,7 +227,7 @@ $f$ $b$,
               FROM __pgt_old o FULL JOIN __pgt_new n ON %7$s;$u$,
                    buf, new_cols, old_cols, n_vals, o_vals, key_first, key_join)
         END,
-        batches, b_cols, n_row, o_row, b_aggs);
+        batches, b_cols, n_row, o_row, b_aggs, p_relid::text);
     EXECUTE body;
 
     PERFORM pgtrickle._create_statement_triggers('pgt_capture', p_relid, fn);

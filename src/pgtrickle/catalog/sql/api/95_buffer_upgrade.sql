@@ -36,3 +36,20 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- ------------------------------------------------------- change notifications
+-- Capture functions built before they sent NOTIFY pgtrickle_changes are rebuilt once (at install).
+DO $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT c.source_relid
+               FROM pgtrickle.pgt_change_sources c
+               JOIN pg_proc p ON p.oid = to_regproc(format('pgtrickle_changes.%I', 'capture_' || c.source_relid))
+              WHERE c.source_kind = 'TABLE' AND c.cdc_mode = 'trigger'
+                AND p.prosrc NOT LIKE '%pgtrickle.notified_%'
+                AND EXISTS (SELECT 1 FROM pg_class WHERE oid = c.source_relid) LOOP
+        PERFORM pgtrickle._build_capture(r.source_relid);
+    END LOOP;
+END
+$$;
