@@ -61,7 +61,7 @@ def submit(conn: psycopg.Connection, names: Sequence[str] | None, force: bool) -
     """Queue a command (``names`` None: every stream table); raises what an unknown name or a
     stream table the caller may not refresh raises. Returns its id."""
     row = conn.execute(
-        "SELECT pgtrickle._submit_refresh(%s, %s, pg_catalog.current_setting('search_path'))",
+        "SELECT pgtrickle._api_submit_refresh(%s, %s, pg_catalog.current_setting('search_path'))",
         (None if names is None else list(names), force),
     ).fetchone()
     assert row is not None
@@ -82,7 +82,7 @@ def _read(conn: psycopg.Connection, command_id: int) -> tuple[CommandState, Any,
 def forget(conn: psycopg.Connection, command_id: int, *, only_unclaimed: bool) -> bool:
     """Delete the caller's command (``only_unclaimed``: only if no daemon took it). Whether it did."""
     row = conn.execute(
-        "SELECT pgtrickle._forget_refresh_command(%s, %s)", (command_id, only_unclaimed)
+        "SELECT pgtrickle._api_forget_refresh_command(%s, %s)", (command_id, only_unclaimed)
     ).fetchone()
     return bool(row and row[0])
 

@@ -20,7 +20,7 @@ $$;
 -- Queue a refresh command for a daemon: the named stream tables (NULL: every one), each of
 -- which the caller may refresh. Returns the command's id; the daemon is woken when the caller
 -- commits (the command line runs in autocommit).
-CREATE OR REPLACE FUNCTION pgtrickle._submit_refresh(p_names text[], p_force boolean, p_caller_path text)
+CREATE OR REPLACE FUNCTION pgtrickle._api_submit_refresh(p_names text[], p_force boolean, p_caller_path text)
 RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 DECLARE
@@ -55,7 +55,7 @@ $$;
 
 -- Forget a command of the caller's: after reading its result, or withdrawing it
 -- (p_only_unclaimed: only while no daemon has claimed it). Whether a row was deleted.
-CREATE OR REPLACE FUNCTION pgtrickle._forget_refresh_command(p_command_id bigint, p_only_unclaimed boolean)
+CREATE OR REPLACE FUNCTION pgtrickle._api_forget_refresh_command(p_command_id bigint, p_only_unclaimed boolean)
 RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 BEGIN

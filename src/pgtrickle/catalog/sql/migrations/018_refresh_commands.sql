@@ -1,6 +1,6 @@
 -- Refresh commands served by a running daemon (`pgtrickle refresh` with a daemon up; docs/CLI.md).
 --
--- The command line inserts one row per `pgtrickle refresh` (through pgtrickle._submit_refresh,
+-- The command line inserts one row per `pgtrickle refresh` (through pgtrickle._api_submit_refresh,
 -- which checks the caller may refresh each stream table), a daemon claims it (claimed_by: the
 -- backend pid of its listener connection, which holds the daemon advisory lock while it lives),
 -- runs it exactly as the command line would, and stores the result (the `--json` document
