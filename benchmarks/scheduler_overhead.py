@@ -13,6 +13,10 @@ Three measurements, in one database (``pgtrickle_bench_sched_<pid>``, dropped at
 * **Chain of 10**: ``src → c01 → c02 → … → c10`` (each ``SELECT id, v FROM`` the previous one).
 * **3×20 fan**: 20 branches of depth 3 from one source (``f1_j = SELECT id, v + j FROM src``,
   ``f2_j = SELECT id, v FROM f1_j``, ``f3_j = SELECT id, v FROM f2_j``; 60 stream tables).
+* **Lone branch**: one branch of depth 3 (the fan's best case: what one branch costs alone).
+
+The chain, the fan and the lone branch are measured once per ``--parallel`` value
+(``max_parallel_refreshes``; default ``1`` and the machine's default), in the same run.
 
 For the chain and the fan the daemon runs as the tests run it (``Scheduler.run`` in a thread,
 ``tick_seconds`` 0.2, every schedule ``1s``); each of ``--changes`` rounds commits one INSERT into the
@@ -21,7 +25,7 @@ commit to the last stream table reflecting it. The refresh history gives the par
 (sum of the refreshes' durations) and the number of refreshes.
 
     .venv/bin/python benchmarks/scheduler_overhead.py [--ticks 20] [--cpu-seconds 30] [--changes 5]
-        [--json PATH] [--no-docs] [--preset NAME]
+        [--parallel 1,4] [--skip-idle] [--json PATH] [--no-docs] [--preset NAME]
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from common import (  # noqa: E402
     recreate_database, revision, scalar, spark_running, stop_on_signals, write_json, write_section,
 )
 from pgtrickle.catalog.install import install  # noqa: E402
-from pgtrickle.config import Settings  # noqa: E402
+from pgtrickle.config import Settings, default_parallel_refreshes  # noqa: E402
 from pgtrickle.db.connection import resolve_dsn  # noqa: E402
 from pgtrickle.daemon.loop import Scheduler  # noqa: E402
 from pgtrickle.daemon.manual import refresh_sync  # noqa: E402
@@ -193,6 +197,7 @@ def daemon_cpu(conn: psycopg.Connection, settings: Settings, dsn: str, window: f
 
 # ------------------------------------------------------------------ propagation
 def build_chain(conn: psycopg.Connection, length: int) -> list[str]:
+    conn.execute("DROP TABLE IF EXISTS src_chain")
     conn.execute("CREATE TABLE src_chain (id int PRIMARY KEY, v int)")
     conn.execute("INSERT INTO src_chain SELECT g, g FROM generate_series(1, 1000) g")
     previous, names = "src_chain", []
@@ -206,6 +211,7 @@ def build_chain(conn: psycopg.Connection, length: int) -> list[str]:
 
 
 def build_fan(conn: psycopg.Connection, depth: int, width: int) -> list[str]:
+    conn.execute("DROP TABLE IF EXISTS src_fan")
     conn.execute("CREATE TABLE src_fan (id int PRIMARY KEY, v int)")
     conn.execute("INSERT INTO src_fan SELECT g, g FROM generate_series(1, 1000) g")
     names = []
@@ -260,20 +266,27 @@ def propagation(conn: psycopg.Connection, settings: Settings, dsn: str, source: 
 # ------------------------------------------------------------------ output
 def plot(report: dict[str, Any], path: Path) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     idle_ = report["idle"]
-    axes[0].bar(["nothing due", "all due,\nno changes"],
-                [idle_["nothing_due_tick_ms"]["median"], idle_["all_due_no_changes_tick_ms"]["median"]],
-                color=["#2a9d8f", "#e9c46a"])
-    axes[0].set_ylabel("ms per scheduler tick (median)")
-    axes[0].set_title(f"one tick, {idle_['stream_tables']} stream tables", fontsize=9)
-    for i, key in enumerate(("chain", "fan")):
-        r = report[key]
-        axes[1].scatter([i] * len(r["rounds"]), [x["latency_s"] for x in r["rounds"]], color="#e76f51")
-        axes[1].scatter([i], [r["refresh_seconds_median"]], marker="_", s=400, color="#264653")
-    axes[1].set_xticks([0, 1], ["chain of 10", "3×20 fan (60)"])
+    fig, axes = plt.subplots(1, 2 if idle_ else 1, figsize=(9 if idle_ else 5.5, 3.6), squeeze=False)
+    axes = axes[0] if idle_ else [None, axes[0][0]]
+    if idle_:
+        axes[0].bar(["nothing due", "all due,\nno changes"],
+                    [idle_["nothing_due_tick_ms"]["median"], idle_["all_due_no_changes_tick_ms"]["median"]],
+                    color=["#2a9d8f", "#e9c46a"])
+        axes[0].set_title(f"one tick, {idle_['stream_tables']} stream tables", fontsize=9)
+        axes[0].set_ylabel("ms per scheduler tick (median)")
+    colors = ["#e76f51", "#2a9d8f", "#264653", "#e9c46a"]
+    for k, run in enumerate(report["runs"]):
+        for i, key in enumerate(("chain", "fan", "branch")):
+            r = run[key]
+            x = i + 0.25 * k
+            axes[1].scatter([x] * len(r["rounds"]), [v["latency_s"] for v in r["rounds"]], color=colors[k % 4],
+                            label=f"{run['parallel']} at once" if i == 0 else None)
+    ticks, labels = [0, 1, 2], ["chain of 10", "3×20 fan (60)", "one branch\nof depth 3"]
+    axes[1].set_xticks(ticks, labels)
+    axes[1].legend(fontsize=8)
     axes[1].set_ylabel("seconds, commit → last stream table")
-    axes[1].set_title("propagation latency (dots); refresh work (bar)", fontsize=9)
+    axes[1].set_title("propagation latency by max_parallel_refreshes", fontsize=9)
     axes[1].set_ylim(bottom=0)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -282,37 +295,46 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def docs_section(report: dict[str, Any], plot_path: Path) -> str:
-    lines = header_lines("Scheduler overhead: idle ticks and DAG propagation", report,
-                         "benchmarks/scheduler_overhead.py")
+    title = "Scheduler overhead: idle ticks and DAG propagation" if report["idle"] else \
+        "DAG propagation by max_parallel_refreshes"
+    lines = header_lines(title, report, "benchmarks/scheduler_overhead.py")
     i = report["idle"]
-    cpu = i["daemon_cpu_share"]
+    if i:
+        cpu = i["daemon_cpu_share"]
+        lines += [
+            f"**Idle ticks with {i['stream_tables']} stream tables** (each `SELECT id, v + i FROM src WHERE "
+            "id % 100 = i` over a 1000-row source, populated):",
+            "",
+            *md_table(["measure", "value"], [
+                ["one `Scheduler.tick()`, nothing due (schedules `1h`), median / p90",
+                 f"{i['nothing_due_tick_ms']['median']:.1f} ms / {i['nothing_due_tick_ms']['p90']:.1f} ms"],
+                ["one tick, all 100 due, no changes (each refresh `NO_DATA`, no Spark job)",
+                 f"{i['all_due_no_changes_tick_ms']['median']:.0f} ms "
+                 f"({i['all_due_no_changes_tick_ms']['per_stream_table_ms']:.1f} ms per stream table)"],
+                *[[f"daemon CPU over {c['window_s']:.0f} s, {label}: Python process / Spark JVM / PostgreSQL "
+                   "backends",
+                   f"{100 * c['python']:.1f} % / {100 * c['jvm']:.1f} % / {100 * c['postgres']:.1f} % of one core"]
+                  for label, c in (("nothing due (`1h` schedules, 1 s tick)", cpu["nothing_due"]),
+                                   ("`1s` schedules, nothing changing (100 `NO_DATA` checks a second)",
+                                    cpu["schedules_1s"]))],
+            ]),
+            "",
+        ]
     lines += [
-        f"**Idle ticks with {i['stream_tables']} stream tables** (each `SELECT id, v + i FROM src WHERE "
-        "id % 100 = i` over a 1000-row source, populated):",
-        "",
-        *md_table(["measure", "value"], [
-            ["one `Scheduler.tick()`, nothing due (schedules `1h`), median / p90",
-             f"{i['nothing_due_tick_ms']['median']:.1f} ms / {i['nothing_due_tick_ms']['p90']:.1f} ms"],
-            ["one tick, all 100 due, no changes (each refresh `NO_DATA`, no Spark job)",
-             f"{i['all_due_no_changes_tick_ms']['median']:.0f} ms "
-             f"({i['all_due_no_changes_tick_ms']['per_stream_table_ms']:.1f} ms per stream table)"],
-            *[[f"daemon CPU over {c['window_s']:.0f} s, {label}: Python process / Spark JVM / PostgreSQL backends",
-               f"{100 * c['python']:.1f} % / {100 * c['jvm']:.1f} % / {100 * c['postgres']:.1f} % of one core"]
-              for label, c in (("nothing due (`1h` schedules, 1 s tick)", cpu["nothing_due"]),
-                               ("`1s` schedules, nothing changing (100 `NO_DATA` checks a second)",
-                                cpu["schedules_1s"]))],
-        ]),
-        "",
         "**DAG propagation** (the daemon running, tick 0.2 s, every schedule `1s`; latency from the commit "
         "of one INSERT into the source until the last stream table holds the row; refresh work = the sum "
-        "of the durations of the refreshes that carried it, from the refresh history):",
+        "of the durations of the refreshes that carried it, from the refresh history), by "
+        "`max_parallel_refreshes`:",
         "",
-        *md_table(["DAG", "stream tables", "latency median", "latency max", "refreshes", "refresh work median",
-                   "latency per stream table"], [
-            [name, r["stream_tables"], f"{r['latency_median_s']:.2f} s", f"{r['latency_max_s']:.2f} s",
-             statistics.median(x["refreshes"] for x in r["rounds"]), f"{r['refresh_seconds_median']:.2f} s",
-             f"{r['per_hop_median_s'] * 1000:.0f} ms"]
-            for name, r in (("chain of 10", report["chain"]), ("3×20 fan (20 branches, depth 3)", report["fan"]))
+        *md_table(["DAG", "at once", "stream tables", "latency median", "latency max", "refreshes",
+                   "refresh work median", "latency in mean refresh times"], [
+            [name, run["parallel"], r["stream_tables"], f"{r['latency_median_s']:.2f} s",
+             f"{r['latency_max_s']:.2f} s", statistics.median(x["refreshes"] for x in r["rounds"]),
+             f"{r['refresh_seconds_median']:.2f} s",
+             f"{r['latency_median_s'] / (r['refresh_seconds_median'] / r['stream_tables']):.1f}"]
+            for run in report["runs"]
+            for name, r in (("chain of 10", run["chain"]), ("3×20 fan (20 branches, depth 3)", run["fan"]),
+                            ("one branch of depth 3", run["branch"]))
         ], right_from=1),
         "",
         f"![scheduler overhead](img/{plot_path.name})",
@@ -326,9 +348,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ticks", type=int, default=20)
     parser.add_argument("--cpu-seconds", type=float, default=30.0)
     parser.add_argument("--changes", type=int, default=5)
+    parser.add_argument("--parallel", default=f"1,{default_parallel_refreshes()}",
+                        help="max_parallel_refreshes values to measure propagation with, comma-separated")
+    parser.add_argument("--skip-idle", action="store_true", help="measure propagation only")
     add_output_args(parser, SECTION, PLOT)
     args = parser.parse_args(argv)
     stop_on_signals()
+    parallels = [int(p) for p in args.parallel.split(",") if p.strip()]
     settings = Settings.from_env().with_overrides(dsn=args.dsn, spark_master=args.spark_master)
     admin_dsn = resolve_dsn(settings)
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
@@ -340,24 +366,32 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with spark_running(run_settings) as spark_start, psycopg.connect(dsn, autocommit=True) as conn:
             install(conn)
-            print(f"== idle ticks with {args.stream_tables} stream tables", flush=True)
-            idle_ = idle(conn, run_settings, dsn, args.stream_tables, args.ticks, args.cpu_seconds)
-            conn.execute("SELECT pgtrickle.drop_stream_table(name) FROM pgtrickle.stream_tables_info")
-            print("== chain of 10", flush=True)
-            chain_names = build_chain(conn, 10)
-            chain = propagation(conn, run_settings, dsn, "src_chain", chain_names, [chain_names[-1]],
-                                args.changes, "chain")
-            conn.execute("SELECT pgtrickle.drop_stream_table(name) FROM pgtrickle.stream_tables_info"
-                         " ORDER BY pgt_id DESC")
-            print("== 3×20 fan", flush=True)
-            fan_names = build_fan(conn, 3, 20)
-            leaves = [n for n in fan_names if n.startswith("f3_")]
-            fan = propagation(conn, run_settings, dsn, "src_fan", fan_names, leaves, args.changes, "fan")
+            idle_: dict[str, Any] = {}
+            if not args.skip_idle:
+                print(f"== idle ticks with {args.stream_tables} stream tables", flush=True)
+                idle_ = idle(conn, run_settings, dsn, args.stream_tables, args.ticks, args.cpu_seconds)
+            runs = []
+            for parallel in parallels:
+                at_once = run_settings.with_overrides(max_parallel_refreshes=parallel)
+                run: dict[str, Any] = {"parallel": parallel}
+                for key, label, build, source in (
+                    ("chain", "chain of 10", lambda: build_chain(conn, 10), "src_chain"),
+                    ("fan", "3×20 fan", lambda: build_fan(conn, 3, 20), "src_fan"),
+                    ("branch", "one branch of depth 3", lambda: build_fan(conn, 3, 1), "src_fan"),
+                ):
+                    conn.execute("SELECT pgtrickle.drop_stream_table(name) FROM pgtrickle.stream_tables_info"
+                                 " ORDER BY pgt_id DESC")
+                    print(f"== {label}, max_parallel_refreshes {parallel}", flush=True)
+                    names = build()
+                    leaves = [names[-1]] if key == "chain" else [n for n in names if n.startswith("f3_")]
+                    run[key] = propagation(conn, at_once, dsn, source, names, leaves, args.changes,
+                                           f"{key} ({parallel} at once)")
+                runs.append(run)
     finally:
         drop_database(admin_dsn, db)
     report = {"command": command_line("benchmarks/scheduler_overhead.py", argv), "date": now_text(),
               "preset": args.preset, "machine": host, "revision": revision(), "spark_master": settings.spark_master,
-              "spark_startup_s": round(spark_start, 2), "idle": idle_, "chain": chain, "fan": fan}
+              "spark_startup_s": round(spark_start, 2), "idle": idle_, "runs": runs}
     write_json(report, args.json, "scheduler")
     if not args.no_docs:
         plot(report, args.plot)

@@ -59,6 +59,15 @@ def _parse_spark_conf(raw: str | None) -> dict[str, str]:
     return conf
 
 
+def default_parallel_refreshes() -> int:
+    """How many refreshes the daemon runs at once unless told: one per core, at most 4."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+MAX_PARALLEL_REFRESHES_LIMIT = 64
+"""Each parallel refresh holds its own PostgreSQL connections; more than this is refused."""
+
+
 def _metrics_port() -> int | None:
     """PGTRICKLE_METRICS_PORT: unset, empty or ``off`` leaves the metrics server off."""
     raw = _env("METRICS_PORT")
@@ -97,7 +106,15 @@ class Settings:
     metrics_address: str = "127.0.0.1"
     """Address the metrics server listens on (``0.0.0.0`` to let a Prometheus on another host scrape it)."""
 
+    max_parallel_refreshes: int = field(default_factory=default_parallel_refreshes)
+    """How many refreshes (stream tables or atomic groups) the daemon runs at once; 1: one at a time."""
+
     def __post_init__(self) -> None:
+        if not 1 <= self.max_parallel_refreshes <= MAX_PARALLEL_REFRESHES_LIMIT:
+            raise ConfigError(
+                f"max_parallel_refreshes must be between 1 and {MAX_PARALLEL_REFRESHES_LIMIT}, "
+                f"got {self.max_parallel_refreshes}"
+            )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"the metrics port must be between 0 and 65535, got {self.metrics_port}")
 
@@ -116,6 +133,9 @@ class Settings:
             jdbc_partition_rows=int(_env_number("JDBC_PARTITION_ROWS", 500_000, int)),
             metrics_port=_metrics_port(),
             metrics_address=_env("METRICS_ADDRESS") or "127.0.0.1",
+            max_parallel_refreshes=int(
+                _env_number("MAX_PARALLEL_REFRESHES", default_parallel_refreshes(), int)
+            ),
         )
 
     def with_overrides(self, **overrides: object) -> Settings:

@@ -188,9 +188,13 @@ def test_status_and_explain_json(with_st: Database) -> None:
     result = invoke(with_st, "explain", "--json", "per_k")
     assert result.exit_code == 0, result.output
     reason = with_st.scalar("SELECT mode_reason FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'per_k'")
-    assert json.loads(result.stdout) == {
+    doc = json.loads(result.stdout)
+    tree = doc.pop("operator_tree")
+    assert doc == {
         "schema_version": 1, "name": "public.per_k", "refresh_mode": "AUTO", "effective_mode": "DIFFERENTIAL",
         "reason": reason, "recorded": True}
+    assert tree["error"] is None and tree["root"]["facts"] == "Project k = k_1, n = count"
+    assert tree["root"]["inputs"][0]["operator"] == "Aggregate"
     result = invoke(with_st, "explain", "--json", "nope")
     assert result.exit_code == 1 and result.stdout == "" and "nope" in result.stderr
 

@@ -170,13 +170,14 @@ def test_sigterm_lets_the_daemon_finish_and_exit(chain: Database, tmp_path: Path
     proc = subprocess.Popen([sys.executable, "-m", "pgtrickle", "run"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
+        # A JVM start and the first jobs of a fresh process: minutes on a loaded 2-core machine.
+        deadline = time.monotonic() + 300
         while chain.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables WHERE status = 'ACTIVE'") < 3:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             assert time.monotonic() < deadline, "the daemon did not initialize the stream tables"
             time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=60)
+        output, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

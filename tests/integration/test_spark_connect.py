@@ -123,6 +123,11 @@ def test_full_and_differential_refreshes_through_spark_connect(cdb: Database) ->
     history = db.sql("SELECT count(*) FILTER (WHERE action = 'DIFFERENTIAL'), "
                      "count(*) FILTER (WHERE status <> 'COMPLETED') FROM pgtrickle.pgt_refresh_history")
     assert history[0][0] >= 6 and history[0][1] == 0, history
+    # A Spark Connect client cannot count the server's jobs: NULL, never a wrong number (spark/jobs.py).
+    counted = db.sql("SELECT count(*) FILTER (WHERE spark_jobs IS NOT NULL), count(*) FILTER (WHERE"
+                     " action IN ('FULL', 'DIFFERENTIAL')) FROM pgtrickle.pgt_refresh_history")
+    assert counted[0][0] == 0 and counted[0][1] >= 6, counted
+    assert all(o.spark_jobs is None for o in outcomes if o.action in (Action.FULL, Action.DIFFERENTIAL))
 
 
 @pytest.mark.parametrize("mode", ["FULL", "DIFFERENTIAL"])

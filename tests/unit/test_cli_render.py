@@ -235,13 +235,13 @@ def test_refresh_json_has_each_outcome_and_the_summary() -> None:
     assert doc["summary"] == {"total": 3, "refreshed": 1, "failed": 1, "skipped": 1, "exit_code": 1}
     assert doc["stream_tables"] == [
         {"name": "public.good", "result": "REFRESHED", "action": "DIFFERENTIAL", "reason": "3 changes",
-         "rows_inserted": 2, "rows_deleted": 1, "seconds": 0.25, "error": None},
+         "rows_inserted": 2, "rows_deleted": 1, "seconds": 0.25, "spark_jobs": 0, "error": None},
         {"name": "public.bad", "result": "FAILED", "action": None, "reason": boom,
-         "rows_inserted": None, "rows_deleted": None, "seconds": None,
+         "rows_inserted": None, "rows_deleted": None, "seconds": None, "spark_jobs": None,
          "error": {"type": "_SqlError", "sqlstate": "22P02", "message": boom}},
         {"name": "public.bad_down", "result": "SKIPPED", "action": None,
          "reason": "upstream public.bad failed in this run", "rows_inserted": None, "rows_deleted": None,
-         "seconds": None, "error": None},
+         "seconds": None, "spark_jobs": None, "error": None},
     ]
     assert refresh_document([])["summary"] == {"total": 0, "refreshed": 0, "failed": 0, "skipped": 0,
                                                "exit_code": 0}

@@ -74,14 +74,8 @@ def pin(conn: psycopg.Connection, pins: Sequence[Pin], mode: str) -> None:
     if not pins:
         return
     relids = sorted({p.relid for p in pins})
-    row = conn.execute("SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user").fetchone()
-    if row and row[0]:
-        conn.execute(
-            "SELECT 1 FROM pg_catalog.pg_namespace WHERE oid IN"
-            " (SELECT relnamespace FROM pg_catalog.pg_class WHERE oid = ANY(%s::oid[])) FOR SHARE",
-            (relids,),
-        )
-    current = _current(conn, relids)
+    # Steps 1 and 3's look-up, in one round trip (pgtrickle._pin_relations, identity.sql).
+    current = _rows(conn.execute("SELECT * FROM pgtrickle._pin_relations(%s::oid[])", (relids,)))
     for p in sorted(pins, key=lambda p: p.relid):
         _check(p, current.get(p.relid))
     if mode == READ:
@@ -138,13 +132,19 @@ def _literal(text: str) -> str:
 
 
 def _current(conn: psycopg.Connection, relids: list[int]) -> dict[int, tuple[str, str, str]]:
-    rows = conn.execute(
-        "SELECT c.oid::bigint, n.nspname::text, c.relname::text, c.relkind::text"
-        "  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE c.oid = ANY(%s::oid[])",
-        (relids,),
-    ).fetchall()
-    return {int(r[0]): (r[1], r[2], r[3]) for r in rows}
+    return _rows(
+        conn.execute(
+            "SELECT c.oid::bigint, n.nspname::text, c.relname::text, c.relkind::text"
+            "  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.oid = ANY(%s::oid[])",
+            (relids,),
+        )
+    )
+
+
+def _rows(cursor: psycopg.Cursor) -> dict[int, tuple[str, str, str]]:
+    """(oid, schema, name, kind) rows by OID."""
+    return {int(r[0]): (r[1], r[2], r[3]) for r in cursor.fetchall()}
 
 
 def _check(p: Pin, current: tuple[str, str, str] | None) -> None:

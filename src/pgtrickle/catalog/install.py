@@ -4,8 +4,9 @@ Tables change only through numbered migrations (``sql/migrations/NNN_*.sql``),
 each applied once and recorded in ``pgtrickle.pgt_schema_version``. A
 migration not recorded yet is applied even when a higher one is (numbers are
 reserved by work in parallel branches, so one may arrive after a later one). Functions
-and views (``sql/api.sql``) are re-created on every install, so an upgrade
-replaces them. Everything runs in one transaction under an advisory lock, so
+and views (the SQL API: ``sql/identity.sql``, ``sql/capture_hierarchy.sql`` and the area
+files of ``sql/api/``, in the order ``SQL_API_FILES`` declares) are re-created on every
+install, so an upgrade replaces them. Everything runs in one transaction under an advisory lock, so
 two concurrent installs cannot interleave and a failed one changes nothing.
 
 Install also repairs change capture: a change buffer table or view, capture
@@ -20,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from importlib import resources
+from importlib.resources.abc import Traversable
 
 import psycopg
 
@@ -55,14 +57,45 @@ class InstallResult:
     """Change capture that was broken and was repaired by this install."""
 
 
-def _sql_dir():
+# The SQL API, installed in this order after the migrations. PL/pgSQL bodies resolve what they
+# call when they run, but SQL-language functions (and BEGIN ATOMIC bodies) and views are checked
+# when created, so a file comes after every file whose objects those reference, and a file that
+# runs something at install (a DO block) after everything it calls.
+SQL_API_FILES: tuple[str, ...] = (
+    # Storage types and identity helpers: the API's functions (and what it runs at install) call them.
+    "identity.sql",
+    # Partition / inheritance capture: the buffer upgrade step rebuilds captures with it.
+    "capture_hierarchy.sql",
+    "api/00_catalog.sql",
+    "api/05_schedules.sql",
+    "api/10_capture.sql",
+    "api/20_watermarks.sql",
+    "api/30_stream_tables.sql",  # stream_tables_info reads the watermark functions
+    "api/40_ddl_tracking.sql",
+    "api/45_cdc_modes.sql",
+    "api/50_circuit_breaker.sql",
+    "api/60_refresh_groups.sql",
+    "api/70_operations.sql",
+    "api/80_served_refresh.sql",  # refresh commands a running daemon serves
+    "api/90_entry_points.sql",  # BEGIN ATOMIC bodies call the _api_* functions of every area
+    "api/95_buffer_upgrade.sql",  # a DO block: runs at install, after every function exists
+)
+
+
+def sql_dir() -> Traversable:
+    """The folder of the shipped SQL (found through the package, so a wheel or an editable install alike)."""
     return resources.files("pgtrickle.catalog") / "sql"
+
+
+def sql_api() -> list[tuple[str, str]]:
+    """The SQL API's files as (name, text), in install order."""
+    return [(name, (sql_dir() / name).read_text()) for name in SQL_API_FILES]
 
 
 def migrations() -> list[Migration]:
     """The migrations shipped with this version, in order."""
     found = []
-    for entry in (_sql_dir() / "migrations").iterdir():
+    for entry in (sql_dir() / "migrations").iterdir():
         match = _MIGRATION_NAME.match(entry.name)
         if match:
             found.append(Migration(int(match.group(1)), match.group(2), entry.read_text()))
@@ -125,11 +158,8 @@ def install(conn: psycopg.Connection, up_to: int | None = None) -> InstallResult
             return InstallResult(
                 applied, max(done | {m.version for m in migrations() if m.version <= up_to}), False
             )
-        # identity.sql first: api.sql's functions (and what it runs at install) call its helpers.
-        conn.execute((_sql_dir() / "identity.sql").read_text())
-        # Partition / inheritance capture first: api.sql's upgrade step rebuilds captures with it.
-        conn.execute((_sql_dir() / "capture_hierarchy.sql").read_text())
-        conn.execute((_sql_dir() / "api.sql").read_text())
+        for _name, text in sql_api():
+            conn.execute(text)
         event_triggers = _install_event_triggers(conn)
         repaired = repair_capture(conn)
     return InstallResult(applied, latest_version(), event_triggers, repaired)

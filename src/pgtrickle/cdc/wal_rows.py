@@ -396,3 +396,38 @@ def _width_error(relid: int, plan: BinaryPlan, got: int) -> pgoutput.PgOutputErr
         f"relation OID {relid} has {plan.ncols} columns but the tuple has {got}; was a Relation "
         "message missed?"
     )
+
+
+def text_values(
+    relid: int,
+    positions: Sequence[int | None],
+    tup: pgoutput.TupleData | None,
+    fallback: pgoutput.TupleData | None,
+) -> list[str | None]:
+    """Text mode: a buffer row's ``new_*`` or ``old_*`` values, by the captured columns' ``positions`` in ``tup``.
+
+    An unchanged TOASTed value is taken from ``fallback`` (the old row of an
+    Update), which must then have sent it.
+    """
+    if tup is None:
+        return [None] * len(positions)
+    out: list[str | None] = []
+    for pos in positions:
+        if pos is None:
+            out.append(None)
+            continue
+        kind, value = tup[pos]
+        if kind == "t":
+            out.append(value)  # type: ignore[arg-type]  # kind "t": a text value, a str
+        elif kind == "n":
+            out.append(None)
+        elif kind == "u":
+            if fallback is None or fallback[pos].kind not in ("t", "n"):
+                raise WalCaptureError(
+                    f"an UPDATE of relation {relid} left a TOASTed column unchanged and no old value "
+                    "was sent; the source needs REPLICA IDENTITY FULL"
+                )
+            out.append(fallback[pos].value)  # type: ignore[arg-type]  # kind "t" or "n": a str or None
+        else:
+            raise WalCaptureError("binary pgoutput values are not expected (binary = false)")
+    return out

@@ -14,7 +14,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from pgtrickle.cli.status_data import StatusSnapshot, StreamTableRow
-from pgtrickle.db.redaction import scrub
 
 SCHEMA_VERSION = 1
 """Raised only if a field ever has to change meaning (fields are added without raising it)."""
@@ -96,61 +95,16 @@ def explain_document(name: str, refresh_mode: str, effective_mode: str, reason: 
     }
 
 
-def _sqlstate(exc: BaseException | None) -> str | None:
-    """The SQLSTATE of an error from PostgreSQL (psycopg) or Spark (``getSqlState()``), or of its cause."""
-    for err in (exc, getattr(exc, "__cause__", None)):
-        state = getattr(err, "sqlstate", None)
-        get_sql_state = getattr(err, "getSqlState", None)
-        if state is None and callable(get_sql_state):
-            try:
-                state = get_sql_state()
-            except Exception:  # a Spark error without a JVM behind it any more
-                state = None
-        if isinstance(state, str) and state:
-            return state
-    return None
-
-
-def _error(exc: BaseException | None, message: str) -> dict[str, Any]:
-    sqlstate = _sqlstate(exc)
-    return {
-        "type": type(exc).__name__ if exc is not None else None,
-        "sqlstate": sqlstate if isinstance(sqlstate, str) else None,
-        "message": message,
-    }
-
-
 def refresh_document(results: Sequence) -> dict[str, Any]:
     """``pgtrickle refresh --json``: each stream table's outcome (upstream first) and the summary."""
-    from pgtrickle.daemon.manual import Result, summarize
+    from pgtrickle.daemon.manual import results_document
 
-    tables = []
-    for r in results:
-        o = r.outcome
-        tables.append(
-            {
-                "name": r.st.display,
-                "result": r.result.value,
-                "action": o.action.value if o else None,
-                "reason": scrub(r.reason),
-                "rows_inserted": o.rows_inserted if o else None,
-                "rows_deleted": o.rows_deleted if o else None,
-                "seconds": round(o.seconds, 6) if o else None,
-                "error": _error(r.error, scrub(r.reason)) if r.result is Result.FAILED else None,
-            }
-        )
-    summary = summarize(results)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "stream_tables": tables,
-        "summary": {
-            "total": summary.refreshed + summary.failed + summary.skipped,
-            "refreshed": summary.refreshed,
-            "failed": summary.failed,
-            "skipped": summary.skipped,
-            "exit_code": summary.exit_code,
-        },
-    }
+    return served_document(results_document(results))
+
+
+def served_document(body: dict[str, Any]) -> dict[str, Any]:
+    """``pgtrickle refresh --json`` from the document a daemon stored (daemon/manual.py ``results_document``)."""
+    return {"schema_version": SCHEMA_VERSION, **body}
 
 
 def dumps(document: dict[str, Any]) -> str:

@@ -2,50 +2,56 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from pgtrickle.daemon.serving import Summary
 from pgtrickle.db.redaction import scrub
 
 _RESULT_STYLE = {"REFRESHED": "green", "FAILED": "red", "SKIPPED": "yellow"}
 
 
-def refresh_results(console: Console, results: Sequence) -> None:
-    """One row per stream table (upstream first), each failure's error in full, and the summary."""
-    from pgtrickle.daemon.manual import Result, summarize
+def refresh_results(console: Console, document: Mapping[str, Any]) -> None:
+    """One row per stream table (upstream first), each failure's error in full, and the summary.
 
+    Drawn from the ``--json`` document (``results_document``), refreshed here or by a daemon alike.
+    """
     # Name and reason fold; result, action and the figures are never cut (scripts grep them).
     table = Table()
     table.add_column("stream table", overflow="fold", ratio=2)
     for name in ("result", "action"):
         table.add_column(name, no_wrap=True, min_width=len("DIFFERENTIAL") if name == "action" else None)
     table.add_column("why", overflow="fold", ratio=3)
-    for name in ("inserted", "deleted", "seconds"):
+    for name in ("inserted", "deleted", "seconds", "jobs"):
         table.add_column(name, no_wrap=True, justify="right")
-    for r in results:
-        o = r.outcome
-        why = "see below" if r.result is Result.FAILED else r.reason
+    tables = document["stream_tables"]
+    for t in tables:
+        ran = t["action"] is not None
+        why = "see below" if t["result"] == "FAILED" else t["reason"]
         table.add_row(
-            escape(r.st.display),
-            f"[{_RESULT_STYLE[r.result.value]}]{r.result.value}[/]",
-            o.action.value if o else "-",
+            escape(t["name"]),
+            f"[{_RESULT_STYLE[t['result']]}]{t['result']}[/]",
+            t["action"] if ran else "-",
             escape(scrub(why)),
-            f"{o.rows_inserted:,}" if o else "-",
-            f"{o.rows_deleted:,}" if o else "-",
-            f"{o.seconds:.2f}" if o else "-",
+            f"{t['rows_inserted']:,}" if ran else "-",
+            f"{t['rows_deleted']:,}" if ran else "-",
+            f"{t['seconds']:.2f}" if ran else "-",
+            str(t["spark_jobs"]) if t.get("spark_jobs") is not None else "-",
         )
     console.print(table)
-    for r in results:
-        if r.result is Result.FAILED:
+    for t in tables:
+        if t["result"] == "FAILED":
             console.print(
-                f"[red]✗[/] {escape(r.st.display)} FAILED: {escape(scrub(r.reason))}",
+                f"[red]✗[/] {escape(t['name'])} FAILED: {escape(scrub(t['reason']))}",
                 highlight=False,
                 soft_wrap=True,
             )
-    summary = summarize(results)
+    s = document["summary"]
+    summary = Summary(s["refreshed"], s["failed"], s["skipped"])
     colour = "red" if summary.failed else "green"
     console.print(f"[{colour}]{escape(summary.text())}[/]", highlight=False)
 

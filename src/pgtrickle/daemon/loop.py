@@ -2,9 +2,13 @@
 
 Each tick reads the catalog (the only state; a restart rebuilds everything
 from it), builds the DAG, decides which stream tables are due, and refreshes
-them upstream first. ``LISTEN pgtrickle_refresh`` wakes it as soon as a
-refresh is requested or a stream table is created. A per-stream-table
-advisory lock keeps two daemons (or a daemon and ``pgtrickle refresh``) from
+them upstream first: up to ``max_parallel_refreshes`` at once, each stream
+table (or atomic group) as soon as every upstream of it finished in the tick
+(daemon/workers.py). ``LISTEN pgtrickle_refresh`` wakes it as soon as a
+refresh is requested or a stream table is created; ``LISTEN
+pgtrickle_changes`` when a source changed, at the first due time of the
+stream tables reading it (scheduler/wake.py). A per-stream-table advisory
+lock keeps two daemons (or a daemon and ``pgtrickle refresh``) from
 refreshing the same stream table at once.
 
 Losing PostgreSQL (a restart, a network cut): the daemon logs it and
@@ -26,10 +30,9 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from contextlib import suppress
-from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import psycopg
 
@@ -45,6 +48,19 @@ from pgtrickle.cdc.buffers import cleanup_buffers
 from pgtrickle.cdc.modes import CaptureManager
 from pgtrickle.cdc.wal import DecoderThread, decoder_slot, wait_for_decoder
 from pgtrickle.config import Settings
+from pgtrickle.daemon.units import (
+    LOCK_NAMESPACE,
+    LockedElsewhere,
+    StreamTableLocks,
+    TickReport,
+    Worker,
+    group_nodes,
+    refresh_group_locked,
+    refresh_group_unit,
+    refresh_one,
+)
+from pgtrickle.daemon.wake import Wakes
+from pgtrickle.daemon.workers import Job, WorkerPool, inline, run_units
 from pgtrickle.db.connection import connect
 from pgtrickle.db.query import scalar
 from pgtrickle.db.redaction import scrub
@@ -53,38 +69,29 @@ from pgtrickle.gates import watermark_gate
 from pgtrickle.ops import alerts
 from pgtrickle.ops.metrics import Metrics
 from pgtrickle.refresh.engine import Cancelled, Refresher, RefreshOutcome
-from pgtrickle.refresh.group import refresh_group
+from pgtrickle.refresh.plan import Action
 from pgtrickle.scheduler.dag import StreamTableNode, resolve_calculated, topological_order
-from pgtrickle.scheduler.groups import GroupNode, RefreshGroup, in_group_upstream, refresh_groups
-from pgtrickle.scheduler.policy import DueReason, DueState, due_reason, reconnect_delay, stopped_note
+from pgtrickle.scheduler.groups import RefreshGroup, refresh_groups
+from pgtrickle.scheduler.policy import DueReason, DueState, due_reason, next_due_at, reconnect_delay
+from pgtrickle.scheduler.ready import ReadySet, Unit, plan_units, unit_dependencies
 from pgtrickle.scheduler.schedule import IntervalSchedule, Schedule, parse_schedule
+from pgtrickle.scheduler.wake import CHANGES_CHANNEL, readers_of
+
+__all__ = [
+    "LOCK_NAMESPACE",
+    "LockedElsewhere",
+    "Scheduler",
+    "StreamTableLocks",
+    "TickReport",
+    "effective_groups",
+    "group_nodes",
+    "ordered",
+]
 
 log = logging.getLogger(__name__)
 
-LOCK_NAMESPACE = 0x70677472  # "pgtr": first key of every pgtrickle advisory lock
 NOTIFY_CHANNEL = "pgtrickle_refresh"
 MAINTENANCE_EVERY_SECONDS = 60.0
-
-
-@dataclass
-class TickReport:
-    refreshed: list[RefreshOutcome] = field(default_factory=list)
-    failed: list[tuple[StreamTable, str]] = field(default_factory=list)
-    locked_elsewhere: list[StreamTable] = field(default_factory=list)
-
-
-class StreamTableLocks:
-    """Session-level advisory locks, one per stream table, on one connection."""
-
-    def __init__(self, conn: psycopg.Connection) -> None:
-        self.conn = conn
-
-    def try_lock(self, pgt_id: int) -> bool:
-        row = self.conn.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, pgt_id)).fetchone()
-        return bool(row and row[0])
-
-    def unlock(self, pgt_id: int) -> None:
-        self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, pgt_id))
 
 
 def _schedules(
@@ -104,27 +111,9 @@ def _schedules(
     return resolve_calculated(nodes, now, default=default), broken
 
 
-def group_nodes(sts: dict[int, StreamTable]) -> dict[int, GroupNode]:
-    ups = upstream_ids(sts)
-    return {
-        i: GroupNode(
-            i,
-            st.display,
-            frozenset(s.relid for s in st.sources if s.kind == "TABLE"),
-            ups[i],
-            st.diamond_consistency == "atomic",
-        )
-        for i, st in sts.items()
-    }
-
-
 def effective_groups(conn: psycopg.Connection, sts: dict[int, StreamTable]) -> list[RefreshGroup]:
     """The atomic refresh groups in force: diamonds (of ``atomic`` fan-ins) and explicit groups."""
     return refresh_groups(group_nodes(sts), load_refresh_groups(conn))
-
-
-class LockedElsewhere(PgTrickleError):
-    """A stream table (or a member of its group) is being refreshed by another process."""
 
 
 def ordered(sts: dict[int, StreamTable]) -> list[int]:
@@ -152,6 +141,9 @@ class Scheduler:
         require_installed(self.conn)
         self.locks = StreamTableLocks(self.conn)
         self.refresher = Refresher(settings, dsn, progress=self.progress)
+        self.pool = WorkerPool(settings, dsn, settings.max_parallel_refreshes, self.progress)
+        """Parallel refresh workers (made on the first tick with more than one unit to run)."""
+        self.wakes = Wakes()
         self.stop_requested = False
         self._last_maintenance = 0.0
         self.decoder: DecoderThread | None = None
@@ -162,6 +154,7 @@ class Scheduler:
     def close(self) -> None:
         self.metrics.close()
         self.stop_decoder()
+        self.pool.close()
         self.refresher.close()
         self.conn.close()
 
@@ -169,7 +162,8 @@ class Scheduler:
     def connection_lost(self, *others: psycopg.Connection | None) -> bool:
         """Whether the catalog, refresh (or one of ``others``) connection to PostgreSQL is gone."""
         return any(
-            c is not None and (c.broken or c.closed) for c in (self.conn, self.refresher.conn, *others)
+            c is not None and (c.broken or c.closed)
+            for c in (self.conn, self.refresher.conn, *self.pool.connections(), *others)
         )
 
     def reconnect(self) -> None:
@@ -181,6 +175,7 @@ class Scheduler:
         for old in (self.conn, self.refresher.conn):
             with suppress(psycopg.Error):
                 old.close()
+        self.pool.close()  # its workers reconnect when next used
         self.conn = connect(self.dsn, application_name="pgtrickle-scheduler")
         require_installed(self.conn)
         self.locks = StreamTableLocks(self.conn)
@@ -264,12 +259,19 @@ class Scheduler:
         except ScheduleError:
             return IntervalSchedule(60)
 
-    def tick(self) -> TickReport:
+    def tick(self, changed_relids: Iterable[int | None] = ()) -> TickReport:
+        """Refresh every due stream table, upstream first, up to ``max_parallel_refreshes`` at once.
+
+        ``changed_relids``: sources notified as changed since the last tick (their readers that
+        are not due yet become :attr:`pending`, as do downstreams of stream tables refreshed now).
+        """
         report = TickReport()
         self.ensure_decoder()
         now = self._db_now()
+        started = time.monotonic()
         sts = load_stream_tables(self.conn)
         if not sts:
+            self.wakes.forget()
             return report
         requests = load_requests(self.conn)
         requested: dict[int, list[int]] = {}
@@ -285,42 +287,79 @@ class Scheduler:
         for pgt_id, message in broken.items():
             self._mark_error(sts[pgt_id], message)
 
-        def due(pgt_id: int) -> DueReason | None:
+        def state(pgt_id: int) -> DueState:
             st = sts[pgt_id]
-            if pgt_id in broken:
-                return None
-            return due_reason(
-                DueState(
-                    st.status,
-                    st.frontier is not None,
-                    st.last_refresh_at,
-                    st.last_attempt_at,
-                    pgt_id in requested,
-                    st.created_at,
-                    pgt_id in manual,
-                ),
-                schedules[pgt_id],
-                now,
+            return DueState(
+                st.status,
+                st.frontier is not None,
+                st.last_refresh_at,
+                st.last_attempt_at,
+                pgt_id in requested,
+                st.created_at,
+                pgt_id in manual,
             )
 
-        order = ordered(sts)
-        group_of = {m: g for g in effective_groups(self.conn, sts) for m in g.members}
-        for position, pgt_id in enumerate(order):
-            if self.stop_requested:
-                break
-            group = group_of.get(pgt_id)
-            if group is not None:
-                # A group refreshes once, where its last member comes in dependency order.
-                if any(m in group.members for m in order[position + 1 :]):
-                    continue
-                reasons = {m: due(m) for m in group.members}
-                if any(reasons.values()):
-                    self._refresh_group(group, order, sts, reasons, requested, forced, report)
-                continue
-            reason = due(pgt_id)
-            if reason is None:
-                continue
-            self._refresh_one(sts[pgt_id], reason, requested.get(pgt_id, []), report, force=pgt_id in forced)
+        def due(pgt_id: int, at: datetime) -> DueReason | None:
+            return None if pgt_id in broken else due_reason(state(pgt_id), schedules[pgt_id], at)
+
+        def clock() -> datetime:
+            """The database's time now (one round trip saved per unit)."""
+            return now + timedelta(seconds=time.monotonic() - started)
+
+        ups = upstream_ids(sts)
+        readers = readers_of({i: [s.relid for s in st.sources] for i, st in sts.items()})
+        notified = {m for relid in changed_relids if relid is not None for m in readers.get(relid, ())}
+        groups = {g.members: g for g in effective_groups(self.conn, sts)}
+        units = plan_units(ordered(sts), groups)
+        ready = ReadySet(units, unit_dependencies(units, ups), self.settings.max_parallel_refreshes)
+        changed: set[int] = set()  # stream tables that committed new rows in this tick
+        ended: dict[int, datetime] = {}  # stream tables refreshed or attempted in this tick: when
+        results: dict[int, TickReport] = {}
+        pending: dict[int, datetime] = {}
+
+        def prepare(unit: Unit) -> Job | None:
+            at = clock()
+            reasons = {m: due(m, at) for m in unit.members}
+            if not any(reasons.values()):
+                for m in unit.members:
+                    if (ups[m] & changed or m in notified or m in self.wakes.pending) and m not in broken:
+                        when = next_due_at(state(m), schedules[m], at)
+                        if when is not None:
+                            pending[m] = when
+                return None
+            if unit.group:
+                group = groups[frozenset(unit.members)]
+                members = list(unit.members)
+                return lambda w: refresh_group_unit(w, group, members, sts, reasons, requested, forced)
+            st, reason = sts[unit.key], reasons[unit.key]
+            assert reason is not None
+            return lambda w: refresh_one(
+                w, st, reason, requested.get(st.pgt_id, []), force=st.pgt_id in forced
+            )
+
+        def done(unit: Unit, result: TickReport) -> None:
+            results[unit.key] = result
+            at = clock()
+            for outcome in result.refreshed:
+                ended[outcome.st.pgt_id] = at
+                if outcome.action in (Action.FULL, Action.DIFFERENTIAL):
+                    changed.add(outcome.st.pgt_id)
+                self.metrics.observe_outcome(outcome)
+                self.on_outcome(outcome)
+            for st, _ in result.failed:
+                ended[st.pgt_id] = at
+                self.metrics.observe_failure(st.display)
+
+        if self.settings.max_parallel_refreshes > 1 and len(units) > 1:
+            self.pool.run(ready, prepare, done, lambda: self.stop_requested)
+        else:
+            worker = Worker(0, self.refresher, self.conn)
+            worker.locks = self.locks
+            run_units(ready, prepare, done, lambda: self.stop_requested, inline(worker))
+        for unit in units:  # in dependency order, whichever finished first
+            if unit.key in results:
+                report.extend(results[unit.key])
+        self.wakes.remember(sts, schedules, state, ended, pending, readers, notified, clock())
         if not self.stop_requested:
             for name, move, why in self.capture.reconcile():
                 log.warning("%s: change capture %s (%s)", name, move.value, why)
@@ -339,132 +378,20 @@ class Scheduler:
         except psycopg.Error:  # an alert must not stop the daemon
             log.exception("checking stream tables for stale data failed")
 
-    def _refresh_one(
-        self,
-        st: StreamTable,
-        reason: DueReason,
-        request_ids: Sequence[int],
-        report: TickReport,
-        force: bool = False,
-    ) -> None:
-        if not self.locks.try_lock(st.pgt_id):
-            report.locked_elsewhere.append(st)
-            return
-        try:
-            # Re-read under the lock: another process may have refreshed it meanwhile.
-            fresh = load_stream_tables(self.conn, only=st.pgt_id).get(st.pgt_id)
-            if fresh is None:
-                return
-            initiated_by = (
-                "MANUAL"
-                if reason is DueReason.REQUESTED and fresh.frontier is not None
-                else "INITIAL"
-                if fresh.frontier is None
-                else "SCHEDULER"
-            )
-            if note := stopped_note(fresh.display, fresh.status):
-                log.warning("%s", note)
-            outcome = self.refresher.refresh(
-                fresh, initiated_by, request_ids, record_no_data=reason is DueReason.REQUESTED, force=force
-            )
-            report.refreshed.append(outcome)
-            self.metrics.observe_outcome(outcome)
-            self.on_outcome(outcome)
-        except Cancelled:
-            raise
-        except PgTrickleError as exc:
-            log.error("refresh of %s failed: %s", st.display, exc)
-            report.failed.append((st, str(exc)))
-            self.metrics.observe_failure(st.display)
-        except Exception as exc:
-            log.exception("refresh of %s failed unexpectedly", st.display)
-            report.failed.append((st, f"{type(exc).__name__}: {exc}"))
-            self.metrics.observe_failure(st.display)
-        finally:
-            self.locks.unlock(st.pgt_id)
-
-    def _refresh_group(
-        self,
-        group: RefreshGroup,
-        order: Sequence[int],
-        sts: dict[int, StreamTable],
-        reasons: dict[int, DueReason | None],
-        requested: dict[int, list[int]],
-        forced: set[int],
-        report: TickReport,
-    ) -> None:
-        members = [m for m in order if m in group.members]
-        try:
-            outcomes = self.refresh_group_locked(
-                group,
-                members,
-                lambda st: (
-                    "INITIAL"
-                    if st.frontier is None
-                    else "MANUAL"
-                    if reasons.get(st.pgt_id) is DueReason.REQUESTED
-                    else "SCHEDULER"
-                ),
-                requested,
-                force=any(m in forced for m in members),
-                record_no_data=any(r is DueReason.REQUESTED for r in reasons.values()),
-            )
-        except LockedElsewhere:
-            return
-        except Cancelled:
-            raise
-        except Exception as exc:
-            if not isinstance(exc, PgTrickleError):
-                log.exception("refresh of atomic group %s failed unexpectedly", group.name)
-            else:
-                log.error("%s", exc)
-            report.failed.append((sts[members[-1]], str(exc)))
-            self.metrics.observe_failure(sts[members[-1]].display)
-            return
-        for outcome in outcomes:
-            report.refreshed.append(outcome)
-            self.metrics.observe_outcome(outcome)
-            self.on_outcome(outcome)
-
     def refresh_group_locked(
         self,
         group: RefreshGroup,
-        members: Sequence[int],
+        members: list[int],
         initiated_by: Callable[[StreamTable], str],
         requested: dict[int, list[int]],
         force: bool = False,
         record_no_data: bool = False,
     ) -> list[RefreshOutcome]:
-        """Refresh ``group`` (``members`` upstream first) under every member's advisory lock.
-
-        Raises LockedElsewhere when another process holds one of the locks.
-        """
-        locked: list[int] = []
-        try:
-            for pgt_id in members:
-                if not self.locks.try_lock(pgt_id):
-                    raise LockedElsewhere(
-                        f"atomic group {group.name}: a member is being refreshed by another process; try again"
-                    )
-                locked.append(pgt_id)
-            fresh = load_stream_tables(self.conn)
-            if any(m not in fresh for m in members):
-                return []  # dropped meanwhile
-            sts = {m: fresh[m] for m in members}
-            return refresh_group(
-                self.refresher,
-                group,
-                members,
-                sts,
-                in_group_upstream(group_nodes(fresh), group),
-                {m: initiated_by(sts[m]) for m in members},
-                {m: requested.get(m, []) for m in members},
-                record_no_data=record_no_data,
-                force=force,
-            )
-        finally:
-            for pgt_id in locked:
-                self.locks.unlock(pgt_id)
+        """Refresh ``group`` on the daemon's own refresher, under every member's advisory lock
+        (:func:`~pgtrickle.daemon.units.refresh_group_locked`)."""
+        worker = Worker(0, self.refresher, self.conn)
+        worker.locks = self.locks
+        return refresh_group_locked(worker, group, members, initiated_by, requested, force, record_no_data)
 
     def _mark_error(self, st: StreamTable, message: str) -> None:
         message = scrub(message)
@@ -576,15 +503,15 @@ class Scheduler:
         self.abandon_stale_history()
         self.start_metrics()
         ticks = 0
+        changed: set[int | None] = set()
         try:
             while not self.stop_requested and listener is not None:
                 try:
-                    self.tick()
+                    self.tick(changed)
                     ticks += 1
                     if max_ticks is not None and ticks >= max_ticks:
                         break
-                    for _ in listener.notifies(timeout=self.settings.tick_seconds, stop_after=1):
-                        pass
+                    changed = self.wait(listener)
                 except Cancelled:
                     break
                 except Exception as exc:
@@ -596,16 +523,38 @@ class Scheduler:
             if listener is not None:
                 listener.close()
 
+    def wait(self, listener: psycopg.Connection) -> set[int | None]:
+        """Wait for the next tick; returns the sources notified as changed meanwhile (daemon/wake.py)."""
+        return self.wakes.wait(listener, self.settings.tick_seconds, lambda: self.stop_requested)
+
+    @property
+    def pending(self) -> dict[int, datetime]:
+        """Stream tables with new input not refreshed yet (their schedule did not allow it): when each is due."""
+        return self.wakes.pending
+
     def _listen(self) -> psycopg.Connection:
         listener = connect(self.dsn, application_name="pgtrickle-listener")
         listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        listener.execute(f"LISTEN {CHANGES_CHANNEL}")
+        self.on_listen(listener)
         return listener
+
+    def on_listen(self, listener: psycopg.Connection) -> None:
+        """Hook: the listener connection was opened (at start, and again after a lost connection).
+
+        The serving daemon (daemon/serve.py) registers itself on it.
+        """
+
+    def cancel(self) -> None:
+        """Abandon the refreshes in progress: their Spark jobs are cancelled, nothing is applied."""
+        self.refresher.cancel()
+        self.pool.cancel()
 
     def _install_signal_handlers(self) -> None:
         def handler(signum: int, _frame: object) -> None:
             if self.stop_requested:
                 log.warning("second stop signal: abandoning the refresh in progress")
-                threading.Thread(target=self.refresher.cancel, daemon=True).start()
+                threading.Thread(target=self.cancel, daemon=True).start()
             else:
                 log.warning(
                     "stop signal %s: finishing the refresh in progress, then exiting "

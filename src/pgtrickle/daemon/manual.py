@@ -13,15 +13,17 @@ exit status — are pure functions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import psycopg
 
 from pgtrickle.catalog.store import StreamTable, load_requests, load_stream_tables, upstream_ids
 from pgtrickle.config import Settings
 from pgtrickle.daemon.loop import LockedElsewhere, Scheduler, effective_groups, ordered
+from pgtrickle.daemon.serving import Summary
 from pgtrickle.db.redaction import scrub
 from pgtrickle.errors import PgTrickleError
 from pgtrickle.gates import watermark_gate
@@ -47,25 +49,6 @@ class ManualRefresh:
     reason: str
     outcome: RefreshOutcome | None = None
     error: PgTrickleError | Exception | None = None
-
-
-@dataclass(frozen=True)
-class Summary:
-    refreshed: int
-    failed: int
-    skipped: int
-
-    @property
-    def exit_code(self) -> int:
-        """0: nothing failed; 1: some refresh failed (the others were still done)."""
-        return 1 if self.failed else 0
-
-    def text(self) -> str:
-        total = self.refreshed + self.failed + self.skipped
-        return (
-            f"{total} stream table{'s' if total != 1 else ''}: {self.refreshed} refreshed, "
-            f"{self.failed} failed, {self.skipped} skipped"
-        )
 
 
 def summarize(results: Iterable[ManualRefresh]) -> Summary:
@@ -111,82 +94,97 @@ def refresh_all(
     """
     scheduler = Scheduler(settings, dsn, progress=progress)
     try:
-        conn = scheduler.conn
-        sts = load_stream_tables(conn)
-        if names is None:
-            wanted = set(sts)
-        else:
-            wanted = set()
+        ids: list[int] | None = None
+        if names is not None:
+            ids = []
             for name in names:
-                row = conn.execute("SELECT (pgtrickle._find_st(%s)).pgt_id", (name,)).fetchone()
+                row = scheduler.conn.execute("SELECT (pgtrickle._find_st(%s)).pgt_id", (name,)).fetchone()
                 assert row is not None
-                wanted.add(int(row[0]))
-        requested: dict[int, list[int]] = {}
-        forced: set[int] = set()
-        for req in load_requests(conn):
-            requested.setdefault(req.pgt_id, []).append(req.request_id)
-            if req.force:
-                forced.add(req.pgt_id)
-        if not force and names is not None:
-            _refuse_gated(conn, sts, wanted)
-        ups = upstream_ids(sts)
-        results: list[ManualRefresh] = []
-        not_done: dict[int, str] = {}
-        order = ordered(sts)
-        group_of = {m: g for g in effective_groups(conn, sts) for m in g.members}
-
-        def failed(ids: Sequence[int], exc: Exception) -> None:
-            if not keep_going:
-                raise exc
-            message = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-            if not isinstance(exc, PgTrickleError):
-                message = f"{type(exc).__name__}: {message}"
-            for m in ids:
-                results.append(ManualRefresh(sts[m], Result.FAILED, message, error=exc))
-                not_done[m] = f"upstream {sts[m].display} failed in this run"
-
-        for position, pgt_id in enumerate(order):
-            group = group_of.get(pgt_id)
-            if group is not None:
-                # A member asked for refreshes its whole atomic group, where its last member comes.
-                if not group.members & wanted or any(m in group.members for m in order[position + 1 :]):
-                    continue
-                members = [m for m in order if m in group.members]
-            elif pgt_id in wanted:
-                members = [pgt_id]
-            else:
-                continue
-            why = blocked_by(members, ups, not_done)
-            if why is not None:
-                for m in members:
-                    results.append(ManualRefresh(sts[m], Result.SKIPPED, why))
-                    not_done[m] = f"upstream {sts[m].display} was skipped ({why})"
-                continue
-            try:
-                if group is not None:
-                    outcomes = scheduler.refresh_group_locked(
-                        group,
-                        members,
-                        lambda st: "INITIAL" if st.frontier is None else "MANUAL",
-                        requested,
-                        force=force or any(m in forced for m in members),
-                        record_no_data=True,
-                    )
-                else:
-                    outcomes = [
-                        _refresh_one(
-                            scheduler, pgt_id, sts, requested, force or pgt_id in forced, LockedElsewhere
-                        )
-                    ]
-            except Cancelled:
-                raise
-            except Exception as exc:
-                failed(members, exc)
-                continue
-            results.extend(_outcome_result(o) for o in outcomes)
-        return results
+                ids.append(int(row[0]))
+        return refresh_on(scheduler, ids, force=force, keep_going=keep_going)
     finally:
         scheduler.close()
+
+
+def refresh_on(
+    scheduler: Scheduler, ids: Collection[int] | None, *, force: bool = False, keep_going: bool = True
+) -> list[ManualRefresh]:
+    """:func:`refresh_all` with ``scheduler``'s connections (and Spark): the stream tables ``ids``
+    (all when None); a running daemon serves ``pgtrickle refresh`` with this (daemon/serve.py)."""
+    conn = scheduler.conn
+    sts = load_stream_tables(conn)
+    if ids is None:
+        wanted = set(sts)
+    else:
+        wanted = set(ids)
+        if wanted - set(sts):
+            raise PgTrickleError(
+                "a stream table named in this refresh was dropped before it could be refreshed"
+            )
+    requested: dict[int, list[int]] = {}
+    forced: set[int] = set()
+    for req in load_requests(conn):
+        requested.setdefault(req.pgt_id, []).append(req.request_id)
+        if req.force:
+            forced.add(req.pgt_id)
+    if not force and ids is not None:
+        _refuse_gated(conn, sts, wanted)
+    ups = upstream_ids(sts)
+    results: list[ManualRefresh] = []
+    not_done: dict[int, str] = {}
+    order = ordered(sts)
+    group_of = {m: g for g in effective_groups(conn, sts) for m in g.members}
+
+    def failed(members: Sequence[int], exc: Exception) -> None:
+        if not keep_going:
+            raise exc
+        message = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        if not isinstance(exc, PgTrickleError):
+            message = f"{type(exc).__name__}: {message}"
+        for m in members:
+            results.append(ManualRefresh(sts[m], Result.FAILED, message, error=exc))
+            not_done[m] = f"upstream {sts[m].display} failed in this run"
+
+    for position, pgt_id in enumerate(order):
+        group = group_of.get(pgt_id)
+        if group is not None:
+            # A member asked for refreshes its whole atomic group, where its last member comes.
+            if not group.members & wanted or any(m in group.members for m in order[position + 1 :]):
+                continue
+            members = [m for m in order if m in group.members]
+        elif pgt_id in wanted:
+            members = [pgt_id]
+        else:
+            continue
+        why = blocked_by(members, ups, not_done)
+        if why is not None:
+            for m in members:
+                results.append(ManualRefresh(sts[m], Result.SKIPPED, why))
+                not_done[m] = f"upstream {sts[m].display} was skipped ({why})"
+            continue
+        try:
+            if group is not None:
+                outcomes = scheduler.refresh_group_locked(
+                    group,
+                    members,
+                    lambda st: "INITIAL" if st.frontier is None else "MANUAL",
+                    requested,
+                    force=force or any(m in forced for m in members),
+                    record_no_data=True,
+                )
+            else:
+                outcomes = [
+                    _refresh_one(
+                        scheduler, pgt_id, sts, requested, force or pgt_id in forced, LockedElsewhere
+                    )
+                ]
+        except Cancelled:
+            raise
+        except Exception as exc:
+            failed(members, exc)
+            continue
+        results.extend(_outcome_result(o) for o in outcomes)
+    return results
 
 
 def _refresh_one(
@@ -235,6 +233,66 @@ def _refuse_gated(conn: psycopg.Connection, sts: dict[int, StreamTable], wanted:
                 f"stream table {sts[pgt_id].display} is held back by watermark gating ({gated}); "
                 "pgtrickle watermarks shows which source lags; refresh anyway with --force"
             )
+
+
+def _sqlstate(exc: BaseException | None) -> str | None:
+    """The SQLSTATE of an error from PostgreSQL (psycopg) or Spark (``getSqlState()``), or of its cause."""
+    for err in (exc, getattr(exc, "__cause__", None)):
+        state = getattr(err, "sqlstate", None)
+        get_sql_state = getattr(err, "getSqlState", None)
+        if state is None and callable(get_sql_state):
+            try:
+                state = get_sql_state()
+            except Exception:  # a Spark error without a JVM behind it any more
+                state = None
+        if isinstance(state, str) and state:
+            return state
+    return None
+
+
+def _error(exc: BaseException | None, message: str) -> dict[str, Any]:
+    sqlstate = _sqlstate(exc)
+    return {
+        "type": type(exc).__name__ if exc is not None else None,
+        "sqlstate": sqlstate if isinstance(sqlstate, str) else None,
+        "message": message,
+    }
+
+
+def results_document(results: Sequence[ManualRefresh]) -> dict[str, Any]:
+    """Each stream table's outcome (upstream first) and the summary, as plain JSON values.
+
+    ``pgtrickle refresh --json`` prints it (with ``schema_version``, cli/json_output.py) and its
+    text table is drawn from it; a daemon serving the command stores exactly this, so both
+    ways of refreshing print the same.
+    """
+    tables = []
+    for r in results:
+        o = r.outcome
+        tables.append(
+            {
+                "name": r.st.display,
+                "result": r.result.value,
+                "action": o.action.value if o else None,
+                "reason": scrub(r.reason),
+                "rows_inserted": o.rows_inserted if o else None,
+                "rows_deleted": o.rows_deleted if o else None,
+                "seconds": round(o.seconds, 6) if o else None,
+                "spark_jobs": o.spark_jobs if o else None,
+                "error": _error(r.error, scrub(r.reason)) if r.result is Result.FAILED else None,
+            }
+        )
+    summary = summarize(results)
+    return {
+        "stream_tables": tables,
+        "summary": {
+            "total": summary.refreshed + summary.failed + summary.skipped,
+            "refreshed": summary.refreshed,
+            "failed": summary.failed,
+            "skipped": summary.skipped,
+            "exit_code": summary.exit_code,
+        },
+    }
 
 
 def refresh_sync(

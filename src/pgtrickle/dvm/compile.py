@@ -41,7 +41,7 @@ Reads
 Every relation the query reads is listed once in :attr:`Compiled.reads`, keyed by the name
 the resolver gave (two ``Scan`` or ``Delta`` nodes resolved to one name are one read), with
 the number of places it is read from (``uses``), so the caller registers each once and
-persists the ones read more than once (DELTA_ENGINE.md §4).
+persists the ones read more than once (docs/DELTA_COMPILER.md, "Reads").
 
 Column types
 ------------

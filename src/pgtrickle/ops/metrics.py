@@ -37,6 +37,8 @@ UPDATE_EVERY_SECONDS = 5.0
 """How often the daemon re-reads the catalog for the state series."""
 
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, float("inf"))
+_JOB_BUCKETS = (1, 2, 3, 5, 8, 13, 21, 34, float("inf"))
+"""Jobs per refresh: one plan per refresh should be one job (docs/OPERATIONS.md)."""
 
 
 @dataclass
@@ -135,6 +137,13 @@ class Metrics:
             registry=r,
             buckets=_DURATION_BUCKETS,
         )
+        self.spark_jobs = Histogram(
+            "pgtrickle_refresh_spark_jobs",
+            "Spark jobs a refresh ran (not observed where they cannot be counted: Spark Connect)",
+            ["st", "mode"],
+            registry=r,
+            buckets=_JOB_BUCKETS,
+        )
         self.rows = Counter(
             "pgtrickle_refresh_rows",
             "rows a refresh inserted or deleted",
@@ -164,6 +173,8 @@ class Metrics:
         if action in ("FULL", "DIFFERENTIAL"):
             self.refresh_seconds.labels(st, action).observe(outcome.seconds)
             self.spark_seconds.labels(st, action).observe(outcome.spark_seconds)
+            if getattr(outcome, "spark_jobs", None) is not None:
+                self.spark_jobs.labels(st, action).observe(outcome.spark_jobs)
             self.rows.labels(st, action, "inserted").inc(outcome.rows_inserted)
             self.rows.labels(st, action, "deleted").inc(outcome.rows_deleted)
 

@@ -18,6 +18,7 @@ from pgtrickle import faults
 from pgtrickle.catalog import identity
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.errors import RefreshError
+from pgtrickle.spark import jobs
 
 # The reinitialization request is met by this refresh (see :func:`complete`).
 _REINIT_DONE = "(%(full)s AND (reinit_xid IS NULL OR pg_visible_in_snapshot(reinit_xid, %(s)s::pg_snapshot)))"
@@ -63,11 +64,14 @@ def complete(
 
     The refresh's watermark state (``st.watermark_mark``: the effective
     watermark, and where a hold_back refresh read each grouped source) is
-    stored with the frontier. ``data_timestamp`` is the time the data reflects when it is not
+    stored with the frontier. The Spark jobs the refresh ran (all of them ran before its
+    apply) are counted from this thread's job group (:mod:`pgtrickle.spark.jobs`).
+    ``data_timestamp`` is the time the data reflects when it is not
     the apply's (a query that reads the clock reflects its snapshot's time).
     """
     faults.point("refresh.apply")
     mark = st.watermark_mark
+    ran = jobs.figures()
     conn.execute(
         """
         UPDATE pgtrickle.pgt_stream_tables
@@ -98,10 +102,21 @@ def complete(
         """
         UPDATE pgtrickle.pgt_refresh_history
            SET status = 'COMPLETED', end_time = clock_timestamp(), rows_inserted = %s,
-               rows_deleted = %s, frontier = %s::pg_snapshot, spark_seconds = %s, effective_watermark = %s
+               rows_deleted = %s, frontier = %s::pg_snapshot, spark_seconds = %s, effective_watermark = %s,
+               spark_jobs = %s, spark_stages = %s, spark_jobs_why = %s
          WHERE refresh_id = %s
         """,
-        (inserted, deleted, snapshot, spark_seconds, mark.effective_watermark if mark else None, history_id),
+        (
+            inserted,
+            deleted,
+            snapshot,
+            spark_seconds,
+            mark.effective_watermark if mark else None,
+            ran.jobs,
+            ran.stages,
+            ran.why,
+            history_id,
+        ),
     )
     if request_ids:
         conn.execute(

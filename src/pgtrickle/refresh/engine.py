@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
@@ -58,7 +59,9 @@ from pgtrickle.refresh.plan import (
     reinit_text,
 )
 from pgtrickle.spark import carry, jdbc
-from pgtrickle.spark.capabilities import capabilities, tag_jobs
+from pgtrickle.spark.capabilities import capabilities, join_count, tag_jobs
+from pgtrickle.spark.jobs import counting
+from pgtrickle.spark.jobs import figures as job_figures
 from pgtrickle.sql.clock import pin_clock
 from pgtrickle.sql.translate import translate_to_spark
 
@@ -79,6 +82,9 @@ class RefreshOutcome:
     seconds: float = 0.0
     spark_seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    spark_jobs: int | None = 0
+    """The Spark jobs it ran (0 for NO_DATA and SKIP; ``None``: not counted, e.g. on Spark Connect);
+    see spark/jobs.py."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,13 @@ class Cancelled(PgTrickleError):
 
 _SHARED_CACHES: dict[str, tuple[dict, dict, dict]] = {}
 """Per database (DSN): query analyses, table layouts made, differential plans. Keys hold the
-stream table's id and query text, so a changed query or a recreated table misses."""
+stream table's id and query text, so a changed query or a recreated table misses.
+
+Parallel refreshes (daemon/workers.py) share them from several threads: an entry is built
+outside any lock (two threads may both build one; the builds agree) and the first one stored
+wins (:data:`_CACHE_LOCK`), so every thread then uses the same value."""
+
+_CACHE_LOCK = threading.Lock()
 
 
 class Refresher:
@@ -145,7 +157,9 @@ class Refresher:
             from pgtrickle.spark.session import get_spark
 
             self._spark_provider = get_spark
-        return self._spark_provider(self.settings)
+        session = self._spark_provider(self.settings)
+        join_count(session)  # a refresh in progress counts this session's jobs (spark/jobs.py)
+        return session
 
     def clear_cancel(self) -> None:
         """A new refresh (or atomic group) begins: an earlier cancellation request does not apply to it."""
@@ -201,8 +215,24 @@ class Refresher:
     ) -> Prepared:
         """Analyse, lay out and plan a refresh of ``st`` (see :meth:`_plan_and_maybe_skip`).
 
-        A failure here is recorded (history, error count, alerts) and raised.
+        A failure here is recorded (history, error count, alerts) and raised; no Spark job
+        runs here, so its history row counts none.
         """
+        with counting(f"pgtrickle-{st.pgt_id}", f"prepare {st.display}"):
+            return self._prepare_refresh(
+                st, request_ids, initiated_by, record_no_data, force, snapshot, defer_no_data
+            )
+
+    def _prepare_refresh(
+        self,
+        st: StreamTable,
+        request_ids: Sequence[int],
+        initiated_by: str,
+        record_no_data: bool,
+        force: bool,
+        snapshot: str | None,
+        defer_no_data: bool,
+    ) -> Prepared:
         try:
             analysis, differential, layout, layout_changed = self._prepare(st, initiated_by)
             mode = ModeContext(
@@ -248,8 +278,22 @@ class Refresher:
         """Run a planned FULL or DIFFERENTIAL refresh whose history row exists.
 
         A failure is recorded and raised — except inside an atomic group, whose
-        transaction is rolled back and which records the failure itself.
+        transaction is rolled back and which records the failure itself. The Spark jobs it
+        runs are counted (:mod:`pgtrickle.spark.jobs`) and recorded with the outcome.
         """
+        with counting(f"pgtrickle-{st.pgt_id}", f"refresh {st.display}") as count:
+            outcome = self._execute(st, plan, history_id, request_ids, prepared)
+            outcome.spark_jobs = (count.recorded or job_figures()).jobs
+            return outcome
+
+    def _execute(
+        self,
+        st: StreamTable,
+        plan: RefreshPlan,
+        history_id: int,
+        request_ids: Sequence[int],
+        prepared: Prepared,
+    ) -> RefreshOutcome:
         try:
             if plan.action is Action.DIFFERENTIAL:
                 return self._differential_or_fallback(
@@ -285,9 +329,11 @@ class Refresher:
 
     def cached(self, key: tuple, build: Callable[[], object]):
         """``build()``, computed once per key for the life of this refresher."""
-        if key not in self.dvm_cache:
-            self.dvm_cache[key] = build()
-        return self.dvm_cache[key]
+        if key in self.dvm_cache:
+            return self.dvm_cache[key]
+        value = build()
+        with _CACHE_LOCK:
+            return self.dvm_cache.setdefault(key, value)
 
     def carried_columns(self, source: Source) -> list[tuple[str, str]] | None:
         """(name, base type) of ``source``'s columns when one is not read as it is; see spark/carry.py."""
@@ -305,9 +351,10 @@ class Refresher:
 
     def view_name(self, pgt_id: int, key: tuple) -> str:
         """A stable Spark view name for a key-filtered read (so cached SQL keeps matching)."""
-        names = self.dvm_cache.setdefault(("view-names", pgt_id), {})
-        assert isinstance(names, dict)
-        return names.setdefault(key, f"pgt_{pgt_id}_p{len(names)}")
+        with _CACHE_LOCK:
+            names = self.dvm_cache.setdefault(("view-names", pgt_id), {})
+            assert isinstance(names, dict)
+            return names.setdefault(key, f"pgt_{pgt_id}_p{len(names)}")
 
     # ------------------------------------------------------------- modes
     def analysis(self, st: StreamTable) -> DeltaMode:

@@ -14,6 +14,7 @@ from pgtrickle.catalog.store import StreamTable
 from pgtrickle.ops import alerts, health
 from pgtrickle.refresh.plan import RefreshPlan
 from pgtrickle.scheduler.policy import STOPPED_STATUSES
+from pgtrickle.spark import jobs
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +26,16 @@ def wal_capture_set_up(conn: psycopg.Connection) -> bool:
 
 
 def start_history(conn: psycopg.Connection, st: StreamTable, plan: RefreshPlan, initiated_by: str) -> int:
-    """A RUNNING history row for a refresh of ``st`` about to run ``plan``; its refresh_id."""
+    """A RUNNING history row for a refresh of ``st`` about to run ``plan``; its refresh_id.
+
+    Its Spark job count is NULL until the refresh completes or fails (then counted).
+    """
     row = conn.execute(
         """
         INSERT INTO pgtrickle.pgt_refresh_history
             (pgt_id, action, status, initiated_by, delta_row_count, delta_deletes, mode_reason,
-             was_full_fallback)
-        VALUES (%s, %s, 'RUNNING', %s, %s, %s, %s, %s) RETURNING refresh_id
+             was_full_fallback, spark_jobs, spark_stages)
+        VALUES (%s, %s, 'RUNNING', %s, %s, %s, %s, %s, NULL, NULL) RETURNING refresh_id
         """,
         (
             st.pgt_id,
@@ -53,14 +57,17 @@ def record_failure(
     """Record a failed refresh: history row, error count, status (auto-suspension / ERROR), alerts.
 
     One transaction, so the status and its alerts never disagree. The
-    decision is :func:`pgtrickle.ops.health.after_failure`.
+    decision is :func:`pgtrickle.ops.health.after_failure`. The Spark jobs that ran before
+    the failure are counted (none when it failed before reaching Spark).
     """
+    ran = jobs.figures()
     try:
         with conn.transaction():
             hist = conn.execute(
                 "UPDATE pgtrickle.pgt_refresh_history SET status = 'FAILED', end_time = clock_timestamp(),"
-                " error_message = %s WHERE refresh_id = %s RETURNING action, initiated_by",
-                (message, history_id),
+                " error_message = %s, spark_jobs = %s, spark_stages = %s, spark_jobs_why = %s"
+                " WHERE refresh_id = %s RETURNING action, initiated_by",
+                (message, ran.jobs, ran.stages, ran.why, history_id),
             ).fetchone()
             row = conn.execute(
                 "SELECT status, consecutive_errors + 1 FROM pgtrickle.pgt_stream_tables"

@@ -13,6 +13,7 @@ from psycopg import sql
 
 from pgtrickle.catalog import identity
 from pgtrickle.catalog.store import StreamTable
+from pgtrickle.db.columns import column_types
 from pgtrickle.dvm import ir
 from pgtrickle.dvm.compile import compile_ir
 from pgtrickle.dvm.layout import Layout
@@ -31,13 +32,11 @@ def row_index_name(st: StreamTable) -> str:
 
 def ensure_layout(conn: psycopg.Connection, st: StreamTable, layout: Layout) -> bool:
     """Make the table match ``layout``; True when its contents must be recomputed (FULL)."""
-    existing: dict[str, str] = dict(
-        conn.execute(
-            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s"
-            " AND attnum > 0 AND NOT attisdropped AND attname LIKE '\\_\\_pgt\\_%%' AND attname <> '__pgt_row_id'",
-            (st.relid,),
-        ).fetchall()
-    )
+    existing = {
+        name: typ
+        for name, typ in column_types(conn, st.relid).items()
+        if name.startswith("__pgt_") and name != "__pgt_row_id"
+    }
     wanted: dict[str, str] = {}
     if layout.hidden and layout.stored is not None:
         wanted = _probe_types(conn, st, layout.stored)
@@ -121,12 +120,8 @@ def _probe_types(conn: psycopg.Connection, st: StreamTable, stored: StoredAggreg
                 sql.SQL(columns), sql.SQL(query)
             )
         )
-        rows = conn.execute(
-            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
-            " WHERE attrelid = 'pg_temp.__pgt_probe'::regclass AND attnum > 0"
-        ).fetchall()
+        types = column_types(conn, "pg_temp.__pgt_probe")
         conn.execute("DROP VIEW pg_temp.__pgt_probe")
-    types: dict[str, str] = dict(rows)
     return {name: types[name] for name in stored.hidden}
 
 

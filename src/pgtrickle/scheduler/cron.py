@@ -1,7 +1,7 @@
 """5-field cron expressions: pgtrickle's one cron grammar, and fire times in UTC.
 
 The SQL API validates schedules with the same grammar (``pgtrickle._validate_schedule``
-and ``pgtrickle._cron_field`` in ``catalog/sql/api.sql``) and stores the canonical form;
+and ``pgtrickle._cron_field`` in ``catalog/sql/api/05_schedules.sql``) and stores the canonical form;
 ``tests/integration/test_schedule_grammar.py`` feeds random strings to both and checks
 they agree. The grammar (docs/SQL_API.md, "Schedules"):
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from pgtrickle.scheduler.schedule import Schedule, is_due
+from pgtrickle.scheduler.schedule import Schedule, is_due, next_due
 
 
 class DueReason(StrEnum):
@@ -58,6 +58,22 @@ def due_reason(state: DueState, schedule: Schedule, now: datetime) -> DueReason 
     if is_due(schedule, last, now):
         return DueReason.SCHEDULED
     return None
+
+
+def next_due_at(state: DueState, schedule: Schedule, now: datetime) -> datetime | None:
+    """When the stream table falls due by its schedule (``now`` or earlier: already due), or ``None``
+    when nothing is attempted automatically (SUSPENDED / ERROR).
+
+    The same rule as :func:`due_reason` without requests: a never-populated stream table counts from
+    its creation, a failed attempt waits one interval like a success.
+    """
+    if state.status in STOPPED_STATUSES:
+        return None
+    attempts = [t for t in (state.last_refresh_at, state.last_attempt_at) if t is not None]
+    last = max(attempts) if attempts else None
+    if not state.has_frontier:
+        return next_due(schedule, last or state.created_at, now)
+    return next_due(schedule, last, now)
 
 
 def stopped_note(display: str, status: str) -> str | None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from pgtrickle.spark import jobs
+
 _PARALLELISM_PROBE = "SELECT max(p) + 1 FROM (SELECT spark_partition_id() AS p FROM range(65536))"
 
 
@@ -71,12 +73,27 @@ def forget(spark) -> None:
 
 
 def tag_jobs(spark, tag: str, description: str) -> None:
-    """Name the jobs this thread starts from now on ``tag`` (and only that)."""
-    if is_connect(spark):
+    """Name the jobs this thread starts from now on ``tag`` (and only that).
+
+    While a refresh counts its jobs on this thread (:mod:`pgtrickle.spark.jobs`),
+    its own unique job group replaces ``tag``.
+    """
+    group = jobs.group_for(tag)
+    connect = is_connect(spark)
+    jobs.note_session(spark, connect)
+    if connect:
         spark.clearTags()
-        spark.addTag(tag)
+        spark.addTag(group)
     else:
-        spark.sparkContext.setJobGroup(tag, description, True)
+        spark.sparkContext.setJobGroup(group, description, True)
+
+
+def join_count(spark) -> None:
+    """Put the jobs this thread starts on ``spark`` into the job group of the refresh counted on it
+    (once per session and count; nothing when no count is active)."""
+    count = jobs.active()
+    if count is not None and not any(s is spark for s in count.sessions):
+        tag_jobs(spark, count.group, count.description)
 
 
 def interrupt_all(spark) -> None:

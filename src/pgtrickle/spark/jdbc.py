@@ -41,6 +41,7 @@ _session_guards: OrderedDict[str, str] = OrderedDict()
 """Per exported snapshot: SQL each Spark session runs after joining it (see :func:`guard_snapshot`).
 Only the latest few are kept: an exported snapshot lives only as long as its refresh's read."""
 _GUARDS_KEPT = 256
+_guards_lock = threading.Lock()
 
 
 def guard_snapshot(snapshot_id: str, guard_sql: str | None) -> None:
@@ -49,18 +50,20 @@ def guard_snapshot(snapshot_id: str, guard_sql: str | None) -> None:
     The refresh pins its sources this way (pgtrickle.catalog.identity.session_guard): each
     session locks the tables it may read and checks their names still lead to the tracked OIDs.
     """
-    if guard_sql is None:
-        _session_guards.pop(snapshot_id, None)
-    else:
-        _session_guards[snapshot_id] = guard_sql
-        while len(_session_guards) > _GUARDS_KEPT:
-            _session_guards.popitem(last=False)
+    with _guards_lock:  # parallel refreshes (daemon/workers.py) guard their snapshots from several threads
+        if guard_sql is None:
+            _session_guards.pop(snapshot_id, None)
+        else:
+            _session_guards[snapshot_id] = guard_sql
+            while len(_session_guards) > _GUARDS_KEPT:
+                _session_guards.popitem(last=False)
 
 
 def snapshot_init_statement(snapshot_id: str) -> str:
     if not snapshot_id.replace("-", "").isalnum():
         raise ValueError(f"not a snapshot id: {snapshot_id!r}")
-    guard = _session_guards.get(snapshot_id)
+    with _guards_lock:
+        guard = _session_guards.get(snapshot_id)
     if guard:
         return (
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; "

@@ -52,6 +52,9 @@ def default_conf(settings: Settings) -> dict[str, str]:
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
         # Identifiers arrive already case-folded by PostgreSQL; "A" and "a" are different columns.
         "spark.sql.caseSensitive": "true",
+        # Parallel refreshes (max_parallel_refreshes > 1) each submit their jobs in a pool of their own
+        # (use_pool): fair sharing, so one big refresh does not hold up the small ones behind it.
+        "spark.scheduler.mode": "FAIR",
     }
 
 
@@ -187,6 +190,37 @@ def _start_local(settings: Settings):
         ) from exc
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def child_session(parent, settings: Settings):
+    """A session of its own for one parallel refresh worker: separate temporary views and SQL
+    settings (two refreshes register views of the same names, and tune settings per job).
+
+    A local session's child shares its SparkContext (the JVM, the executors, the cache); a Spark
+    Connect session's is a new session on the same server, with pgtrickle's settings set.
+    """
+    from pgtrickle.spark.capabilities import is_connect
+
+    if is_connect(parent):
+        from pgtrickle.spark import connect
+
+        return connect.open_session(settings, default_conf(settings))
+    return parent.newSession()
+
+
+def use_pool(session, pool: str) -> bool:
+    """Submit the jobs the calling thread starts from now on in fair scheduler pool ``pool``.
+
+    Spark Connect has no thread-local properties: there each worker's session is its own
+    server session and the server schedules their jobs (its ``spark.scheduler.mode``).
+    Returns whether a pool was set.
+    """
+    from pgtrickle.spark.capabilities import is_connect
+
+    if is_connect(session):
+        return False
+    session.sparkContext.setLocalProperty("spark.scheduler.pool", pool)
+    return True
 
 
 def startup_seconds() -> float | None:

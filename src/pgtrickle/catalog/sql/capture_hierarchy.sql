@@ -1,5 +1,5 @@
 -- pgtrickle: change capture of partitions and inheritance children (docs/ARCHITECTURE.md,
--- "Partitions and inheritance children"). Installed after the migrations and before api.sql.
+-- "Partitions and inheritance children"). Installed after the migrations and before sql/api/.
 --
 -- A table source's capture trigger function pgtrickle_changes.capture_<source> fires on the
 -- source itself (triggers pgt_capture_*) and on every table below it in its partition or
@@ -9,6 +9,53 @@
 -- the parent's row type, so each change is captured exactly once, by the table the
 -- statement named. The function names columns, never positions: one function serves
 -- members whose columns are in another order (PL/pgSQL compiles it per table).
+
+-- The four statement triggers that run a capture function on one table, named <p_prefix>_ins,
+-- _upd, _del and _trunc (one per event: transition tables need single-event triggers). The
+-- source's own (pgt_capture), its members' (pgt_member_<source>) and its ancestors'
+-- (pgt_ancestor_<source>) are all made and dropped by these two.
+CREATE OR REPLACE FUNCTION pgtrickle._drop_statement_triggers(p_prefix text, p_table oid)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    ev text;
+BEGIN
+    FOREACH ev IN ARRAY ARRAY['ins', 'upd', 'del', 'trunc'] LOOP
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', p_prefix || '_' || ev, p_table::regclass);
+    END LOOP;
+END
+$$;
+
+-- (Re)create them, running p_fn (a qualified function name).
+CREATE OR REPLACE FUNCTION pgtrickle._create_statement_triggers(p_prefix text, p_table oid, p_fn text)
+RETURNS void LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    tbl text := p_table::regclass::text;
+BEGIN
+    PERFORM pgtrickle._drop_statement_triggers(p_prefix, p_table);
+    EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s REFERENCING NEW TABLE AS __pgt_new '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION %s()', p_prefix || '_ins', tbl, p_fn);
+    EXECUTE format('CREATE TRIGGER %I AFTER UPDATE ON %s REFERENCING OLD TABLE AS __pgt_old '
+                   'NEW TABLE AS __pgt_new FOR EACH STATEMENT EXECUTE FUNCTION %s()', p_prefix || '_upd', tbl, p_fn);
+    EXECUTE format('CREATE TRIGGER %I AFTER DELETE ON %s REFERENCING OLD TABLE AS __pgt_old '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION %s()', p_prefix || '_del', tbl, p_fn);
+    EXECUTE format('CREATE TRIGGER %I AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+                   p_prefix || '_trunc', tbl, p_fn);
+END
+$$;
+
+-- The tables other than p_except with triggers running the capture function p_fn (unqualified,
+-- in pgtrickle_changes), and whether all four.
+CREATE OR REPLACE FUNCTION pgtrickle._tables_running(p_fn text, p_except oid)
+RETURNS TABLE (relid oid, complete boolean) LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp AS $$
+    SELECT t.tgrelid, count(*) = 4
+      FROM pg_trigger t
+     WHERE t.tgfoid = to_regprocedure(format('pgtrickle_changes.%I()', p_fn))
+       AND t.tgrelid IS DISTINCT FROM p_except
+     GROUP BY t.tgrelid
+$$;
 
 -- Every table below p_relid in its partition / inheritance hierarchy, at any depth. A
 -- temporary child is left out: only its own session sees its rows, never a refresh.
@@ -26,30 +73,16 @@ $$;
 CREATE OR REPLACE FUNCTION pgtrickle._captured_members(p_relid oid)
 RETURNS TABLE (member_relid oid, complete boolean) LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT t.tgrelid, count(*) = 4
-      FROM pg_trigger t
-     WHERE t.tgfoid = to_regprocedure(format('pgtrickle_changes.%I()', 'capture_' || p_relid))
-       AND t.tgrelid <> p_relid
-     GROUP BY t.tgrelid
+    SELECT r.relid, r.complete FROM pgtrickle._tables_running('capture_' || p_relid, p_relid) r
 $$;
 
-CREATE OR REPLACE FUNCTION pgtrickle._member_trigger(p_relid oid, p_event text)
-RETURNS text LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp AS $$
-    SELECT format('pgt_member_%s_%s', p_relid, p_event)
-$$;
+-- (Member trigger names are built by _create_statement_triggers now.)
+DROP FUNCTION IF EXISTS pgtrickle._member_trigger(oid, text);
 
 CREATE OR REPLACE FUNCTION pgtrickle._drop_member_capture(p_relid oid, p_member oid)
-RETURNS void LANGUAGE plpgsql
+RETURNS void LANGUAGE sql
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
-DECLARE
-    ev text;
-BEGIN
-    FOREACH ev IN ARRAY ARRAY['ins', 'upd', 'del', 'trunc'] LOOP
-        EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', pgtrickle._member_trigger(p_relid, ev),
-                       p_member::regclass);
-    END LOOP;
-END
+    SELECT pgtrickle._drop_statement_triggers(format('pgt_member_%s', p_relid), p_member)
 $$;
 
 -- Remove a source's capture from every other table, below and above it (source no
@@ -57,12 +90,8 @@ $$;
 CREATE OR REPLACE FUNCTION pgtrickle._drop_member_captures(p_relid oid)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
-DECLARE
-    m oid;
 BEGIN
-    FOR m IN SELECT c.member_relid FROM pgtrickle._captured_members(p_relid) c LOOP
-        PERFORM pgtrickle._drop_member_capture(p_relid, m);
-    END LOOP;
+    PERFORM pgtrickle._drop_member_capture(p_relid, c.member_relid) FROM pgtrickle._captured_members(p_relid) c;
     PERFORM pgtrickle._drop_ancestor_captures(p_relid);
     EXECUTE format('DROP FUNCTION IF EXISTS pgtrickle_changes.%I()', 'capture_' || p_relid || '_via');
 END
@@ -86,34 +115,20 @@ $$;
 CREATE OR REPLACE FUNCTION pgtrickle._captured_ancestors(p_relid oid)
 RETURNS TABLE (ancestor_relid oid, complete boolean) LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
-    SELECT t.tgrelid, count(*) = 4
-      FROM pg_trigger t
-     WHERE t.tgfoid = to_regprocedure(format('pgtrickle_changes.%I()', 'capture_' || p_relid || '_via'))
-     GROUP BY t.tgrelid
+    SELECT r.relid, r.complete FROM pgtrickle._tables_running('capture_' || p_relid || '_via', NULL) r
 $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle._drop_ancestor_capture(p_relid oid, p_ancestor oid)
-RETURNS void LANGUAGE plpgsql
+RETURNS void LANGUAGE sql
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
-DECLARE
-    ev text;
-BEGIN
-    FOREACH ev IN ARRAY ARRAY['ins', 'upd', 'del', 'trunc'] LOOP
-        EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', format('pgt_ancestor_%s_%s', p_relid, ev),
-                       p_ancestor::regclass);
-    END LOOP;
-END
+    SELECT pgtrickle._drop_statement_triggers(format('pgt_ancestor_%s', p_relid), p_ancestor)
 $$;
 
 CREATE OR REPLACE FUNCTION pgtrickle._drop_ancestor_captures(p_relid oid)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
-DECLARE
-    a oid;
 BEGIN
-    FOR a IN SELECT c.ancestor_relid FROM pgtrickle._captured_ancestors(p_relid) c LOOP
-        PERFORM pgtrickle._drop_ancestor_capture(p_relid, a);
-    END LOOP;
+    PERFORM pgtrickle._drop_ancestor_capture(p_relid, c.ancestor_relid) FROM pgtrickle._captured_ancestors(p_relid) c;
 END
 $$;
 
@@ -145,18 +160,7 @@ BEGIN
               WHERE x.ancestor_relid NOT IN (SELECT c.ancestor_relid FROM pgtrickle._captured_ancestors(p_relid) c
                                               WHERE c.complete)
     LOOP
-        PERFORM pgtrickle._drop_ancestor_capture(p_relid, a);
-        EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s REFERENCING NEW TABLE AS __pgt_new '
-                       'FOR EACH STATEMENT EXECUTE FUNCTION %s()', format('pgt_ancestor_%s_ins', p_relid),
-                       a::regclass, v_via);
-        EXECUTE format('CREATE TRIGGER %I AFTER UPDATE ON %s REFERENCING OLD TABLE AS __pgt_old '
-                       'NEW TABLE AS __pgt_new FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                       format('pgt_ancestor_%s_upd', p_relid), a::regclass, v_via);
-        EXECUTE format('CREATE TRIGGER %I AFTER DELETE ON %s REFERENCING OLD TABLE AS __pgt_old '
-                       'FOR EACH STATEMENT EXECUTE FUNCTION %s()', format('pgt_ancestor_%s_del', p_relid),
-                       a::regclass, v_via);
-        EXECUTE format('CREATE TRIGGER %I AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                       format('pgt_ancestor_%s_trunc', p_relid), a::regclass, v_via);
+        PERFORM pgtrickle._create_statement_triggers(format('pgt_ancestor_%s', p_relid), a, v_via);
     END LOOP;
 END
 $$;
@@ -164,20 +168,9 @@ $$;
 CREATE OR REPLACE FUNCTION pgtrickle._install_member_capture(p_relid oid, p_member oid)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
-DECLARE
-    fn text := format('pgtrickle_changes.%I', 'capture_' || p_relid);
-    tbl text := p_member::regclass::text;
 BEGIN
-    PERFORM pgtrickle._drop_member_capture(p_relid, p_member);
-    EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s REFERENCING NEW TABLE AS __pgt_new '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION %s()', pgtrickle._member_trigger(p_relid, 'ins'), tbl, fn);
-    EXECUTE format('CREATE TRIGGER %I AFTER UPDATE ON %s REFERENCING OLD TABLE AS __pgt_old '
-                   'NEW TABLE AS __pgt_new FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                   pgtrickle._member_trigger(p_relid, 'upd'), tbl, fn);
-    EXECUTE format('CREATE TRIGGER %I AFTER DELETE ON %s REFERENCING OLD TABLE AS __pgt_old '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION %s()', pgtrickle._member_trigger(p_relid, 'del'), tbl, fn);
-    EXECUTE format('CREATE TRIGGER %I AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
-                   pgtrickle._member_trigger(p_relid, 'trunc'), tbl, fn);
+    PERFORM pgtrickle._create_statement_triggers(format('pgt_member_%s', p_relid), p_member,
+                                                 format('pgtrickle_changes.%I', 'capture_' || p_relid));
 END
 $$;
 

@@ -1,5 +1,5 @@
 -- pgtrickle: what the daemon stores and how it follows the objects it works on.
--- Installed after api.sql on every install (functions are re-created).
+-- Installed before the SQL API's area files (sql/api/) on every install (functions are re-created).
 --
 -- Two rules keep the daemon from ever running code another role controls
 -- (see docs/SECURITY.md, "Code the daemon never runs"):
@@ -264,5 +264,27 @@ RETURNS event_trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
 BEGIN
     PERFORM pgtrickle._sync_names();
+END
+$$;
+
+-- The first step of pinning relations (pgtrickle.catalog.identity.pin), in one round trip:
+-- a superuser caller share-locks the pg_namespace rows of their schemas until its transaction
+-- ends (ALTER SCHEMA ... RENAME and DROP SCHEMA wait; row locks on a catalog need UPDATE
+-- rights on it, so no other role can), then gets each relation's current schema, name and
+-- kind. SECURITY INVOKER: it locks and reads with the caller's rights, as the caller's own
+-- statements did. The checks of the answer are the caller's (pure Python).
+CREATE OR REPLACE FUNCTION pgtrickle._pin_relations(p_relids oid[])
+RETURNS TABLE (relid bigint, schema_name text, rel_name text, kind text) LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user) THEN
+        PERFORM 1 FROM pg_namespace
+          WHERE oid IN (SELECT c.relnamespace FROM pg_class c WHERE c.oid = ANY (p_relids))
+          FOR SHARE;
+    END IF;
+    RETURN QUERY
+        SELECT c.oid::bigint, n.nspname::text, c.relname::text, c.relkind::text
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.oid = ANY (p_relids);
 END
 $$;

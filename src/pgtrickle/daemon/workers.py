@@ -1,0 +1,220 @@
+"""Parallel refreshes: a pool of workers running a tick's units as soon as their upstreams are done.
+
+With ``max_parallel_refreshes`` N > 1 the daemon keeps N workers, each with
+its own :class:`~pgtrickle.refresh.engine.Refresher` (PostgreSQL connection,
+advisory locks) and its own Spark session (:func:`~pgtrickle.spark.session.child_session`:
+separate temporary views and SQL settings over the one SparkContext; worker 0
+uses the process's session), and
+submits each worker's jobs in a fair scheduler pool of its own. The daemon's
+main thread decides (which unit may start: :class:`~pgtrickle.scheduler.ready.ReadySet`;
+is it due) and merges the results; workers only refresh. With N = 1 the
+units run one after the other in the main thread, on the daemon's own
+refresher, exactly as before parallel refreshes existed.
+
+Analyses, layouts and differential plans are shared by every worker
+(:mod:`pgtrickle.refresh.engine` caches them per database, thread-safely).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import psycopg
+
+from pgtrickle.config import Settings
+from pgtrickle.daemon.units import TickReport, Worker
+from pgtrickle.refresh.engine import Cancelled, Refresher
+from pgtrickle.scheduler.ready import ReadySet, Unit
+
+log = logging.getLogger(__name__)
+
+Job = Callable[[Worker], TickReport]
+"""A unit's refresh, run on a worker (``None`` from ``prepare``: nothing due, the unit is done)."""
+
+
+class ChildSpark:
+    """A worker's Spark session, made from the process's session on first use (again if that one changed).
+
+    Worker 0 uses the process's session itself (the daemon's own refresher uses it only when the
+    pool does not run), so work that runs one unit at a time -- a chain -- needs no second session.
+    """
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self._lock = threading.Lock()
+        self._parent: Any = None
+        self.session: Any = None
+
+    def __call__(self, settings: Settings) -> Any:
+        from pgtrickle.spark.session import child_session, get_spark
+
+        parent = get_spark(settings)
+        if self.index == 0:
+            return parent
+        with self._lock:
+            if self.session is None or self._parent is not parent:
+                self.session = child_session(parent, settings)
+                self._parent = parent
+            return self.session
+
+    def cancel(self) -> None:
+        from pgtrickle.spark.capabilities import interrupt_all
+
+        if self.session is not None:
+            interrupt_all(self.session)
+
+    def close(self) -> None:
+        from pgtrickle.spark.capabilities import forget, is_connect
+
+        session, self.session = self.session, None
+        if session is not None and is_connect(session):
+            forget(session)
+            try:
+                session.stop()  # a Spark Connect child is a server session of its own
+            except Exception:
+                log.debug("closing a worker's Spark Connect session failed", exc_info=True)
+
+
+class WorkerPool:
+    """``size`` workers with their own connections and Spark sessions, made on first use."""
+
+    def __init__(self, settings: Settings, dsn: str, size: int, progress: Callable[[str], None]) -> None:
+        self.settings = settings
+        self.dsn = dsn
+        self.size = size
+        self.progress = progress
+        self.workers: list[Worker] = []
+        self._sparks: list[ChildSpark] = []
+        self._executor: ThreadPoolExecutor | None = None
+
+    def _start(self) -> None:
+        if self.workers:
+            return
+        for index in range(self.size):
+            spark = ChildSpark(index)
+            refresher = Refresher(self.settings, self.dsn, progress=self.progress, spark_provider=spark)
+            self.workers.append(Worker(index, refresher, refresher.conn))
+            self._sparks.append(spark)
+        self._executor = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="pgtrickle-refresh")
+
+    def connections(self) -> list[psycopg.Connection]:
+        return [c for w in self.workers for c in w.connections()]
+
+    def run(
+        self,
+        ready: ReadySet,
+        prepare: Callable[[Unit], Job | None],
+        done: Callable[[Unit, TickReport], None],
+        stop: Callable[[], bool],
+    ) -> None:
+        """Run the tick's units on the workers; see :func:`run_units`."""
+        self._start()
+        assert self._executor is not None
+        executor = self._executor
+        free = list(range(len(self.workers)))  # a heap: the lowest free worker first (its caches are warm)
+        free_lock = threading.Lock()
+
+        def submit(job: Job) -> Future[TickReport]:
+            with free_lock:
+                index = heapq.heappop(free)  # never empty: at most `size` units run at once
+
+            def task() -> TickReport:
+                worker = self.workers[index]
+                try:
+                    from pgtrickle.spark.session import use_pool
+
+                    use_pool(worker.refresher.spark, f"pgtrickle-{index}")
+                    return job(worker)
+                finally:
+                    with free_lock:
+                        heapq.heappush(free, index)
+
+            return executor.submit(task)
+
+        run_units(ready, prepare, done, stop, submit)
+
+    def cancel(self) -> None:
+        """Abandon the refreshes in progress (second stop signal)."""
+        for worker, spark in zip(self.workers, self._sparks, strict=True):
+            worker.refresher.cancel()
+            spark.cancel()
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        for worker, spark in zip(self.workers, self._sparks, strict=True):
+            with contextlib.suppress(psycopg.Error):
+                worker.refresher.close()
+            spark.close()
+        self.workers, self._sparks = [], []
+
+
+def inline(worker: Worker) -> Callable[[Job], Future[TickReport]]:
+    """Run each job at once in the calling thread, on ``worker`` (one refresh at a time)."""
+
+    def submit(job: Job) -> Future[TickReport]:
+        future: Future[TickReport] = Future()
+        try:
+            future.set_result(job(worker))
+        except BaseException as exc:  # handed to run_units, which raises it
+            future.set_exception(exc)
+        return future
+
+    return submit
+
+
+def run_units(
+    ready: ReadySet,
+    prepare: Callable[[Unit], Job | None],
+    done: Callable[[Unit, TickReport], None],
+    stop: Callable[[], bool],
+    submit: Callable[[Job], Future[TickReport]],
+) -> None:
+    """Run every unit of ``ready``, each once the units it reads from finished.
+
+    ``prepare`` (in the calling thread, when the unit may start) decides whether it is due and
+    returns its job, or ``None``; ``done`` (in the calling thread) takes each job's report. When
+    ``stop()`` turns true, nothing more starts; running jobs finish. A job that raises (a
+    :class:`Cancelled` refresh, a lost connection) stops the tick the same way, and the first
+    such error is raised once the running jobs are done.
+    """
+    running: dict[Future[TickReport], Unit] = {}
+    error: BaseException | None = None
+    while not ready.finished:
+        if error is not None or stop():
+            ready.skip_rest()
+        skipped = False
+        for unit in ready.startable():
+            job = prepare(unit)
+            ready.start(unit.key)
+            if job is None:
+                ready.finish(unit.key)
+                skipped = True
+                break  # finishing it may have made others ready, earlier in dependency order
+            running[submit(job)] = unit
+        if skipped:
+            continue
+        if not running:
+            if not ready.finished:
+                raise RuntimeError(
+                    "no unit can start and none is running: the tick's dependencies are inconsistent"
+                )
+            break
+        finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+        for future in sorted(finished, key=lambda f: running[f].key):
+            unit = running.pop(future)
+            ready.finish(unit.key)
+            exc = future.exception()
+            if exc is None:
+                done(unit, future.result())
+            elif error is None or (isinstance(error, Cancelled) and not isinstance(exc, Cancelled)):
+                error = exc
+    if error is not None:
+        raise error
