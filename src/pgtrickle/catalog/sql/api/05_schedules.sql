@@ -107,7 +107,7 @@ DECLARE
     month_names constant text[] := ARRAY['jan','feb','mar','apr','may','jun','jul','aug','sep','oct','nov','dec'];
     day_names constant text[] := ARRAY['sun','mon','tue','wed','thu','fri','sat'];
     result jsonb := '{}';
-    shown text := quote_literal(left(p_schedule, 80));
+    shown text := left(p_schedule, 80);  -- quoted below, as an SQL literal without E'' (messages only)
     malformed constant text := 'a duration is one or more <number><unit> parts with units ms, s, m, h, d, w, '
                                'each used at most once, largest first';
     accepted constant text :=
@@ -119,8 +119,9 @@ BEGIN
         RAISE EXCEPTION 'schedule must not be NULL or empty' USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
     END IF;
     IF length(p_schedule) > 80 THEN
-        shown := quote_literal(left(p_schedule, 77) || '...');
+        shown := left(p_schedule, 77) || '...';
     END IF;
+    shown := '''' || replace(shown, '''', '''''') || '''';
     IF length(s) > 200 THEN
         RAISE EXCEPTION 'invalid schedule %: longer than 200 characters', shown
             USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
