@@ -157,7 +157,7 @@ BEGIN
             total := total + part[1]::numeric * unit_ms[rank];
         END LOOP;
         IF total < 1000 OR total > 31622400000 THEN  -- 1s to 366d, in ms
-            RAISE EXCEPTION 'invalid schedule %: the interval must be between 1s and 366d', shown
+            RAISE EXCEPTION 'invalid schedule %: the interval is out of range (1s to 366d)', shown
                 USING ERRCODE = 'invalid_parameter_value', HINT = accepted;
         END IF;
         result := jsonb_build_object('kind', 'interval', 'interval_ms', total::bigint);
