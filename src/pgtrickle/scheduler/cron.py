@@ -76,8 +76,12 @@ class CronSpec:
         for name, values in fields.items():
             low, high = FIELD_RANGES[name]
             chosen = frozenset(values)
-            if not chosen or any(
-                not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high for v in chosen
+            # type() is int: not bool, not float (a bool or 1.0 would hash equal to an int).
+            if (
+                not chosen
+                or not all(type(v) is int for v in chosen)
+                or min(chosen) < low
+                or max(chosen) > high
             ):
                 raise ScheduleError(f"the {name} set must be a non-empty set of integers {low}..{high}")
             sets[name] = chosen
