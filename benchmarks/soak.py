@@ -61,7 +61,7 @@ from pgtrickle.config import Settings  # noqa: E402
 from pgtrickle.db.connection import resolve_dsn  # noqa: E402
 from pgtrickle.refresh.verify import verify  # noqa: E402
 from pgtrickle.daemon.loop import MAINTENANCE_EVERY_SECONDS  # noqa: E402
-from pgtrickle.scheduler.schedule import interval_seconds, parse_schedule  # noqa: E402
+from pgtrickle.scheduler.schedule import interval_seconds, schedule_from_parsed  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SCHEDULES = ("30s", "1m", "2m", "3m", "5m")
@@ -340,7 +340,6 @@ def run_soak(cfg: SoakConfig) -> SoakReport:
     writers: Writers | None = None
     try:
         specs = stream_table_specs(cfg.stream_tables, cfg.sources, cfg.schedules)
-        periods = {s.name: interval_seconds(parse_schedule(s.schedule), dt.datetime.now(dt.UTC)) for s in specs}
         next_ids = {}
         with psycopg.connect(dsn, autocommit=True) as conn:
             install(conn)
@@ -354,6 +353,11 @@ def run_soak(cfg: SoakConfig) -> SoakReport:
             for s in specs:
                 conn.execute("SELECT pgtrickle.create_stream_table(%s, %s, schedule => %s, refresh_mode => %s)",
                              (s.name, s.query, s.schedule, s.mode))
+            # Each schedule's period, from its form parsed by the catalog (the one schedule grammar).
+            now = dt.datetime.now(dt.UTC)
+            periods = {name: interval_seconds(schedule_from_parsed(parsed), now) for name, parsed in conn.execute(
+                "SELECT pgtrickle._display_name(pgt_schema, pgt_name), schedule_parsed"
+                " FROM pgtrickle.pgt_stream_tables").fetchall()}
         say(f"{len(specs)} stream tables over {cfg.sources} sources; starting the daemon (Spark {cfg.spark_master})")
         # The DSN (with its password) goes in the environment, not on the command line, where `ps` shows it.
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PGTRICKLE_DATA_DIR": str(work),

@@ -55,3 +55,14 @@ def catalog_fingerprint(db: Database) -> tuple:
     functions = tuple(db.sql("SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n"
                              " ON n.oid = p.pronamespace WHERE n.nspname = 'pgtrickle_changes' ORDER BY 1"))
     return content, relations, triggers, functions
+
+
+def store_unparsed_schedule(db: Database, text: str, name: str | None = None) -> None:
+    """Store ``text`` as the schedule of stream table ``name`` (every one when None) without its
+    parsed form, as an older version or a hand edit with the catalog's trigger disabled could
+    leave it: the catalog's trigger refuses such a write otherwise (docs/SQL_API.md)."""
+    with db.conn.transaction():
+        db.sql("ALTER TABLE pgtrickle.pgt_stream_tables DISABLE TRIGGER parse_schedule")
+        db.sql("UPDATE pgtrickle.pgt_stream_tables SET schedule = %s, schedule_parsed = NULL"
+               " WHERE %s::text IS NULL OR pgt_name = %s", (text, name, name))
+        db.sql("ALTER TABLE pgtrickle.pgt_stream_tables ENABLE TRIGGER parse_schedule")

@@ -16,7 +16,7 @@ import pytest
 from pgtrickle.refresh.plan import Action
 from pgtrickle.daemon.loop import LOCK_NAMESPACE, Scheduler
 from tests.conftest import Database
-from tests.integration.helpers import assert_oracle
+from tests.integration.helpers import assert_oracle, store_unparsed_schedule
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
 
@@ -140,8 +140,8 @@ def test_calculated_schedule_follows_its_downstream(db: Database) -> None:
 
 
 def test_unparseable_stored_schedule_puts_the_table_in_error(chain: Database) -> None:
-    # e.g. a cron that never fires, accepted by the SQL check but not by the daemon
-    chain.sql("UPDATE pgtrickle.pgt_stream_tables SET schedule = '0 0 31 2 *' WHERE pgt_name = 'c'")
+    # a cron that never fires, refused by the grammar, stored by an older version
+    store_unparsed_schedule(chain, "0 0 31 2 *", "c")
     scheduler = Scheduler(chain.settings, chain.dsn)
     try:
         assert names(scheduler.tick()) == ["a", "b"]

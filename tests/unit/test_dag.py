@@ -10,6 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pgtrickle.errors import DependencyCycleError, PgTrickleError, ScheduleError
+from pgtrickle.scheduler.cron import CronSpec
 from pgtrickle.scheduler.dag import (
     DEFAULT_CALCULATED_SCHEDULE,
     StreamTableNode,
@@ -24,12 +25,27 @@ from pgtrickle.scheduler.schedule import (
     CronSchedule,
     IntervalSchedule,
     Schedule,
-    parse_schedule,
 )
 from tests.hypothesis_profiles import examples
 
 NOW = datetime(2024, 5, 17, 12, 0, tzinfo=UTC)
 CALC = CalculatedSchedule()
+EVERY_5_MINUTES = CronSchedule(CronSpec.of(minute=range(0, 60, 5)))
+EVERY_10_MINUTES = CronSchedule(CronSpec.of(minute=range(0, 60, 10)))
+# The schedules the nodes below use, by the text they stand for (the grammar is the catalog's).
+SCHEDULES: dict[str, Schedule] = {
+    "1s": IntervalSchedule(1),
+    "30s": IntervalSchedule(30),
+    "1m": IntervalSchedule(60),
+    "2m": IntervalSchedule(120),
+    "5m": IntervalSchedule(300),
+    "10m": IntervalSchedule(600),
+    "1h": IntervalSchedule(3600),
+    "*/5 * * * *": EVERY_5_MINUTES,
+    "*/10 * * * *": EVERY_10_MINUTES,
+    "@hourly": CronSchedule(CronSpec.of(minute=[0])),
+    "@daily": CronSchedule(CronSpec.of(minute=[0], hour=[0])),
+}
 
 
 def node(
@@ -37,7 +53,7 @@ def node(
 ) -> StreamTableNode:
     """A node named ``st<pgt_id>`` unless named otherwise."""
     if isinstance(schedule, str):
-        schedule = parse_schedule(schedule)
+        schedule = SCHEDULES[schedule]
     return StreamTableNode(
         pgt_id=pgt_id,
         name=name or f"st{pgt_id}",
@@ -239,7 +255,7 @@ def test_non_calculated_map_to_themselves() -> None:
     nodes = [node(1, schedule="5m"), node(2, 1, schedule="*/10 * * * *")]
     assert resolve_calculated(nodes, NOW) == {
         1: IntervalSchedule(300),
-        2: CronSchedule("*/10 * * * *"),
+        2: EVERY_10_MINUTES,
     }
 
 
@@ -250,7 +266,7 @@ def test_calculated_takes_tightest_downstream() -> None:
         node(3, 1, schedule="*/5 * * * *"),
         node(4, 1, schedule="@hourly"),
     ]
-    assert resolve_calculated(nodes, NOW)[1] == CronSchedule("*/5 * * * *")
+    assert resolve_calculated(nodes, NOW)[1] == EVERY_5_MINUTES
 
 
 def test_calculated_tie_goes_to_smallest_downstream_id() -> None:

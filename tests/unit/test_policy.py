@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from pgtrickle.scheduler.cron import CronSpec
 from pgtrickle.scheduler.policy import DueReason, DueState, due_reason
 from pgtrickle.scheduler.schedule import CronSchedule, IntervalSchedule
 
@@ -62,7 +63,7 @@ def test_never_populated_waits_for_its_first_scheduled_time() -> None:
 
 
 def test_cron_fires_after_the_fire_time() -> None:
-    every5 = CronSchedule("*/5 * * * *")
+    every5 = CronSchedule(CronSpec.of(minute=range(0, 60, 5)))  # */5 * * * *
     assert due_reason(state(last=datetime(2026, 1, 1, 11, 56, tzinfo=UTC)), every5, NOW) is DueReason.SCHEDULED
     assert due_reason(state(last=datetime(2026, 1, 1, 12, 0, tzinfo=UTC)), every5, NOW) is None
 

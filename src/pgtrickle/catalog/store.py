@@ -48,6 +48,7 @@ class StreamTable:
     defining_query: str
     normalized_query: str
     schedule: str
+    """The schedule's canonical text, as the user sees it."""
     refresh_mode: str
     status: str
     needs_reinit: bool
@@ -76,6 +77,10 @@ class StreamTable:
     """Set by the refresh engine for one refresh: the watermark state to commit with the frontier."""
     reads_clock: bool = False
     """The defining query reads the clock (now(), current_date, ...): recomputed on every scheduled refresh."""
+    schedule_parsed: dict[str, Any] | None = None
+    """The schedule as the catalog's one parser (``pgtrickle._parse_schedule``) gives it, for
+    :func:`pgtrickle.scheduler.schedule.schedule_from_parsed`; for a stored text that parser refuses,
+    its error (the ``invalid`` form)."""
 
     @property
     def qualified(self) -> str:
@@ -120,7 +125,9 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
                    (SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                      WHERE c.oid = s.pgt_relid) AS live_schema,
                    (SELECT c.relname::text FROM pg_class c WHERE c.oid = s.pgt_relid) AS live_name,
-                   coalesce(pgtrickle._normalized_query(s.def_view), s.normalized_query) AS current_query
+                   coalesce(pgtrickle._normalized_query(s.def_view), s.normalized_query) AS current_query,
+                   -- stored at create / alter; a text with none (refused by the grammar) gets its error
+                   coalesce(s.schedule_parsed, pgtrickle._parse_schedule_or_error(s.schedule)) AS schedule_form
               FROM pgtrickle.pgt_stream_tables s
              WHERE %(only)s::bigint IS NULL OR s.pgt_id = %(only)s
              ORDER BY s.pgt_id
@@ -190,6 +197,7 @@ def load_stream_tables(conn: psycopg.Connection, only: int | None = None) -> dic
             watermark_positions=r.get("watermark_positions"),
             reads_clock=bool(r.get("reads_clock")),
             reinit_reason=r.get("reinit_reason"),
+            schedule_parsed=r["schedule_form"],
         )
     return result
 

@@ -70,11 +70,16 @@ from pgtrickle.ops import alerts
 from pgtrickle.ops.metrics import Metrics
 from pgtrickle.refresh.engine import Cancelled, Refresher, RefreshOutcome
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.dag import StreamTableNode, resolve_calculated, topological_order
+from pgtrickle.scheduler.dag import (
+    DEFAULT_CALCULATED_SCHEDULE,
+    StreamTableNode,
+    resolve_calculated,
+    topological_order,
+)
 from pgtrickle.scheduler.groups import RefreshGroup, refresh_groups
 from pgtrickle.scheduler.policy import DueReason, DueState, due_reason, next_due_at, reconnect_delay
 from pgtrickle.scheduler.ready import ReadySet, Unit, plan_units, unit_dependencies
-from pgtrickle.scheduler.schedule import IntervalSchedule, Schedule, parse_schedule
+from pgtrickle.scheduler.schedule import CalculatedSchedule, IntervalSchedule, Schedule, schedule_from_parsed
 from pgtrickle.scheduler.wake import CHANGES_CHANNEL, readers_of
 
 __all__ = [
@@ -97,12 +102,12 @@ MAINTENANCE_EVERY_SECONDS = 60.0
 def _schedules(
     sts: dict[int, StreamTable], default: Schedule, now: datetime
 ) -> tuple[dict[int, Schedule], dict[int, str]]:
-    """Effective schedules, and the stream tables whose schedule does not parse."""
+    """Effective schedules, and the stream tables whose stored schedule the grammar refuses."""
     parsed: dict[int, Schedule] = {}
     broken: dict[int, str] = {}
     for st in sts.values():
         try:
-            parsed[st.pgt_id] = parse_schedule(st.schedule)
+            parsed[st.pgt_id] = schedule_from_parsed(st.schedule_parsed)
         except ScheduleError as exc:
             broken[st.pgt_id] = str(exc)
             parsed[st.pgt_id] = default
@@ -251,13 +256,17 @@ class Scheduler:
         return row[0]
 
     def default_schedule(self) -> Schedule:
+        """The ``default_schedule`` setting, for calculated stream tables with nothing scheduled
+        downstream: 1m when it is missing, refused by the grammar, or itself ``calculated``."""
         row = self.conn.execute(
-            "SELECT value FROM pgtrickle.pgt_settings WHERE name = 'default_schedule'"
+            "SELECT pgtrickle._parse_schedule_or_error(value) FROM pgtrickle.pgt_settings"
+            " WHERE name = 'default_schedule'"
         ).fetchone()
         try:
-            return parse_schedule(row[0]) if row else IntervalSchedule(60)
+            default = schedule_from_parsed(row[0]) if row else DEFAULT_CALCULATED_SCHEDULE
         except ScheduleError:
-            return IntervalSchedule(60)
+            return DEFAULT_CALCULATED_SCHEDULE
+        return DEFAULT_CALCULATED_SCHEDULE if isinstance(default, CalculatedSchedule) else default
 
     def tick(self, changed_relids: Iterable[int | None] = ()) -> TickReport:
         """Refresh every due stream table, upstream first, up to ``max_parallel_refreshes`` at once.
