@@ -310,3 +310,23 @@ def test_history_records_differential_refreshes(db) -> None:  # type: ignore[no-
     assert history[1][:2] == ("DIFFERENTIAL", "COMPLETED") and history[1][4] == 4 and history[1][5] is False
     assert history[1][3] >= 1 and history[1][2] >= 3
     assert_oracle(db)
+
+
+def test_a_stored_sum_over_an_expression_stays_exact(db) -> None:
+    """sum(v + 1) kept as state: deletes and group-key updates change it by (v + 1)·w (a
+    precedence slip once made it v + w)."""
+    db.sql("CREATE TABLE src (id int PRIMARY KEY, grp int NOT NULL, v int NOT NULL)")
+    db.sql("INSERT INTO src SELECT g, g % 5, g FROM generate_series(1, 300) g")
+    create_st(db, "sums", "SELECT grp, sum(v + 1) AS total, sum(2 * v - 3) AS other, count(*) AS n "
+                          "FROM src WHERE id % 4 <> 0 GROUP BY grp", refresh_mode="DIFFERENTIAL")
+    refresh(db, "sums")
+    for statement in (
+        "UPDATE src SET v = v - 5, grp = (grp + 1) % 7 WHERE id % 37 = 10",
+        "DELETE FROM src WHERE id % 53 = 8",
+        "INSERT INTO src VALUES (1001, 4, -44), (1002, 2, -3)",
+        "DELETE FROM src WHERE id % 31 = 0",
+    ):
+        db.sql(statement)
+        (outcome,) = refresh(db, "sums")
+        assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+        assert_oracle(db, "sums")

@@ -151,9 +151,10 @@ def test_two_parallel_daemons_never_refresh_one_stream_table_at_once(db: Databas
     time_passes(db)
     scheduler = Scheduler(db.settings, db.dsn)
     try:
-        scheduler.tick()
+        report = scheduler.tick()
     finally:
         scheduler.close()
+    assert not report.failed, report.failed
     assert_oracle(db)
 
 

@@ -117,3 +117,15 @@ def test_merge_statements_for_a_scalar_aggregate_only_update() -> None:
     m = merge_statements(s, '"public"."st"', {}, {})
     assert m.match == "true" and m.delete == "" and m.insert == ""
     assert m.update.startswith('UPDATE "public"."st" AS t SET "n" = t."n" + d."n"')
+
+
+@pytest.mark.parametrize("dialect", ["spark", "postgres"])
+def test_a_sum_of_an_expression_is_multiplied_by_the_weight_whole(dialect: str) -> None:
+    """sum(qty + 1) changes by Σ (qty + 1)·w, not Σ qty + 1·w (operator precedence)."""
+    s = stored("SELECT cust, sum(qty + 1) AS q FROM public.orders GROUP BY cust", ["cust", "q"])
+    result = compiled(s, dialect=dialect)
+    assert result is not None
+    tree = sqlglot.parse_one(result.sql(), read="spark" if dialect == "spark" else "postgres")
+    products = [m for m in tree.find_all(sqlglot.exp.Mul) if "__pgt_w" in m.expression.sql()]
+    assert products, result.sql()
+    assert all(isinstance(m.this.unnest(), sqlglot.exp.Add) for m in products), result.sql()

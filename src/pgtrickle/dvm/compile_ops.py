@@ -298,7 +298,7 @@ def state_change(
         else:
             assert argument is not None
             if exact:
-                value = exp.Mul(this=argument.copy(), expression=weight())
+                value = exp.Mul(this=exp.Paren(this=argument.copy()), expression=weight())
             else:
                 negative = exp.LT(this=weight(), expression=exp.Literal.number(0))
                 value = exp.Case(
