@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pgtrickle.errors import PgTrickleError
 from tests.hypothesis_profiles import examples
 from tests.integration.helpers import assert_oracle, create_st, refresh
 
@@ -224,11 +225,32 @@ def test_differential_equals_query_after_random_changes(db, shape: str) -> None:
             outcomes = refresh(db, "prop")
             for outcome in outcomes:
                 assert outcome.action.value in (expected, "NO_DATA"), (shape, outcome.reason)
-                if expected == "FULL":
+                if outcome.action.value == "FULL":  # a batch that missed the sources is NO_DATA
                     assert "needs a hidden stream table" in outcome.reason, outcome.reason
             assert_oracle(db, "prop")
 
     run()
+
+
+@pytest.mark.parametrize("shape", sorted(MATERIALIZED))
+def test_needs_hidden_table_auto_is_full_and_differential_is_refused(db, shape: str) -> None:  # type: ignore[no-untyped-def]
+    """AUTO records FULL with the reason; refresh_mode DIFFERENTIAL is refused at the first refresh
+    (the analysis runs in Python), the stream table goes to ERROR naming the construct."""
+    _create_sources(db)
+    _insert(db, "a", [(1, "x", 5, 1, 0.5), (2, "y", 7, 2, 1.0)], _Ids())
+    create_st(db, "auto", SHAPES[shape])
+    create_st(db, "diff", SHAPES[shape], refresh_mode="DIFFERENTIAL")
+    refresh(db, "auto")
+    assert_oracle(db, "auto")
+    mode, reason = db.sql("SELECT effective_mode, reason FROM pgtrickle.explain_refresh_mode('auto')")[0]
+    assert mode == "FULL" and "needs a hidden stream table" in reason, reason
+    construct = "TopK" if shape.startswith("top_k") else "aggregate joined on its aggregate"
+    assert construct in reason, reason
+    with pytest.raises(PgTrickleError, match="DIFFERENTIAL is not possible") as err:
+        refresh(db, "diff")
+    assert construct in str(err.value)
+    status, error = db.sql("SELECT status, last_error FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'diff'")[0]
+    assert status == "ERROR" and construct in error
 
 
 def test_at_least_fifty_shapes() -> None:
