@@ -24,36 +24,26 @@ from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 
 import psycopg
-from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from pgtrickle.catalog import identity
 from pgtrickle.catalog.store import Source, StreamTable
-from pgtrickle.cdc.buffers import pending_changes
-from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
-from pgtrickle.db.query import one_row, scalar
-from pgtrickle.dvm.layout import DeltaMode, Layout, decide_mode, plan_layout
-from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError, ValueNotCarriedError
-from pgtrickle.gates import breaker_gate, watermark_gate
-from pgtrickle.gates.skips import record_skip
+from pgtrickle.db.query import one_row
+from pgtrickle.dvm.layout import DeltaMode, Layout, plan_layout
+from pgtrickle.errors import PgTrickleError, RefreshError, ValueNotCarriedError
 from pgtrickle.gates.watermark_gate import WatermarkMark
 from pgtrickle.ops import health
 from pgtrickle.ops.error_redaction import full_error, public_error, redact_message
 from pgtrickle.refresh import history
-from pgtrickle.refresh.capture_check import require_capture
 from pgtrickle.refresh.context import GroupContext, ProgressFn
 from pgtrickle.refresh.full import FullRun
-from pgtrickle.refresh.layout_ddl import ensure_layout
+from pgtrickle.refresh.gating import Gating
+from pgtrickle.refresh.modes import AlreadyRecorded, RefreshModes, visible_columns
 from pgtrickle.refresh.plan import (
-    DEFAULT_FALLBACK_RATIO,
-    READS_CLOCK_REASON,
     Action,
     ModeContext,
     RefreshPlan,
-    plan_refresh,
-    reinit_text,
 )
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.spark.capabilities import join_count
@@ -124,9 +114,10 @@ class Refresher:
         # Shared by every refresher of this process for the same database, so one-shot
         # refreshes (`pgtrickle refresh`, refresh_sync) reuse the plans the last one made.
         shared = _SHARED_CACHES.setdefault(dsn, ({}, {}, {}))
-        self._analyses: dict[tuple[int, str], DeltaMode] = shared[0]
-        self._layouts: dict[int, tuple] = shared[1]
-        self._recorded_modes: dict[int, tuple[str, str]] = {}
+        self.modes = RefreshModes(self, shared[0], shared[1])
+        """The refresh-mode decisions and their recording (refresh/modes.py)."""
+        self.gating = Gating(self)
+        """Planning through the gates, and NO_DATA (refresh/gating.py)."""
         self.dvm_cache: dict[tuple, object] = shared[2]
         """Differential plans that do not change between refreshes (translated SQL, view names, ...)."""
         self.conn = connect(dsn, application_name="pgtrickle-refresh")
@@ -205,7 +196,7 @@ class Refresher:
         snapshot: str | None = None,
         defer_no_data: bool = False,
     ) -> Prepared:
-        """Analyse, lay out and plan a refresh of ``st`` (see :meth:`_plan_and_maybe_skip`).
+        """Analyse, lay out and plan a refresh of ``st`` (see :meth:`.gating.Gating.plan_and_maybe_skip`).
 
         A failure here is recorded (history, error count, alerts) and raised; no Spark job
         runs here, so its history row counts none.
@@ -226,14 +217,14 @@ class Refresher:
         defer_no_data: bool,
     ) -> Prepared:
         try:
-            analysis, differential, layout, layout_changed = self._prepare(st, initiated_by)
+            analysis, differential, layout, layout_changed = self.modes.prepare(st, initiated_by)
             mode = ModeContext(
                 differential=differential,
                 reason=analysis.reason,
                 layout_changed=layout_changed,
                 reads_clock=st.reads_clock,
             )
-            plan, mark = self._plan_and_maybe_skip(
+            plan, mark = self.gating.plan_and_maybe_skip(
                 st,
                 request_ids,
                 initiated_by,
@@ -243,7 +234,7 @@ class Refresher:
                 snapshot=snapshot,
                 defer_no_data=defer_no_data,
             )
-        except _AlreadyRecorded as done:
+        except AlreadyRecorded as done:
             raise done.error from None
         except Exception as exc:
             # Failed before any Spark job (analysis, layout, planning): a failed refresh all the same.
@@ -350,105 +341,12 @@ class Refresher:
 
     # ------------------------------------------------------------- modes
     def analysis(self, st: StreamTable) -> DeltaMode:
-        """The refresh-mode decision of ``st``'s query (cached per query text): see dvm/layout.py."""
-        key = (st.pgt_id, st.normalized_query)
-        cached = self._analyses.get(key)
-        if cached is None:
-            schema = {f"{s.schema}.{s.name}": [c for c, _ in s.column_types] for s in st.sources}
-            types = {f"{s.schema}.{s.name}": dict(s.column_types) for s in st.sources}
-            cached = decide_mode(st.normalized_query, schema, types, _visible(st))
-            self._analyses[key] = cached
-        return cached
+        """The refresh-mode decision of ``st``'s query (cached per query text): see refresh/modes.py."""
+        return self.modes.analysis(st)
 
     def demote(self, st: StreamTable, reason: str) -> None:
         """Analyse ``st``'s query as FULL-only from now on (its differential plan failed on Spark)."""
-        self._analyses[(st.pgt_id, st.normalized_query)] = DeltaMode(False, reason)
-        self._record_mode(st, "FULL", reason)
-
-    def _prepare(self, st: StreamTable, initiated_by: str) -> tuple[DeltaMode, bool, Layout, bool]:
-        """Analyse the query, record the effective mode, and make the table's layout match it."""
-        denied = self.conn.execute("SELECT pgtrickle._owner_cannot_read(%s)", (st.pgt_id,)).fetchone()
-        if denied and denied[0]:
-            raise RefreshError(str(denied[0]))
-        require_capture(self.conn, st)
-        analysis = self.analysis(st)
-        if st.refresh_mode == "DIFFERENTIAL" and not analysis.differential:
-            message = (
-                f"refresh_mode DIFFERENTIAL is not possible for {st.display}: {analysis.reason}; "
-                "use refresh_mode => 'AUTO' or 'FULL'"
-            )
-            self._record_mode(st, "FULL", message)
-            plan = RefreshPlan(Action.FULL, message, 0)
-            history_id = history.start_history(self.conn, st, plan, initiated_by)
-            history.record_failure(self.conn, st, history_id, message, fatal=True)
-            raise _AlreadyRecorded(UnsupportedQueryError(message))
-        differential = analysis.differential and st.refresh_mode != "FULL"
-        self._record_mode(
-            st,
-            "DIFFERENTIAL" if differential else "FULL",
-            READS_CLOCK_REASON
-            if st.reads_clock
-            else analysis.reason
-            if st.refresh_mode != "FULL"
-            else "refresh_mode is FULL",
-        )
-        layout = plan_layout(
-            _visible(st), {c.name: c.type for c in st.columns}, st.qualified, analysis, differential
-        )
-        key = (st.pgt_id, st.normalized_query, layout.columns, differential)
-        changed = False
-        if self._layouts.get(st.pgt_id) != key:
-            changed = ensure_layout(self.conn, st, layout)
-            self._layouts[st.pgt_id] = key
-        return analysis, differential, layout, changed
-
-    def _record_mode(self, st: StreamTable, mode: str, reason: str) -> None:
-        # Recorded once per change, not on every refresh (this is the refresh path).
-        if self._recorded_modes.get(st.pgt_id) == (mode, reason):
-            return
-        self._recorded_modes[st.pgt_id] = (mode, reason)
-        self.conn.execute(
-            """
-            UPDATE pgtrickle.pgt_stream_tables
-               SET mode_effective = %(m)s, mode_reason = %(r)s, mode_analyzed_at = now()
-             WHERE pgt_id = %(id)s
-               AND (mode_effective, mode_reason) IS DISTINCT FROM (%(m)s, %(r)s)
-            """,
-            {"m": mode, "r": reason, "id": st.pgt_id},
-        )
-
-    def _mode_figures(self, st: StreamTable, changes: int) -> tuple[float, float]:
-        """(rows of all sources, fallback ratio) for the adaptive fallback.
-
-        Planner statistics where the source has them; a source never analysed
-        (``reltuples`` = -1, common right after a bulk load) is counted, but
-        only up to the size that would keep this refresh differential.
-        """
-        setting = self.conn.execute(
-            "SELECT value::float8 FROM pgtrickle.pgt_settings WHERE name = 'differential_fallback_ratio'"
-        ).fetchone()
-        ratio = st.diff_fallback_ratio or (
-            setting[0] if setting and setting[0] is not None else DEFAULT_FALLBACK_RATIO
-        )
-        enough = int(changes / ratio) + 1
-        total = 0.0
-        for source in st.sources:
-            row = self.conn.execute(
-                "SELECT reltuples, pg_stat_get_live_tuples(oid) FROM pg_class WHERE oid = %s", (source.relid,)
-            ).fetchone()
-            if row is None:
-                continue
-            if row[0] >= 0:
-                total += max(float(row[0]), float(row[1]))
-            else:
-                counted = self.conn.execute(
-                    sql.SQL("SELECT count(*) FROM (SELECT FROM {} LIMIT %s) s").format(
-                        sql.SQL(source.qualified)
-                    ),
-                    (enough,),
-                ).fetchone()
-                total += float(counted[0]) if counted else 0.0
-        return total, float(ratio)
+        self.modes.demote(st, reason)
 
     def _differential_or_fallback(
         self,
@@ -493,104 +391,7 @@ class Refresher:
             timings=run.timings,
         )
 
-    def _plan_and_maybe_skip(
-        self,
-        st: StreamTable,
-        request_ids: Sequence[int],
-        initiated_by: str,
-        record_no_data: bool,
-        force: bool = False,
-        mode: ModeContext | None = None,
-        snapshot: str | None = None,
-        defer_no_data: bool = False,
-    ) -> tuple[RefreshPlan, WatermarkMark | None]:
-        """Plan the refresh at ``snapshot`` (default: now), passing the gates.
-
-        A NO_DATA plan moves the frontier at once, unless ``defer_no_data``
-        (an atomic group does it in its own transaction, with
-        :meth:`advance_no_data`; the mark returned is then ``None`` when the
-        effective watermark must be kept).
-        """
-        mode = mode or ModeContext()
-        check = watermark_gate.evaluate(self.conn, st)
-        mark = check.mark if check else None
-        if st.frontier is None and (check is None or not (check.blocked or check.hold_back)):
-            return plan_refresh(st.refresh_mode, None, st.needs_reinit, None, mode), mark
-        if snapshot is None:
-            snapshot = scalar(self.conn, "SELECT pg_current_snapshot()::text")
-            if any(s.kind == "TABLE" for s in st.sources) and history.wal_capture_set_up(self.conn):
-                wait_for_decoder(self.conn, self.dsn)
-        with self.conn.transaction():
-            blocked = check.blocked if check else None
-            hold_back = check is not None and check.hold_back
-            if check is not None and blocked and force:
-                blocked = None
-                if check.mode == "hold_back":
-                    # Forced: read every source as it is now (and leave any earlier hold-back behind).
-                    mark = WatermarkMark(None, None)
-                    check = replace(check, mark=mark)
-            if hold_back and not blocked:
-                assert check is not None
-                window = watermark_gate.hold_back_window(self.conn, st, check, snapshot)
-                if window.skip_reason and force:
-                    mark = WatermarkMark(None, None)
-                    check = replace(check, mark=mark)
-                    window = watermark_gate.hold_back_window(self.conn, st, check, snapshot)
-                blocked = window.skip_reason
-                pending = window.pending
-            elif st.frontier is not None:
-                pending = pending_changes(self.conn, st.sources, st.frontier, snapshot)
-            else:
-                pending = []
-            if hold_back:
-                assert check is not None
-                plan = self._hold_back_plan(st, pending, check.reason)
-            elif st.frontier is None:
-                plan = plan_refresh(st.refresh_mode, None, st.needs_reinit, None, mode)
-            else:
-                if mode.differential and any(p.rows for p in pending):
-                    source_rows, ratio = self._mode_figures(st, sum(p.rows for p in pending))
-                    mode = replace(mode, source_rows=source_rows, fallback_ratio=ratio)
-                plan = plan_refresh(
-                    st.refresh_mode,
-                    st.frontier,
-                    st.needs_reinit,
-                    pending,
-                    mode,
-                    reinit_reason=st.reinit_reason,
-                )
-            # A closed gate skips (with nothing to apply, a gated stream table just moves its frontier).
-            # (In a group a member may be recomputed for its upstream members' changes: a closed gate skips.)
-            if blocked and (plan.action is not Action.NO_DATA or hold_back or defer_no_data):
-                record_skip(
-                    self.conn, st, initiated_by, blocked, plan.delta_rows or None, plan.delta_deletes or None
-                )
-                if request_ids:
-                    self.conn.execute(
-                        "DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
-                        (list(request_ids),),
-                    )
-                return RefreshPlan(Action.SKIP, blocked, plan.delta_rows, plan.delta_deletes), None
-            if st.frontier is None:
-                return plan, mark
-            if plan.action is not Action.NO_DATA and not force:
-                gate = breaker_gate.check(self.conn, st, pending, st.frontier, snapshot, initiated_by)
-                if gate.blocked:
-                    if request_ids:
-                        self.conn.execute(
-                            "DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)",
-                            (list(request_ids),),
-                        )
-                    return RefreshPlan(Action.SKIP, gate.reason, plan.delta_rows, plan.delta_deletes), None
-            if plan.action is Action.NO_DATA:
-                # A closed gate with nothing to apply keeps the effective watermark it had.
-                if defer_no_data:
-                    return plan, None if blocked else mark
-                self.advance_no_data(
-                    st, plan, None if blocked else mark, snapshot, request_ids, record_no_data, initiated_by
-                )
-        return plan, mark
-
+    # ------------------------------------------------------------- gates
     def advance_no_data(
         self,
         st: StreamTable,
@@ -601,44 +402,12 @@ class Refresher:
         record_no_data: bool,
         initiated_by: str,
     ) -> bool:
-        """Nothing to apply: move the frontier to ``snapshot`` (``mark`` None keeps the effective
-        watermark). Returns False when the frontier moved meanwhile (nothing done)."""
-        keep = mark is None
-        cur = self.conn.execute(
-            """
-            UPDATE pgtrickle.pgt_stream_tables
-               SET frontier = %(s)s::pg_snapshot, frontier_lsn = pg_current_wal_lsn(),
-                   data_timestamp = now(), last_refresh_at = now(), last_attempt_at = now(),
-                   status = CASE WHEN status = 'INITIALIZING' THEN 'ACTIVE' ELSE status END,
-                   effective_watermark = CASE WHEN %(keep)s THEN effective_watermark ELSE %(ew)s END,
-                   watermark_positions = CASE WHEN %(keep)s THEN watermark_positions ELSE %(pos)s END
-             WHERE pgt_id = %(id)s AND frontier::text = %(f)s
-            """,
-            {
-                "s": snapshot,
-                "id": st.pgt_id,
-                "f": st.frontier,
-                "keep": keep,
-                "ew": mark.effective_watermark if mark else None,
-                "pos": Jsonb(mark.positions) if mark and mark.positions else None,
-            },
+        """Nothing to apply: move the frontier to ``snapshot`` (see refresh/gating.py)."""
+        return self.gating.advance_no_data(
+            st, plan, mark, snapshot, request_ids, record_no_data, initiated_by
         )
-        if cur.rowcount and request_ids:
-            self.conn.execute(
-                "DELETE FROM pgtrickle.pgt_refresh_requests WHERE request_id = ANY(%s)", (list(request_ids),)
-            )
-        if cur.rowcount and record_no_data:
-            self.conn.execute(
-                """
-                INSERT INTO pgtrickle.pgt_refresh_history
-                    (pgt_id, action, status, initiated_by, rows_inserted, rows_deleted,
-                     delta_row_count, end_time, mode_reason, frontier, effective_watermark)
-                VALUES (%s, 'NO_DATA', 'COMPLETED', %s, 0, 0, 0, clock_timestamp(), %s, %s::pg_snapshot, %s)
-                """,
-                (st.pgt_id, initiated_by, plan.reason, snapshot, mark.effective_watermark if mark else None),
-            )
-        return bool(cur.rowcount)
 
+    # ---------------------------------------------------------- snapshots
     @contextmanager
     def staging_conn(self) -> Iterator[psycopg.Connection]:
         """Where to create a staging table Spark writes into: inside an atomic group's open
@@ -680,20 +449,6 @@ class Refresher:
         """The frontier to commit for a refresh that read at ``snapshot`` (a group's includes its own xid)."""
         return self.group.commit_snapshot if self.group is not None else snapshot
 
-    @staticmethod
-    def _hold_back_plan(st: StreamTable, pending: Sequence, reason: str) -> RefreshPlan:
-        """A hold_back refresh reads capped sources as of their caps: FULL (the differential path
-        reads every source at the refresh snapshot and cannot), or nothing when nothing moved."""
-        delta = sum(p.rows for p in pending)
-        deletes = sum(p.deletes for p in pending)
-        if st.frontier is None:
-            return RefreshPlan(Action.FULL, f"initial population; {reason}", 0)
-        if st.needs_reinit:
-            return RefreshPlan(Action.FULL, f"{reinit_text(st.reinit_reason)}; {reason}", delta, deletes)
-        if delta == 0 and not any(p.truncated for p in pending) and not st.reads_clock:
-            return RefreshPlan(Action.NO_DATA, "no pending changes up to the watermark", 0)
-        return RefreshPlan(Action.FULL, reason, delta, deletes)
-
     # ---------------------------------------------------------- FULL path
     def _full_refresh(
         self,
@@ -704,7 +459,11 @@ class Refresher:
         layout: Layout | None = None,
     ) -> RefreshOutcome:
         layout = layout or plan_layout(
-            _visible(st), {c.name: c.type for c in st.columns}, st.qualified, DeltaMode(False, ""), False
+            visible_columns(st),
+            {c.name: c.type for c in st.columns},
+            st.qualified,
+            DeltaMode(False, ""),
+            False,
         )
         run = FullRun(self, st, layout)
         inserted, deleted, spark_seconds = run.run(plan, history_id, request_ids)
@@ -720,20 +479,8 @@ class Refresher:
         )
 
 
-class _AlreadyRecorded(Exception):
-    """Carries an error whose failure was recorded where it was raised."""
-
-    def __init__(self, error: PgTrickleError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 def _log_full_error(st: StreamTable, exc: BaseException, public: str) -> None:
     """The whole error, which may quote source rows, goes to the daemon's log only."""
     full = full_error(exc)
     if full != public:
         log.warning("%s: refresh failed: %s (stored without its values as: %s)", st.display, full, public)
-
-
-def _visible(st: StreamTable) -> tuple[str, ...]:
-    return tuple(c.name for c in st.columns)
