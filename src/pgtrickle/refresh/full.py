@@ -29,6 +29,7 @@ from pgtrickle import faults
 from pgtrickle.catalog import identity
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import rows_table
+from pgtrickle.db.columns import column_types
 from pgtrickle.db.query import scalar
 from pgtrickle.dvm.layout import Layout
 from pgtrickle.errors import RefreshError
@@ -165,13 +166,7 @@ class FullRun:
         return inserted, deleted, timings["spark_job"]
 
     def _create_staging(self, st: StreamTable, staging: str, layout: Layout) -> None:
-        types: dict[str, str] = dict(
-            self.conn.execute(
-                "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
-                " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
-                (st.relid,),
-            ).fetchall()
-        )
+        types = column_types(self.conn, st.relid)
         cols: list[sql.Composable] = [
             sql.SQL("{} {}").format(sql.Identifier(f"c{i}"), sql.SQL(types[c]))
             for i, c in enumerate(layout.columns)
