@@ -1,17 +1,24 @@
 """Running one refresh of one stream table, end to end.
 
+0. Decide the mode (:mod:`pgtrickle.refresh.modes`: cached per query text, recorded in the
+   catalog, the table's layout made to match).
 1. Take a snapshot S2 (with WAL capture, wait until the decoder has passed
-   it) and count the changes pending between the frontier and S2. None (and
-   nothing to reinitialize): advance the frontier to S2 without starting any
-   Spark job (``NO_DATA``).
-2. Otherwise a coordinator transaction exports a snapshot; Spark reads every
-   source at it over JDBC, runs the defining query (translated to Spark SQL),
-   and the result is moved into PostgreSQL: by COPY when small, by
-   partitioned JDBC writes into an unlogged staging table when large.
-3. One PostgreSQL transaction replaces the stream table's contents, records
-   the refresh in its change buffer (for downstream stream tables), advances
-   the frontier and completes the history row — so a crash anywhere leaves
-   the previous state intact (docs/ARCHITECTURE.md, invariant 2).
+   it) and count the changes pending between the frontier and S2, through the
+   gates (:mod:`pgtrickle.refresh.gating`). None (and nothing to reinitialize):
+   advance the frontier to S2 without starting any Spark job (``NO_DATA``).
+2. Otherwise a coordinator transaction exports a snapshot (:meth:`Refresher.coordinator`);
+   Spark reads every source at it over JDBC and computes the new contents
+   (:mod:`pgtrickle.refresh.full`) or the change (:mod:`pgtrickle.refresh.differential`,
+   which falls back to FULL when it must), moved into PostgreSQL by COPY when
+   small, by partitioned JDBC writes into an unlogged staging table when large.
+3. One PostgreSQL transaction applies it, records the refresh in the stream
+   table's change buffer (for downstream stream tables), advances the frontier
+   and completes the history row — so a crash anywhere leaves the previous
+   state intact (docs/ARCHITECTURE.md, invariant 2).
+
+Here: the Spark session and cancellation, prepare / execute with the failure a refresh
+records, the per-database caches, and the read snapshot. The parts use the refresher only
+through :class:`~pgtrickle.refresh.context.RefreshContext`.
 """
 
 from __future__ import annotations
