@@ -398,22 +398,6 @@ class Refresher:
             timings=run.timings,
         )
 
-    # ------------------------------------------------------------- gates
-    def advance_no_data(
-        self,
-        st: StreamTable,
-        plan: RefreshPlan,
-        mark: WatermarkMark | None,
-        snapshot: str,
-        request_ids: Sequence[int],
-        record_no_data: bool,
-        initiated_by: str,
-    ) -> bool:
-        """Nothing to apply: move the frontier to ``snapshot`` (see refresh/gating.py)."""
-        return self.gating.advance_no_data(
-            st, plan, mark, snapshot, request_ids, record_no_data, initiated_by
-        )
-
     # ---------------------------------------------------------- snapshots
     @contextmanager
     def staging_conn(self) -> Iterator[psycopg.Connection]:
