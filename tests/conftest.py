@@ -94,6 +94,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: -expected_seconds(item.nodeid))
 
 
+#: Tests that share something expensive run on one pytest-xdist worker, one after the other: node-id
+#: prefix -> group (the Makefile's ``--dist loadgroup``; :func:`pytest_xdist_make_scheduler`). xdist's
+#: own ``xdist_group`` mark does not group under pytest 9: it renames the items through an attribute
+#: (``_nodeid``) pytest no longer reads, so every marked test went to any worker.
+XDIST_GROUPS = {
+    "tests/integration/test_spark_connect.py": "spark_connect",  # one Spark Connect server
+}
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work a test belongs to: its group (:data:`XDIST_GROUPS`), else the test alone."""
+    for prefix, group in XDIST_GROUPS.items():
+        if nodeid.startswith(prefix):
+            return group
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadgroup``: xdist's scheduler by scope, the scopes being :func:`xdist_scope`'s."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return GroupScheduling(config, log)  # type: ignore[arg-type]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
