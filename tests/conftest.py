@@ -46,6 +46,14 @@ FAST_JVM_CONF = f"spark.driver.defaultJavaOptions={FAST_JVM},spark.executor.defa
 # the environment: it lives for the whole run, where C2's faster code pays.
 os.environ.setdefault("PGTRICKLE_SPARK_CONF", FAST_JVM_CONF)
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # A pytest-xdist worker starts with COLUMNS=80 and LINES=24 in its environment. The CLI's
+    # module-level rich Console, created when the test modules are imported, would keep that width
+    # for good, and a test's CliRunner(env={"COLUMNS": ...}) would no longer widen it: the worker's
+    # environment is made the one a serial run has.
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
+
 
 #: Seconds a test takes (a serial run on the shared machine, docs/TESTING.md), by node-id prefix; the
 #: longest matching prefix counts, other integration tests 5 s, unit tests 0. Under pytest-xdist the
