@@ -19,16 +19,20 @@ demo: setup
 	$(VENV)/bin/pgtrickle demo
 
 # Everything, the short soak (30 s of writes) and short stress runs included; docs/TESTING.md.
-# PYTEST_ARGS passes options on, e.g. `make test PYTEST_ARGS="-n 2"` (pytest-xdist; see docs/TESTING.md).
+# In TEST_WORKERS pytest-xdist workers (each with its own PostgreSQL and SparkSession), the heaviest
+# tests handed out first (tests/conftest.py); the Spark Connect tests share one worker (one server).
+# `make test TEST_WORKERS=0` runs serially. PYTEST_ARGS passes options on (`PYTEST_ARGS="-k wal"`).
+TEST_WORKERS ?= 3
+XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # No JVM, no database (tests/unit/conftest.py fails a unit test that starts either): well under a minute.
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 test-integration: setup
-	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) tests/integration $(PYTEST_ARGS)
 
 # The long soak: 2 minutes of writes by default, `make soak SOAK_SECONDS=1800` for half an hour.
 SOAK_SECONDS ?= 120

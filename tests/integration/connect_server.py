@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pyspark
 
+from tests.conftest import FAST_JVM
+
 START_TIMEOUT = 300.0
 """Seconds to wait for the server to accept connections (it takes 10-60 s on a loaded 2-core machine)."""
 
@@ -102,6 +104,8 @@ def start(jdbc_jar: str, timeout: float = START_TIMEOUT) -> ConnectServer:
         "spark.local.dir": str(workdir / "local"),
         "spark.sql.warehouse.dir": str(workdir / "warehouse"),
         "spark.driver.memory": "1g",
+        # C1-only JIT and the serial GC (tests/conftest.py): the server's start dominates its work here.
+        "spark.driver.defaultJavaOptions": FAST_JVM,
         "spark.driver.extraJavaOptions": f"-Dderby.system.home={workdir} -Duser.timezone=UTC",
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     }

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import FAST_JVM
 from tests.integration.helpers import assert_oracle, create_st
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -76,7 +77,8 @@ def standalone(tmp_path: Path) -> Iterator[tuple[str, int]]:
     """A standalone Spark master and two one-core workers on 127.0.0.1."""
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
     env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1",
-               SPARK_LOG_DIR=str(tmp_path / "logs"), SPARK_WORKER_DIR=str(tmp_path / "work"))
+               SPARK_LOG_DIR=str(tmp_path / "logs"), SPARK_WORKER_DIR=str(tmp_path / "work"),
+               SPARK_DAEMON_JAVA_OPTS=FAST_JVM)  # the master's and workers' JVMs (tests/conftest.py)
     port, ui = _free_port(), _free_port()
     url = f"spark://127.0.0.1:{port}"
     procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",

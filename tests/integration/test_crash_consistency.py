@@ -42,7 +42,7 @@ import pytest
 
 from pgtrickle.refresh.plan import Action
 from pgtrickle.daemon.loop import Scheduler
-from tests.conftest import Database
+from tests.conftest import FAST_JVM_CONF, Database
 from tests.integration.faultkit import (
     SRC,
     DaemonProcess,
@@ -88,11 +88,9 @@ def check_state(db: Database, names: list[str]) -> None:
     assert_windows_consumed_once(db)
 
 
-def fast_jvm(scratch: Path) -> str:
-    """``PGTRICKLE_SPARK_CONF`` for the daemons: each kill costs a daemon start (a Spark JVM), and
-    C1-only JIT with the serial GC starts it with less CPU (pgtrickle's own JVM options kept)."""
-    return (f"spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Duser.timezone=UTC "
-            f"-Dderby.system.home={scratch},spark.driver.memory=1g")
+#: ``PGTRICKLE_SPARK_CONF`` for the daemons: each kill costs a daemon start (a Spark JVM), started with
+#: the tests' fast JVM options (tests/conftest.py) and a smaller heap.
+DAEMON_SPARK_CONF = f"{FAST_JVM_CONF},spark.driver.memory=1g"
 
 
 @pytest.mark.timeout(600 + 150 * KILLS)
@@ -101,7 +99,7 @@ def test_sigkill_at_refresh_points_and_random_moments_keeps_every_stream_table_e
     names = create_workload(db)
     rng = random.Random(int(os.environ.get("PGTRICKLE_CRASH_SEED", "8")))
     writers = Writers(db.dsn, seed=rng.randrange(1 << 30))
-    daemon = DaemonProcess(db.dsn, tmp_path, PGTRICKLE_SPARK_CONF=fast_jvm(tmp_path))
+    daemon = DaemonProcess(db.dsn, tmp_path, PGTRICKLE_SPARK_CONF=DAEMON_SPARK_CONF)
     started = time.monotonic()
     kills: Counter[str] = Counter()
     caught_up_by_daemon = 0

@@ -1,14 +1,17 @@
 """The dbt package (integrations/dbt): its example project run by real dbt-core + dbt-postgres.
 
-dbt runs as a subprocess (as a user runs it) against this test's database; the project is a
-copy of integrations/dbt/example in a temporary directory (dbt writes target/, logs/ and
-dbt_packages/ there), with a profile pointing at the test's PostgreSQL. After each `dbt run`
+dbt runs in a subprocess against this test's database: one process for the module
+(:class:`DbtProcess`), which imports dbt once and runs each command through dbt's programmatic
+entry point (``dbtRunner``, what the ``dbt`` command runs), with the ``dbt`` command's exit codes.
+The project is a copy of integrations/dbt/example in a temporary directory (dbt writes target/,
+logs/ and dbt_packages/ there), with a profile pointing at the test's PostgreSQL. After each `dbt run`
 the stream tables are refreshed through the refresh engine and checked against their defining
 queries (two-way EXCEPT ALL).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -25,26 +28,65 @@ import yaml
 from tests.conftest import Database
 from tests.integration.helpers import assert_oracle, catalog_fingerprint, refresh
 
-# Each dbt command is a process that parses the project (seconds each on a loaded machine).
+# Each dbt command parses the project (seconds each on a loaded machine).
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark"), pytest.mark.timeout(1800)]
 
 PACKAGE = Path(__file__).resolve().parents[2] / "integrations" / "dbt"
 SCHEMA = "dbt Shop"  # every model lands here: a schema name that needs quoting
+DRIVER = Path(__file__).with_name("dbt_driver.py")
 HOSTILE = "Order \"Totals\" 'EU'"  # an alias with both kinds of quote
+
+
+class DbtProcess:
+    """The dbt process of the module (tests/integration/dbt_driver.py): dbt imported once."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "DBT_SEND_ANONYMOUS_USAGE_STATS": "false", "DBT_VERSION_CHECK": "false",
+               "DBT_USE_COLORS": "false", "DBT_PRINTER_WIDTH": "200"}
+        read, write = os.pipe()
+        self.proc = subprocess.Popen([sys.executable, str(DRIVER), str(write)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, env=env, pass_fds=(write,), text=True)
+        os.close(write)
+        self.answers = os.fdopen(read)
+
+    def run(self, args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"args": args, "cwd": str(cwd)}) + "\n")
+        self.proc.stdin.flush()
+        line = self.answers.readline()
+        assert line, f"the dbt process exited ({self.proc.wait()})"
+        answer = json.loads(line)
+        return subprocess.CompletedProcess(["dbt", *args], answer["code"], answer["output"], "")
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.answers.close()
+
+
+@pytest.fixture(scope="module")
+def dbt_process() -> Iterator[DbtProcess]:
+    process = DbtProcess()
+    try:
+        yield process
+    finally:
+        process.close()
 
 
 @dataclass
 class Project:
     root: Path
     db: Database
+    process: DbtProcess
 
     def dbt(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "DBT_SEND_ANONYMOUS_USAGE_STATS": "false", "DBT_VERSION_CHECK": "false",
-               "DBT_USE_COLORS": "false", "DBT_PRINTER_WIDTH": "200"}
-        return subprocess.run(
-            [sys.executable, "-c", "from dbt.cli.main import cli; cli()", *args,
-             "--project-dir", str(self.root), "--profiles-dir", str(self.root)],
-            cwd=self.root, env=env, capture_output=True, text=True, timeout=300, check=False)
+        return self.process.run([*args, "--project-dir", str(self.root), "--profiles-dir", str(self.root)],
+                                self.root)
 
     def ok(self, *args: str) -> str:
         result = self.dbt(*args)
@@ -66,7 +108,7 @@ def qualified(name: str) -> str:
 
 
 @pytest.fixture
-def project(db: Database, tmp_path: Path) -> Iterator[Project]:
+def project(db: Database, tmp_path: Path, dbt_process: DbtProcess) -> Iterator[Project]:
     root = tmp_path / "example"
     local = ("target", "logs", "dbt_packages", "package-lock.yml", "profiles.yml")
     shutil.copytree(PACKAGE / "example", root, ignore=shutil.ignore_patterns(*local))
@@ -77,7 +119,7 @@ def project(db: Database, tmp_path: Path) -> Iterator[Project]:
               "threads": 1}
     profile = {"pgtrickle_example": {"target": "test", "outputs": {"test": output}}}
     (root / "profiles.yml").write_text(yaml.safe_dump(profile))
-    project = Project(root, db)
+    project = Project(root, db, dbt_process)
     project.ok("deps")
     project.ok("seed")
     yield project

@@ -33,6 +33,7 @@ from tests.conftest import Database, _free_port
 from tests.integration import connect_server
 from tests.integration.helpers import assert_oracle, create_st, refresh, refresh_and_check
 
+# One worker runs them all under pytest-xdist (tests/conftest.py, XDIST_GROUPS): one server per run.
 pytestmark = [pytest.mark.integration, pytest.mark.spark_connect]
 
 runner = CliRunner(env={"COLUMNS": "200"})

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Database
+from tests.conftest import FAST_JVM_CONF, Database
 from tests.integration.faultkit import SRC, DaemonProcess, poll
 from tests.integration.helpers import assert_oracle, create_st, refresh
 
@@ -87,7 +87,7 @@ def test_executor_lost_mid_job_is_retried_and_a_failed_job_is_recorded_then_retr
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '0' WHERE name = 'auto_suspend_after'")
     daemon = DaemonProcess(db.dsn, tmp_path, PGTRICKLE_SPARK_MASTER="local-cluster[2,1,1024]",
                            PGTRICKLE_JDBC_PARTITION_ROWS="150000", SPARK_HOME=SPARK_HOME,
-                           PGTRICKLE_SPARK_CONF="spark.executor.memory=512m",
+                           PGTRICKLE_SPARK_CONF=f"{FAST_JVM_CONF},spark.executor.memory=512m",
                            PGTRICKLE_JDBC_JAR=db.settings.jdbc_jar)
     started = time.monotonic()
     try:
