@@ -1,0 +1,104 @@
+"""Hidden state tables: a materialized node's value is its stored value plus its change.
+
+Pure: no I/O. The delta rules read a node kept as a hidden table (:mod:`pgtrickle.dvm.materialize`)
+as ``Materialized(m, pre=True)`` — the table as stored, which holds ``m``'s value at the window's
+start — and ``Materialized(m)`` — its value at the refresh snapshot. The table is brought to the
+snapshot by the same refresh that reads it, in the same transaction as the stream table it
+serves, so nothing can read its value at the snapshot from storage: it is **integrated**,
+
+    post(m) = stored(m) ⊎ Δ(m)
+
+where ``Δ(m)`` is the plan the rules make of ``m``'s own subtree (itself reading the hidden
+tables under ``m`` the same way). :func:`integrate` rewrites a delta plan so that it reads the
+hidden tables only as stored, and returns each hidden table's change, which the refresh applies
+to that table alongside the stream table's own (DBSP calls this an integral).
+
+A hidden table therefore shares its stream table's frontier: it holds ``m``'s value at the
+stream table's last refresh, and a FULL refresh of the stream table rebuilds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from pgtrickle.dvm import ir, rules
+
+__all__ = ["Integrated", "integrate", "substitute_post"]
+
+
+@dataclass(frozen=True)
+class Integrated:
+    """A delta plan that reads hidden tables only as stored, and the change of each.
+
+    ``plan``: the root's change (``None``: nothing under it changed). ``changes``: per
+    materialized node, children first, the plan of its change (``None``: unchanged) — what the
+    refresh applies to its hidden table. Both read ``Materialized(m, pre=True)`` only.
+    """
+
+    plan: ir.Node | None
+    changes: tuple[tuple[ir.Node, ir.Node | None], ...]
+
+
+def _rebuild(node: ir.Node, replace: dict[int, ir.Node], memo: dict[int, ir.Node]) -> ir.Node:
+    """``node`` with every node whose ``id`` is in ``replace`` swapped; shared subtrees stay shared."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in replace:
+        memo[key] = replace[key]
+        return memo[key]
+    changes: dict[str, object] = {}
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if isinstance(value, ir.Node) and not isinstance(node, (ir.Delta, ir.Materialized)):
+            new = _rebuild(value, replace, memo)
+            if new is not value:
+                changes[f.name] = new
+        elif isinstance(value, tuple) and value and all(isinstance(v, ir.Node) for v in value):
+            items = tuple(_rebuild(v, replace, memo) for v in value)
+            if any(a is not b for a, b in zip(items, value, strict=True)):
+                changes[f.name] = items
+    memo[key] = dataclasses.replace(node, **changes) if changes else node  # type: ignore[arg-type]
+    return memo[key]
+
+
+def substitute_post(plan: ir.Node, posts: Mapping[ir.Node, ir.Node]) -> ir.Node:
+    """``plan`` with every ``Materialized(m)`` (not ``pre``) of a node ``m`` in ``posts``
+    replaced by ``posts[m]``; one replacement object per ``m``, so it is compiled once."""
+    replace: dict[int, ir.Node] = {}
+    for n in ir.walk(plan):
+        if isinstance(n, ir.Materialized) and not n.pre and n.node in posts:
+            replace[id(n)] = posts[n.node]
+    if not replace:
+        return plan
+    return _rebuild(plan, replace, {})
+
+
+def integrate(
+    root: ir.Node,
+    changed: frozenset[str],
+    materialized: Collection[ir.Node],
+    *,
+    stored_state: bool = False,
+) -> Integrated:
+    """The change of ``root`` over the window with the nodes ``materialized`` kept as hidden
+    tables read only as stored (see the module docstring); ``changed`` and ``stored_state`` as
+    :func:`pgtrickle.dvm.rules.delta` takes them."""
+    wanted = set(materialized)
+    hidden = [n for n in ir.walk(root) if n in wanted and n is not root]
+    posts: dict[ir.Node, ir.Node] = {}
+    changes: list[tuple[ir.Node, ir.Node | None]] = []
+    for m in hidden:  # children first: a node's change reads the ones under it, already integrated
+        inner = [n for n in hidden if n is not m]
+        change = rules.delta(m, changed, inner)
+        if change is not None:
+            change = substitute_post(change, posts)
+        stored = ir.Materialized(m, pre=True)
+        posts[m] = stored if change is None else ir.UnionAll((stored, change), m.columns)
+        changes.append((m, change))
+    plan = rules.delta(root, changed, hidden, stored_state=stored_state)
+    if plan is not None:
+        plan = substitute_post(plan, posts)
+    return Integrated(plan, tuple(changes))
