@@ -60,7 +60,7 @@ def _rebuild(node: ir.Node, replace: dict[int, ir.Node], memo: dict[int, ir.Node
             items = tuple(_rebuild(v, replace, memo) for v in value)
             if any(a is not b for a, b in zip(items, value, strict=True)):
                 changes[f.name] = items
-    memo[key] = dataclasses.replace(node, **changes) if changes else node  # type: ignore[arg-type]
+    memo[key] = dataclasses.replace(node, **changes) if changes else node
     return memo[key]
 
 
