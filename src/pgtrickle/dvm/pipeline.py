@@ -11,9 +11,11 @@ Pure: no I/O. :func:`plan_delta` composes the pieces a differential refresh runs
   relation under the query is in ``changed`` (the stream table does not change);
 - ``steps``: per IR node of the defining query (children first), the rule that computes its
   change (:func:`rule_of`) and, for a node kept as a hidden stream table, the reason;
-- ``full_refresh_reason``: set when the plan reads hidden stream tables (``Materialized``
-  nodes): they are not built by anything yet, so the caller must refresh FULL, with that reason,
-  rather than run the plan. The plan is still complete, so tests (and ``explain``) can read it.
+- ``state_changes``: with ``keep_state``, per node kept in a hidden state table, the change to
+  apply to that table; the plan reads the tables as stored (:mod:`pgtrickle.dvm.integrate`);
+- ``full_refresh_reason``: set when the plan reads kept nodes without ``keep_state`` (or the
+  stored aggregate state): the caller must refresh FULL, with that reason, rather than run the
+  plan. The plan is still complete, so tests (and ``explain``) can read it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pgtrickle.dvm import ir, materialize, rules
 from pgtrickle.dvm.compile import Compiled, Reads, compile_ir
 from pgtrickle.dvm.compile_sql import Dialect
+from pgtrickle.dvm.integrate import integrate
 from pgtrickle.dvm.lower import lower
 from pgtrickle.dvm.rules import aggregate as aggregate_rule
 from pgtrickle.sql.translate import parse_query
@@ -68,13 +71,19 @@ class DeltaPlan:
     materialized: Mapping[ir.Node, str]
     plan: ir.Node | None
     compiled: Compiled | None
+    state_changes: tuple[tuple[ir.Node, Compiled | None], ...] = ()
+    """With ``keep_state``: per kept node (children first), the consolidated change to apply to
+    its hidden state table (``None``: unchanged); the plan then reads those tables as stored."""
 
     @property
     def full_refresh_reason(self) -> str | None:
         """Why the caller must refresh FULL instead of running the plan (``None``: run it)."""
         if self.plan is None:
             return None
-        hidden = {n.node: None for n in ir.walk(self.plan) if isinstance(n, ir.Materialized)}
+        kept = {node for node, _ in self.state_changes}
+        hidden = {
+            n.node: None for n in ir.walk(self.plan) if isinstance(n, ir.Materialized) and n.node not in kept
+        }
         if not hidden:
             return None
         reasons = [self.materialized.get(node, STORED_STATE) for node in hidden]
@@ -213,6 +222,7 @@ def plan_delta(
     *,
     reads: Reads | None = None,
     stored_state: bool = False,
+    keep_state: bool = False,
 ) -> DeltaPlan:
     """Plan the change of the query ``pg_sql`` (PostgreSQL text, as ``pg_get_viewdef`` gives it)
     over a refresh window in which the relations ``changed`` have pending changes.
@@ -220,6 +230,10 @@ def plan_delta(
     ``schema``: every relation's columns (keys as the query names them); ``column_types``:
     their PostgreSQL types (see :func:`compile_ir`); ``reads``: names the relations the plan
     reads (base relations, change buffers, hidden tables); :class:`ViewNames` by default.
+    ``keep_state``: the nodes :func:`~pgtrickle.dvm.materialize.decide` keeps have hidden state
+    tables (``refresh/state_tables.py``): the plan reads them as stored and
+    :attr:`DeltaPlan.state_changes` says what to apply to each (:mod:`pgtrickle.dvm.integrate`);
+    without it such a plan asks for a full refresh.
 
     Raises:
         UnsupportedQueryError / NoDeltaRuleError: the query cannot be parsed, lowered or planned.
@@ -228,10 +242,19 @@ def plan_delta(
     tree = lower(parse_query(pg_sql), schema)
     materialized = materialize.decide(tree)
     changed = frozenset(changed)
-    plan = rules.delta(tree, changed, tuple(materialized), stored_state=stored_state)
-    compiled = None
-    if plan is not None:
-        whole = compile_ir(plan, reads or ViewNames(), dialect=dialect, column_types=column_types)
-        compiled = whole.consolidated()
+    resolver = reads or ViewNames()
+
+    def compiled_of(node: ir.Node | None) -> Compiled | None:
+        if node is None:
+            return None
+        return compile_ir(node, resolver, dialect=dialect, column_types=column_types).consolidated()
+
+    state_changes: tuple[tuple[ir.Node, Compiled | None], ...] = ()
+    if keep_state and materialized:
+        integrated = integrate(tree, changed, tuple(materialized), stored_state=stored_state)
+        plan = integrated.plan
+        state_changes = tuple((node, compiled_of(change)) for node, change in integrated.changes)
+    else:
+        plan = rules.delta(tree, changed, tuple(materialized), stored_state=stored_state)
     steps = steps_of(tree, materialized, changed=changed, stored_state=stored_state)
-    return DeltaPlan(tree, steps, materialized, plan, compiled)
+    return DeltaPlan(tree, steps, materialized, plan, compiled_of(plan), state_changes)
