@@ -19,100 +19,24 @@ are PostgreSQL's own for that query — planned, never run — stored as
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import psycopg
 from psycopg import sql
 
-from pgtrickle.dvm import ir
-from pgtrickle.dvm.compile import compile_ir
+from pgtrickle.dvm.kept import SCHEMA, StateTable
+from pgtrickle.refresh.delta_apply import same_value
 
-__all__ = [
-    "SCHEMA",
-    "StateTable",
-    "drop_state_tables",
-    "ensure_state_tables",
-    "node_query",
-    "plan_state_tables",
-]
+__all__ = ["apply_state_change", "drop_state_tables", "ensure_state_tables", "fill_state_table"]
 
-SCHEMA = "pgtrickle_changes"
 ROW_ID = "__pgt_row_id"
+WEIGHT = "__pgt_w"
+_DELTA = "__pgt_state_delta"
 _PROBE = "__pgt_state_probe"
 
 
-@dataclass(frozen=True, eq=False)
-class StateTable:
-    """One kept node: its place in the query (``position``, in tree order, children first),
-    why it is kept, and its table."""
-
-    position: int
-    node: ir.Node
-    reason: str
-    query: str
-    """The node's value as one PostgreSQL query over the sources (columns, then ``__pgt_w``)."""
-    name: str
-
-    @property
-    def columns(self) -> tuple[str, ...]:
-        return self.node.columns
-
-    @property
-    def identifier(self) -> sql.Composed:
-        return sql.SQL("{}.{}").format(sql.Identifier(SCHEMA), sql.Identifier(self.name))
-
-    @property
-    def qualified(self) -> str:
-        """The table's name as SQL text (``pgtrickle_changes."state_…"``)."""
-        return f'{SCHEMA}."{self.name}"'
-
-
-class _Sources:
-    """Reads of a node's own query: every scan is its source table, as the query names it."""
-
-    def __init__(self, relations: Mapping[str, tuple[str, str]]) -> None:
-        self._relations = relations
-
-    def post(self, scan: ir.Scan) -> tuple[str, str]:
-        return self._relations[scan.relation]
-
-    def delta(self, scan: ir.Scan) -> tuple[str, str]:  # pragma: no cover - a query has no Delta
-        raise ValueError(f"a node's own query reads no change ({scan.relation})")
-
-    def materialized(self, node: ir.Materialized) -> tuple[str, str]:  # pragma: no cover
-        raise ValueError("a node's own query reads no hidden table")
-
-
-def node_query(
-    node: ir.Node,
-    relations: Mapping[str, tuple[str, str]],
-    column_types: Mapping[str, Mapping[str, str]] | None = None,
-) -> str:
-    """``node``'s value as one PostgreSQL query over the sources ``relations`` (a scan's
-    relation → ``(schema, table)``): its columns, then its weight ``__pgt_w`` (pure)."""
-    return compile_ir(node, _Sources(relations), dialect="postgres", column_types=column_types).sql()
-
-
-def plan_state_tables(
-    pgt_id: int,
-    tree: ir.Node,
-    kept: Mapping[ir.Node, str],
-    relations: Mapping[str, tuple[str, str]],
-    column_types: Mapping[str, Mapping[str, str]] | None = None,
-) -> list[StateTable]:
-    """The state tables of the stream table ``pgt_id`` whose query lowers to ``tree``, for the
-    nodes ``kept`` (node → reason), children first (pure)."""
-    out: list[StateTable] = []
-    for node in ir.walk(tree):
-        if node is tree or node not in kept:
-            continue
-        query = node_query(node, relations, column_types)
-        fingerprint = hashlib.sha256(query.encode()).hexdigest()[:12]
-        position = len(out)
-        out.append(StateTable(position, node, kept[node], query, f"state_{pgt_id}_{position}_{fingerprint}"))
-    return out
+def _identifier(table: StateTable) -> sql.Composed:
+    return sql.SQL("{}.{}").format(sql.Identifier(SCHEMA), sql.Identifier(table.name))
 
 
 def _storage_types(conn: psycopg.Connection, table: StateTable) -> list[str]:
@@ -168,13 +92,13 @@ def ensure_state_tables(
                 sql.SQL("{} bigint NOT NULL").format(sql.Identifier(ROW_ID)),
             ]
         )
-        conn.execute(sql.SQL("CREATE TABLE {} ({})").format(table.identifier, definition))
+        conn.execute(sql.SQL("CREATE TABLE {} ({})").format(_identifier(table), definition))
         conn.execute(
             sql.SQL("CREATE INDEX {} ON {} ({})").format(
-                sql.Identifier(f"{table.name}_row_id"), table.identifier, sql.Identifier(ROW_ID)
+                sql.Identifier(f"{table.name}_row_id"), _identifier(table), sql.Identifier(ROW_ID)
             )
         )
-        conn.execute(sql.SQL("REVOKE ALL ON {} FROM PUBLIC").format(table.identifier))
+        conn.execute(sql.SQL("REVOKE ALL ON {} FROM PUBLIC").format(_identifier(table)))
         conn.execute(
             "INSERT INTO pgtrickle.pgt_state_tables (pgt_id, position, relid, fingerprint, reason)"
             " VALUES (%s, %s, %s::regclass, %s, %s)",
@@ -188,3 +112,91 @@ def drop_state_tables(conn: psycopg.Connection, pgt_id: int) -> int:
     """Drop every state table of ``pgt_id`` (the stream table no longer keeps any node)."""
     row = conn.execute("SELECT pgtrickle._drop_state_tables(%s)", (pgt_id,)).fetchone()
     return int(row[0]) if row else 0
+
+
+class StateMismatch(Exception):
+    """A hidden table's change does not match the table (it never should): refresh in full."""
+
+
+def _load(conn: psycopg.Connection, table: StateTable, rows: Sequence[tuple], weighted: bool) -> None:
+    """Rows ``(columns..., [weight,] row id)`` into the temporary table ``__pgt_state_delta``."""
+    cols = [*table.columns, *([WEIGHT] if weighted else []), ROW_ID]
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS pg_temp.{}").format(sql.Identifier(_DELTA)))
+    conn.execute(
+        sql.SQL("CREATE TEMP TABLE {} AS SELECT {} FROM {} WITH NO DATA").format(
+            sql.Identifier(_DELTA),
+            sql.SQL(", ").join(
+                [sql.Identifier(c) for c in table.columns]
+                + ([sql.SQL("0::bigint AS {}").format(sql.Identifier(WEIGHT))] if weighted else [])
+                + [sql.Identifier(ROW_ID)]
+            ),
+            _identifier(table),
+        )
+    )
+    with conn.cursor().copy(
+        sql.SQL("COPY {} ({}) FROM STDIN").format(
+            sql.Identifier(_DELTA), sql.SQL(", ").join(sql.Identifier(c) for c in cols)
+        )
+    ) as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
+def fill_state_table(conn: psycopg.Connection, table: StateTable, rows: Sequence[tuple]) -> int:
+    """Replace the table's rows by ``rows`` (``columns..., row id``; a FULL refresh). In the
+    caller's transaction."""
+    conn.execute(sql.SQL("TRUNCATE {}").format(_identifier(table)))
+    cols = sql.SQL(", ").join([*(sql.Identifier(c) for c in table.columns), sql.Identifier(ROW_ID)])
+    with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(_identifier(table), cols)) as copy:
+        for row in rows:
+            copy.write_row(row)
+    return len(rows)
+
+
+def apply_state_change(
+    conn: psycopg.Connection, table: StateTable, rows: Sequence[tuple], equality: dict[str, str]
+) -> tuple[int, int]:
+    """Apply a consolidated change (``columns..., weight, row id``) to the table: a negative
+    weight deletes that many copies of the row, a positive one inserts them. Counted: a change
+    deleting rows the table does not hold raises :class:`StateMismatch`. In the caller's
+    transaction; ``equality``: the ``=`` to match a column's values with (``OPERATOR(s.=)``)."""
+    if not rows:
+        return 0, 0
+    _load(conn, table, rows, weighted=True)
+    target = _identifier(table)
+    same = " AND ".join(
+        [f"t.{ROW_ID} = d.{ROW_ID}"]
+        + [same_value(f"t.{_quoted(c)}", f"d.{_quoted(c)}", equality.get(c)) for c in table.columns]
+    )
+    expected = sum(-r[len(table.columns)] for r in rows if r[len(table.columns)] < 0)
+    deleted = conn.execute(
+        sql.SQL(
+            "DELETE FROM {t} AS t WHERE t.ctid = ANY(ARRAY("
+            "SELECT x.tid FROM (SELECT t.ctid AS tid, -d.{w} AS n, row_number() OVER"
+            " (PARTITION BY d.ctid ORDER BY t.ctid) AS rn FROM {t} AS t JOIN {d} AS d ON {same}"
+            " WHERE d.{w} < 0) x WHERE x.rn <= x.n))"
+        ).format(t=target, d=sql.Identifier(_DELTA), w=sql.Identifier(WEIGHT), same=sql.SQL(same))
+    ).rowcount
+    if deleted != expected:
+        raise StateMismatch(
+            f"the change of hidden table {table.name} deletes {expected} rows but {deleted} matched"
+        )
+    cols = sql.SQL(", ").join([*(sql.Identifier(c) for c in table.columns), sql.Identifier(ROW_ID)])
+    d_cols = sql.SQL(", ").join(
+        [
+            *(sql.SQL("d.{}").format(sql.Identifier(c)) for c in table.columns),
+            sql.SQL("d.{}").format(sql.Identifier(ROW_ID)),
+        ]
+    )
+    inserted = conn.execute(
+        sql.SQL(
+            "INSERT INTO {t} ({cols}) SELECT {d_cols} FROM {d} AS d"
+            " CROSS JOIN LATERAL generate_series(1, d.{w}) WHERE d.{w} > 0"
+        ).format(t=target, cols=cols, d_cols=d_cols, d=sql.Identifier(_DELTA), w=sql.Identifier(WEIGHT))
+    ).rowcount
+    conn.execute(sql.SQL("DROP TABLE pg_temp.{}").format(sql.Identifier(_DELTA)))
+    return inserted, deleted
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
