@@ -212,7 +212,7 @@ class ViewNames:
 
     def materialized(self, node: ir.Materialized) -> str:
         number = self._hidden.setdefault(node.node, len(self._hidden))
-        return f"__pgt_mat_{number}" + ("_pre" if node.pre else "")
+        return f"__pgt_mat_{number}" + ("_pre" if node.pre else "_change" if node.change else "")
 
 
 def plan_delta(

@@ -31,7 +31,7 @@ from psycopg import sql
 from pgtrickle.catalog.store import Source, StreamTable
 from pgtrickle.dvm import ir
 from pgtrickle.dvm.compile import Compiled, ReadKind
-from pgtrickle.dvm.kept import StateTable
+from pgtrickle.dvm.kept import StateTable, fingerprint
 from pgtrickle.dvm.keyed import KeySource, Restriction
 from pgtrickle.dvm.stored import StoredAggregate
 from pgtrickle.errors import PgTrickleError, UnsupportedQueryError
@@ -43,6 +43,8 @@ from pgtrickle.sql.ident import quote_ident
 WEIGHT = ir.WEIGHT
 KEPT_PREFIX = "pgt_kept_"
 """Spark views of hidden state tables: ``pgt_kept_<pgt id>_<fingerprint>``."""
+KEPT_CHANGE_PREFIX = "pgt_kept_change_"
+"""Spark views of hidden state tables' changes: ``pgt_kept_change_<pgt id>_<fingerprint>``."""
 
 PUSHDOWN_MIN_ROWS = 10_000
 """Tables smaller than this are read whole: a key filter would not pay for itself."""
@@ -105,14 +107,14 @@ class ReadNames:
         return f"pgt_{self._pgt_id}_delta_{self._relid(scan)}"
 
     def materialized(self, node: ir.Materialized) -> str:
-        if not node.pre:
+        if not node.pre and not node.change:
             raise UnsupportedQueryError(
                 "the plan reads a hidden table at the snapshot, which no refresh stores"
             )
         if self._kept and self._fingerprint_of is not None:
             fp = self._fingerprint_of(node.node)
             if fp in self._kept:
-                return f"{KEPT_PREFIX}{self._pgt_id}_{fp}"
+                return f"{KEPT_CHANGE_PREFIX if node.change else KEPT_PREFIX}{self._pgt_id}_{fp}"
         return f"pgt_{self._pgt_id}_state"
 
     def kept_table(self, node: ir.Node) -> StateTable:
@@ -125,6 +127,11 @@ class ReadNames:
     def kept_views(self) -> dict[str, StateTable]:
         """The Spark view name of every hidden state table."""
         return {f"{KEPT_PREFIX}{self._pgt_id}_{fp}": table for fp, table in self._kept.items()}
+
+    def kept_change_view(self, table: StateTable) -> str:
+        """The Spark view of a hidden state table's change (registered by the refresh once it
+        has computed the change, before any plan reading it runs)."""
+        return f"{KEPT_CHANGE_PREFIX}{self._pgt_id}_{fingerprint(table.query)}"
 
 
 @dataclass(frozen=True)
@@ -163,6 +170,7 @@ class DeltaReads:
         self.kept_views: Mapping[str, StateTable] = {}
         """Views of hidden state tables (set by the caller before :meth:`register`)."""
         self._registered: set[str] = set()
+        self._provided: list[str] = []
 
     def _columns(self, scan: ir.Scan, source: Source) -> list[str]:
         wanted = self._read_columns.get(scan.relation, frozenset()) | set(scan.source_columns)
@@ -181,6 +189,8 @@ class DeltaReads:
             assert isinstance(read.name, str)
             if read.name in self._registered:
                 continue
+            if isinstance(read.node, ir.Materialized) and read.node.change:
+                raise FallbackToFull("the plan reads a hidden table's change before it is computed")
             self._registered.add(read.name)
             if read.name in self.kept_views:
                 df, bounded = self._kept_table(self.kept_views[read.name]), True
@@ -203,6 +213,9 @@ class DeltaReads:
         for df in self.persisted:
             df.unpersist()
         self.persisted.clear()
+        for name in self._provided:
+            self.r.spark.catalog.dropTempView(name)
+        self._provided.clear()
 
     # ------------------------------------------------------------ reads
     def _source(self, relation: str) -> Source:
@@ -251,6 +264,12 @@ class DeltaReads:
         df = jdbc.read_query(self.r.spark, self.r.target, query, self.window.snap_id)
         self._count("stored_state_reads")
         return df, True
+
+    def provide(self, name: str, df: Any) -> None:
+        """Register ``df`` as the view ``name`` (a hidden table's change, computed by the refresh)."""
+        df.createOrReplaceTempView(name)
+        self._registered.add(name)
+        self._provided.append(name)
 
     def _kept_table(self, table: StateTable) -> Any:
         """A hidden state table as stored (the kept node's value at the window's start)."""

@@ -74,8 +74,9 @@ class Prepared:
     rules: str
     read_columns: dict[str, frozenset[str]]
     """Per relation, every source column a Scan or Delta of the plan reads (one view serves all)."""
-    kept: tuple[tuple[StateTable, Compiled | None], ...] = ()
-    """Per hidden state table (dvm/kept.py), the change to apply to it (``None``: unchanged)."""
+    kept: tuple[tuple[StateTable, Compiled | None, str], ...] = ()
+    """Per hidden state table (dvm/kept.py), children first, the change to apply to it
+    (``None``: unchanged) and the Spark view the plans above it read that change from."""
     kept_views: dict[str, StateTable] = field(default_factory=dict)
     """The Spark view of each hidden state table the plans read."""
 
@@ -180,7 +181,7 @@ class DifferentialRun:
             {fingerprint(t.query): t for t in self.layout.state_tables},
             lambda node: fingerprint(node_query(node, relations, types)),
         )
-        kept: tuple[tuple[StateTable, Compiled | None], ...] = ()
+        kept: tuple[tuple[StateTable, Compiled | None, str], ...] = ()
         state_plans: tuple[ir.Node | None, ...] = ()
         stored = self.layout.stored
         if stored is not None:
@@ -207,7 +208,11 @@ class DifferentialRun:
             if delta.plan is None or delta.compiled is None:
                 return None
             plan, compiled = delta.plan, delta.compiled
-            kept = tuple((names.kept_table(node), change) for node, change in delta.state_changes)
+            kept = tuple(
+                (table, change, names.kept_change_view(table))
+                for node, change in delta.state_changes
+                for table in (names.kept_table(node),)
+            )
             state_plans = delta.state_plans
             rules_text = "; ".join(f"{type(s.node).__name__}: {s.rule}" for s in delta.steps)
         read_columns: dict[str, set[str]] = {}
@@ -254,15 +259,17 @@ class DifferentialRun:
             spark.conf.set(key, value)
         try:
             reads.kept_views = prepared.kept_views
-            reads.register(prepared.compiled, prepared.restrictions, prepared.read_columns)  # type: ignore[arg-type]
-            for _, change in prepared.kept:
+            # Each hidden table's change first (children first), each one job; the plans above
+            # read it as a relation of its own, never as the plan that computed it.
+            self.kept_rows = []
+            t0 = time.monotonic()
+            for table, change, view in prepared.kept:
                 if change is not None:
                     reads.register(change, {}, prepared.read_columns)
-            self.kept_rows = [
-                (table, self._kept_change(table, change))
-                for table, change in prepared.kept
-                if change is not None
-            ]
+                    self.kept_rows.append((table, self._kept_change(table, change, view, reads)))
+            if prepared.kept:
+                self.timings["kept_changes"] = time.monotonic() - t0
+            reads.register(prepared.compiled, prepared.restrictions, prepared.read_columns)  # type: ignore[arg-type]
             return self._collect(self._output(prepared.spark_sql, prepared.columns))
         finally:
             reads.release()
@@ -272,16 +279,22 @@ class DifferentialRun:
                 else:
                     spark.conf.set(key, old)
 
-    def _kept_change(self, table: StateTable, change: Compiled) -> list[tuple]:
-        """A hidden state table's change: its columns, weight and row identity (one Spark job)."""
-        n = len(table.columns)
-        df = finish_output(self.r.spark.sql(change.sql()), n, tuple(range(n)))
-        rows = df.limit(COPY_MAX_ROWS + 1).collect()
+    def _kept_change(self, table: StateTable, change: Compiled, view: str, reads: DeltaReads) -> list[tuple]:
+        """A hidden state table's change (one Spark job), registered as the Spark view ``view``
+        (its columns and ``__pgt_w``) for the plans above it; returned as the rows to apply:
+        its columns, weight and row identity."""
+        spark = self.r.spark
+        # One SQL text, no DataFrame call on top of it: each call re-analyses the whole plan.
+        value = spark.sql(f"SELECT * FROM ({change.sql()}) AS __pgt_k LIMIT {COPY_MAX_ROWS + 1}")
+        rows = value.collect()
         if len(rows) > COPY_MAX_ROWS:
             raise FallbackToFull(
                 f"the change of the hidden state table {table.name} is over {COPY_MAX_ROWS:,} rows"
             )
-        return [tuple(r) for r in rows]
+        computed = spark.createDataFrame(rows, value.schema)
+        reads.provide(view, computed)
+        n = len(table.columns)
+        return [tuple(r) for r in finish_output(computed, n, tuple(range(n))).collect()]
 
     def _output(self, spark_sql: str, columns: Sequence[str]) -> str:
         """c0.. (timestamps rendered for COPY), ``__pgt_w`` and ``__pgt_row_id`` of the delta query.
