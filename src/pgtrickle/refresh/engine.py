@@ -792,12 +792,21 @@ class Refresher:
 
     def _kept_rows(
         self, st: StreamTable, layout: Layout, views: Mapping[tuple[str, str], str]
-    ) -> list[tuple[StateTable, list[tuple]]]:
+    ) -> list[tuple[StateTable, list[tuple], dict[str, tuple[int, int]]]]:
         """Each hidden state table's new contents (its rows, each with its row identity) over the
-        sources' views of this FULL refresh: the same snapshot as the stream table's."""
+        sources' views of this FULL refresh: the same snapshot as the stream table's; and the
+        Spark decimal type (precision, scale) of each decimal column, which the table's column
+        takes so that reading it back gives the values the type they are computed with."""
+        from pyspark.sql.types import DecimalType
+
         out = []
         for table in layout.state_tables:
             value = self.spark.sql(kept_state_sql(st, table.node, views))
+            decimals = {
+                column: (f.dataType.precision, f.dataType.scale)
+                for column, f in zip(table.columns, value.schema.fields, strict=False)
+                if isinstance(f.dataType, DecimalType)
+            }
             expanded = value.selectExpr(
                 *(spark_name(c) for c in table.columns),
                 f"explode(sequence(CAST(1 AS BIGINT), {spark_name('__pgt_w')})) AS __pgt_i",
@@ -809,7 +818,7 @@ class Refresher:
                     f"the hidden state table {table.name} of {st.display} would hold more than "
                     f"{COPY_THRESHOLD_ROWS:,} rows; refresh this stream table with refresh_mode => 'FULL'"
                 )
-            out.append((table, [tuple(r) for r in rows]))
+            out.append((table, [tuple(r) for r in rows], decimals))
         return out
 
     def _create_staging(self, st: StreamTable, staging: str, layout: Layout) -> None:
@@ -846,7 +855,7 @@ class Refresher:
         spark_seconds: float,
         layout: Layout,
         data_timestamp: datetime | None = None,
-        state_rows: Sequence[tuple[StateTable, list[tuple]]] = (),
+        state_rows: Sequence[tuple[StateTable, list[tuple], dict[str, tuple[int, int]]]] = (),
     ) -> tuple[int, int]:
         target = sql.SQL("{}.{}").format(sql.Identifier(st.schema), sql.Identifier(st.name))
         col_list = sql.SQL(", ").join(
@@ -891,8 +900,8 @@ class Refresher:
             )
             if layout.finalize:
                 self.conn.execute(layout.finalize)
-            for table, kept_rows in state_rows:
-                fill_state_table(self.conn, table, kept_rows)
+            for table, kept_rows, decimals in state_rows:
+                fill_state_table(self.conn, table, kept_rows, decimals)
             if layout.differential and layout.unique_keys:
                 self._guard_keys(st, layout)
             commit.complete(

@@ -19,7 +19,7 @@ are PostgreSQL's own for that query — planned, never run — stored as
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import psycopg
 from psycopg import sql
@@ -142,10 +142,27 @@ def _load(conn: psycopg.Connection, table: StateTable, rows: Sequence[tuple], we
             copy.write_row(row)
 
 
-def fill_state_table(conn: psycopg.Connection, table: StateTable, rows: Sequence[tuple]) -> int:
+def fill_state_table(
+    conn: psycopg.Connection,
+    table: StateTable,
+    rows: Sequence[tuple],
+    decimals: Mapping[str, tuple[int, int]] | None = None,
+) -> int:
     """Replace the table's rows by ``rows`` (``columns..., row id``; a FULL refresh). In the
-    caller's transaction."""
+    caller's transaction.
+
+    ``decimals``: per column computed as a Spark decimal, its (precision, scale). The column
+    becomes ``numeric(precision, scale)``: a differential refresh reads the table back by JDBC,
+    and an unconstrained ``numeric`` would come back as ``decimal(38,18)``, whose values hash
+    differently from the ones a FULL refresh computed (the stream table's row identity), so a
+    delta would not match the rows it changes."""
     conn.execute(sql.SQL("TRUNCATE {}").format(_identifier(table)))
+    for column, (precision, scale) in (decimals or {}).items():
+        conn.execute(
+            sql.SQL("ALTER TABLE {} ALTER COLUMN {} TYPE numeric({}, {})").format(
+                _identifier(table), sql.Identifier(column), sql.Literal(precision), sql.Literal(scale)
+            )
+        )
     cols = sql.SQL(", ").join([*(sql.Identifier(c) for c in table.columns), sql.Identifier(ROW_ID)])
     with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN").format(_identifier(table), cols)) as copy:
         for row in rows:
