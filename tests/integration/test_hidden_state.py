@@ -38,9 +38,13 @@ def shop(db: Database) -> Database:
     db.sql("CREATE SCHEMA hs")
     db.sql("CREATE TABLE hs.customers (id int PRIMARY KEY, region text, balance numeric(12,2))")
     db.sql("CREATE TABLE hs.orders (id int PRIMARY KEY, customer int, amount numeric(12,2))")
-    db.sql("INSERT INTO hs.customers SELECT g, 'r' || (g % 4), (g * 7 % 23 - 5)::numeric(12,2)"
-           " FROM generate_series(1, 40) g")
-    db.sql("INSERT INTO hs.orders SELECT g, g % 37 + 1, (g % 11 + 0.5)::numeric(12,2) FROM generate_series(1, 120) g")
+    db.sql(
+        "INSERT INTO hs.customers SELECT g, 'r' || (g % 4), (g * 7 % 23 - 5)::numeric(12,2)"
+        " FROM generate_series(1, 40) g"
+    )
+    db.sql(
+        "INSERT INTO hs.orders SELECT g, g % 37 + 1, (g % 11 + 0.5)::numeric(12,2) FROM generate_series(1, 120) g"
+    )
     return db
 
 
@@ -52,20 +56,29 @@ def _dml(db: Database, rng: random.Random, next_id: list[int]) -> None:
         choice = rng.randrange(5)
         if choice == 0:
             next_id[0] += 1
-            db.sql("INSERT INTO hs.orders VALUES (%s, %s, %s)",
-                   (next_id[0], rng.randint(1, 45), round(rng.uniform(0, 20), 2)))
+            db.sql(
+                "INSERT INTO hs.orders VALUES (%s, %s, %s)",
+                (next_id[0], rng.randint(1, 45), round(rng.uniform(0, 20), 2)),
+            )
         elif choice == 1:
             db.sql("DELETE FROM hs.orders WHERE id = (SELECT id FROM hs.orders ORDER BY random() LIMIT 1)")
         elif choice == 2:
-            db.sql("UPDATE hs.orders SET customer = %s WHERE id = (SELECT id FROM hs.orders ORDER BY random()"
-                   " LIMIT 1)", (rng.randint(1, 45),))
+            db.sql(
+                "UPDATE hs.orders SET customer = %s WHERE id = (SELECT id FROM hs.orders ORDER BY random()"
+                " LIMIT 1)",
+                (rng.randint(1, 45),),
+            )
         elif choice == 3:
-            db.sql("UPDATE hs.customers SET balance = %s WHERE id = %s",
-                   (round(rng.uniform(-10, 30), 2), rng.randint(1, 40)))
+            db.sql(
+                "UPDATE hs.customers SET balance = %s WHERE id = %s",
+                (round(rng.uniform(-10, 30), 2), rng.randint(1, 40)),
+            )
         else:
             next_id[0] += 1
-            db.sql("INSERT INTO hs.customers VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING",
-                   (1000 + next_id[0], f"r{rng.randint(0, 4)}", round(rng.uniform(-5, 25), 2)))
+            db.sql(
+                "INSERT INTO hs.customers VALUES (%s, %s, %s) ON CONFLICT (id) DO NOTHING",
+                (1000 + next_id[0], f"r{rng.randint(0, 4)}", round(rng.uniform(-5, 25), 2)),
+            )
 
 
 @pytest.mark.parametrize("name", sorted(QUERIES))

@@ -14,22 +14,18 @@ import pytest
 
 from pgtrickle.catalog.store import StreamTable, load_stream_tables
 from pgtrickle.dvm import ir
+from pgtrickle.dvm.kept import plan_state_tables
 from pgtrickle.dvm.lower import lower
 from pgtrickle.dvm.materialize import AGGREGATE_OF_AGGREGATE, decide
-from pgtrickle.refresh.state_tables import (
-    drop_state_tables,
-    ensure_state_tables,
-    plan_state_tables,
-)
+from pgtrickle.refresh.state_tables import drop_state_tables, ensure_state_tables
 from pgtrickle.sql.translate import parse_query
-
 from tests.conftest import Database
 from tests.integration.helpers import create_st
 
 QUERY = (
     'SELECT n AS "order""count", count(*) AS customers FROM ('
     ' SELECT c.id, count(o.id) AS n, sum(o.amount) AS "total.amount"'
-    ' FROM sh.customers c LEFT JOIN sh.orders o ON o.customer = c.id GROUP BY c.id) per_customer'
+    " FROM sh.customers c LEFT JOIN sh.orders o ON o.customer = c.id GROUP BY c.id) per_customer"
     " GROUP BY n"
 )
 
@@ -83,7 +79,9 @@ def test_state_tables_are_made_once_with_postgres_types_and_dropped_with_their_s
     with db.conn.transaction():
         created = ensure_state_tables(db.conn, st.pgt_id, tables)
     assert created == tables
-    relid, reason = db.sql("SELECT relid, reason FROM pgtrickle.pgt_state_tables WHERE pgt_id = %s", (st.pgt_id,))[0]
+    relid, reason = db.sql(
+        "SELECT relid, reason FROM pgtrickle.pgt_state_tables WHERE pgt_id = %s", (st.pgt_id,)
+    )[0]
     assert reason == AGGREGATE_OF_AGGREGATE
     columns = _columns(db, relid)
     # the node's columns (named by the lowering), the domain stored as numeric(12,2), then the row id
@@ -125,7 +123,7 @@ def test_a_changed_query_replaces_them_and_none_kept_drops_them(shop: Database) 
         ensure_state_tables(db.conn, st.pgt_id, tables)
     old = db.scalar("SELECT relid FROM pgtrickle.pgt_state_tables")
     # a source retyped underneath (the query PostgreSQL stores changes with it) gives new nodes
-    tree, relations = _lowered(st)
+    _tree, relations = _lowered(st)
     changed_tree = lower(
         parse_query(st.normalized_query.replace("count(o.id)", "count(o.amount)")),
         {f"{s.schema}.{s.name}": [n for n, _ in s.column_types] for s in st.sources},
@@ -143,8 +141,13 @@ def test_a_changed_query_replaces_them_and_none_kept_drops_them(shop: Database) 
 
 def test_a_query_with_no_kept_node_has_no_state_table(shop: Database) -> None:
     db = shop
-    create_st(db, "plain", "SELECT c.id, count(o.id) AS n FROM sh.customers c JOIN sh.orders o"
-              " ON o.customer = c.id GROUP BY c.id", refresh_mode="FULL")
+    create_st(
+        db,
+        "plain",
+        "SELECT c.id, count(o.id) AS n FROM sh.customers c JOIN sh.orders o"
+        " ON o.customer = c.id GROUP BY c.id",
+        refresh_mode="FULL",
+    )
     st, tables = _plan(db, "plain")
     assert tables == []
     with db.conn.transaction():
