@@ -59,9 +59,13 @@ def test_other_aggregates_recompute_their_touched_groups(sql: str) -> None:
     assert "touched groups, recompute" in m.rules
 
 
-def test_a_plan_needing_a_hidden_table_is_full_with_the_reason() -> None:
-    m = mode("SELECT o.id FROM public.orders o ORDER BY o.qty LIMIT 3", ["id"])
-    assert not m.differential and "needs a hidden stream table" in m.reason
+def test_a_plan_needing_a_hidden_table_keeps_it() -> None:
+    sql = "SELECT o.id FROM public.orders o ORDER BY o.qty LIMIT 3"
+    m = mode(sql, ["id"])
+    assert m.differential and list(m.kept.values()) == [materialize.TOPK_INPUT]
+    # Without hidden state tables the plan cannot run, and says why.
+    plan = plan_delta(sql, SCHEMA, TYPES, {"public.orders"}, "spark")
+    assert plan.full_refresh_reason is not None and "needs a hidden stream table" in plan.full_refresh_reason
 
 
 def test_a_construct_without_a_rule_is_named() -> None:

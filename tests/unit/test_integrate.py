@@ -2,8 +2,9 @@
 
 For random trees with random sets of hidden (materialized) nodes, nested or not, and random
 changes, :func:`integrate` must give a plan that reads every hidden table only as stored
-(``Materialized(m, pre=True)``) and whose value is the root's change, and, per hidden node, a
-change that brings its table from its stored value to its value at the snapshot.
+(``Materialized(m, pre=True)``) and as its change buffer (``Materialized(m, change=True)``,
+computed first), and whose value is the root's change, and, per hidden node, a change that
+brings its table from its stored value to its value at the snapshot.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from tests.unit.test_delta_rules import R1, R2, TREE_KINDS, e, envs, expected_ch
 def _reads_post_of_hidden(plan: ir.Node | None, hidden: set[ir.Node]) -> bool:
     if plan is None:
         return False
-    return any(isinstance(n, ir.Materialized) and not n.pre and n.node in hidden for n in ir.walk(plan))
+    return any(
+        isinstance(n, ir.Materialized) and not n.pre and not n.change and n.node in hidden
+        for n in ir.walk(plan)
+    )
 
 
 def _check(root: ir.Node, env: dict[str, Table], changed: frozenset[str], hidden: list[ir.Node]) -> None:
@@ -100,3 +104,26 @@ def test_substitution_keeps_shared_subtrees_shared() -> None:
     assert isinstance(out, ir.UnionAll)
     assert all(isinstance(b, ir.Filter) and b.input is replacement for b in out.branches)
     assert substitute_post(plan, {}) is plan
+
+
+def test_a_hidden_change_is_read_as_a_leaf_not_inlined() -> None:
+    """The plan above a hidden node reads its change as a change buffer: the Q13 shape's root
+    plan reads nothing but the hidden table and its change (the plan computing that change is
+    not repeated inside it, which made Spark's analysis blow up)."""
+    per_customer = ir.Aggregate(
+        ir.Join(ir.JoinKind.LEFT, R1, R2, e("a = c")), (("k", e("a")),), (("n", e("COUNT(d)")),)
+    )
+    root = ir.Aggregate(per_customer, (("n2", e("n")),), (("customers", e("COUNT(*)")),))
+    result = integrate(root, frozenset({"r1", "r2"}), [per_customer])
+    assert result.plan is not None
+    leaves = [n for n in ir.walk(result.plan) if not n.inputs]
+    assert leaves and all(isinstance(n, ir.Materialized) and n.node is per_customer for n in leaves)
+    assert {(n.pre, n.change) for n in leaves} == {(True, False), (False, True)}
+    ((kept, change),) = result.changes
+    assert kept is per_customer and change is not None
+    assert not any(isinstance(n, ir.Materialized) for n in ir.walk(change))
+
+
+def test_a_read_is_not_both_stored_and_change() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        ir.Materialized(R1, pre=True, change=True)

@@ -20,7 +20,8 @@ table expression ``__pgt_n<i>`` reading its inputs' CTEs, and the query is
 
 - ``Scan``: the relation ``reads.post(scan)`` names (it has the scan's ``source_columns``),
   weight 1; ``Delta``: ``reads.delta(scan)`` (source columns plus ``__pgt_w``);
-  ``Materialized``: ``reads.materialized(node)`` (the node's columns), weight 1;
+  ``Materialized``: ``reads.materialized(node)`` (the node's columns), weight 1 (its change,
+  ``change=True``: the node's columns and ``__pgt_w``);
   ``Values``: literal rows, weight 1.
 - ``Filter``/``Project`` keep weights; ``UnionAll`` is UNION ALL; ``Negate`` negates.
 - ``Join`` INNER (or cross) multiplies weights. SEMI/ANTI keep the left row's weight where a
@@ -133,7 +134,8 @@ class Reads(Protocol):
 
     def materialized(self, node: Materialized) -> RelationName:
         """The hidden stream table of ``node.node`` (at the window's start when ``node.pre``):
-        ``node.columns``."""
+        ``node.columns``; with ``node.change``, its change over the window: ``node.columns`` and
+        ``__pgt_w``."""
         ...
 
 
@@ -309,7 +311,8 @@ class _Fold:
             return select([*(alias(col(s), o) for s, o in renamed), alias(bigint(weight()), WEIGHT)], source)
         if isinstance(node, Materialized):
             source = self._read(ReadKind.MATERIALIZED, node, node, self._reads.materialized(node))
-            return select([*columns_of(node.columns), alias(one(), WEIGHT)], source)
+            w = bigint(weight()) if node.change else one()
+            return select([*columns_of(node.columns), alias(w, WEIGHT)], source)
         if isinstance(node, Values):
             return self._values(node)
         if isinstance(node, Filter):

@@ -1,8 +1,9 @@
 """The refresh mode of a defining query and the physical layout it needs.
 
 Pure: :func:`decide_mode` plans the query's change once as if every relation under it changed
-(:func:`pgtrickle.dvm.pipeline.plan_delta`): DIFFERENTIAL is possible when that succeeds and
-needs no hidden stream table; otherwise the reason names the construct. :func:`plan_layout` says
+(:func:`pgtrickle.dvm.pipeline.plan_delta`): DIFFERENTIAL is possible when that succeeds;
+otherwise the reason names the construct. Nodes the rules cannot re-derive cheaply are kept in
+hidden state tables (:mod:`pgtrickle.dvm.kept`, :attr:`Layout.state_tables`). :func:`plan_layout` says
 which columns the table stores (hidden ``__pgt_*`` state columns for a stored aggregate,
 :mod:`pgtrickle.dvm.stored`) and what its row identity ``__pgt_row_id`` hashes;
 ``refresh/layout_ddl.py`` makes the table match.
@@ -11,9 +12,10 @@ which columns the table stores (hidden ``__pgt_*`` state columns for a stored ag
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pgtrickle.dvm import ir
+from pgtrickle.dvm.kept import StateTable, plan_state_tables
 from pgtrickle.dvm.pipeline import plan_delta
 from pgtrickle.dvm.stored import StoredAggregate, stored_aggregate
 from pgtrickle.errors import UnsupportedQueryError
@@ -33,6 +35,8 @@ class DeltaMode:
     stored: StoredAggregate | None = None
     rules: str = ""
     """The rule of every operator (children first), e.g. ``Scan: change buffer; Aggregate: ...``."""
+    kept: Mapping[ir.Node, str] = field(default_factory=dict)
+    """Nodes of :attr:`tree` kept in hidden state tables (:mod:`pgtrickle.dvm.kept`), and why."""
 
 
 def _rules(plan_steps: Sequence[tuple[str, str]]) -> str:
@@ -47,10 +51,11 @@ def decide_mode(
 ) -> DeltaMode:
     """Plan ``pg_sql`` as if every relation changed (see the module docstring)."""
     try:
-        plan = plan_delta(pg_sql, schema, column_types, set(schema), "spark")
+        plan = plan_delta(pg_sql, schema, column_types, set(schema), "spark", keep_state=True)
     except UnsupportedQueryError as err:
         return DeltaMode(False, f"no delta rule: {err}")
-    stored = stored_aggregate(plan.tree, visible, column_types)
+    # A query that keeps inner nodes in hidden tables recomputes its root's touched groups.
+    stored = None if plan.materialized else stored_aggregate(plan.tree, visible, column_types)
     steps = []
     for step in plan.steps:
         rule = step.rule
@@ -61,7 +66,7 @@ def decide_mode(
     reason = plan.full_refresh_reason
     if reason is not None:
         return DeltaMode(False, reason, plan.tree, None, rules)
-    return DeltaMode(True, f"differential: {rules}", plan.tree, stored, rules)
+    return DeltaMode(True, f"differential: {rules}", plan.tree, stored, rules, dict(plan.materialized))
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,6 +84,8 @@ class Layout:
     """One row per key (groups): a unique index on the key guards the apply."""
     finalize: str = ""
     """SQL run after a FULL refresh: the AVG columns computed from the exact state columns."""
+    state_tables: tuple[StateTable, ...] = ()
+    """The hidden tables of the nodes the query keeps (:mod:`pgtrickle.dvm.kept`), children first."""
 
 
 def average_expression(sum_column: str, count_column: str, pg_type: str, qualifier: str = "") -> str:
@@ -103,12 +110,21 @@ def plan_layout(
     target: str,
     mode: DeltaMode,
     differential: bool,
+    *,
+    pgt_id: int = 0,
+    relations: Mapping[str, tuple[str, str]] | None = None,
+    column_types: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Layout:
     """The layout of the stream table ``target`` (quoted name) with the visible columns
-    ``visible`` (``visible_types``: their PostgreSQL types)."""
+    ``visible`` (``visible_types``: their PostgreSQL types). ``pgt_id``, ``relations`` (a
+    relation of the query → its ``(schema, table)``) and ``column_types`` name and type the
+    hidden state tables of a query that keeps nodes."""
     stored = mode.stored if differential else None
     if stored is None:
-        return Layout(visible, (), tuple(range(len(visible))), differential)
+        tables: tuple[StateTable, ...] = ()
+        if differential and mode.kept and mode.tree is not None and relations is not None:
+            tables = tuple(plan_state_tables(pgt_id, mode.tree, mode.kept, relations, column_types))
+        return Layout(visible, (), tuple(range(len(visible))), differential, state_tables=tables)
     from pgtrickle.sql.ident import quote_ident
 
     columns = stored.written

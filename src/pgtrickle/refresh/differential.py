@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import sql
@@ -35,6 +35,8 @@ from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import PendingChanges, pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.dvm import ir, keyed, materialize
+from pgtrickle.dvm.compile import Compiled
+from pgtrickle.dvm.kept import StateTable, fingerprint, node_query
 from pgtrickle.dvm.layout import ROW_ID, DeltaMode, Layout
 from pgtrickle.dvm.pipeline import plan_delta
 from pgtrickle.dvm.state_change import state_change
@@ -53,6 +55,7 @@ from pgtrickle.refresh.delta_reads import (
 )
 from pgtrickle.refresh.layout_ddl import equality_operators
 from pgtrickle.refresh.state_merge import StateMerge
+from pgtrickle.refresh.state_tables import StateMismatch, apply_state_change
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
 from pgtrickle.sql.ident import quote_ident
@@ -74,6 +77,11 @@ class Prepared:
     rules: str
     read_columns: dict[str, frozenset[str]]
     """Per relation, every source column a Scan or Delta of the plan reads (one view serves all)."""
+    kept: tuple[tuple[StateTable, Compiled | None, str], ...] = ()
+    """Per hidden state table (dvm/kept.py), children first, the change to apply to it
+    (``None``: unchanged) and the Spark view the plans above it read that change from."""
+    kept_views: dict[str, StateTable] = field(default_factory=dict)
+    """The Spark view of each hidden state table the plans read."""
 
 
 class DifferentialRun:
@@ -88,6 +96,8 @@ class DifferentialRun:
         self.timings: dict[str, float] = {}
         self.rules = ""
         """The rules this run's plan applied (for the history)."""
+        self.kept_rows: list[tuple[StateTable, list[tuple]]] = []
+        """Each hidden state table's change computed by this run (applied with the stream table's)."""
 
     # ---------------------------------------------------------------- main
     def run(self, history_id: int, request_ids: Sequence[int]) -> tuple[int, int, int, float]:
@@ -166,8 +176,16 @@ class DifferentialRun:
     def _plan(self, changed: frozenset[str]) -> Prepared | None:
         """The consolidated delta query for this set of changed relations (pure but for caching)."""
         st, mode = self.st, self.mode
-        names = ReadNames(st.pgt_id, {relation_key(s): s.relid for s in st.sources})
         types = {relation_key(s): dict(s.column_types) for s in st.sources}
+        relations = {relation_key(s): (s.schema, s.name) for s in st.sources}
+        names = ReadNames(
+            st.pgt_id,
+            {relation_key(s): s.relid for s in st.sources},
+            {fingerprint(t.query): t for t in self.layout.state_tables},
+            lambda node: fingerprint(node_query(node, relations, types)),
+        )
+        kept: tuple[tuple[StateTable, Compiled | None, str], ...] = ()
+        state_plans: tuple[ir.Node | None, ...] = ()
         stored = self.layout.stored
         if stored is not None:
             assert mode.tree is not None
@@ -178,15 +196,30 @@ class DifferentialRun:
             rules_text = mode.rules
         else:
             schema = {relation_key(s): [c for c, _ in s.column_types] for s in st.sources}
-            delta = plan_delta(st.normalized_query, schema, types, changed, "spark", reads=names)
+            delta = plan_delta(
+                st.normalized_query,
+                schema,
+                types,
+                changed,
+                "spark",
+                reads=names,
+                keep_state=bool(self.layout.state_tables),
+            )
             if delta.full_refresh_reason is not None:
                 raise FallbackToFull(delta.full_refresh_reason)
             if delta.plan is None or delta.compiled is None:
                 return None
             plan, compiled = delta.plan, delta.compiled
+            kept = tuple(
+                (table, change, names.kept_change_view(table))
+                for node, change in delta.state_changes
+                for table in (names.kept_table(node),)
+            )
+            state_plans = delta.state_plans
             rules_text = "; ".join(f"{type(s.node).__name__}: {s.rule}" for s in delta.steps)
         read_columns: dict[str, set[str]] = {}
-        for node in ir.walk(plan):
+        plans = [plan, *(p for p in state_plans if p is not None)]
+        for node in (n for p in plans for n in ir.walk(p)):
             scan = node.scan if isinstance(node, ir.Delta) else node
             if isinstance(scan, ir.Scan):
                 read_columns.setdefault(scan.relation, set()).update(scan.source_columns)
@@ -194,9 +227,13 @@ class DifferentialRun:
             compiled.sql(),
             compiled.columns,
             compiled,
-            keyed.restrictions(plan),
+            # Key-bounded reads are decided on the stream table's plan alone; the hidden tables'
+            # changes read the same views, so with hidden tables every read is whole.
+            {} if kept else keyed.restrictions(plan),
             rules_text,
             {relation: frozenset(cols) for relation, cols in read_columns.items()},
+            kept,
+            names.kept_views(),
         )
 
     def _compute(self, window: Window, changed: dict[int, PendingChanges]) -> list[tuple] | Staged:
@@ -223,6 +260,17 @@ class DifferentialRun:
         for key, value in tuned.items():
             spark.conf.set(key, value)
         try:
+            reads.kept_views = prepared.kept_views
+            # Each hidden table's change first (children first), each one job; the plans above
+            # read it as a relation of its own, never as the plan that computed it.
+            self.kept_rows = []
+            t0 = time.monotonic()
+            for table, change, view in prepared.kept:
+                if change is not None:
+                    reads.register(change, {}, prepared.read_columns)
+                    self.kept_rows.append((table, self._kept_change(table, change, view, reads)))
+            if prepared.kept:
+                self.timings["kept_changes"] = time.monotonic() - t0
             reads.register(prepared.compiled, prepared.restrictions, prepared.read_columns)  # type: ignore[arg-type]
             return self._collect(self._output(prepared.spark_sql, prepared.columns))
         finally:
@@ -232,6 +280,23 @@ class DifferentialRun:
                     spark.conf.unset(key)
                 else:
                     spark.conf.set(key, old)
+
+    def _kept_change(self, table: StateTable, change: Compiled, view: str, reads: DeltaReads) -> list[tuple]:
+        """A hidden state table's change (one Spark job), registered as the Spark view ``view``
+        (its columns and ``__pgt_w``) for the plans above it; returned as the rows to apply:
+        its columns, weight and row identity."""
+        spark = self.r.spark
+        # One SQL text, no DataFrame call on top of it: each call re-analyses the whole plan.
+        value = spark.sql(f"SELECT * FROM ({change.sql()}) AS __pgt_k LIMIT {COPY_MAX_ROWS + 1}")
+        rows = value.collect()
+        if len(rows) > COPY_MAX_ROWS:
+            raise FallbackToFull(
+                f"the change of the hidden state table {table.name} is over {COPY_MAX_ROWS:,} rows"
+            )
+        computed = spark.createDataFrame(rows, value.schema)
+        reads.provide(view, computed)
+        n = len(table.columns)
+        return [tuple(r) for r in finish_output(computed, n, tuple(range(n))).collect()]
 
     def _output(self, spark_sql: str, columns: Sequence[str]) -> str:
         """c0.. (timestamps rendered for COPY), ``__pgt_w`` and ``__pgt_row_id`` of the delta query.
@@ -307,6 +372,11 @@ class DifferentialRun:
             triggers = user_triggers.begin(conn, st, "DIFFERENTIAL")
             inserted = deleted = 0
             apply = None
+            for table, kept_rows in self.kept_rows:
+                try:
+                    apply_state_change(conn, table, kept_rows, self._kept_equality(table))
+                except StateMismatch as err:
+                    raise DeltaMismatch(str(err)) from err
             if isinstance(rows, Staged) or rows:
                 equality = self.r.cached(
                     ("equality", st.pgt_id, st.relid), lambda: equality_operators(conn, st.relid)
@@ -332,6 +402,14 @@ class DifferentialRun:
             faults.point("refresh.before_commit")
         faults.point("refresh.after_commit")
         return inserted, deleted
+
+    def _kept_equality(self, table: StateTable) -> dict[str, str]:
+        """``OPERATOR(s.=)`` of a hidden table's columns whose type has its ``=`` outside pg_catalog."""
+        relid = self.conn.execute("SELECT %s::regclass::oid", (table.qualified,)).fetchone()
+        assert relid is not None
+        return self.r.cached(
+            ("equality", "kept", table.name), lambda: equality_operators(self.conn, relid[0])
+        )
 
 
 def _for_copy(column: str, pg_type: str) -> str:

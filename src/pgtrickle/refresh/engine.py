@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -36,6 +36,7 @@ from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import connect, jdbc_target
 from pgtrickle.db.query import one_row, scalar
+from pgtrickle.dvm.kept import StateTable
 from pgtrickle.dvm.layout import DeltaMode, Layout, decide_mode, plan_layout
 from pgtrickle.errors import PgTrickleError, RefreshError, UnsupportedQueryError, ValueNotCarriedError
 from pgtrickle.gates import breaker_gate, watermark_gate
@@ -47,8 +48,8 @@ from pgtrickle.refresh import as_of, commit, history, user_triggers
 from pgtrickle.refresh.capture_check import require_capture
 from pgtrickle.refresh.clock_read import clock_values
 from pgtrickle.refresh.context import GroupContext, ProgressFn
-from pgtrickle.refresh.differential import finish_output
-from pgtrickle.refresh.layout_ddl import ensure_layout, row_index_name, stored_state_sql
+from pgtrickle.refresh.differential import finish_output, spark_name
+from pgtrickle.refresh.layout_ddl import ensure_layout, kept_state_sql, row_index_name, stored_state_sql
 from pgtrickle.refresh.plan import (
     DEFAULT_FALLBACK_RATIO,
     READS_CLOCK_REASON,
@@ -58,6 +59,7 @@ from pgtrickle.refresh.plan import (
     plan_refresh,
     reinit_text,
 )
+from pgtrickle.refresh.state_tables import ensure_state_tables, fill_state_table
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.spark.capabilities import capabilities, join_count, tag_jobs
 from pgtrickle.spark.jobs import counting
@@ -401,12 +403,23 @@ class Refresher:
             else "refresh_mode is FULL",
         )
         layout = plan_layout(
-            _visible(st), {c.name: c.type for c in st.columns}, st.qualified, analysis, differential
+            _visible(st),
+            {c.name: c.type for c in st.columns},
+            st.qualified,
+            analysis,
+            differential,
+            pgt_id=st.pgt_id,
+            relations={f"{s.schema}.{s.name}": (s.schema, s.name) for s in st.sources},
+            column_types={f"{s.schema}.{s.name}": dict(s.column_types) for s in st.sources},
         )
-        key = (st.pgt_id, st.normalized_query, layout.columns, differential)
+        kept = tuple(t.name for t in layout.state_tables)
+        key = (st.pgt_id, st.normalized_query, layout.columns, differential, kept)
         changed = False
         if self._layouts.get(st.pgt_id) != key:
             changed = ensure_layout(self.conn, st, layout)
+            with self.conn.transaction():
+                # New hidden state tables are empty: the table is recomputed (FULL) to fill them.
+                changed = bool(ensure_state_tables(self.conn, st.pgt_id, layout.state_tables)) or changed
             self._layouts[st.pgt_id] = key
         return analysis, differential, layout, changed
 
@@ -768,6 +781,7 @@ class Refresher:
                     f"stream table has {len(layout.columns)}"
                 )
             result = finish_output(result, len(layout.columns), layout.key_positions)
+            state_rows = self._kept_rows(st, layout, table_map)
             estimate = sum(stats[s.relid].reltuples for s in st.sources)
             tag_jobs(spark, f"pgtrickle-{st.pgt_id}", f"refresh {st.display}")
             faults.point("refresh.spark_job")
@@ -805,6 +819,7 @@ class Refresher:
             timings["spark_job"],
             layout,
             data_timestamp,
+            state_rows,
         )
         timings["apply"] = time.monotonic() - t2
         if rows is None:
@@ -821,6 +836,37 @@ class Refresher:
             spark_seconds=timings["spark_job"],
             timings=timings,
         )
+
+    def _kept_rows(
+        self, st: StreamTable, layout: Layout, views: Mapping[tuple[str, str], str]
+    ) -> list[tuple[StateTable, list[tuple], dict[str, tuple[int, int]]]]:
+        """Each hidden state table's new contents (its rows, each with its row identity) over the
+        sources' views of this FULL refresh: the same snapshot as the stream table's; and the
+        Spark decimal type (precision, scale) of each decimal column, which the table's column
+        takes so that reading it back gives the values the type they are computed with."""
+        from pyspark.sql.types import DecimalType
+
+        out = []
+        for table in layout.state_tables:
+            value = self.spark.sql(kept_state_sql(st, table.node, views))
+            decimals = {
+                column: (f.dataType.precision, f.dataType.scale)
+                for column, f in zip(table.columns, value.schema.fields, strict=False)
+                if isinstance(f.dataType, DecimalType)
+            }
+            expanded = value.selectExpr(
+                *(spark_name(c) for c in table.columns),
+                f"explode(sequence(CAST(1 AS BIGINT), {spark_name('__pgt_w')})) AS __pgt_i",
+            ).drop("__pgt_i")
+            n = len(table.columns)
+            rows = finish_output(expanded, n, tuple(range(n))).limit(COPY_THRESHOLD_ROWS + 1).collect()
+            if len(rows) > COPY_THRESHOLD_ROWS:
+                raise RefreshError(
+                    f"the hidden state table {table.name} of {st.display} would hold more than "
+                    f"{COPY_THRESHOLD_ROWS:,} rows; refresh this stream table with refresh_mode => 'FULL'"
+                )
+            out.append((table, [tuple(r) for r in rows], decimals))
+        return out
 
     def _create_staging(self, st: StreamTable, staging: str, layout: Layout) -> None:
         types: dict[str, str] = dict(
@@ -856,6 +902,7 @@ class Refresher:
         spark_seconds: float,
         layout: Layout,
         data_timestamp: datetime | None = None,
+        state_rows: Sequence[tuple[StateTable, list[tuple], dict[str, tuple[int, int]]]] = (),
     ) -> tuple[int, int]:
         target = sql.SQL("{}.{}").format(sql.Identifier(st.schema), sql.Identifier(st.name))
         col_list = sql.SQL(", ").join(
@@ -900,6 +947,8 @@ class Refresher:
             )
             if layout.finalize:
                 self.conn.execute(layout.finalize)
+            for table, kept_rows, decimals in state_rows:
+                fill_state_table(self.conn, table, kept_rows, decimals)
             if layout.differential and layout.unique_keys:
                 self._guard_keys(st, layout)
             commit.complete(

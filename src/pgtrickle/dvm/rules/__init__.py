@@ -10,7 +10,7 @@ shared subtree is planned once:
 - ``post(n)``: its value at the refresh snapshot — the node itself, with every materialized node
   under it read from its hidden table (``Materialized(m)``);
 - ``delta(n)``: its change (the rule's plan; for a materialized node its change buffer,
-  ``Materialized(m) ⊎ −Materialized(m, pre=True)``);
+  ``Materialized(m, change=True)``, whose value is ``Materialized(m) ⊎ −Materialized(m, pre=True)``);
 - ``pre(n)``: its value at the window's start — ``post(n) ⊎ −delta(n)`` (a ``UnionAll`` with a
   ``Negate``), ``Materialized(m, pre=True)`` for a materialized node, and simply ``post(n)``
   when nothing under it changed. It is built only where a rule asks for it.
@@ -118,9 +118,7 @@ class _Fold:
         if not self.touched(node):
             return None
         if node in self.materialized:
-            return ir.UnionAll(
-                (ir.Materialized(node), ir.Negate(ir.Materialized(node, pre=True))), node.columns
-            )
+            return ir.Materialized(node, change=True)
         return rule(node, self)
 
     def post(self, node: ir.Node) -> ir.Node:
