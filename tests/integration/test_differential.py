@@ -70,21 +70,25 @@ def _history(db, name: str) -> list[tuple]:  # type: ignore[no-untyped-def]
                   " ORDER BY refresh_id", (name,))
 
 
-def test_auto_on_unsupported_query_refreshes_full_and_says_why(db) -> None:  # type: ignore[no-untyped-def]
-    """ORDER BY ... LIMIT needs its input kept as a hidden stream table (not built yet): FULL, saying so."""
+def test_top_k_keeps_its_input_and_refreshes_differential(db) -> None:  # type: ignore[no-untyped-def]
+    """ORDER BY ... LIMIT keeps its input in a hidden state table: the first refresh (FULL) fills
+    it, later ones are DIFFERENTIAL and exact, and explain / the history say so."""
     _setup(db)
     create_st(db, "st_first", "SELECT o.id, o.amount FROM orders o ORDER BY o.amount DESC, o.id LIMIT 5")
     refresh(db)
-    _churn(db)
-    [outcome] = refresh(db)
-    assert outcome.action.value == "FULL" and "hidden stream table" in outcome.reason and "TopK" in outcome.reason
-    assert_oracle(db)
+    [(table, reason)] = db.sql("SELECT relid::regclass::text, reason FROM pgtrickle.pgt_state_tables")
+    assert table.startswith("pgtrickle_changes.state_") and "TopK" in reason
+    for base in (200, 400):
+        _churn(db, base)
+        [outcome] = refresh(db)
+        assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+        assert_oracle(db)
     mode = db.sql("SELECT configured_mode, effective_mode, reason FROM pgtrickle.explain_refresh_mode('st_first')")
-    assert mode[0][:2] == ("AUTO", "FULL") and "TopK" in mode[0][2]
-    info = db.sql("SELECT effective_mode, mode_reason FROM pgtrickle.stream_tables_info")
-    assert info[0][0] == "FULL" and "TopK" in info[0][1]
-    history = db.sql("SELECT action, mode_reason FROM pgtrickle.pgt_refresh_history ORDER BY refresh_id")
-    assert history[-1][0] == "FULL" and "hidden stream table" in history[-1][1]
+    assert mode[0][:2] == ("AUTO", "DIFFERENTIAL") and "TopK" in mode[0][2]
+    info = db.sql("SELECT effective_mode FROM pgtrickle.stream_tables_info")
+    assert info[0][0] == "DIFFERENTIAL"
+    history = db.sql("SELECT action FROM pgtrickle.pgt_refresh_history ORDER BY refresh_id")
+    assert history[-1][0] == "DIFFERENTIAL"
 
 
 def test_not_in_applies_only_the_difference(db) -> None:  # type: ignore[no-untyped-def]
