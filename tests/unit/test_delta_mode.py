@@ -68,6 +68,34 @@ def test_a_plan_needing_a_hidden_table_keeps_it() -> None:
     assert plan.full_refresh_reason is not None and "needs a hidden stream table" in plan.full_refresh_reason
 
 
+def test_a_root_aggregate_over_a_kept_node_recomputes_its_groups_instead_of_storing_state() -> None:
+    """COUNT(*) at the root would store its state (one weighted aggregation merged in PostgreSQL),
+    but its input is an aggregate kept in a hidden state table: the stored-state change reads its
+    input's change only, so the root recomputes its touched groups from the kept node (stored +
+    change) and stores no state; the layout has the hidden table and no state columns."""
+    sql = (
+        "SELECT x.n, count(*) AS c FROM (SELECT o.cust, sum(o.qty) AS n FROM public.orders o"
+        " GROUP BY o.cust) x GROUP BY x.n"
+    )
+    m = mode(sql, ["n", "c"])
+    assert m.differential and m.stored is None
+    assert list(m.kept.values()) == [materialize.AGGREGATE_OF_AGGREGATE]
+    assert "algebraic over stored state" not in m.rules and "touched groups, recompute" in m.rules
+    layout = plan_layout(
+        ["n", "c"],
+        {"n": "bigint", "c": "bigint"},
+        '"public"."x"',
+        m,
+        True,
+        pgt_id=7,
+        relations={"public.orders": ("public", "orders")},
+        column_types=TYPES,
+    )
+    assert layout.stored is None and layout.hidden == ()
+    [table] = layout.state_tables
+    assert table.name.startswith("state_7_0_") and table.reason == materialize.AGGREGATE_OF_AGGREGATE
+
+
 def test_a_construct_without_a_rule_is_named() -> None:
     m = mode("SELECT o.id, random() AS r FROM public.orders o", ["id", "r"])
     assert not m.differential and m.reason.startswith("no delta rule")

@@ -254,7 +254,7 @@ class DeltaReads:
     def _state(self, node: ir.Materialized, restriction: Restriction | None) -> tuple[Any, bool]:
         stored = self.stored
         if stored is None or node.node is not stored.state:
-            raise FallbackToFull("the plan reads a hidden stream table, which is not built yet")
+            raise FallbackToFull("the plan reads a kept node without a hidden state table")
         stats = self._stats[self.st.relid]
         if restriction is not None:
             restriction = Restriction(stored.stored_of(restriction.column), restriction.keys)
