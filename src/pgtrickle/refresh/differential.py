@@ -243,7 +243,14 @@ class DifferentialRun:
         tag_jobs(spark, f"pgtrickle-{self.st.pgt_id}", f"refresh {self.st.display}")
         relations = frozenset(relation_key(s) for s in self.st.sources if s.relid in changed)
         prepared = self.r.cached(
-            ("delta-plan", self.st.pgt_id, self.st.normalized_query, self.layout.columns, relations),
+            (
+                "delta-plan",
+                self.st.pgt_id,
+                self.st.normalized_query,
+                self.layout.columns,
+                tuple(t.name for t in self.layout.state_tables),
+                relations,
+            ),
             lambda: self._plan(relations),
         )
         if prepared is None:
