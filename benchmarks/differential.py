@@ -55,7 +55,8 @@ from pgtrickle.db.connection import jdbc_target, resolve_dsn  # noqa: E402
 from pgtrickle.refresh import delta_apply as apply_module  # noqa: E402
 from pgtrickle.refresh import delta_reads as reads_module  # noqa: E402
 from pgtrickle.refresh import differential as diff_module  # noqa: E402
-from pgtrickle.refresh import engine as engine_module  # noqa: E402
+from pgtrickle.refresh import gating as gating_module  # noqa: E402
+from pgtrickle.refresh import modes as modes_module  # noqa: E402
 from pgtrickle.refresh.engine import RefreshOutcome  # noqa: E402
 from pgtrickle.daemon.manual import refresh_sync  # noqa: E402
 from pgtrickle.spark import session as spark_session  # noqa: E402
@@ -139,8 +140,8 @@ class Profile:
     """
 
     TARGETS: tuple[tuple[Any, str, str], ...] = (
-        (engine_module.Refresher, "_prepare", "prepare"),
-        (engine_module.Refresher, "_plan_and_maybe_skip", "plan"),
+        (modes_module.RefreshModes, "prepare", "prepare"),
+        (gating_module.Gating, "plan_and_maybe_skip", "plan"),
         (reads_module.DeltaReads, "delta_keys", "pushdown_keys"),
         (diff_module.DifferentialRun, "_collect", "spark_collect"),
         (apply_module.DeltaApply, "_load", "apply_load_delta"),

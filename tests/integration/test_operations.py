@@ -488,8 +488,10 @@ def test_pgtrickle_run_serves_metrics_on_the_given_port(nums: Database, tmp_path
     proc = subprocess.Popen([sys.executable, "-m", "pgtrickle", "run", "--metrics-port", str(port)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:  # nothing is due (schedule 1h), so no Spark session is needed
+        # `pgtrickle run` starts Spark before it serves metrics (a Spark that cannot start is a clear
+        # error at once): on a loaded 2-core machine that alone can take a minute.
+        deadline = time.monotonic() + 240
+        while True:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             try:
                 got = scrape(port)

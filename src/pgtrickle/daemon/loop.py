@@ -229,8 +229,9 @@ class Scheduler:
         """Serve Prometheus metrics when a port is configured; returns the port (``None``: off)."""
         if self.settings.metrics_port is None or self.metrics.port is not None:
             return self.metrics.port
-        port = self.metrics.serve(self.settings.metrics_port, self.settings.metrics_address)
+        # Published before the server starts: a first scrape never sees an empty catalog.
         self.metrics.update_from_catalog(self.conn)
+        port = self.metrics.serve(self.settings.metrics_port, self.settings.metrics_address)
         return port
 
     # ---------------------------------------------------------- WAL decoder

@@ -1,8 +1,9 @@
 """The typed interface between the parts of a refresh.
 
-:class:`RefreshContext` is what a differential run (``refresh/differential.py``)
-and an atomic group (``refresh/group.py``) use of the refresher that runs them
-(``refresh/engine.py``); :class:`GroupContext` is what the members of an atomic
+:class:`RefreshContext` is what a FULL run (``refresh/full.py``), a differential
+run (``refresh/differential.py``), the mode decisions (``refresh/modes.py``), the
+gates (``refresh/gating.py``) and an atomic group (``refresh/group.py``) use of the
+refresher that runs them (``refresh/engine.py``); :class:`GroupContext` is what the members of an atomic
 group refreshing now share. Both live here, below the engine and the group, so
 neither imports the other's internals (docs/ARCHITECTURE.md, "Layers").
 """

@@ -29,6 +29,7 @@ import psycopg
 from psycopg import sql
 
 from pgtrickle.catalog.store import Source, StreamTable
+from pgtrickle.db.columns import column_types
 from pgtrickle.dvm import ir
 from pgtrickle.dvm.compile import Compiled, ReadKind
 from pgtrickle.dvm.kept import StateTable, fingerprint
@@ -262,11 +263,7 @@ class DeltaReads:
         select = ", ".join(f"{quote_ident(s)} AS {quote_ident(c)}" for c, s in stored.names)
         # Every value read exactly (spark/carry.py), as a source is: a time or a numeric key must
         # meet the change's keys with all its digits.
-        types = self.conn.execute(
-            "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
-            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            (self.st.relid,),
-        ).fetchall()
+        types = column_types(self.conn, self.st.relid).items()
         wanted = set(stored.written)
         own = Source(
             self.st.relid,

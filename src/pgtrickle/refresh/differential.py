@@ -34,6 +34,7 @@ from pgtrickle import faults
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import PendingChanges, pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
+from pgtrickle.db.columns import column_types
 from pgtrickle.dvm import ir, keyed, materialize
 from pgtrickle.dvm.compile import Compiled
 from pgtrickle.dvm.kept import StateTable, fingerprint, node_query
@@ -338,13 +339,7 @@ class DifferentialRun:
 
     def _stage(self, df) -> Staged:
         """Write a large delta by partitioned JDBC into an unlogged staging table."""
-        stored: dict[str, str] = dict(
-            self.conn.execute(
-                "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
-                " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
-                (self.st.relid,),
-            ).fetchall()
-        )
+        stored = column_types(self.conn, self.st.relid)
         name = f"delta_{self.st.pgt_id}"
         table = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(name))
         targets = [*self.layout.columns, ir.WEIGHT, ROW_ID]

@@ -133,7 +133,7 @@ def refresh_group(
             with refresher.conn.transaction():
                 for pgt_id in order:
                     p = prepared[pgt_id]
-                    refresher.advance_no_data(
+                    refresher.gating.advance_no_data(
                         members[pgt_id],
                         p.plan,
                         p.mark,
@@ -189,7 +189,7 @@ def _run(
                 st, p, action = members[current], prepared[current], actions[current]
                 reqs = request_ids.get(current, ())
                 if action is Action.NO_DATA:
-                    refresher.advance_no_data(
+                    refresher.gating.advance_no_data(
                         st, p.plan, p.mark, ctx.commit_snapshot, reqs, record_no_data, initiated_by[current]
                     )
                     outcomes.append(RefreshOutcome(st, Action.NO_DATA, p.plan.reason))

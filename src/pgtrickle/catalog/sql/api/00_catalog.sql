@@ -287,8 +287,9 @@ $$;
 -- _reads_clock, from PostgreSQL's own parse tree of the view: node fields print as ':field value'
 -- and names print with blanks escaped, constants as bytes, so nothing the user writes can imitate a
 -- node. Every refresh computes the query on Spark (sql/translate.py); what it can never run there
--- is refused in every mode, what has no delta rule is refused for 'DIFFERENTIAL' (dvm/analysis.py
--- decides the same from the query text: tests/integration/test_creation_refusals.py holds both to it).
+-- is refused in every mode, what has no delta rule is refused for 'DIFFERENTIAL' (the delta engine's
+-- lowering, dvm/lower*.py, refuses the same from the query text: tests/integration/test_query_regressions.py
+-- holds both to it).
 CREATE OR REPLACE FUNCTION pgtrickle._query_refusal(p_view oid, p_mode text)
 RETURNS text LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp AS $$
