@@ -57,7 +57,7 @@ from pgtrickle.refresh.delta_reads import (
 from pgtrickle.refresh.layout_ddl import equality_operators
 from pgtrickle.refresh.state_merge import StateMerge
 from pgtrickle.refresh.state_tables import StateMismatch, apply_state_change
-from pgtrickle.spark import carry, jdbc
+from pgtrickle.spark import carry, jdbc, planning
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
 from pgtrickle.sql.ident import quote_ident
 
@@ -297,8 +297,13 @@ class DifferentialRun:
         its columns, weight and row identity."""
         spark = self.r.spark
         # One SQL text, no DataFrame call on top of it: each call re-analyses the whole plan.
-        value = spark.sql(f"SELECT * FROM ({change.sql()}) AS __pgt_k LIMIT {COPY_MAX_ROWS + 1}")
-        rows = value.collect()
+        value = planning.sql(
+            spark,
+            f"SELECT * FROM ({change.sql()}) AS __pgt_k LIMIT {COPY_MAX_ROWS + 1}",
+            self.timings,
+            "kept",
+        )
+        rows = planning.planned(value, self.timings, "kept").collect()
         if len(rows) > COPY_MAX_ROWS:
             raise FallbackToFull(
                 f"the change of the hidden state table {table.name} is over {COPY_MAX_ROWS:,} rows"
@@ -330,8 +335,8 @@ class DifferentialRun:
 
     def _collect(self, spark_sql: str) -> list[tuple] | Staged:
         """Run the job. Small results come back to the driver (then COPY); large ones go by JDBC."""
-        df = self.r.spark.sql(spark_sql)
-        rows = df.limit(COPY_MAX_ROWS + 1).collect()
+        df = planning.sql(self.r.spark, spark_sql, self.timings, "delta")
+        rows = planning.planned(df.limit(COPY_MAX_ROWS + 1), self.timings, "delta").collect()
         if len(rows) <= COPY_MAX_ROWS:
             return [tuple(r) for r in rows]
         del rows

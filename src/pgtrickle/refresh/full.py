@@ -42,7 +42,7 @@ from pgtrickle.refresh.differential import finish_output, spark_name
 from pgtrickle.refresh.layout_ddl import kept_state_sql, row_index_name, stored_state_sql
 from pgtrickle.refresh.plan import RefreshPlan
 from pgtrickle.refresh.state_tables import fill_state_table
-from pgtrickle.spark import carry, jdbc
+from pgtrickle.spark import carry, jdbc, planning
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
 from pgtrickle.sql.clock import pin_clock
 from pgtrickle.sql.translate import translate_to_spark
@@ -117,9 +117,11 @@ class FullRun:
             if layout.stored is not None:
                 # The stored aggregate's state (visible and hidden columns), by the delta engine's
                 # compiler over the same source views.
-                result = spark.sql(stored_state_sql(st, layout.stored, table_map)).drop("__pgt_w")
+                text = stored_state_sql(st, layout.stored, table_map)
+                result = planning.sql(spark, text, timings, "full").drop("__pgt_w")
             else:
-                result = spark.sql(translate_to_spark(query_sql, table_map, column_types))
+                text = translate_to_spark(query_sql, table_map, column_types)
+                result = planning.sql(spark, text, timings, "full")
             if len(result.columns) != len(layout.columns):
                 raise RefreshError(
                     f"the query of {st.display} returns {len(result.columns)} columns on Spark but the "
@@ -134,12 +136,12 @@ class FullRun:
             rows: list[tuple] | None = None
             if estimate <= COPY_THRESHOLD_ROWS:
                 self.r.progress(f"{st.display}: computing on Spark (result by COPY)")
-                rows = [tuple(r) for r in result.collect()]
+                rows = [tuple(r) for r in planning.planned(result, timings, "full").collect()]
             else:
                 # Large sources often give a small result (an aggregate): try to take it whole,
                 # capped; only a result over the cap is written by JDBC (computed again).
                 self.r.progress(f"{st.display}: computing on Spark (~{int(estimate):,} source rows)")
-                head = result.limit(COPY_THRESHOLD_ROWS + 1).collect()
+                head = planning.planned(result.limit(COPY_THRESHOLD_ROWS + 1), timings, "full").collect()
                 if len(head) <= COPY_THRESHOLD_ROWS:
                     rows = [tuple(r) for r in head]
                 else:
