@@ -67,7 +67,7 @@ def load(conn: psycopg.Connection, rows: int) -> None:
     conn.execute("CREATE SCHEMA hs")
     conn.execute("CREATE TABLE hs.customers (id int PRIMARY KEY, region text, balance numeric(12,2))")
     conn.execute("CREATE TABLE hs.orders (id int PRIMARY KEY, customer int, amount numeric(12,2))")
-    conn.execute("INSERT INTO hs.customers SELECT g, 'r' || (g % 25), (g * 7 % 2003 - 500)::numeric(12,2) / 10"
+    conn.execute("INSERT INTO hs.customers SELECT g, 'r' || (g %% 25), (g * 7 %% 2003 - 500)::numeric(12,2) / 10"
                  " FROM generate_series(1, %s) g", (customers,))
     conn.execute("INSERT INTO hs.orders SELECT g, (g * 7919) %% %s + 1, (g %% 997 + 0.25)::numeric(12,2)"
                  " FROM generate_series(1, %s) g", (customers, rows))

@@ -103,7 +103,7 @@ def integrate(
     changes: list[tuple[ir.Node, ir.Node | None]] = []
     for m in hidden:  # children first: a node's change reads the ones under it, already integrated
         inner = [n for n in hidden if n is not m]
-        change = rules.delta(m, changed, inner)
+        change = rules.delta_kept(m, changed, inner)
         if change is not None:
             change = substitute_post(change, posts)
         stored = ir.Materialized(m, pre=True)

@@ -174,6 +174,20 @@ def delta(
     return fold.delta(node)
 
 
+def delta_kept(
+    node: ir.Node, changed: frozenset[str], materialized: Collection[ir.Node] = ()
+) -> ir.Node | None:
+    """The change of ``node``, kept in a hidden state table (``materialized``: the nodes kept
+    under it). An aggregate (through ``Filter``/``Project`` keeping its group keys) reads the old
+    rows of its touched groups from its own table, ``Materialized(node, pre=True)``
+    (:func:`aggregate.recompute_kept`); any other node takes its rule, as :func:`delta`."""
+    fold = _Fold(node, frozenset(changed), materialized)
+    found = aggregate.kept_aggregate(node)
+    if found is None or not fold.touched(node):
+        return fold.delta(node)
+    return aggregate.recompute_kept(node, found, fold)
+
+
 def delta_state(
     node: ir.Aggregate, changed: frozenset[str], materialized: Collection[ir.Node] = ()
 ) -> ir.Node | None:
@@ -188,4 +202,4 @@ def pre(node: ir.Node, changed: frozenset[str], materialized: Collection[ir.Node
     return _Fold(node, frozenset(changed), materialized).pre(node)
 
 
-__all__ = ["delta", "delta_state", "pre"]
+__all__ = ["delta", "delta_kept", "delta_state", "pre"]
