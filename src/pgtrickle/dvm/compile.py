@@ -166,6 +166,8 @@ class Compiled:
     columns: tuple[str, ...]
     reads: tuple[Read, ...]
     dialect: Dialect
+    nodes: tuple[Node, ...] = ()
+    """The IR node of each common table expression ``__pgt_n<i>``, by ``i`` (the root last)."""
 
     def sql(self, pretty: bool = False) -> str:
         """The query's text in its dialect.
@@ -186,7 +188,9 @@ class Compiled:
 
     def consolidated(self) -> Compiled:
         """The same Z-set in canonical form (see :func:`consolidate`)."""
-        return Compiled(consolidate(self.query, self.columns), self.columns, self.reads, self.dialect)
+        return Compiled(
+            consolidate(self.query, self.columns), self.columns, self.reads, self.dialect, self.nodes
+        )
 
 
 def consolidate(query: exp.Query, columns: tuple[str, ...] | list[str]) -> exp.Select:
@@ -244,7 +248,8 @@ class _Fold:
         self._positive: dict[int, bool] = {}
 
     def run(self, root: Node) -> Compiled:
-        for node in walk(root):
+        nodes = tuple(walk(root))
+        for node in nodes:
             check_node(node)
             body = self._body(node)
             name = f"__pgt_n{len(self._ctes)}"
@@ -260,7 +265,7 @@ class _Fold:
             Read(kind, name, self._read_first[(kind, name)], uses[(kind, name)])
             for kind, name in self._read_order
         )
-        return Compiled(query, tuple(root.columns), reads, self._dialect)
+        return Compiled(query, tuple(root.columns), reads, self._dialect, nodes)
 
     # -- helpers
 

@@ -35,11 +35,12 @@ from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import PendingChanges, pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.db.columns import column_types
-from pgtrickle.dvm import ir, keyed, materialize
+from pgtrickle.dvm import ir, keyed, materialize, shared
 from pgtrickle.dvm.compile import Compiled
 from pgtrickle.dvm.kept import StateTable, fingerprint, node_query
 from pgtrickle.dvm.layout import ROW_ID, DeltaMode, Layout
 from pgtrickle.dvm.pipeline import plan_delta
+from pgtrickle.dvm.shared import Split
 from pgtrickle.dvm.state_change import state_change
 from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.refresh import commit, history, user_triggers
@@ -78,11 +79,14 @@ class Prepared:
     rules: str
     read_columns: dict[str, frozenset[str]]
     """Per relation, every source column a Scan or Delta of the plan reads (one view serves all)."""
-    kept: tuple[tuple[StateTable, Compiled | None, str], ...] = ()
+    kept: tuple[tuple[StateTable, Split | None, str], ...] = ()
     """Per hidden state table (dvm/kept.py), children first, the change to apply to it
-    (``None``: unchanged) and the Spark view the plans above it read that change from."""
+    (``None``: unchanged), split at the sub-plans computed first (:mod:`pgtrickle.dvm.shared`),
+    and the Spark view the plans above it read that change from."""
     kept_views: dict[str, StateTable] = field(default_factory=dict)
     """The Spark view of each hidden state table the plans read."""
+    split: Split | None = None
+    """With hidden state tables: the plan split at the sub-plans computed first."""
 
 
 class DifferentialRun:
@@ -185,7 +189,7 @@ class DifferentialRun:
             {fingerprint(t.query): t for t in self.layout.state_tables},
             lambda node: fingerprint(node_query(node, relations, types)),
         )
-        kept: tuple[tuple[StateTable, Compiled | None, str], ...] = ()
+        kept: tuple[tuple[StateTable, Split | None, str], ...] = ()
         state_plans: tuple[ir.Node | None, ...] = ()
         stored = self.layout.stored
         if stored is not None:
@@ -214,7 +218,11 @@ class DifferentialRun:
                 return None
             plan, compiled = delta.plan, delta.compiled
             kept = tuple(
-                (table, change, names.kept_change_view(table))
+                (
+                    table,
+                    _split(change, f"pgt_{st.pgt_id}_first_{table.position}_"),
+                    names.kept_change_view(table),
+                )
                 for node, change in delta.state_changes
                 for table in (names.kept_table(node),)
             )
@@ -237,6 +245,7 @@ class DifferentialRun:
             {relation: frozenset(cols) for relation, cols in read_columns.items()},
             kept,
             names.kept_views(),
+            _split(compiled, f"pgt_{st.pgt_id}_first_root_") if kept else None,
         )
 
     def _compute(self, window: Window, changed: dict[int, PendingChanges]) -> list[tuple] | Staged:
@@ -277,12 +286,15 @@ class DifferentialRun:
             t0 = time.monotonic()
             for table, change, view in prepared.kept:
                 if change is not None:
-                    reads.register(change, {}, prepared.read_columns)
+                    reads.register(change.main, {}, prepared.read_columns)
                     self.kept_rows.append((table, self._kept_change(table, change, view, reads)))
             if prepared.kept:
                 self.timings["kept_changes"] = time.monotonic() - t0
             reads.register(prepared.compiled, prepared.restrictions, prepared.read_columns)  # type: ignore[arg-type]
-            return self._collect(self._output(prepared.spark_sql, prepared.columns))
+            spark_sql = prepared.spark_sql
+            if prepared.split is not None:
+                spark_sql = self._computed_first(prepared.split, reads) or spark_sql
+            return self._collect(self._output(spark_sql, prepared.columns))
         finally:
             reads.release()
             for key, old in saved.items():
@@ -291,17 +303,29 @@ class DifferentialRun:
                 else:
                     spark.conf.set(key, old)
 
-    def _kept_change(self, table: StateTable, change: Compiled, view: str, reads: DeltaReads) -> list[tuple]:
-        """A hidden state table's change (one Spark job), registered as the Spark view ``view``
-        (its columns and ``__pgt_w``) for the plans above it; returned as the rows to apply:
-        its columns, weight and row identity."""
+    def _computed_first(self, split: Split, reads: DeltaReads) -> str | None:
+        """Compute each sub-plan of ``split`` computed first (one Spark job each), registered as its
+        view; the SQL of the plan reading them, or ``None`` (the unsplit plan is run instead) when
+        one is over :data:`COPY_MAX_ROWS` rows."""
         spark = self.r.spark
+        for view, part in split.first:
+            text = f"SELECT * FROM ({part.sql()}) AS __pgt_f LIMIT {COPY_MAX_ROWS + 1}"
+            value = planning.sql(spark, text, self.timings, "first")
+            rows = planning.planned(value, self.timings, "first").collect()
+            if len(rows) > COPY_MAX_ROWS:
+                return None
+            reads.provide(view, spark.createDataFrame(rows, value.schema))
+        return split.main.sql()
+
+    def _kept_change(self, table: StateTable, change: Split, view: str, reads: DeltaReads) -> list[tuple]:
+        """A hidden state table's change (one Spark job, after those of the sub-plans computed
+        first), registered as the Spark view ``view`` (its columns and ``__pgt_w``) for the plans
+        above it; returned as the rows to apply: its columns, weight and row identity."""
+        spark = self.r.spark
+        text = self._computed_first(change, reads) or change.main.sql()
         # One SQL text, no DataFrame call on top of it: each call re-analyses the whole plan.
         value = planning.sql(
-            spark,
-            f"SELECT * FROM ({change.sql()}) AS __pgt_k LIMIT {COPY_MAX_ROWS + 1}",
-            self.timings,
-            "kept",
+            spark, f"SELECT * FROM ({text}) AS __pgt_k LIMIT {COPY_MAX_ROWS + 1}", self.timings, "kept"
         )
         rows = planning.planned(value, self.timings, "kept").collect()
         if len(rows) > COPY_MAX_ROWS:
@@ -419,6 +443,16 @@ class DifferentialRun:
         return self.r.cached(
             ("equality", "kept", table.name), lambda: equality_operators(self.conn, relid[0])
         )
+
+
+def _split(compiled: Compiled | None, prefix: str) -> Split | None:
+    """``compiled`` split at the sub-plans worth computing first, read as views ``<prefix><i>``."""
+    if compiled is None:
+        return None
+    if not compiled.nodes:
+        return Split((), compiled)
+    chosen = shared.choose(compiled.nodes[-1])
+    return shared.split(compiled, chosen, lambda i: f"{prefix}{i}")
 
 
 def _for_copy(column: str, pg_type: str) -> str:
