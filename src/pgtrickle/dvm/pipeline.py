@@ -40,6 +40,7 @@ CONSTANT = "constant: never changes"
 UNCHANGED = "unchanged: no changed relation under it"
 HIDDEN_TABLE = "(in its hidden table; read as its change buffer)"
 RECOMPUTE_GROUPS = "touched groups, recompute"
+KEPT_GROUPS = "touched groups: old rows from its hidden table, new ones recomputed"
 RECOMPUTE_ONE_ROW = "single row, recompute before and after"
 ALGEBRAIC = "algebraic over stored state"
 DISTINCT_COUNTS = "row counts (touched rows, recompute)"
@@ -135,7 +136,10 @@ def rule_of(
     if not _touched(node, changed, memo):
         return UNCHANGED
     if not is_root and any(m is node for m in materialized):
-        own = rule_of(node, changed=changed, stored_state=False, _memo=memo)
+        if aggregate_rule.kept_aggregate(node) is not None:
+            own = KEPT_GROUPS
+        else:
+            own = rule_of(node, changed=changed, stored_state=False, _memo=memo)
         return f"{own} {HIDDEN_TABLE}"
     if isinstance(node, ir.Scan):
         return CHANGE_BUFFER
