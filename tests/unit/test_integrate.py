@@ -44,6 +44,16 @@ def _check(root: ir.Node, env: dict[str, Table], changed: frozenset[str], hidden
         assert (Counter() if change is None else evaluate(change, env)) == expected_change(m, env)
 
 
+def _prove_over_r1_r2(root: ir.Node, hidden: list[ir.Node]) -> None:
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(envs(("r1", "r2")))
+    def prove(drawn: tuple[dict[str, Table], frozenset[str]]) -> None:
+        env, changed = drawn
+        _check(root, env, changed, hidden)
+
+    prove()
+
+
 def _inner_nodes(root: ir.Node) -> list[ir.Node]:
     return [n for n in ir.walk(root) if n is not root and not isinstance(n, (ir.Scan, ir.Values))]
 
@@ -70,13 +80,7 @@ def test_aggregate_of_aggregate_keeps_the_inner_one() -> None:
     root = ir.Aggregate(per_customer, (("n2", e("n")),), (("customers", e("COUNT(*)")),))
     assert list(decide(root)) == [per_customer]
 
-    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-    @given(envs(("r1", "r2")))
-    def prove(drawn: tuple[dict[str, Table], frozenset[str]]) -> None:
-        env, changed = drawn
-        _check(root, env, changed, [per_customer])
-
-    prove()
+    _prove_over_r1_r2(root, [per_customer])
 
 
 def test_unchanged_hidden_node_is_read_as_stored() -> None:
@@ -142,13 +146,7 @@ def test_a_kept_aggregate_reads_its_old_groups_from_its_table() -> None:
     # pre(r2) = r2 ⊎ −Δr2 is not built: no union reads the table itself.
     assert not any(isinstance(n, ir.UnionAll) and any(b is R2 for b in n.branches) for n in ir.walk(change))
 
-    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-    @given(envs(("r1", "r2")))
-    def prove(drawn: tuple[dict[str, Table], frozenset[str]]) -> None:
-        env, changed = drawn
-        _check(root, env, changed, [kept])
-
-    prove()
+    _prove_over_r1_r2(root, [kept])
     dropped = ir.Project(aggregate, (("orders", e("n")),))
     assert kept_aggregate(dropped) is None
     assert kept_aggregate(kept) == KeptAggregate(aggregate, (kept, kept.input), ("cust",))
