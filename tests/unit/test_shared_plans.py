@@ -75,6 +75,7 @@ def test_split_queries_read_chosen_nodes_as_views() -> None:
     change = _compiled_kept_change()
     chosen = shared.choose(change.nodes[-1])
     split = shared.split(change, chosen, lambda i: f"first_{i}")
+    assert split.whole is change
     assert [view for view, _ in split.first] == [f"first_{i}" for i in range(len(chosen))]
     views = {f"first_{i}" for i in range(len(chosen))}
     chosen_ctes = {f"__pgt_n{change.nodes.index(n)}" for n in chosen}

@@ -114,10 +114,12 @@ def choose(root: ir.Node, min_saving: int = MIN_SAVING) -> tuple[ir.Node, ...]:
 @dataclass(frozen=True)
 class Split:
     """The queries of a plan split at its chosen nodes: ``first`` (per chosen node, children
-    first: the relation to register it as and the query computing it), then ``main``."""
+    first: the relation to register it as and the query computing it), then ``main``;
+    ``whole``: the plan unsplit (the same change in one query)."""
 
     first: tuple[tuple[str, Compiled], ...]
     main: Compiled
+    whole: Compiled
 
 
 def _references(query: exp.Expr, names: set[str]) -> set[str]:
@@ -130,7 +132,7 @@ def split(compiled: Compiled, chosen: Sequence[ir.Node], view_of: Callable[[int]
     query = compiled.query.copy()
     with_ = query.find(exp.With)
     if with_ is None or not chosen:
-        return Split((), compiled)
+        return Split((), compiled, compiled)
     ctes: dict[str, exp.CTE] = {cte.alias: cte for cte in with_.expressions}
     index = {id(node): i for i, node in enumerate(compiled.nodes)}
     bodies = {name: cte.this for name, cte in ctes.items()}
@@ -145,7 +147,7 @@ def split(compiled: Compiled, chosen: Sequence[ir.Node], view_of: Callable[[int]
     needed = _closure(_references(_strip_with(outer), names), bodies, names)
     with_.set("expressions", [_cte(name, bodies[name]) for name in ctes if name in needed])
     main = Compiled(outer, compiled.columns, compiled.reads, compiled.dialect, compiled.nodes)
-    return Split(tuple(first), main)
+    return Split(tuple(first), main, compiled)
 
 
 def _strip_with(query: exp.Expr) -> exp.Expr:

@@ -322,7 +322,7 @@ class DifferentialRun:
         first), registered as the Spark view ``view`` (its columns and ``__pgt_w``) for the plans
         above it; returned as the rows to apply: its columns, weight and row identity."""
         spark = self.r.spark
-        text = self._computed_first(change, reads) or change.main.sql()
+        text = self._computed_first(change, reads) or change.whole.sql()
         # One SQL text, no DataFrame call on top of it: each call re-analyses the whole plan.
         value = planning.sql(
             spark, f"SELECT * FROM ({text}) AS __pgt_k LIMIT {COPY_MAX_ROWS + 1}", self.timings, "kept"
@@ -450,7 +450,7 @@ def _split(compiled: Compiled | None, prefix: str) -> Split | None:
     if compiled is None:
         return None
     if not compiled.nodes:
-        return Split((), compiled)
+        return Split((), compiled, compiled)
     chosen = shared.choose(compiled.nodes[-1])
     return shared.split(compiled, chosen, lambda i: f"{prefix}{i}")
 
