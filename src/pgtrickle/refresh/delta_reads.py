@@ -15,10 +15,7 @@ refresh window (frontier S1, snapshot S2):
   the same way.
 
 A read used more than once by the plan is persisted when it is bounded by the change (a delta,
-a key-bounded read); a whole-table read is read again instead of being cached whole — except
-in the plans of a stream table with hidden state tables, which read their sources whole along
-many paths (no key pushdown there): a table of at most :data:`PERSIST_WHOLE_MAX_BYTES` (by its
-pages) is then read once and persisted.
+a key-bounded read); a whole-table read is read again instead of being cached whole.
 """
 
 from __future__ import annotations
@@ -53,8 +50,6 @@ KEPT_CHANGE_PREFIX = "pgt_kept_change_"
 PUSHDOWN_MIN_ROWS = 10_000
 """Tables smaller than this are read whole: a key filter would not pay for itself."""
 PUSHDOWN_MAX_KEYS = 100_000
-PERSIST_WHOLE_MAX_BYTES = 64 * 1024 * 1024
-"""Whole tables read more than once by a plan up to this size (by relpages) are persisted."""
 BROADCAST_MAX_BYTES = 10 * 1024 * 1024
 """Whole tables read for a join up to this size (by relpages) are broadcast to the change's side."""
 
@@ -206,7 +201,7 @@ class DeltaReads:
                 bounded = True
             elif read.kind is ReadKind.POST:
                 assert isinstance(read.node, ir.Scan)
-                df, bounded = self._post(read.node, restrictions.get(("post", read.node.relation)), read.uses)
+                df, bounded = self._post(read.node, restrictions.get(("post", read.node.relation)))
             else:
                 assert isinstance(read.node, ir.Materialized)
                 df, bounded = self._state(read.node, restrictions.get(("materialized", read.node.node)))
@@ -229,8 +224,7 @@ class DeltaReads:
             raise FallbackToFull(f"the query reads {relation}, which is not a recorded source")
         return self._sources[relation]
 
-    def _post(self, scan: ir.Scan, restriction: Restriction | None, uses: int) -> tuple[Any, bool]:
-        """The source at S2 and whether to persist it when read more than once (``uses``)."""
+    def _post(self, scan: ir.Scan, restriction: Restriction | None) -> tuple[Any, bool]:
         source = self._source(scan.relation)
         stats = self._stats[source.relid]
         condition = self._condition(restriction, stats.reltuples)
@@ -251,18 +245,12 @@ class DeltaReads:
                 jdbc.ctid_predicates(stats, parts),
                 select=self.r.source_select(source),
             )
-            df = df.selectExpr(*(spark_name(c) for c in self._columns(scan, source)))
-            if self.kept_views and uses > 1 and stats.relpages * 8192 <= PERSIST_WHOLE_MAX_BYTES:
-                df = df.persist()
-                self.persisted.append(df)
             if stats.relpages * 8192 <= BROADCAST_MAX_BYTES:
                 # Spark cannot size a JDBC relation: say it is small, so a join with the change
-                # broadcasts it instead of shuffling both sides (above the persisted read, which
-                # a query reading it sees as a relation of its own).
+                # broadcasts it instead of shuffling both sides.
                 df = df.hint("broadcast")
             self._count("whole_table_reads")
-            return df, False
-        return df.selectExpr(*(spark_name(c) for c in self._columns(scan, source))), True
+        return df.selectExpr(*(spark_name(c) for c in self._columns(scan, source))), condition is not None
 
     def _state(self, node: ir.Materialized, restriction: Restriction | None) -> tuple[Any, bool]:
         stored = self.stored
