@@ -82,7 +82,8 @@ def _round(db: Database, rng: random.Random) -> None:
 def test_tpch_like_query_refreshes_by_its_rules(db: Database, name: str) -> None:
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     _schema(db)
-    create_st(db, name, QUERIES[name])
+    # Q13 keeps a node in a hidden state table: AUTO would refresh it FULL (faster today).
+    create_st(db, name, QUERIES[name], refresh_mode="DIFFERENTIAL" if name == "q13" else "AUTO")
     refresh_and_check(db, name)
     rng = random.Random(name)
     for _ in range(3):

@@ -71,10 +71,12 @@ def _history(db, name: str) -> list[tuple]:  # type: ignore[no-untyped-def]
 
 
 def test_top_k_keeps_its_input_and_refreshes_differential(db) -> None:  # type: ignore[no-untyped-def]
-    """ORDER BY ... LIMIT keeps its input in a hidden state table: the first refresh (FULL) fills
-    it, later ones are DIFFERENTIAL and exact, and explain / the history say so."""
+    """refresh_mode DIFFERENTIAL: ORDER BY ... LIMIT keeps its input in a hidden state table; the
+    first refresh (FULL) fills it, later ones are DIFFERENTIAL and exact, and explain / the history
+    say so (AUTO refreshes it FULL: tests/integration/test_differential_properties.py)."""
     _setup(db)
-    create_st(db, "st_first", "SELECT o.id, o.amount FROM orders o ORDER BY o.amount DESC, o.id LIMIT 5")
+    create_st(db, "st_first", "SELECT o.id, o.amount FROM orders o ORDER BY o.amount DESC, o.id LIMIT 5",
+              refresh_mode="DIFFERENTIAL")
     refresh(db)
     [(table, reason)] = db.sql("SELECT relid::regclass::text, reason FROM pgtrickle.pgt_state_tables")
     assert table.startswith("pgtrickle_changes.state_") and "TopK" in reason
@@ -84,7 +86,7 @@ def test_top_k_keeps_its_input_and_refreshes_differential(db) -> None:  # type: 
         assert outcome.action.value == "DIFFERENTIAL", outcome.reason
         assert_oracle(db)
     mode = db.sql("SELECT configured_mode, effective_mode, reason FROM pgtrickle.explain_refresh_mode('st_first')")
-    assert mode[0][:2] == ("AUTO", "DIFFERENTIAL") and "TopK" in mode[0][2]
+    assert mode[0][:2] == ("DIFFERENTIAL", "DIFFERENTIAL") and "TopK" in mode[0][2]
     info = db.sql("SELECT effective_mode FROM pgtrickle.stream_tables_info")
     assert info[0][0] == "DIFFERENTIAL"
     history = db.sql("SELECT action FROM pgtrickle.pgt_refresh_history ORDER BY refresh_id")

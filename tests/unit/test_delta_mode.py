@@ -6,7 +6,7 @@ import pytest
 
 from pgtrickle.dvm import ir, keyed, materialize, rules
 from pgtrickle.dvm.keyed import KeySource, Restriction
-from pgtrickle.dvm.layout import decide_mode, plan_layout
+from pgtrickle.dvm.layout import AUTO_KEEPS_NO_STATE, decide_mode, plan_layout
 from pgtrickle.dvm.pipeline import plan_delta
 from pgtrickle.dvm.stored import stored_aggregate, stored_rows
 
@@ -66,6 +66,16 @@ def test_a_plan_needing_a_hidden_table_keeps_it() -> None:
     # Without hidden state tables the plan cannot run, and says why.
     plan = plan_delta(sql, SCHEMA, TYPES, {"public.orders"}, "spark")
     assert plan.full_refresh_reason is not None and "needs a hidden stream table" in plan.full_refresh_reason
+
+
+def test_auto_keeps_no_hidden_table_and_says_why() -> None:
+    """Without ``keep_state`` (refresh_mode AUTO) a query that needs a hidden state table is FULL:
+    its differential refresh is slower than FULL today; the reason says how to ask for it."""
+    sql = "SELECT o.id FROM public.orders o ORDER BY o.qty LIMIT 3"
+    m = decide_mode(sql, SCHEMA, TYPES, ["id"], keep_state=False)
+    assert not m.differential and not m.kept
+    assert "TopK" in m.reason and m.reason.endswith(AUTO_KEEPS_NO_STATE)
+    assert "refresh_mode => 'DIFFERENTIAL'" in m.reason
 
 
 def test_a_root_aggregate_over_a_kept_node_recomputes_its_groups_instead_of_storing_state() -> None:

@@ -147,6 +147,7 @@ def explain(
                 {f"{s.schema}.{s.name}": [c for c, _ in s.column_types] for s in st.sources},
                 {f"{s.schema}.{s.name}": dict(s.column_types) for s in st.sources},
                 [c.name for c in st.columns],
+                keep_state=st.refresh_mode == "DIFFERENTIAL",
             )
             if st.reads_clock and st.refresh_mode != "DIFFERENTIAL":
                 mode, reason = "FULL", READS_CLOCK_REASON

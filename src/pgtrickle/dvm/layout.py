@@ -22,7 +22,13 @@ from pgtrickle.errors import UnsupportedQueryError
 
 ROW_ID = "__pgt_row_id"
 
-__all__ = ["ROW_ID", "DeltaMode", "Layout", "decide_mode", "plan_layout"]
+AUTO_KEEPS_NO_STATE = (
+    "refresh_mode AUTO refreshes it FULL, which is faster today; refresh_mode => 'DIFFERENTIAL' "
+    "keeps that state in hidden state tables and refreshes it differentially"
+)
+"""Why ``AUTO`` refreshes a query that needs hidden state tables FULL (see :func:`decide_mode`)."""
+
+__all__ = ["AUTO_KEEPS_NO_STATE", "ROW_ID", "DeltaMode", "Layout", "decide_mode", "plan_layout"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,10 +54,17 @@ def decide_mode(
     schema: Mapping[str, Sequence[str]],
     column_types: Mapping[str, Mapping[str, str]],
     visible: Sequence[str],
+    keep_state: bool = True,
 ) -> DeltaMode:
-    """Plan ``pg_sql`` as if every relation changed (see the module docstring)."""
+    """Plan ``pg_sql`` as if every relation changed (see the module docstring).
+
+    ``keep_state``: whether the nodes the rules keep may live in hidden state tables. The refresh
+    passes it for ``refresh_mode => 'DIFFERENTIAL'`` only: under ``AUTO`` such a query refreshes
+    FULL, with :data:`AUTO_KEEPS_NO_STATE` in its reason, because its differential refresh is still
+    slower than FULL (docs/BENCHMARKS.md, "Hidden state tables").
+    """
     try:
-        plan = plan_delta(pg_sql, schema, column_types, set(schema), "spark", keep_state=True)
+        plan = plan_delta(pg_sql, schema, column_types, set(schema), "spark", keep_state=keep_state)
     except UnsupportedQueryError as err:
         return DeltaMode(False, f"no delta rule: {err}")
     # A query that keeps inner nodes in hidden tables recomputes its root's touched groups.
@@ -65,6 +78,8 @@ def decide_mode(
     rules = _rules(steps)
     reason = plan.full_refresh_reason
     if reason is not None:
+        if not keep_state and plan.materialized:
+            reason = f"{reason}; {AUTO_KEEPS_NO_STATE}"
         return DeltaMode(False, reason, plan.tree, None, rules)
     return DeltaMode(True, f"differential: {rules}", plan.tree, stored, rules, dict(plan.materialized))
 

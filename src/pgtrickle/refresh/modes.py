@@ -46,12 +46,12 @@ class RefreshModes:
     def __init__(
         self,
         refresher: RefreshContext,
-        analyses: dict[tuple[int, str], DeltaMode],
+        analyses: dict[tuple[int, str, bool], DeltaMode],
         layouts: dict[int, tuple],
     ) -> None:
         self.r = refresher
         self._analyses = analyses
-        """Per (pgt_id, query text): the decision (shared per database)."""
+        """Per (pgt_id, query text, hidden state tables allowed): the decision (shared per database)."""
         self._layouts = layouts
         """Per pgt_id: the layout last made to match (shared per database)."""
         self._recorded_modes: dict[int, tuple[str, str]] = {}
@@ -63,18 +63,21 @@ class RefreshModes:
 
     def analysis(self, st: StreamTable) -> DeltaMode:
         """The refresh-mode decision of ``st``'s query (cached per query text): see dvm/layout.py."""
-        key = (st.pgt_id, st.normalized_query)
+        keep_state = st.refresh_mode == "DIFFERENTIAL"
+        key = (st.pgt_id, st.normalized_query, keep_state)
         cached = self._analyses.get(key)
         if cached is None:
             schema = {f"{s.schema}.{s.name}": [c for c, _ in s.column_types] for s in st.sources}
             types = {f"{s.schema}.{s.name}": dict(s.column_types) for s in st.sources}
-            cached = decide_mode(st.normalized_query, schema, types, visible_columns(st))
+            cached = decide_mode(st.normalized_query, schema, types, visible_columns(st), keep_state)
             self._analyses[key] = cached
         return cached
 
     def demote(self, st: StreamTable, reason: str) -> None:
         """Analyse ``st``'s query as FULL-only from now on (its differential plan failed on Spark)."""
-        self._analyses[(st.pgt_id, st.normalized_query)] = DeltaMode(False, reason)
+        self._analyses[(st.pgt_id, st.normalized_query, st.refresh_mode == "DIFFERENTIAL")] = DeltaMode(
+            False, reason
+        )
         self.record(st, "FULL", reason)
 
     def prepare(self, st: StreamTable, initiated_by: str) -> tuple[DeltaMode, bool, Layout, bool]:
