@@ -144,7 +144,13 @@ def test_explain_says_which_mode_and_why(with_st: Database) -> None:
     with_st.sql("SELECT pgtrickle.create_stream_table('firsts', 'SELECT k FROM t ORDER BY k LIMIT 3', "
                 "refresh_mode => 'DIFFERENTIAL', initialize => false)")
     result = invoke(with_st, "explain", "firsts")
-    assert result.exit_code == 0 and "ERROR" in result.output and "TopK" in result.output
+    # ORDER BY ... LIMIT keeps its input in a hidden state table: DIFFERENTIAL, the table named.
+    assert result.exit_code == 0 and "→ DIFFERENTIAL" in result.output and "TopK" in result.output
+    assert "hidden state tables:" in result.output
+    with_st.sql("SELECT pgtrickle.create_stream_table('rolled', 'SELECT k, count(*) AS n FROM t GROUP BY ROLLUP (k)', "
+                "initialize => false)")
+    result = invoke(with_st, "explain", "rolled")
+    assert result.exit_code == 0 and "FULL" in result.output and "ROLLUP" in result.output
     result = invoke(with_st, "explain", "nope")
     assert result.exit_code == 1 and "nope" in result.output
 

@@ -156,7 +156,7 @@ class At:
 
     def materialized(self, node: ir.Materialized) -> tuple[str, str]:
         number = self.hidden.setdefault(node.node, len(self.hidden))
-        return ("m", f"h{number}_{'pre' if node.pre else 'post'}")
+        return ("m", f"h{number}_{'pre' if node.pre else 'change' if node.change else 'post'}")
 
 
 class SparkViews(At):
@@ -223,17 +223,26 @@ def _q(name: str) -> str:
 
 
 def build_hidden(db: Database, result: DeltaPlan, reads: At) -> None:
-    """Every hidden table the plan reads, at pre and post: the node compiled over pre.* / post.*."""
-    nodes = {n.node for n in ir.walk(result.plan) if isinstance(n, ir.Materialized)}  # type: ignore[arg-type]
+    """Every hidden table the plans read (the root's and, with ``keep_state``, each kept node's
+    change plan), at pre and post: the node compiled over pre.* / post.*; and its change (a
+    kept node's change buffer, ``Materialized(change=True)``): post − pre with ``__pgt_w``."""
+    plans = [p for p in (result.plan, *result.state_plans) if p is not None]
+    nodes = {n.node for p in plans for n in ir.walk(p) if isinstance(n, ir.Materialized)}
     for node in nodes:
+        cols = ", ".join(f"c.{_q(n)}" for n in node.columns)
+        values = {}
         for pre in (True, False):
             target = reads.materialized(ir.Materialized(node, pre=pre))
             value = compile_ir(node, At("pre" if pre else "post"), dialect="postgres", column_types=TYPES)
-            inner = value.consolidated().sql()
-            cols = ", ".join(f"c.{_q(n)}" for n in node.columns)
+            inner = values[pre] = value.consolidated().sql()
             assert db.scalar(f"SELECT count(*) FROM ({inner}) c WHERE c.__pgt_w < 0") == 0
             db.sql(f"CREATE TABLE {target[0]}.{target[1]} AS SELECT {cols} FROM ({inner}) c"
                    " CROSS JOIN LATERAL generate_series(1, c.__pgt_w)")
+        target = reads.materialized(ir.Materialized(node, change=True))
+        both = (f"SELECT c.*, c.__pgt_w AS __pgt_d FROM ({values[False]}) c"
+                f" UNION ALL SELECT c.*, -c.__pgt_w FROM ({values[True]}) c")
+        db.sql(f"CREATE TABLE {target[0]}.{target[1]} AS SELECT {cols}, sum(c.__pgt_d)::bigint AS __pgt_w"
+               f" FROM ({both}) c GROUP BY {cols} HAVING sum(c.__pgt_d) <> 0")
 
 
 def expected_change(db: Database, sql: str) -> Counter:
@@ -333,7 +342,8 @@ def test_kept_state_plan_reads_hidden_tables_as_stored(db: Database, name: str) 
         assert result.full_refresh_reason is None
         assert {node for node, _ in result.state_changes} == set(result.materialized)
         if result.plan is not None:
-            assert not any(isinstance(n, ir.Materialized) and not n.pre for n in ir.walk(result.plan))
+            assert not any(
+                isinstance(n, ir.Materialized) and not n.pre and not n.change for n in ir.walk(result.plan))
             build_hidden(db, result, reads)
         assert plan_change(db, result) == expected_change(db, QUERIES[name])
         for node, change in result.state_changes:

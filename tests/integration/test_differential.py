@@ -70,21 +70,27 @@ def _history(db, name: str) -> list[tuple]:  # type: ignore[no-untyped-def]
                   " ORDER BY refresh_id", (name,))
 
 
-def test_auto_on_unsupported_query_refreshes_full_and_says_why(db) -> None:  # type: ignore[no-untyped-def]
-    """ORDER BY ... LIMIT needs its input kept as a hidden stream table (not built yet): FULL, saying so."""
+def test_top_k_keeps_its_input_and_refreshes_differential(db) -> None:  # type: ignore[no-untyped-def]
+    """refresh_mode DIFFERENTIAL: ORDER BY ... LIMIT keeps its input in a hidden state table; the
+    first refresh (FULL) fills it, later ones are DIFFERENTIAL and exact, and explain / the history
+    say so (AUTO refreshes it FULL: tests/integration/test_differential_properties.py)."""
     _setup(db)
-    create_st(db, "st_first", "SELECT o.id, o.amount FROM orders o ORDER BY o.amount DESC, o.id LIMIT 5")
+    create_st(db, "st_first", "SELECT o.id, o.amount FROM orders o ORDER BY o.amount DESC, o.id LIMIT 5",
+              refresh_mode="DIFFERENTIAL")
     refresh(db)
-    _churn(db)
-    [outcome] = refresh(db)
-    assert outcome.action.value == "FULL" and "hidden stream table" in outcome.reason and "TopK" in outcome.reason
-    assert_oracle(db)
+    [(table, reason)] = db.sql("SELECT relid::regclass::text, reason FROM pgtrickle.pgt_state_tables")
+    assert table.startswith("pgtrickle_changes.state_") and "TopK" in reason
+    for base in (200, 400):
+        _churn(db, base)
+        [outcome] = refresh(db)
+        assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+        assert_oracle(db)
     mode = db.sql("SELECT configured_mode, effective_mode, reason FROM pgtrickle.explain_refresh_mode('st_first')")
-    assert mode[0][:2] == ("AUTO", "FULL") and "TopK" in mode[0][2]
-    info = db.sql("SELECT effective_mode, mode_reason FROM pgtrickle.stream_tables_info")
-    assert info[0][0] == "FULL" and "TopK" in info[0][1]
-    history = db.sql("SELECT action, mode_reason FROM pgtrickle.pgt_refresh_history ORDER BY refresh_id")
-    assert history[-1][0] == "FULL" and "hidden stream table" in history[-1][1]
+    assert mode[0][:2] == ("DIFFERENTIAL", "DIFFERENTIAL") and "TopK" in mode[0][2]
+    info = db.sql("SELECT effective_mode FROM pgtrickle.stream_tables_info")
+    assert info[0][0] == "DIFFERENTIAL"
+    history = db.sql("SELECT action FROM pgtrickle.pgt_refresh_history ORDER BY refresh_id")
+    assert history[-1][0] == "DIFFERENTIAL"
 
 
 def test_not_in_applies_only_the_difference(db) -> None:  # type: ignore[no-untyped-def]
@@ -112,12 +118,13 @@ def test_differential_mode_on_unsupported_query_is_an_error_naming_the_construct
     from pgtrickle.errors import PgTrickleError
 
     _setup(db)
-    create_st(db, "st_first", "SELECT id, amount FROM orders ORDER BY amount DESC, id LIMIT 5",
+    # ORDER BY ... LIMIT used to be refused here; it keeps its input in a hidden state table now
+    create_st(db, "st_first", "SELECT cust, count(*) AS n FROM orders GROUP BY ROLLUP (cust)",
               refresh_mode="DIFFERENTIAL")
-    with pytest.raises(PgTrickleError, match="TopK"):
+    with pytest.raises(PgTrickleError, match="ROLLUP"):
         refresh(db)
     status, error = db.sql("SELECT status, last_error FROM pgtrickle.pgt_stream_tables")[0]
-    assert status == "ERROR" and "DIFFERENTIAL" in error and "TopK" in error
+    assert status == "ERROR" and "DIFFERENTIAL" in error and "ROLLUP" in error
     assert db.scalar("SELECT count(*) FROM st_first") == 0
 
 

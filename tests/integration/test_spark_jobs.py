@@ -239,20 +239,30 @@ def test_explain_left_join(orders: Database) -> None:
     assert len(node["inputs"]) == 2
 
 
-def test_explain_names_a_node_that_would_be_materialized(orders: Database) -> None:
+def test_explain_names_a_kept_node_and_its_hidden_state_table(orders: Database) -> None:
     db = orders
     create_st(db, "spread", "SELECT x.n, count(*) AS customers FROM"
-              " (SELECT customer, count(*) AS n FROM orders GROUP BY customer) x GROUP BY x.n")
+              " (SELECT customer, count(*) AS n FROM orders GROUP BY customer) x GROUP BY x.n",
+              refresh_mode="DIFFERENTIAL")
+    before = explain(db, "spread")
+    assert before.exit_code == 0, before.output
+    assert "(not made yet: the next refresh makes and fills it): Aggregate" in before.output
+    refresh_and_check(db, "spread")
+    table = db.scalar("SELECT relid::regclass::text FROM pgtrickle.pgt_state_tables")
     result = explain(db, "spread")
     assert result.exit_code == 0, result.output
     hidden = [line for line in result.output.splitlines() if "materialized:" in line]
     assert len(hidden) == 1 and f"materialized: {materialize.AGGREGATE_OF_AGGREGATE}" in hidden[0]
-    assert "runs FULL for now" in result.output
+    assert f"{table}: Aggregate, {materialize.AGGREGATE_OF_AGGREGATE}" in result.output
+    assert "runs FULL for now" not in result.output
     doc = explain_json(db, "spread")
+    assert doc["effective_mode"] == "DIFFERENTIAL"
     nodes = walk(doc["operator_tree"]["root"])
     [inner] = [n for n in nodes if n["materialized"] is not None]
     assert inner["operator"] == "Aggregate" and inner["materialized"] == materialize.AGGREGATE_OF_AGGREGATE
-    assert materialize.AGGREGATE_OF_AGGREGATE in doc["operator_tree"]["full_refresh_reason"]
+    assert doc["operator_tree"]["full_refresh_reason"] is None
+    assert doc["operator_tree"]["state_tables"] == [
+        {"position": 0, "table": table, "operator": "Aggregate", "reason": materialize.AGGREGATE_OF_AGGREGATE}]
 
 
 def test_explain_of_a_query_without_a_delta_rule_says_why(orders: Database) -> None:

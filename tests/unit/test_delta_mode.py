@@ -6,7 +6,7 @@ import pytest
 
 from pgtrickle.dvm import ir, keyed, materialize, rules
 from pgtrickle.dvm.keyed import KeySource, Restriction
-from pgtrickle.dvm.layout import decide_mode, plan_layout
+from pgtrickle.dvm.layout import AUTO_KEEPS_NO_STATE, decide_mode, plan_layout
 from pgtrickle.dvm.pipeline import plan_delta
 from pgtrickle.dvm.stored import stored_aggregate, stored_rows
 
@@ -59,9 +59,51 @@ def test_other_aggregates_recompute_their_touched_groups(sql: str) -> None:
     assert "touched groups, recompute" in m.rules
 
 
-def test_a_plan_needing_a_hidden_table_is_full_with_the_reason() -> None:
-    m = mode("SELECT o.id FROM public.orders o ORDER BY o.qty LIMIT 3", ["id"])
-    assert not m.differential and "needs a hidden stream table" in m.reason
+def test_a_plan_needing_a_hidden_table_keeps_it() -> None:
+    sql = "SELECT o.id FROM public.orders o ORDER BY o.qty LIMIT 3"
+    m = mode(sql, ["id"])
+    assert m.differential and list(m.kept.values()) == [materialize.TOPK_INPUT]
+    # Without hidden state tables the plan cannot run, and says why.
+    plan = plan_delta(sql, SCHEMA, TYPES, {"public.orders"}, "spark")
+    assert plan.full_refresh_reason is not None and "needs a hidden stream table" in plan.full_refresh_reason
+
+
+def test_auto_keeps_no_hidden_table_and_says_why() -> None:
+    """Without ``keep_state`` (refresh_mode AUTO) a query that needs a hidden state table is FULL:
+    its differential refresh is slower than FULL today; the reason says how to ask for it."""
+    sql = "SELECT o.id FROM public.orders o ORDER BY o.qty LIMIT 3"
+    m = decide_mode(sql, SCHEMA, TYPES, ["id"], keep_state=False)
+    assert not m.differential and not m.kept
+    assert "TopK" in m.reason and m.reason.endswith(AUTO_KEEPS_NO_STATE)
+    assert "refresh_mode => 'DIFFERENTIAL'" in m.reason
+
+
+def test_a_root_aggregate_over_a_kept_node_recomputes_its_groups_instead_of_storing_state() -> None:
+    """COUNT(*) at the root would store its state (one weighted aggregation merged in PostgreSQL),
+    but its input is an aggregate kept in a hidden state table: the stored-state change reads its
+    input's change only, so the root recomputes its touched groups from the kept node (stored +
+    change) and stores no state; the layout has the hidden table and no state columns."""
+    sql = (
+        "SELECT x.n, count(*) AS c FROM (SELECT o.cust, sum(o.qty) AS n FROM public.orders o"
+        " GROUP BY o.cust) x GROUP BY x.n"
+    )
+    m = mode(sql, ["n", "c"])
+    assert m.differential and m.stored is None
+    assert list(m.kept.values()) == [materialize.AGGREGATE_OF_AGGREGATE]
+    assert "algebraic over stored state" not in m.rules and "touched groups, recompute" in m.rules
+    layout = plan_layout(
+        ["n", "c"],
+        {"n": "bigint", "c": "bigint"},
+        '"public"."x"',
+        m,
+        True,
+        pgt_id=7,
+        relations={"public.orders": ("public", "orders")},
+        column_types=TYPES,
+    )
+    assert layout.stored is None and layout.hidden == ()
+    [table] = layout.state_tables
+    assert table.name.startswith("state_7_0_") and table.reason == materialize.AGGREGATE_OF_AGGREGATE
 
 
 def test_a_construct_without_a_rule_is_named() -> None:

@@ -2,8 +2,9 @@
 
 For random trees with random sets of hidden (materialized) nodes, nested or not, and random
 changes, :func:`integrate` must give a plan that reads every hidden table only as stored
-(``Materialized(m, pre=True)``) and whose value is the root's change, and, per hidden node, a
-change that brings its table from its stored value to its value at the snapshot.
+(``Materialized(m, pre=True)``) and as its change buffer (``Materialized(m, change=True)``,
+computed first), and whose value is the root's change, and, per hidden node, a change that
+brings its table from its stored value to its value at the snapshot.
 """
 
 from __future__ import annotations
@@ -18,13 +19,17 @@ from pgtrickle.dvm import ir
 from pgtrickle.dvm.integrate import integrate, substitute_post
 from pgtrickle.dvm.materialize import decide
 from pgtrickle.dvm.reference import Table, evaluate
+from pgtrickle.dvm.rules.aggregate import KeptAggregate, kept_aggregate
 from tests.unit.test_delta_rules import R1, R2, TREE_KINDS, e, envs, expected_change, trees
 
 
 def _reads_post_of_hidden(plan: ir.Node | None, hidden: set[ir.Node]) -> bool:
     if plan is None:
         return False
-    return any(isinstance(n, ir.Materialized) and not n.pre and n.node in hidden for n in ir.walk(plan))
+    return any(
+        isinstance(n, ir.Materialized) and not n.pre and not n.change and n.node in hidden
+        for n in ir.walk(plan)
+    )
 
 
 def _check(root: ir.Node, env: dict[str, Table], changed: frozenset[str], hidden: list[ir.Node]) -> None:
@@ -37,6 +42,16 @@ def _check(root: ir.Node, env: dict[str, Table], changed: frozenset[str], hidden
     for m, change in result.changes:
         assert not _reads_post_of_hidden(change, kept)
         assert (Counter() if change is None else evaluate(change, env)) == expected_change(m, env)
+
+
+def _prove_over_r1_r2(root: ir.Node, hidden: list[ir.Node]) -> None:
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(envs(("r1", "r2")))
+    def prove(drawn: tuple[dict[str, Table], frozenset[str]]) -> None:
+        env, changed = drawn
+        _check(root, env, changed, hidden)
+
+    prove()
 
 
 def _inner_nodes(root: ir.Node) -> list[ir.Node]:
@@ -65,13 +80,7 @@ def test_aggregate_of_aggregate_keeps_the_inner_one() -> None:
     root = ir.Aggregate(per_customer, (("n2", e("n")),), (("customers", e("COUNT(*)")),))
     assert list(decide(root)) == [per_customer]
 
-    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-    @given(envs(("r1", "r2")))
-    def prove(drawn: tuple[dict[str, Table], frozenset[str]]) -> None:
-        env, changed = drawn
-        _check(root, env, changed, [per_customer])
-
-    prove()
+    _prove_over_r1_r2(root, [per_customer])
 
 
 def test_unchanged_hidden_node_is_read_as_stored() -> None:
@@ -100,3 +109,49 @@ def test_substitution_keeps_shared_subtrees_shared() -> None:
     assert isinstance(out, ir.UnionAll)
     assert all(isinstance(b, ir.Filter) and b.input is replacement for b in out.branches)
     assert substitute_post(plan, {}) is plan
+
+
+def test_a_hidden_change_is_read_as_a_leaf_not_inlined() -> None:
+    """The plan above a hidden node reads its change as a change buffer: the Q13 shape's root
+    plan reads nothing but the hidden table and its change (the plan computing that change is
+    not repeated inside it, which made Spark's analysis blow up)."""
+    per_customer = ir.Aggregate(
+        ir.Join(ir.JoinKind.LEFT, R1, R2, e("a = c")), (("k", e("a")),), (("n", e("COUNT(d)")),)
+    )
+    root = ir.Aggregate(per_customer, (("n2", e("n")),), (("customers", e("COUNT(*)")),))
+    result = integrate(root, frozenset({"r1", "r2"}), [per_customer])
+    assert result.plan is not None
+    leaves = [n for n in ir.walk(result.plan) if not n.inputs]
+    assert leaves and all(isinstance(n, ir.Materialized) and n.node is per_customer for n in leaves)
+    assert {(n.pre, n.change) for n in leaves} == {(True, False), (False, True)}
+    ((kept, change),) = result.changes
+    assert kept is per_customer and change is not None
+    # The kept aggregate's change reads the old rows of its touched groups from its own table,
+    # not from its input's value at the window's start (post ⊎ −Δ: the input's change again).
+    hidden = [n for n in ir.walk(change) if isinstance(n, ir.Materialized)]
+    assert hidden and all(n.node is per_customer and n.pre for n in hidden)
+
+
+def test_a_kept_aggregate_reads_its_old_groups_from_its_table() -> None:
+    """Δ M = −(stored(M) ⋉ K) ⊎ chain(Agg(post X ⋉ K)): through a HAVING filter and a renaming
+    projection; the input's pre (post ⊎ −Δ) is never built; a projection that drops a group key
+    keeps the ordinary rule."""
+    aggregate = ir.Aggregate(R2, (("c", e("c")),), (("n", e("COUNT(*)")),))
+    kept = ir.Project(ir.Filter(aggregate, e("n > 1")), (("cust", e("c")), ("orders", e("n"))))
+    root = ir.Aggregate(kept, (("orders2", e("orders")),), (("customers", e("COUNT(*)")),))
+    result = integrate(root, frozenset({"r2"}), [kept])
+    ((_, change),) = result.changes
+    assert change is not None
+    assert any(isinstance(n, ir.Materialized) and n.node is kept and n.pre for n in ir.walk(change))
+    # pre(r2) = r2 ⊎ −Δr2 is not built: no union reads the table itself.
+    assert not any(isinstance(n, ir.UnionAll) and any(b is R2 for b in n.branches) for n in ir.walk(change))
+
+    _prove_over_r1_r2(root, [kept])
+    dropped = ir.Project(aggregate, (("orders", e("n")),))
+    assert kept_aggregate(dropped) is None
+    assert kept_aggregate(kept) == KeptAggregate(aggregate, (kept, kept.input), ("cust",))
+
+
+def test_a_read_is_not_both_stored_and_change() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        ir.Materialized(R1, pre=True, change=True)

@@ -92,14 +92,27 @@ def test_relations_of_leave_out_hidden_columns() -> None:
 def test_tree_text_and_document_of_an_aggregate_of_an_aggregate() -> None:
     st = _st("SELECT x.n, count(*) AS c FROM (SELECT orders.customer, count(*) AS n FROM public.orders"
              " GROUP BY orders.customer) x GROUP BY x.n", (ORDERS,))
-    tree = plan_tree(st)
+    tree = plan_tree(st, {0: "pgtrickle_changes.state_1_0_abc"})
     lines = tree_lines(tree)
     assert lines[0].startswith("Project ") and lines[1].startswith("  Aggregate group by ")
     [hidden] = [line for line in lines if "materialized:" in line]
     assert hidden.startswith("      Aggregate ") and materialize.AGGREGATE_OF_AGGREGATE in hidden
-    assert lines[-1].startswith("(a differential refresh of this plan runs FULL for now: ")
+    assert lines[-2:] == [
+        "hidden state tables:",
+        f"  pgtrickle_changes.state_1_0_abc: Aggregate, {materialize.AGGREGATE_OF_AGGREGATE}",
+    ]
     doc = tree_document(tree)
-    assert doc["error"] is None and materialize.AGGREGATE_OF_AGGREGATE in doc["full_refresh_reason"]
+    assert doc["error"] is None and doc["full_refresh_reason"] is None
+    assert doc["state_tables"] == [
+        {
+            "position": 0,
+            "table": "pgtrickle_changes.state_1_0_abc",
+            "operator": "Aggregate",
+            "reason": materialize.AGGREGATE_OF_AGGREGATE,
+        }
+    ]
+    unmade = tree_lines(plan_tree(st))
+    assert unmade[-1].startswith("  (not made yet: the next refresh makes and fills it): Aggregate, ")
     root = doc["root"]
     assert set(root) == {"operator", "facts", "columns", "rule", "materialized", "shared", "inputs"}
     assert (root["operator"], root["columns"], root["rule"]) == ("Project", ["n", "c"], "linear")

@@ -130,7 +130,8 @@ def explain(
     Analyses the defining query now and records the result, so that
     pgtrickle.explain_refresh_mode() in SQL shows it too. The operator tree has
     one line per node: its rule for computing the change and, where the node
-    would be kept as a hidden stream table, why (materialized: ...).
+    is kept in a hidden state table, why (materialized: ...); then the hidden
+    state tables' names.
     """
     from pgtrickle.catalog.store import load_stream_tables
     from pgtrickle.cli.explain_tree import plan_tree, tree_document, tree_lines
@@ -146,6 +147,7 @@ def explain(
                 {f"{s.schema}.{s.name}": [c for c, _ in s.column_types] for s in st.sources},
                 {f"{s.schema}.{s.name}": dict(s.column_types) for s in st.sources},
                 [c.name for c in st.columns],
+                keep_state=st.refresh_mode == "DIFFERENTIAL",
             )
             if st.reads_clock and st.refresh_mode != "DIFFERENTIAL":
                 mode, reason = "FULL", READS_CLOCK_REASON
@@ -162,7 +164,11 @@ def explain(
                     " mode_analyzed_at = now() WHERE pgt_id = %s",
                     (mode, reason, st.pgt_id),
                 )
-            tree = plan_tree(st)
+            kept = conn.execute(
+                "SELECT position, relid::regclass::text FROM pgtrickle.pgt_state_tables WHERE pgt_id = %s",
+                (st.pgt_id,),
+            ).fetchall()
+            tree = plan_tree(st, dict(kept))
             if json_:
                 document = explain_document(st.display, st.refresh_mode, mode, reason)
                 document["operator_tree"] = tree_document(tree)

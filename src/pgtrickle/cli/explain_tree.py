@@ -6,8 +6,9 @@ and types from the catalog, as if every source changed; a query the engine
 cannot plan gives an :class:`OperatorTree` whose ``error`` names the
 construct instead (never a traceback). :func:`tree_lines` and
 :func:`tree_document` render it: one line per node (operator and key facts,
-the rule computing its change, ``materialized: <reason>`` for a node kept as
-a hidden stream table), or nested objects for ``--json`` (docs/CLI.md).
+the rule computing its change, ``materialized: <reason>`` for a node kept in
+a hidden state table, then one line per hidden state table with its name in
+the catalog), or nested objects for ``--json`` (docs/CLI.md).
 
 Pure: the catalog's facts come in as :class:`~pgtrickle.catalog.store.StreamTable`.
 """
@@ -15,7 +16,7 @@ Pure: the catalog's facts come in as :class:`~pgtrickle.catalog.store.StreamTabl
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pgtrickle.catalog.store import StreamTable
@@ -45,6 +46,8 @@ class OperatorTree:
 
     plan: DeltaPlan | None
     error: TreeError | None = None
+    state_tables: Mapping[int, str] = field(default_factory=dict)
+    """The stream table's hidden state tables in the catalog: position → qualified name."""
 
 
 def relations_of(st: StreamTable) -> tuple[dict[str, list[str]], dict[str, dict[str, str]]]:
@@ -59,16 +62,37 @@ def relations_of(st: StreamTable) -> tuple[dict[str, list[str]], dict[str, dict[
     return columns, types
 
 
-def plan_tree(st: StreamTable) -> OperatorTree:
-    """Plan ``st``'s query for explain (every source changed; Spark's dialect, as a refresh runs it)."""
+def plan_tree(st: StreamTable, state_tables: Mapping[int, str] | None = None) -> OperatorTree:
+    """Plan ``st``'s query for explain (every source changed; Spark's dialect, as a refresh runs it;
+    kept nodes read from their hidden state tables). ``state_tables``: the stream table's hidden
+    state tables in the catalog (``pgtrickle.pgt_state_tables``), position → qualified name."""
     columns, types = relations_of(st)
     try:
-        plan = plan_delta(st.normalized_query, columns, types, set(columns), "spark")
+        plan = plan_delta(st.normalized_query, columns, types, set(columns), "spark", keep_state=True)
     except NoDeltaRuleError as exc:
         return OperatorTree(None, TreeError(type(exc).__name__, exc.construct, str(exc)))
     except PgTrickleError as exc:
         return OperatorTree(None, TreeError(type(exc).__name__, None, str(exc)))
-    return OperatorTree(plan)
+    return OperatorTree(plan, state_tables=dict(state_tables or {}))
+
+
+def kept_nodes(plan: DeltaPlan) -> list[ir.Node]:
+    """The nodes kept in hidden state tables, in their tables' positions (children first; the
+    order of :func:`pgtrickle.dvm.kept.plan_state_tables`)."""
+    return [n for n in ir.walk(plan.tree) if n is not plan.tree and n in plan.materialized]
+
+
+def _state_tables(tree: OperatorTree) -> list[dict[str, Any]]:
+    assert tree.plan is not None
+    return [
+        {
+            "position": position,
+            "table": tree.state_tables.get(position),
+            "operator": type(node).__name__,
+            "reason": tree.plan.materialized[node],
+        }
+        for position, node in enumerate(kept_nodes(tree.plan))
+    ]
 
 
 def tree_lines(tree: OperatorTree) -> list[str]:
@@ -77,6 +101,12 @@ def tree_lines(tree: OperatorTree) -> list[str]:
         assert tree.error is not None
         return [f"no operator tree: {tree.error.message}"]
     lines = describe_plan(tree.plan).splitlines()
+    kept = _state_tables(tree)
+    if kept:
+        lines.append("hidden state tables:")
+    for table in kept:
+        name = table["table"] or "(not made yet: the next refresh makes and fills it)"
+        lines.append(f"  {name}: {table['operator']}, {table['reason']}")
     reason = tree.plan.full_refresh_reason
     if reason is not None:
         lines.append(f"(a differential refresh of this plan runs FULL for now: {reason})")
@@ -90,6 +120,7 @@ def tree_document(tree: OperatorTree) -> dict[str, Any]:
         return {
             "root": None,
             "full_refresh_reason": None,
+            "state_tables": [],
             "error": {
                 "type": tree.error.type,
                 "construct": tree.error.construct,
@@ -100,6 +131,7 @@ def tree_document(tree: OperatorTree) -> dict[str, Any]:
     return {
         "root": _node(tree.plan.tree, steps, set()),
         "full_refresh_reason": tree.plan.full_refresh_reason,
+        "state_tables": _state_tables(tree),
         "error": None,
     }
 

@@ -20,7 +20,8 @@ table expression ``__pgt_n<i>`` reading its inputs' CTEs, and the query is
 
 - ``Scan``: the relation ``reads.post(scan)`` names (it has the scan's ``source_columns``),
   weight 1; ``Delta``: ``reads.delta(scan)`` (source columns plus ``__pgt_w``);
-  ``Materialized``: ``reads.materialized(node)`` (the node's columns), weight 1;
+  ``Materialized``: ``reads.materialized(node)`` (the node's columns), weight 1 (its change,
+  ``change=True``: the node's columns and ``__pgt_w``);
   ``Values``: literal rows, weight 1.
 - ``Filter``/``Project`` keep weights; ``UnionAll`` is UNION ALL; ``Negate`` negates.
 - ``Join`` INNER (or cross) multiplies weights. SEMI/ANTI keep the left row's weight where a
@@ -133,7 +134,8 @@ class Reads(Protocol):
 
     def materialized(self, node: Materialized) -> RelationName:
         """The hidden stream table of ``node.node`` (at the window's start when ``node.pre``):
-        ``node.columns``."""
+        ``node.columns``; with ``node.change``, its change over the window: ``node.columns`` and
+        ``__pgt_w``."""
         ...
 
 
@@ -164,6 +166,8 @@ class Compiled:
     columns: tuple[str, ...]
     reads: tuple[Read, ...]
     dialect: Dialect
+    nodes: tuple[Node, ...] = ()
+    """The IR node of each common table expression ``__pgt_n<i>``, by ``i`` (the root last)."""
 
     def sql(self, pretty: bool = False) -> str:
         """The query's text in its dialect.
@@ -184,7 +188,9 @@ class Compiled:
 
     def consolidated(self) -> Compiled:
         """The same Z-set in canonical form (see :func:`consolidate`)."""
-        return Compiled(consolidate(self.query, self.columns), self.columns, self.reads, self.dialect)
+        return Compiled(
+            consolidate(self.query, self.columns), self.columns, self.reads, self.dialect, self.nodes
+        )
 
 
 def consolidate(query: exp.Query, columns: tuple[str, ...] | list[str]) -> exp.Select:
@@ -242,7 +248,8 @@ class _Fold:
         self._positive: dict[int, bool] = {}
 
     def run(self, root: Node) -> Compiled:
-        for node in walk(root):
+        nodes = tuple(walk(root))
+        for node in nodes:
             check_node(node)
             body = self._body(node)
             name = f"__pgt_n{len(self._ctes)}"
@@ -258,7 +265,7 @@ class _Fold:
             Read(kind, name, self._read_first[(kind, name)], uses[(kind, name)])
             for kind, name in self._read_order
         )
-        return Compiled(query, tuple(root.columns), reads, self._dialect)
+        return Compiled(query, tuple(root.columns), reads, self._dialect, nodes)
 
     # -- helpers
 
@@ -309,7 +316,8 @@ class _Fold:
             return select([*(alias(col(s), o) for s, o in renamed), alias(bigint(weight()), WEIGHT)], source)
         if isinstance(node, Materialized):
             source = self._read(ReadKind.MATERIALIZED, node, node, self._reads.materialized(node))
-            return select([*columns_of(node.columns), alias(one(), WEIGHT)], source)
+            w = bigint(weight()) if node.change else one()
+            return select([*columns_of(node.columns), alias(w, WEIGHT)], source)
         if isinstance(node, Values):
             return self._values(node)
         if isinstance(node, Filter):

@@ -154,7 +154,7 @@ def statically_positive(node: Node, memo: dict[int, bool] | None = None) -> bool
 
 
 def _positive(node: Node, memo: dict[int, bool]) -> bool:
-    if isinstance(node, (Delta, Negate)):
+    if isinstance(node, (Delta, Negate)) or (isinstance(node, Materialized) and node.change):
         return False
     if isinstance(node, (Filter, Project)):
         return memo[id(node.input)]

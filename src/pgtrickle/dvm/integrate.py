@@ -2,7 +2,8 @@
 
 Pure: no I/O. The delta rules read a node kept as a hidden table (:mod:`pgtrickle.dvm.materialize`)
 as ``Materialized(m, pre=True)`` — the table as stored, which holds ``m``'s value at the window's
-start — and ``Materialized(m)`` — its value at the refresh snapshot. The table is brought to the
+start —, ``Materialized(m)`` — its value at the refresh snapshot — and ``Materialized(m,
+change=True)`` — its change over the window (its change buffer). The table is brought to the
 snapshot by the same refresh that reads it, in the same transaction as the stream table it
 serves, so nothing can read its value at the snapshot from storage: it is **integrated**,
 
@@ -10,8 +11,16 @@ serves, so nothing can read its value at the snapshot from storage: it is **inte
 
 where ``Δ(m)`` is the plan the rules make of ``m``'s own subtree (itself reading the hidden
 tables under ``m`` the same way). :func:`integrate` rewrites a delta plan so that it reads the
-hidden tables only as stored, and returns each hidden table's change, which the refresh applies
-to that table alongside the stream table's own (DBSP calls this an integral).
+hidden tables only as stored and their changes as change buffers, and returns each hidden
+table's change plan, which the refresh runs first (children first) and applies to that table
+alongside the stream table's own (DBSP calls this an integral).
+
+The change of ``m`` stays a leaf, ``Materialized(m, change=True)``, in every plan that reads it;
+it is never replaced by the plan computing it. The refresh computes each change once, then
+hands it to the plans above as a relation of its own. Inlining the plan instead (as an earlier
+version did) repeats it wherever the rules read ``post(m)`` or ``Δ(m)``: Spark inlines every
+common table expression, so an aggregate of an aggregate over an outer join became a tree of
+1,744 operators that Spark's analyzer and optimizer did not get through in 10 minutes.
 
 A hidden table therefore shares its stream table's frontier: it holds ``m``'s value at the
 stream table's last refresh, and a FULL refresh of the stream table rebuilds it.
@@ -34,7 +43,9 @@ class Integrated:
 
     ``plan``: the root's change (``None``: nothing under it changed). ``changes``: per
     materialized node, children first, the plan of its change (``None``: unchanged) — what the
-    refresh applies to its hidden table. Both read ``Materialized(m, pre=True)`` only.
+    refresh applies to its hidden table. Both read a materialized node only as stored
+    (``Materialized(m, pre=True)``) and as its change (``Materialized(m, change=True)``, which
+    ``changes`` computes before any plan reads it).
     """
 
     plan: ir.Node | None
@@ -69,7 +80,7 @@ def substitute_post(plan: ir.Node, posts: Mapping[ir.Node, ir.Node]) -> ir.Node:
     replaced by ``posts[m]``; one replacement object per ``m``, so it is compiled once."""
     replace: dict[int, ir.Node] = {}
     for n in ir.walk(plan):
-        if isinstance(n, ir.Materialized) and not n.pre and n.node in posts:
+        if isinstance(n, ir.Materialized) and not n.pre and not n.change and n.node in posts:
             replace[id(n)] = posts[n.node]
     if not replace:
         return plan
@@ -92,11 +103,14 @@ def integrate(
     changes: list[tuple[ir.Node, ir.Node | None]] = []
     for m in hidden:  # children first: a node's change reads the ones under it, already integrated
         inner = [n for n in hidden if n is not m]
-        change = rules.delta(m, changed, inner)
+        change = rules.delta_kept(m, changed, inner)
         if change is not None:
             change = substitute_post(change, posts)
         stored = ir.Materialized(m, pre=True)
-        posts[m] = stored if change is None else ir.UnionAll((stored, change), m.columns)
+        if change is None:
+            posts[m] = stored
+        else:
+            posts[m] = ir.UnionAll((stored, ir.Materialized(m, change=True)), m.columns)
         changes.append((m, change))
     plan = rules.delta(root, changed, hidden, stored_state=stored_state)
     if plan is not None:

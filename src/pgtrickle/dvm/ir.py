@@ -314,11 +314,20 @@ class Negate(Node):
 class Materialized(Node):
     """A node whose value is kept in a hidden internal stream table (its own change buffer and
     frontier), read instead of being derived from its inputs. ``pre`` selects the value at the
-    window's start (the stored state), else its value at the refresh snapshot."""
+    window's start (the stored state), else its value at the refresh snapshot; ``change``
+    selects its change over the window (a Z-set read with its weights: the hidden table's
+    change buffer, computed before anything reads it)."""
 
     node: Node
     pre: bool = False
     name: str = field(default="")
+    change: bool = False
+
+    def __post_init__(self) -> None:
+        if self.pre and self.change:
+            raise ValueError(
+                "Materialized: a read is of the value at the window's start or of the change, not both"
+            )
 
     @property
     def columns(self) -> tuple[str, ...]:

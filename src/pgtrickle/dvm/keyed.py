@@ -136,7 +136,8 @@ class _Walk:
             to_source = dict(zip(node.output, node.source_columns, strict=True))
             self._use(("post", node.relation), frozenset((to_source[c], k) for c, k in demand))
         elif isinstance(node, ir.Materialized):
-            self._use(("materialized", node.node), demand)
+            if not node.change:  # a change buffer is read whole (it is the change)
+                self._use(("materialized", node.node), demand)
         elif isinstance(node, (ir.Filter, ir.Negate, ir.Distinct)):
             self.visit(node.input, demand)
         elif isinstance(node, (ir.Project, ir.Aggregate)):

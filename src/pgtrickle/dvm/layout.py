@@ -1,8 +1,9 @@
 """The refresh mode of a defining query and the physical layout it needs.
 
 Pure: :func:`decide_mode` plans the query's change once as if every relation under it changed
-(:func:`pgtrickle.dvm.pipeline.plan_delta`): DIFFERENTIAL is possible when that succeeds and
-needs no hidden stream table; otherwise the reason names the construct. :func:`plan_layout` says
+(:func:`pgtrickle.dvm.pipeline.plan_delta`): DIFFERENTIAL is possible when that succeeds;
+otherwise the reason names the construct. Nodes the rules cannot re-derive cheaply are kept in
+hidden state tables (:mod:`pgtrickle.dvm.kept`, :attr:`Layout.state_tables`). :func:`plan_layout` says
 which columns the table stores (hidden ``__pgt_*`` state columns for a stored aggregate,
 :mod:`pgtrickle.dvm.stored`) and what its row identity ``__pgt_row_id`` hashes;
 ``refresh/layout_ddl.py`` makes the table match.
@@ -11,16 +12,23 @@ which columns the table stores (hidden ``__pgt_*`` state columns for a stored ag
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pgtrickle.dvm import ir
+from pgtrickle.dvm.kept import StateTable, plan_state_tables
 from pgtrickle.dvm.pipeline import plan_delta
 from pgtrickle.dvm.stored import StoredAggregate, stored_aggregate
 from pgtrickle.errors import UnsupportedQueryError
 
 ROW_ID = "__pgt_row_id"
 
-__all__ = ["ROW_ID", "DeltaMode", "Layout", "decide_mode", "plan_layout"]
+AUTO_KEEPS_NO_STATE = (
+    "refresh_mode AUTO refreshes it FULL, which is faster today; refresh_mode => 'DIFFERENTIAL' "
+    "keeps that state in hidden state tables and refreshes it differentially"
+)
+"""Why ``AUTO`` refreshes a query that needs hidden state tables FULL (see :func:`decide_mode`)."""
+
+__all__ = ["AUTO_KEEPS_NO_STATE", "ROW_ID", "DeltaMode", "Layout", "decide_mode", "plan_layout"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,6 +41,8 @@ class DeltaMode:
     stored: StoredAggregate | None = None
     rules: str = ""
     """The rule of every operator (children first), e.g. ``Scan: change buffer; Aggregate: ...``."""
+    kept: Mapping[ir.Node, str] = field(default_factory=dict)
+    """Nodes of :attr:`tree` kept in hidden state tables (:mod:`pgtrickle.dvm.kept`), and why."""
 
 
 def _rules(plan_steps: Sequence[tuple[str, str]]) -> str:
@@ -44,13 +54,21 @@ def decide_mode(
     schema: Mapping[str, Sequence[str]],
     column_types: Mapping[str, Mapping[str, str]],
     visible: Sequence[str],
+    keep_state: bool = True,
 ) -> DeltaMode:
-    """Plan ``pg_sql`` as if every relation changed (see the module docstring)."""
+    """Plan ``pg_sql`` as if every relation changed (see the module docstring).
+
+    ``keep_state``: whether the nodes the rules keep may live in hidden state tables. The refresh
+    passes it for ``refresh_mode => 'DIFFERENTIAL'`` only: under ``AUTO`` such a query refreshes
+    FULL, with :data:`AUTO_KEEPS_NO_STATE` in its reason, because its differential refresh is still
+    slower than FULL (docs/BENCHMARKS.md, "Hidden state tables").
+    """
     try:
-        plan = plan_delta(pg_sql, schema, column_types, set(schema), "spark")
+        plan = plan_delta(pg_sql, schema, column_types, set(schema), "spark", keep_state=keep_state)
     except UnsupportedQueryError as err:
         return DeltaMode(False, f"no delta rule: {err}")
-    stored = stored_aggregate(plan.tree, visible, column_types)
+    # A query that keeps inner nodes in hidden tables recomputes its root's touched groups.
+    stored = None if plan.materialized else stored_aggregate(plan.tree, visible, column_types)
     steps = []
     for step in plan.steps:
         rule = step.rule
@@ -60,8 +78,10 @@ def decide_mode(
     rules = _rules(steps)
     reason = plan.full_refresh_reason
     if reason is not None:
+        if not keep_state and plan.materialized:
+            reason = f"{reason}; {AUTO_KEEPS_NO_STATE}"
         return DeltaMode(False, reason, plan.tree, None, rules)
-    return DeltaMode(True, f"differential: {rules}", plan.tree, stored, rules)
+    return DeltaMode(True, f"differential: {rules}", plan.tree, stored, rules, dict(plan.materialized))
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,6 +99,8 @@ class Layout:
     """One row per key (groups): a unique index on the key guards the apply."""
     finalize: str = ""
     """SQL run after a FULL refresh: the AVG columns computed from the exact state columns."""
+    state_tables: tuple[StateTable, ...] = ()
+    """The hidden tables of the nodes the query keeps (:mod:`pgtrickle.dvm.kept`), children first."""
 
 
 def average_expression(sum_column: str, count_column: str, pg_type: str, qualifier: str = "") -> str:
@@ -103,12 +125,21 @@ def plan_layout(
     target: str,
     mode: DeltaMode,
     differential: bool,
+    *,
+    pgt_id: int = 0,
+    relations: Mapping[str, tuple[str, str]] | None = None,
+    column_types: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Layout:
     """The layout of the stream table ``target`` (quoted name) with the visible columns
-    ``visible`` (``visible_types``: their PostgreSQL types)."""
+    ``visible`` (``visible_types``: their PostgreSQL types). ``pgt_id``, ``relations`` (a
+    relation of the query → its ``(schema, table)``) and ``column_types`` name and type the
+    hidden state tables of a query that keeps nodes."""
     stored = mode.stored if differential else None
     if stored is None:
-        return Layout(visible, (), tuple(range(len(visible))), differential)
+        tables: tuple[StateTable, ...] = ()
+        if differential and mode.kept and mode.tree is not None and relations is not None:
+            tables = tuple(plan_state_tables(pgt_id, mode.tree, mode.kept, relations, column_types))
+        return Layout(visible, (), tuple(range(len(visible))), differential, state_tables=tables)
     from pgtrickle.sql.ident import quote_ident
 
     columns = stored.written

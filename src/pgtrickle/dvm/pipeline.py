@@ -40,6 +40,7 @@ CONSTANT = "constant: never changes"
 UNCHANGED = "unchanged: no changed relation under it"
 HIDDEN_TABLE = "(in its hidden table; read as its change buffer)"
 RECOMPUTE_GROUPS = "touched groups, recompute"
+KEPT_GROUPS = "touched groups: old rows from its hidden table, new ones recomputed"
 RECOMPUTE_ONE_ROW = "single row, recompute before and after"
 ALGEBRAIC = "algebraic over stored state"
 DISTINCT_COUNTS = "row counts (touched rows, recompute)"
@@ -74,6 +75,8 @@ class DeltaPlan:
     state_changes: tuple[tuple[ir.Node, Compiled | None], ...] = ()
     """With ``keep_state``: per kept node (children first), the consolidated change to apply to
     its hidden state table (``None``: unchanged); the plan then reads those tables as stored."""
+    state_plans: tuple[ir.Node | None, ...] = ()
+    """The IR plans of :attr:`state_changes`, in the same order."""
 
     @property
     def full_refresh_reason(self) -> str | None:
@@ -133,7 +136,10 @@ def rule_of(
     if not _touched(node, changed, memo):
         return UNCHANGED
     if not is_root and any(m is node for m in materialized):
-        own = rule_of(node, changed=changed, stored_state=False, _memo=memo)
+        if aggregate_rule.kept_aggregate(node) is not None:
+            own = KEPT_GROUPS
+        else:
+            own = rule_of(node, changed=changed, stored_state=False, _memo=memo)
         return f"{own} {HIDDEN_TABLE}"
     if isinstance(node, ir.Scan):
         return CHANGE_BUFFER
@@ -210,7 +216,7 @@ class ViewNames:
 
     def materialized(self, node: ir.Materialized) -> str:
         number = self._hidden.setdefault(node.node, len(self._hidden))
-        return f"__pgt_mat_{number}" + ("_pre" if node.pre else "")
+        return f"__pgt_mat_{number}" + ("_pre" if node.pre else "_change" if node.change else "")
 
 
 def plan_delta(
@@ -250,11 +256,13 @@ def plan_delta(
         return compile_ir(node, resolver, dialect=dialect, column_types=column_types).consolidated()
 
     state_changes: tuple[tuple[ir.Node, Compiled | None], ...] = ()
+    state_plans: tuple[ir.Node | None, ...] = ()
     if keep_state and materialized:
         integrated = integrate(tree, changed, tuple(materialized), stored_state=stored_state)
         plan = integrated.plan
         state_changes = tuple((node, compiled_of(change)) for node, change in integrated.changes)
+        state_plans = tuple(change for _, change in integrated.changes)
     else:
         plan = rules.delta(tree, changed, tuple(materialized), stored_state=stored_state)
     steps = steps_of(tree, materialized, changed=changed, stored_state=stored_state)
-    return DeltaPlan(tree, steps, materialized, plan, compiled_of(plan), state_changes)
+    return DeltaPlan(tree, steps, materialized, plan, compiled_of(plan), state_changes, state_plans)

@@ -11,6 +11,7 @@ value at ``post``, except:
 - ``Delta(scan)``: the scanned relation's change (``delta``), projected like the scan;
 - ``Materialized(node, pre)``: ``node``'s own value at ``post``, or at the window's start when
   ``pre`` — every relation then reads ``pre = post − delta`` (see :func:`at_pre`);
+  ``Materialized(node, change=True)``: the difference of the two (its change buffer);
 - ``Negate(node)``: ``node`` with its weights negated.
 
 Linear operators (``Filter``, ``Project``, ``UnionAll``, inner joins, and the left side of
@@ -156,11 +157,16 @@ class _Evaluator:
         return Counter({row: -w for row, w in self.value(node.input).items()})
 
     def materialized(self, node: ir.Materialized) -> ZSet:
-        if not node.pre:
+        if not node.pre and not node.change:
             return self.value(node.node)
         if self._pre is None:
             self._pre = _Evaluator(at_pre(self.env))
-        return self._pre.value(node.node)
+        pre = self._pre.value(node.node)
+        if not node.change:
+            return pre
+        out = Counter(self.value(node.node))
+        out.subtract(pre)
+        return Counter({row: w for row, w in out.items() if w})
 
     def join(self, node: ir.Join) -> ZSet:
         left, right = self.value(node.left), self.value(node.right)

@@ -21,7 +21,7 @@ a key-bounded read); a whole-table read is read again instead of being cached wh
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ from pgtrickle.catalog.store import Source, StreamTable
 from pgtrickle.db.columns import column_types
 from pgtrickle.dvm import ir
 from pgtrickle.dvm.compile import Compiled, ReadKind
+from pgtrickle.dvm.kept import StateTable, fingerprint
 from pgtrickle.dvm.keyed import KeySource, Restriction
 from pgtrickle.dvm.stored import StoredAggregate
 from pgtrickle.errors import PgTrickleError, UnsupportedQueryError
@@ -41,6 +42,10 @@ from pgtrickle.spark.capabilities import capabilities
 from pgtrickle.sql.ident import quote_ident
 
 WEIGHT = ir.WEIGHT
+KEPT_PREFIX = "pgt_kept_"
+"""Spark views of hidden state tables: ``pgt_kept_<pgt id>_<fingerprint>``."""
+KEPT_CHANGE_PREFIX = "pgt_kept_change_"
+"""Spark views of hidden state tables' changes: ``pgt_kept_change_<pgt id>_<fingerprint>``."""
 
 PUSHDOWN_MIN_ROWS = 10_000
 """Tables smaller than this are read whole: a key filter would not pay for itself."""
@@ -79,9 +84,17 @@ class ReadNames:
     """The :class:`~pgtrickle.dvm.compile.Reads` of one stream table's plans: a view per source
     and kind (``pgt_<id>_post_<relid>``, ``pgt_<id>_delta_<relid>``, ``pgt_<id>_state``)."""
 
-    def __init__(self, pgt_id: int, relids: Mapping[str, int]) -> None:
+    def __init__(
+        self,
+        pgt_id: int,
+        relids: Mapping[str, int],
+        kept: Mapping[str, StateTable] | None = None,
+        fingerprint_of: Callable[[ir.Node], str] | None = None,
+    ) -> None:
         self._pgt_id = pgt_id
         self._relids = relids
+        self._kept = kept or {}
+        self._fingerprint_of = fingerprint_of
 
     def _relid(self, scan: ir.Scan) -> int:
         if scan.relation not in self._relids:
@@ -95,9 +108,31 @@ class ReadNames:
         return f"pgt_{self._pgt_id}_delta_{self._relid(scan)}"
 
     def materialized(self, node: ir.Materialized) -> str:
-        if not node.pre:
-            raise UnsupportedQueryError("the plan reads a hidden stream table, which is not built yet")
+        if not node.pre and not node.change:
+            raise UnsupportedQueryError(
+                "the plan reads a hidden table at the snapshot, which no refresh stores"
+            )
+        if self._kept and self._fingerprint_of is not None:
+            fp = self._fingerprint_of(node.node)
+            if fp in self._kept:
+                return f"{KEPT_CHANGE_PREFIX if node.change else KEPT_PREFIX}{self._pgt_id}_{fp}"
         return f"pgt_{self._pgt_id}_state"
+
+    def kept_table(self, node: ir.Node) -> StateTable:
+        """The hidden state table keeping ``node`` (FallbackToFull when there is none)."""
+        fp = self._fingerprint_of(node) if self._fingerprint_of is not None else None
+        if fp is None or fp not in self._kept:
+            raise FallbackToFull("a node the query keeps has no hidden state table yet")
+        return self._kept[fp]
+
+    def kept_views(self) -> dict[str, StateTable]:
+        """The Spark view name of every hidden state table."""
+        return {f"{KEPT_PREFIX}{self._pgt_id}_{fp}": table for fp, table in self._kept.items()}
+
+    def kept_change_view(self, table: StateTable) -> str:
+        """The Spark view of a hidden state table's change (registered by the refresh once it
+        has computed the change, before any plan reading it runs)."""
+        return f"{KEPT_CHANGE_PREFIX}{self._pgt_id}_{fingerprint(table.query)}"
 
 
 @dataclass(frozen=True)
@@ -133,6 +168,10 @@ class DeltaReads:
         self._keys: dict[KeySource, tuple[list[Any], bool] | None] = {}
         self.persisted: list[Any] = []
         self._read_columns: Mapping[str, frozenset[str]] = {}
+        self.kept_views: Mapping[str, StateTable] = {}
+        """Views of hidden state tables (set by the caller before :meth:`register`)."""
+        self._registered: set[str] = set()
+        self._provided: list[str] = []
 
     def _columns(self, scan: ir.Scan, source: Source) -> list[str]:
         wanted = self._read_columns.get(scan.relation, frozenset()) | set(scan.source_columns)
@@ -149,7 +188,14 @@ class DeltaReads:
         self._read_columns = read_columns
         for read in compiled.reads:
             assert isinstance(read.name, str)
-            if read.kind is ReadKind.DELTA:
+            if read.name in self._registered:
+                continue
+            if isinstance(read.node, ir.Materialized) and read.node.change:
+                raise FallbackToFull("the plan reads a hidden table's change before it is computed")
+            self._registered.add(read.name)
+            if read.name in self.kept_views:
+                df, bounded = self._kept_table(self.kept_views[read.name]), True
+            elif read.kind is ReadKind.DELTA:
                 assert isinstance(read.node, ir.Scan)
                 df = self._delta(read.node)
                 bounded = True
@@ -168,6 +214,9 @@ class DeltaReads:
         for df in self.persisted:
             df.unpersist()
         self.persisted.clear()
+        for name in self._provided:
+            self.r.spark.catalog.dropTempView(name)
+        self._provided.clear()
 
     # ------------------------------------------------------------ reads
     def _source(self, relation: str) -> Source:
@@ -206,7 +255,7 @@ class DeltaReads:
     def _state(self, node: ir.Materialized, restriction: Restriction | None) -> tuple[Any, bool]:
         stored = self.stored
         if stored is None or node.node is not stored.state:
-            raise FallbackToFull("the plan reads a hidden stream table, which is not built yet")
+            raise FallbackToFull("the plan reads a kept node without a hidden state table")
         stats = self._stats[self.st.relid]
         if restriction is not None:
             restriction = Restriction(stored.stored_of(restriction.column), restriction.keys)
@@ -229,6 +278,19 @@ class DeltaReads:
         df = jdbc.read_query(self.r.spark, self.r.target, query, self.window.snap_id)
         self._count("stored_state_reads")
         return df, True
+
+    def provide(self, name: str, df: Any) -> None:
+        """Register ``df`` as the view ``name`` (a hidden table's change, computed by the refresh)."""
+        df.createOrReplaceTempView(name)
+        self._registered.add(name)
+        self._provided.append(name)
+
+    def _kept_table(self, table: StateTable) -> Any:
+        """A hidden state table as stored (the kept node's value at the window's start)."""
+        select = ", ".join(quote_ident(c) for c in table.columns)
+        query = f"SELECT {select} FROM {table.qualified}"
+        self._count("kept_state_reads")
+        return jdbc.read_query(self.r.spark, self.r.target, query, self.window.snap_id)
 
     def _delta(self, scan: ir.Scan) -> Any:
         source = self._source(scan.relation)

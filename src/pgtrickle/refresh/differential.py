@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 from psycopg import sql
@@ -35,9 +35,12 @@ from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import PendingChanges, pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.db.columns import column_types
-from pgtrickle.dvm import ir, keyed, materialize
+from pgtrickle.dvm import ir, keyed, materialize, shared
+from pgtrickle.dvm.compile import Compiled
+from pgtrickle.dvm.kept import StateTable, fingerprint, node_query
 from pgtrickle.dvm.layout import ROW_ID, DeltaMode, Layout
 from pgtrickle.dvm.pipeline import plan_delta
+from pgtrickle.dvm.shared import Split
 from pgtrickle.dvm.state_change import state_change
 from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.refresh import commit, history, user_triggers
@@ -54,7 +57,8 @@ from pgtrickle.refresh.delta_reads import (
 )
 from pgtrickle.refresh.layout_ddl import equality_operators
 from pgtrickle.refresh.state_merge import StateMerge
-from pgtrickle.spark import carry, jdbc
+from pgtrickle.refresh.state_tables import StateMismatch, apply_state_change
+from pgtrickle.spark import carry, jdbc, planning
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
 from pgtrickle.sql.ident import quote_ident
 
@@ -75,6 +79,14 @@ class Prepared:
     rules: str
     read_columns: dict[str, frozenset[str]]
     """Per relation, every source column a Scan or Delta of the plan reads (one view serves all)."""
+    kept: tuple[tuple[StateTable, Split | None, str], ...] = ()
+    """Per hidden state table (dvm/kept.py), children first, the change to apply to it
+    (``None``: unchanged), split at the sub-plans computed first (:mod:`pgtrickle.dvm.shared`),
+    and the Spark view the plans above it read that change from."""
+    kept_views: dict[str, StateTable] = field(default_factory=dict)
+    """The Spark view of each hidden state table the plans read."""
+    split: Split | None = None
+    """With hidden state tables: the plan split at the sub-plans computed first."""
 
 
 class DifferentialRun:
@@ -89,6 +101,8 @@ class DifferentialRun:
         self.timings: dict[str, float] = {}
         self.rules = ""
         """The rules this run's plan applied (for the history)."""
+        self.kept_rows: list[tuple[StateTable, list[tuple]]] = []
+        """Each hidden state table's change computed by this run (applied with the stream table's)."""
 
     # ---------------------------------------------------------------- main
     def run(self, history_id: int, request_ids: Sequence[int]) -> tuple[int, int, int, float]:
@@ -167,11 +181,21 @@ class DifferentialRun:
     def _plan(self, changed: frozenset[str]) -> Prepared | None:
         """The consolidated delta query for this set of changed relations (pure but for caching)."""
         st, mode = self.st, self.mode
-        names = ReadNames(st.pgt_id, {relation_key(s): s.relid for s in st.sources})
         types = {relation_key(s): dict(s.column_types) for s in st.sources}
+        relations = {relation_key(s): (s.schema, s.name) for s in st.sources}
+        names = ReadNames(
+            st.pgt_id,
+            {relation_key(s): s.relid for s in st.sources},
+            {fingerprint(t.query): t for t in self.layout.state_tables},
+            lambda node: fingerprint(node_query(node, relations, types)),
+        )
+        kept: tuple[tuple[StateTable, Split | None, str], ...] = ()
+        state_plans: tuple[ir.Node | None, ...] = ()
         stored = self.layout.stored
         if stored is not None:
-            assert mode.tree is not None
+            # decide_mode stores no root state for a query keeping nodes (dvm/layout.py): this
+            # path never has hidden state tables to bring up to date.
+            assert mode.tree is not None and not self.layout.state_tables
             found = state_change(stored, changed, tuple(materialize.decide(mode.tree)), names, types)
             if found is None:
                 return None
@@ -179,15 +203,34 @@ class DifferentialRun:
             rules_text = mode.rules
         else:
             schema = {relation_key(s): [c for c, _ in s.column_types] for s in st.sources}
-            delta = plan_delta(st.normalized_query, schema, types, changed, "spark", reads=names)
+            delta = plan_delta(
+                st.normalized_query,
+                schema,
+                types,
+                changed,
+                "spark",
+                reads=names,
+                keep_state=bool(self.layout.state_tables),
+            )
             if delta.full_refresh_reason is not None:
                 raise FallbackToFull(delta.full_refresh_reason)
             if delta.plan is None or delta.compiled is None:
                 return None
             plan, compiled = delta.plan, delta.compiled
+            kept = tuple(
+                (
+                    table,
+                    _split(change, f"pgt_{st.pgt_id}_first_{table.position}_"),
+                    names.kept_change_view(table),
+                )
+                for node, change in delta.state_changes
+                for table in (names.kept_table(node),)
+            )
+            state_plans = delta.state_plans
             rules_text = "; ".join(f"{type(s.node).__name__}: {s.rule}" for s in delta.steps)
         read_columns: dict[str, set[str]] = {}
-        for node in ir.walk(plan):
+        plans = [plan, *(p for p in state_plans if p is not None)]
+        for node in (n for p in plans for n in ir.walk(p)):
             scan = node.scan if isinstance(node, ir.Delta) else node
             if isinstance(scan, ir.Scan):
                 read_columns.setdefault(scan.relation, set()).update(scan.source_columns)
@@ -195,9 +238,14 @@ class DifferentialRun:
             compiled.sql(),
             compiled.columns,
             compiled,
-            keyed.restrictions(plan),
+            # Key-bounded reads are decided on the stream table's plan alone; the hidden tables'
+            # changes read the same views, so with hidden tables every read is whole.
+            {} if kept else keyed.restrictions(plan),
             rules_text,
             {relation: frozenset(cols) for relation, cols in read_columns.items()},
+            kept,
+            names.kept_views(),
+            _split(compiled, f"pgt_{st.pgt_id}_first_root_") if kept else None,
         )
 
     def _compute(self, window: Window, changed: dict[int, PendingChanges]) -> list[tuple] | Staged:
@@ -205,7 +253,14 @@ class DifferentialRun:
         tag_jobs(spark, f"pgtrickle-{self.st.pgt_id}", f"refresh {self.st.display}")
         relations = frozenset(relation_key(s) for s in self.st.sources if s.relid in changed)
         prepared = self.r.cached(
-            ("delta-plan", self.st.pgt_id, self.st.normalized_query, self.layout.columns, relations),
+            (
+                "delta-plan",
+                self.st.pgt_id,
+                self.st.normalized_query,
+                self.layout.columns,
+                tuple(t.name for t in self.layout.state_tables),
+                relations,
+            ),
             lambda: self._plan(relations),
         )
         if prepared is None:
@@ -224,8 +279,22 @@ class DifferentialRun:
         for key, value in tuned.items():
             spark.conf.set(key, value)
         try:
+            reads.kept_views = prepared.kept_views
+            # Each hidden table's change first (children first), each one job; the plans above
+            # read it as a relation of its own, never as the plan that computed it.
+            self.kept_rows = []
+            t0 = time.monotonic()
+            for table, change, view in prepared.kept:
+                if change is not None:
+                    reads.register(change.main, {}, prepared.read_columns)
+                    self.kept_rows.append((table, self._kept_change(table, change, view, reads)))
+            if prepared.kept:
+                self.timings["kept_changes"] = time.monotonic() - t0
             reads.register(prepared.compiled, prepared.restrictions, prepared.read_columns)  # type: ignore[arg-type]
-            return self._collect(self._output(prepared.spark_sql, prepared.columns))
+            spark_sql = prepared.spark_sql
+            if prepared.split is not None:
+                spark_sql = self._computed_first(prepared.split, reads) or spark_sql
+            return self._collect(self._output(spark_sql, prepared.columns))
         finally:
             reads.release()
             for key, old in saved.items():
@@ -233,6 +302,40 @@ class DifferentialRun:
                     spark.conf.unset(key)
                 else:
                     spark.conf.set(key, old)
+
+    def _computed_first(self, split: Split, reads: DeltaReads) -> str | None:
+        """Compute each sub-plan of ``split`` computed first (one Spark job each), registered as its
+        view; the SQL of the plan reading them, or ``None`` (the unsplit plan is run instead) when
+        one is over :data:`COPY_MAX_ROWS` rows."""
+        spark = self.r.spark
+        for view, part in split.first:
+            text = f"SELECT * FROM ({part.sql()}) AS __pgt_f LIMIT {COPY_MAX_ROWS + 1}"
+            value = planning.sql(spark, text, self.timings, "first")
+            rows = planning.planned(value, self.timings, "first").collect()
+            if len(rows) > COPY_MAX_ROWS:
+                return None
+            reads.provide(view, spark.createDataFrame(rows, value.schema))
+        return split.main.sql()
+
+    def _kept_change(self, table: StateTable, change: Split, view: str, reads: DeltaReads) -> list[tuple]:
+        """A hidden state table's change (one Spark job, after those of the sub-plans computed
+        first), registered as the Spark view ``view`` (its columns and ``__pgt_w``) for the plans
+        above it; returned as the rows to apply: its columns, weight and row identity."""
+        spark = self.r.spark
+        text = self._computed_first(change, reads) or change.whole.sql()
+        # One SQL text, no DataFrame call on top of it: each call re-analyses the whole plan.
+        value = planning.sql(
+            spark, f"SELECT * FROM ({text}) AS __pgt_k LIMIT {COPY_MAX_ROWS + 1}", self.timings, "kept"
+        )
+        rows = planning.planned(value, self.timings, "kept").collect()
+        if len(rows) > COPY_MAX_ROWS:
+            raise FallbackToFull(
+                f"the change of the hidden state table {table.name} is over {COPY_MAX_ROWS:,} rows"
+            )
+        computed = spark.createDataFrame(rows, value.schema)
+        reads.provide(view, computed)
+        n = len(table.columns)
+        return [tuple(r) for r in finish_output(computed, n, tuple(range(n))).collect()]
 
     def _output(self, spark_sql: str, columns: Sequence[str]) -> str:
         """c0.. (timestamps rendered for COPY), ``__pgt_w`` and ``__pgt_row_id`` of the delta query.
@@ -256,8 +359,8 @@ class DifferentialRun:
 
     def _collect(self, spark_sql: str) -> list[tuple] | Staged:
         """Run the job. Small results come back to the driver (then COPY); large ones go by JDBC."""
-        df = self.r.spark.sql(spark_sql)
-        rows = df.limit(COPY_MAX_ROWS + 1).collect()
+        df = planning.sql(self.r.spark, spark_sql, self.timings, "delta")
+        rows = planning.planned(df.limit(COPY_MAX_ROWS + 1), self.timings, "delta").collect()
         if len(rows) <= COPY_MAX_ROWS:
             return [tuple(r) for r in rows]
         del rows
@@ -302,6 +405,11 @@ class DifferentialRun:
             triggers = user_triggers.begin(conn, st, "DIFFERENTIAL")
             inserted = deleted = 0
             apply = None
+            for table, kept_rows in self.kept_rows:
+                try:
+                    apply_state_change(conn, table, kept_rows, self._kept_equality(table))
+                except StateMismatch as err:
+                    raise DeltaMismatch(str(err)) from err
             if isinstance(rows, Staged) or rows:
                 equality = self.r.cached(
                     ("equality", st.pgt_id, st.relid), lambda: equality_operators(conn, st.relid)
@@ -327,6 +435,24 @@ class DifferentialRun:
             faults.point("refresh.before_commit")
         faults.point("refresh.after_commit")
         return inserted, deleted
+
+    def _kept_equality(self, table: StateTable) -> dict[str, str]:
+        """``OPERATOR(s.=)`` of a hidden table's columns whose type has its ``=`` outside pg_catalog."""
+        relid = self.conn.execute("SELECT %s::regclass::oid", (table.qualified,)).fetchone()
+        assert relid is not None
+        return self.r.cached(
+            ("equality", "kept", table.name), lambda: equality_operators(self.conn, relid[0])
+        )
+
+
+def _split(compiled: Compiled | None, prefix: str) -> Split | None:
+    """``compiled`` split at the sub-plans worth computing first, read as views ``<prefix><i>``."""
+    if compiled is None:
+        return None
+    if not compiled.nodes:
+        return Split((), compiled, compiled)
+    chosen = shared.choose(compiled.nodes[-1])
+    return shared.split(compiled, chosen, lambda i: f"{prefix}{i}")
 
 
 def _for_copy(column: str, pg_type: str) -> str:

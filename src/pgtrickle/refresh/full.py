@@ -7,7 +7,8 @@
    by the delta engine's compiler over the same source views).
 2. The result is moved into PostgreSQL: by COPY when small, by partitioned JDBC writes into an
    unlogged staging table ``pgtrickle_changes.stage_<id>`` when large.
-3. One PostgreSQL transaction truncates the stream table and inserts the result, records the
+3. One PostgreSQL transaction truncates the stream table and inserts the result, fills the
+   hidden state tables of the nodes its delta plan keeps (computed over the same views), records the
    refresh in its own change buffer (for downstream stream tables), advances the frontier and
    completes the history row (:mod:`pgtrickle.refresh.commit`).
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 import psycopg
@@ -31,15 +32,17 @@ from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import rows_table
 from pgtrickle.db.columns import column_types
 from pgtrickle.db.query import scalar
+from pgtrickle.dvm.kept import StateTable
 from pgtrickle.dvm.layout import Layout
 from pgtrickle.errors import RefreshError
 from pgtrickle.refresh import as_of, commit, user_triggers
 from pgtrickle.refresh.clock_read import clock_values
 from pgtrickle.refresh.context import RefreshContext
-from pgtrickle.refresh.differential import finish_output
-from pgtrickle.refresh.layout_ddl import row_index_name, stored_state_sql
+from pgtrickle.refresh.differential import finish_output, spark_name
+from pgtrickle.refresh.layout_ddl import kept_state_sql, row_index_name, stored_state_sql
 from pgtrickle.refresh.plan import RefreshPlan
-from pgtrickle.spark import carry, jdbc
+from pgtrickle.refresh.state_tables import fill_state_table
+from pgtrickle.spark import carry, jdbc, planning
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
 from pgtrickle.sql.clock import pin_clock
 from pgtrickle.sql.translate import translate_to_spark
@@ -48,6 +51,9 @@ log = logging.getLogger(__name__)
 
 COPY_THRESHOLD_ROWS = 200_000
 """Results estimated at or below this many rows travel by COPY, larger ones by JDBC."""
+
+KeptRows = tuple[StateTable, list[tuple], dict[str, tuple[int, int]]]
+"""A hidden state table, its new rows, and the Spark (precision, scale) of its decimal columns."""
 
 
 class FullRun:
@@ -111,15 +117,18 @@ class FullRun:
             if layout.stored is not None:
                 # The stored aggregate's state (visible and hidden columns), by the delta engine's
                 # compiler over the same source views.
-                result = spark.sql(stored_state_sql(st, layout.stored, table_map)).drop("__pgt_w")
+                text = stored_state_sql(st, layout.stored, table_map)
+                result = planning.sql(spark, text, timings, "full").drop("__pgt_w")
             else:
-                result = spark.sql(translate_to_spark(query_sql, table_map, column_types))
+                text = translate_to_spark(query_sql, table_map, column_types)
+                result = planning.sql(spark, text, timings, "full")
             if len(result.columns) != len(layout.columns):
                 raise RefreshError(
                     f"the query of {st.display} returns {len(result.columns)} columns on Spark but the "
                     f"stream table has {len(layout.columns)}"
                 )
             result = finish_output(result, len(layout.columns), layout.key_positions)
+            state_rows = self._kept_rows(table_map)
             estimate = sum(stats[s.relid].reltuples for s in st.sources)
             tag_jobs(spark, f"pgtrickle-{st.pgt_id}", f"refresh {st.display}")
             faults.point("refresh.spark_job")
@@ -127,12 +136,12 @@ class FullRun:
             rows: list[tuple] | None = None
             if estimate <= COPY_THRESHOLD_ROWS:
                 self.r.progress(f"{st.display}: computing on Spark (result by COPY)")
-                rows = [tuple(r) for r in result.collect()]
+                rows = [tuple(r) for r in planning.planned(result, timings, "full").collect()]
             else:
                 # Large sources often give a small result (an aggregate): try to take it whole,
                 # capped; only a result over the cap is written by JDBC (computed again).
                 self.r.progress(f"{st.display}: computing on Spark (~{int(estimate):,} source rows)")
-                head = result.limit(COPY_THRESHOLD_ROWS + 1).collect()
+                head = planning.planned(result.limit(COPY_THRESHOLD_ROWS + 1), timings, "full").collect()
                 if len(head) <= COPY_THRESHOLD_ROWS:
                     rows = [tuple(r) for r in head]
                 else:
@@ -157,6 +166,7 @@ class FullRun:
             timings["spark_job"],
             layout,
             data_timestamp,
+            state_rows,
         )
         timings["apply"] = time.monotonic() - t2
         if rows is None:
@@ -164,6 +174,36 @@ class FullRun:
                 sql.SQL("DROP TABLE IF EXISTS pgtrickle_changes.{}").format(sql.Identifier(staging))
             )
         return inserted, deleted, timings["spark_job"]
+
+    def _kept_rows(self, views: Mapping[tuple[str, str], str]) -> list[KeptRows]:
+        """Each hidden state table's new contents (its rows, each with its row identity) over the
+        sources' views of this FULL refresh: the same snapshot as the stream table's; and the
+        Spark decimal type (precision, scale) of each decimal column, which the table's column
+        takes so that reading it back gives the values the type they are computed with."""
+        from pyspark.sql.types import DecimalType
+
+        st = self.st
+        out = []
+        for table in self.layout.state_tables:
+            value = self.r.spark.sql(kept_state_sql(st, table.node, views))
+            decimals = {
+                column: (f.dataType.precision, f.dataType.scale)
+                for column, f in zip(table.columns, value.schema.fields, strict=False)
+                if isinstance(f.dataType, DecimalType)
+            }
+            expanded = value.selectExpr(
+                *(spark_name(c) for c in table.columns),
+                f"explode(sequence(CAST(1 AS BIGINT), {spark_name('__pgt_w')})) AS __pgt_i",
+            ).drop("__pgt_i")
+            n = len(table.columns)
+            rows = finish_output(expanded, n, tuple(range(n))).limit(COPY_THRESHOLD_ROWS + 1).collect()
+            if len(rows) > COPY_THRESHOLD_ROWS:
+                raise RefreshError(
+                    f"the hidden state table {table.name} of {st.display} would hold more than "
+                    f"{COPY_THRESHOLD_ROWS:,} rows; refresh this stream table with refresh_mode => 'FULL'"
+                )
+            out.append((table, [tuple(r) for r in rows], decimals))
+        return out
 
     def _create_staging(self, st: StreamTable, staging: str, layout: Layout) -> None:
         types = column_types(self.conn, st.relid)
@@ -193,6 +233,7 @@ class FullRun:
         spark_seconds: float,
         layout: Layout,
         data_timestamp: datetime | None = None,
+        state_rows: Sequence[KeptRows] = (),
     ) -> tuple[int, int]:
         target = sql.SQL("{}.{}").format(sql.Identifier(st.schema), sql.Identifier(st.name))
         col_list = sql.SQL(", ").join(
@@ -237,6 +278,8 @@ class FullRun:
             )
             if layout.finalize:
                 self.conn.execute(layout.finalize)
+            for table, kept_rows, decimals in state_rows:
+                fill_state_table(self.conn, table, kept_rows, decimals)
             if layout.differential and layout.unique_keys:
                 self._guard_keys(st, layout)
             commit.complete(

@@ -107,6 +107,13 @@ def stored_state_sql(st: StreamTable, stored: StoredAggregate, views: Mapping[tu
     return compile_ir(plan, _Relations(names), dialect="spark", column_types=_types(st)).sql()
 
 
+def kept_state_sql(st: StreamTable, node: ir.Node, views: Mapping[tuple[str, str], str]) -> str:
+    """Spark SQL computing a kept node's value (its columns then ``__pgt_w``) over the sources'
+    views (``(schema, table)`` → view), to fill its hidden state table at a FULL refresh."""
+    names: dict[str, str | tuple[str, str]] = {f"{s}.{t}": v for (s, t), v in views.items()}
+    return compile_ir(node, _Relations(names), dialect="spark", column_types=_types(st)).sql()
+
+
 def _probe_types(conn: psycopg.Connection, st: StreamTable, stored: StoredAggregate) -> dict[str, str]:
     """PostgreSQL's types of the hidden columns, from a temporary view of the state query."""
     names: dict[str, str | tuple[str, str]] = {f"{s.schema}.{s.name}": (s.schema, s.name) for s in st.sources}

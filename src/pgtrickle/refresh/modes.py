@@ -8,7 +8,8 @@ refresh's action, with the adaptive fallback). Here is what a refresh does with 
 - :class:`RefreshModes` caches the decision per query text (shared per database by the
   refreshers of a process), records the effective mode in the catalog (``mode_effective``,
   ``mode_reason``) once per change, and makes the table's layout match it
-  (:mod:`pgtrickle.refresh.layout_ddl`). A differential plan that failed on Spark demotes the
+  (:mod:`pgtrickle.refresh.layout_ddl`), with the hidden state tables of the nodes its delta
+  plan keeps (:mod:`pgtrickle.refresh.state_tables`). A differential plan that failed on Spark demotes the
   query to FULL from then on.
 - :func:`mode_figures` reads the figures the adaptive fallback weighs (source sizes, ratio).
 
@@ -28,6 +29,7 @@ from pgtrickle.refresh.capture_check import require_capture
 from pgtrickle.refresh.context import RefreshContext
 from pgtrickle.refresh.layout_ddl import ensure_layout
 from pgtrickle.refresh.plan import DEFAULT_FALLBACK_RATIO, READS_CLOCK_REASON, Action, RefreshPlan
+from pgtrickle.refresh.state_tables import ensure_state_tables
 
 
 class AlreadyRecorded(Exception):
@@ -44,12 +46,12 @@ class RefreshModes:
     def __init__(
         self,
         refresher: RefreshContext,
-        analyses: dict[tuple[int, str], DeltaMode],
+        analyses: dict[tuple[int, str, bool], DeltaMode],
         layouts: dict[int, tuple],
     ) -> None:
         self.r = refresher
         self._analyses = analyses
-        """Per (pgt_id, query text): the decision (shared per database)."""
+        """Per (pgt_id, query text, hidden state tables allowed): the decision (shared per database)."""
         self._layouts = layouts
         """Per pgt_id: the layout last made to match (shared per database)."""
         self._recorded_modes: dict[int, tuple[str, str]] = {}
@@ -61,18 +63,21 @@ class RefreshModes:
 
     def analysis(self, st: StreamTable) -> DeltaMode:
         """The refresh-mode decision of ``st``'s query (cached per query text): see dvm/layout.py."""
-        key = (st.pgt_id, st.normalized_query)
+        keep_state = st.refresh_mode == "DIFFERENTIAL"
+        key = (st.pgt_id, st.normalized_query, keep_state)
         cached = self._analyses.get(key)
         if cached is None:
             schema = {f"{s.schema}.{s.name}": [c for c, _ in s.column_types] for s in st.sources}
             types = {f"{s.schema}.{s.name}": dict(s.column_types) for s in st.sources}
-            cached = decide_mode(st.normalized_query, schema, types, visible_columns(st))
+            cached = decide_mode(st.normalized_query, schema, types, visible_columns(st), keep_state)
             self._analyses[key] = cached
         return cached
 
     def demote(self, st: StreamTable, reason: str) -> None:
         """Analyse ``st``'s query as FULL-only from now on (its differential plan failed on Spark)."""
-        self._analyses[(st.pgt_id, st.normalized_query)] = DeltaMode(False, reason)
+        self._analyses[(st.pgt_id, st.normalized_query, st.refresh_mode == "DIFFERENTIAL")] = DeltaMode(
+            False, reason
+        )
         self.record(st, "FULL", reason)
 
     def prepare(self, st: StreamTable, initiated_by: str) -> tuple[DeltaMode, bool, Layout, bool]:
@@ -103,12 +108,23 @@ class RefreshModes:
             else "refresh_mode is FULL",
         )
         layout = plan_layout(
-            visible_columns(st), {c.name: c.type for c in st.columns}, st.qualified, analysis, differential
+            visible_columns(st),
+            {c.name: c.type for c in st.columns},
+            st.qualified,
+            analysis,
+            differential,
+            pgt_id=st.pgt_id,
+            relations={f"{s.schema}.{s.name}": (s.schema, s.name) for s in st.sources},
+            column_types={f"{s.schema}.{s.name}": dict(s.column_types) for s in st.sources},
         )
-        key = (st.pgt_id, st.normalized_query, layout.columns, differential)
+        kept = tuple(t.name for t in layout.state_tables)
+        key = (st.pgt_id, st.normalized_query, layout.columns, differential, kept)
         changed = False
         if self._layouts.get(st.pgt_id) != key:
             changed = ensure_layout(self.conn, st, layout)
+            with self.conn.transaction():
+                # New hidden state tables are empty: the table is recomputed (FULL) to fill them.
+                changed = bool(ensure_state_tables(self.conn, st.pgt_id, layout.state_tables)) or changed
             self._layouts[st.pgt_id] = key
         return analysis, differential, layout, changed
 

@@ -10,7 +10,7 @@ shared subtree is planned once:
 - ``post(n)``: its value at the refresh snapshot — the node itself, with every materialized node
   under it read from its hidden table (``Materialized(m)``);
 - ``delta(n)``: its change (the rule's plan; for a materialized node its change buffer,
-  ``Materialized(m) ⊎ −Materialized(m, pre=True)``);
+  ``Materialized(m, change=True)``, whose value is ``Materialized(m) ⊎ −Materialized(m, pre=True)``);
 - ``pre(n)``: its value at the window's start — ``post(n) ⊎ −delta(n)`` (a ``UnionAll`` with a
   ``Negate``), ``Materialized(m, pre=True)`` for a materialized node, and simply ``post(n)``
   when nothing under it changed. It is built only where a rule asks for it.
@@ -118,9 +118,7 @@ class _Fold:
         if not self.touched(node):
             return None
         if node in self.materialized:
-            return ir.UnionAll(
-                (ir.Materialized(node), ir.Negate(ir.Materialized(node, pre=True))), node.columns
-            )
+            return ir.Materialized(node, change=True)
         return rule(node, self)
 
     def post(self, node: ir.Node) -> ir.Node:
@@ -176,6 +174,20 @@ def delta(
     return fold.delta(node)
 
 
+def delta_kept(
+    node: ir.Node, changed: frozenset[str], materialized: Collection[ir.Node] = ()
+) -> ir.Node | None:
+    """The change of ``node``, kept in a hidden state table (``materialized``: the nodes kept
+    under it). An aggregate (through ``Filter``/``Project`` keeping its group keys) reads the old
+    rows of its touched groups from its own table, ``Materialized(node, pre=True)``
+    (:func:`aggregate.recompute_kept`); any other node takes its rule, as :func:`delta`."""
+    fold = _Fold(node, frozenset(changed), materialized)
+    found = aggregate.kept_aggregate(node)
+    if found is None or not fold.touched(node):
+        return fold.delta(node)
+    return aggregate.recompute_kept(node, found, fold)
+
+
 def delta_state(
     node: ir.Aggregate, changed: frozenset[str], materialized: Collection[ir.Node] = ()
 ) -> ir.Node | None:
@@ -190,4 +202,4 @@ def pre(node: ir.Node, changed: frozenset[str], materialized: Collection[ir.Node
     return _Fold(node, frozenset(changed), materialized).pre(node)
 
 
-__all__ = ["delta", "delta_state", "pre"]
+__all__ = ["delta", "delta_kept", "delta_state", "pre"]

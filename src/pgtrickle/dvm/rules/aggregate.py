@@ -24,11 +24,24 @@ where ``ΔX⁺``/``ΔX⁻`` are the rows the change inserts/deletes (an aggregat
 so ``Agg(ΔX)`` and ``Agg(−ΔX)`` are those sums). The old state of the touched groups is
 ``Materialized(state, pre=True) ⋉ K``; ``Δ state = −old ⊎ new (count > 0)``, and the visible
 change is its projection (``AVG = CAST(sum AS NUMERIC) / count``).
+
+**Kept** (an aggregate kept in a hidden state table, :mod:`pgtrickle.dvm.materialize`, seen
+through ``Filter``/``Project`` nodes that carry every group key as a column). The table holds
+the kept node's value at the window's start, so the old rows of the touched groups are read
+from it instead of being aggregated again from the input's ``pre`` (``post ⊎ −Δ``, which
+repeats the input's change plan inside the plan)::
+
+    Δ M = −(stored(M) ⋉ K) ⊎ chain(Agg(post X ⋉ K))
+
+where ``chain`` re-applies the ``Filter``/``Project`` nodes between ``M`` and the aggregate
+(linear, so they commute with the restriction to whole groups).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
+from dataclasses import dataclass
 
 from sqlglot import exp
 
@@ -179,3 +192,56 @@ def algebraic(node: ir.Aggregate, ctx: Context) -> ir.Node | None:
 
 def delta(node: ir.Aggregate, ctx: Context) -> ir.Node | None:
     return recompute(node, ctx)
+
+
+@dataclass(frozen=True)
+class KeptAggregate:
+    """A kept node that is an aggregate seen through ``chain`` (its ``Filter``/``Project``
+    nodes, the kept node first), with the kept node's column carrying each group key."""
+
+    aggregate: ir.Aggregate
+    chain: tuple[ir.Filter | ir.Project, ...]
+    key_columns: tuple[str, ...]
+
+
+def kept_aggregate(node: ir.Node) -> KeptAggregate | None:
+    """``node`` as a :class:`KeptAggregate`, or ``None`` when no aggregate lies under it
+    through ``Filter``/``Project`` nodes or one of its group keys is not a column of ``node``."""
+    chain: list[ir.Filter | ir.Project] = []
+    current = node
+    while isinstance(current, (ir.Filter, ir.Project)):
+        chain.append(current)
+        current = current.input
+    if not isinstance(current, ir.Aggregate):
+        return None
+    carried = [name for name, _ in current.keys]
+    for link in reversed(chain):
+        if isinstance(link, ir.Project):
+            renamed = {
+                expression.name: name
+                for name, expression in link.outputs
+                if isinstance(expression, exp.Column) and not expression.table
+            }
+            if any(c not in renamed for c in carried):
+                return None
+            carried = [renamed[c] for c in carried]
+    return KeptAggregate(current, tuple(chain), tuple(carried))
+
+
+def recompute_kept(node: ir.Node, found: KeptAggregate, ctx: Context) -> ir.Node | None:
+    """The change of the kept ``node`` (see the module docstring, **Kept**)."""
+    inner = found.aggregate
+    change = ctx.delta(inner.input)
+    if change is None:
+        return None
+    post = ctx.post(inner.input)
+    old: ir.Node = ir.Materialized(node, pre=True)
+    if inner.keys:
+        exprs = [e for _, e in inner.keys]
+        keys = touched_keys(change, exprs, [*inner.input.columns, *node.columns])
+        post = restrict(post, keys, exprs)
+        old = restrict(old, keys, [col(c) for c in found.key_columns])
+    new: ir.Node = ir.Aggregate(post, inner.keys, inner.aggregates)
+    for link in reversed(found.chain):
+        new = dataclasses.replace(link, input=new)
+    return minus(new, old, node.columns)

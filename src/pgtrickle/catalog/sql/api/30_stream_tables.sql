@@ -542,6 +542,26 @@ BEGIN
 END
 $$;
 
+-- The hidden state tables of a stream table (migration 020), dropped with it or when its
+-- query no longer keeps them (the refresh engine, refresh/state_tables.py).
+CREATE OR REPLACE FUNCTION pgtrickle._drop_state_tables(p_id bigint, p_keep oid[] DEFAULT '{}')
+RETURNS integer LANGUAGE plpgsql
+SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
+DECLARE
+    r record;
+    n integer := 0;
+BEGIN
+    FOR r IN DELETE FROM pgtrickle.pgt_state_tables
+              WHERE pgt_id = p_id AND NOT relid = ANY (p_keep) RETURNING relid LOOP
+        IF EXISTS (SELECT 1 FROM pg_class WHERE oid = r.relid) THEN
+            EXECUTE format('DROP TABLE %s', r.relid::regclass);
+        END IF;
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
 CREATE OR REPLACE FUNCTION pgtrickle._drop_one(p_id bigint)
 RETURNS void LANGUAGE plpgsql
 SET search_path = pg_catalog, pgtrickle, pg_temp AS $$
@@ -556,6 +576,7 @@ BEGIN
     END IF;
     SELECT coalesce(array_agg(source_relid), '{}') INTO v_sources
       FROM pgtrickle.pgt_dependencies WHERE pgt_id = p_id;
+    PERFORM pgtrickle._drop_state_tables(p_id);
     DELETE FROM pgtrickle.pgt_stream_tables WHERE pgt_id = p_id;
     EXECUTE format('DROP VIEW IF EXISTS pgtrickle.%I', 'pgt_def_' || p_id);
     IF EXISTS (SELECT 1 FROM pg_class WHERE oid = st.pgt_relid) THEN
