@@ -69,7 +69,8 @@ def test_half_away_from_zero_on_an_exact_tie() -> None:
 def test_scale_follows_the_base_10000_weights() -> None:
     assert division_scale(Decimal(1), Decimal(3), 0, 0) == 20  # qweight -1
     assert division_scale(Decimal(3), Decimal(1), 0, 0) == 16  # qweight 0
-    assert division_scale(Decimal(10000), Decimal(1), 0, 0) == 12  # qweight 1
+    assert division_scale(Decimal(20000), Decimal(1), 0, 0) == 12  # qweight 1
+    assert division_scale(Decimal(10000), Decimal(1), 0, 0) == 16  # equal first digits: one less
     assert division_scale(Decimal(10**40), Decimal(1), 0, 0) == 0  # never below 0
     assert division_scale(Decimal(1), Decimal(10**4000), 0, 0) == 1000  # at most 1000
     assert division_scale(Decimal(1), Decimal(3), 25, 0) == 25
