@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 
 from pgtrickle.sql.numeric_division import (
     UNKNOWN_SCALE,
-    QuotientRefused,
     division_scale,
     divide,
+    refusal_in_text,
     round_quotient,
     spark_quotient,
+    spark_scale,
 )
 
 
@@ -79,8 +80,11 @@ def test_scale_follows_the_base_10000_weights() -> None:
 def test_division_by_zero_raises() -> None:
     with pytest.raises(ZeroDivisionError):
         divide(Decimal(1), Decimal(0), 0, 0)
-    with pytest.raises(ZeroDivisionError):
-        spark_quotient(Decimal(1), Decimal("0.00"), 0, 2, 20, 18, "a / b")
+    refused = spark_quotient(Decimal(1), Decimal("0.00"), 0, 2, 20, 18, "a / b")
+    assert refusal_in_text(f"[CAST_INVALID_INPUT] The value '{refused}' of the type") == (
+        "22012",
+        "division by zero in a / b",
+    )
 
 
 def test_more_digits_than_decimals_context_holds() -> None:
@@ -96,29 +100,42 @@ def test_spark_row_function() -> None:
     assert spark_quotient(7, 2, 0, 0, 20, 18, "a / b") == "3.5000000000000000"
 
 
+def refused(result: str | None) -> tuple[str, str]:
+    assert result is not None
+    found = refusal_in_text(f"Error: the value '{result}' cannot be cast")
+    assert found is not None, result
+    return found
+
+
 def test_spark_row_function_refuses_what_does_not_fit() -> None:
-    with pytest.raises(QuotientRefused, match=r"22003.*sum\(a\) / sum\(b\).*decimal\(38,20\)") as raised:
-        spark_quotient(Decimal(1), Decimal(300000), 0, 0, 20, 18, "sum(a) / sum(b)")  # needs 24 digits
-    assert raised.value.sqlstate == "22003"
-    with pytest.raises(QuotientRefused, match="decimal"):
-        spark_quotient(Decimal(10) ** 20, Decimal(1), 0, 0, 20, 18, "a / b")  # 21 integer digits
+    # 1/300000 needs 24 fraction digits.
+    sqlstate, message = refused(spark_quotient(Decimal(1), Decimal(300000), 0, 0, 20, 18, "sum(a) / sum(b)"))
+    assert sqlstate == "22003"
+    assert "sum(a) / sum(b)" in message and "decimal(38,20)" in message
+    # 21 integer digits
+    assert refused(spark_quotient(Decimal(10) ** 20, Decimal(1), 0, 0, 20, 18, "a / b"))[0] == "22003"
 
 
 def test_unknown_scale_exact_when_every_possible_scale_agrees() -> None:
     # Spark carries the value with scale 2: its display scale is 0..2, below the 16 digits
     # the weights ask for, so the quotient is known.
     assert spark_quotient(Decimal("5.00"), 3, UNKNOWN_SCALE, 0, 20, 18, "a / 3") == "1.6666666666666667"
+    assert spark_scale(Decimal("5.00"), 3, UNKNOWN_SCALE, 0) == 16
     # Carried with scale 18 (unconstrained numeric): 16 to 18 digits, and they differ.
-    with pytest.raises(QuotientRefused, match="display scale"):
+    sqlstate, message = refused(
         spark_quotient(Decimal("5.000000000000000000"), 3, UNKNOWN_SCALE, 0, 20, 18, "a / 3")
+    )
+    assert sqlstate == "22003" and "display scale" in message
     # ... unless the quotient ends before: then every scale gives the same value.
     assert spark_quotient(Decimal("5.000000000000000000"), 4, UNKNOWN_SCALE, 0, 20, 18, "a / 4") == (
         "1.2500000000000000"
     )
+    assert spark_scale(Decimal("5.000000000000000000"), 4, UNKNOWN_SCALE, 0) == UNKNOWN_SCALE
     # Small quotients get 20 digits from the weights, above the 18 Spark carries: known.
     assert spark_quotient(Decimal("1.000000000000000000"), 3, UNKNOWN_SCALE, 0, 20, 18, "a / 3") == (
         "0.33333333333333333333"
     )
+    assert spark_scale(None, 3, 0, 0) is None
 
 
 numbers = st.decimals(

@@ -56,6 +56,7 @@ from pgtrickle.refresh.layout_ddl import equality_operators
 from pgtrickle.refresh.state_merge import StateMerge
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
+from pgtrickle.spark.numeric import ensure_functions
 from pgtrickle.sql.ident import quote_ident
 
 __all__ = ["DifferentialRun", "FallbackToFull", "finish_output", "should_push_down", "spark_name"]
@@ -256,6 +257,7 @@ class DifferentialRun:
 
     def _collect(self, spark_sql: str) -> list[tuple] | Staged:
         """Run the job. Small results come back to the driver (then COPY); large ones go by JDBC."""
+        ensure_functions(self.r.spark, spark_sql)
         df = self.r.spark.sql(spark_sql)
         rows = df.limit(COPY_MAX_ROWS + 1).collect()
         if len(rows) <= COPY_MAX_ROWS:

@@ -41,6 +41,7 @@ from pgtrickle.refresh.layout_ddl import row_index_name, stored_state_sql
 from pgtrickle.refresh.plan import RefreshPlan
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
+from pgtrickle.spark.numeric import ensure_functions
 from pgtrickle.sql.clock import pin_clock
 from pgtrickle.sql.translate import translate_to_spark
 
@@ -111,9 +112,13 @@ class FullRun:
             if layout.stored is not None:
                 # The stored aggregate's state (visible and hidden columns), by the delta engine's
                 # compiler over the same source views.
-                result = spark.sql(stored_state_sql(st, layout.stored, table_map)).drop("__pgt_w")
+                state_sql = stored_state_sql(st, layout.stored, table_map)
+                ensure_functions(spark, state_sql)
+                result = spark.sql(state_sql).drop("__pgt_w")
             else:
-                result = spark.sql(translate_to_spark(query_sql, table_map, column_types))
+                spark_sql = translate_to_spark(query_sql, table_map, column_types)
+                ensure_functions(spark, spark_sql)
+                result = spark.sql(spark_sql)
             if len(result.columns) != len(layout.columns):
                 raise RefreshError(
                     f"the query of {st.display} returns {len(result.columns)} columns on Spark but the "

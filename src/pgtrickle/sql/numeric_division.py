@@ -22,6 +22,7 @@ refusals are in docs/TYPES.md.
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 
 MIN_SIG_DIGITS = 16
@@ -34,16 +35,28 @@ UNKNOWN_SCALE = -1
 """A display scale the translation cannot see (see :func:`spark_quotient`)."""
 
 REFUSAL_MARKER = "pgtrickle-numeric-refusal"
-"""Starts the message of a :class:`QuotientRefused`, so the refresh can find it in a failed Spark
-job's error text (Spark reports a Python exception raised on an executor as text)."""
+"""Starts a refusal (:func:`refusal`): the row function returns it instead of a quotient, and the
+cast of its result to a decimal fails with it, so a refresh finds it in the failed Spark job's
+error text (:func:`refusal_in_text`). The row function never raises: Spark evaluates a Python
+function for every row, also those a ``CASE`` around it does not take, while the failing cast
+runs only where PostgreSQL would divide."""
+
+_REFUSAL_END = " (end of refusal)"
+_REFUSAL = re.compile(re.escape(REFUSAL_MARKER) + r"\[([0-9A-Z]{5})\]: (.*?)" + re.escape(_REFUSAL_END), re.S)
 
 NUMERIC_RANGE_SQLSTATE = "22003"
+DIVISION_BY_ZERO_SQLSTATE = "22012"
 
 
-class QuotientRefused(ArithmeticError):
-    """A quotient Spark cannot hold exactly as PostgreSQL computes it (SQLSTATE 22003)."""
+def refusal(sqlstate: str, message: str) -> str:
+    """The text of a refused quotient."""
+    return f"{REFUSAL_MARKER}[{sqlstate}]: {message}{_REFUSAL_END}"
 
-    sqlstate = NUMERIC_RANGE_SQLSTATE
+
+def refusal_in_text(text: str) -> tuple[str, str] | None:
+    """``(sqlstate, message)`` of the first refusal in an error's text, if there is one."""
+    found = _REFUSAL.search(text)
+    return None if found is None else (found.group(1), found.group(2))
 
 
 def _unscaled(value: Decimal) -> tuple[int, int]:
@@ -147,35 +160,55 @@ def spark_quotient(
     translation cannot follow) is bounded by the value's digits: the quotient is returned when
     every scale in those bounds gives the same value, and refused otherwise.
 
-    Raises:
-        QuotientRefused: the quotient does not fit the Spark type, or depends on a display scale
-            Spark does not carry; the message names ``label`` (the expression).
-        ZeroDivisionError: the divisor is zero.
+    A :func:`refusal` naming ``label`` (the expression) is returned instead when the divisor is
+    zero (22012), or the quotient does not fit the Spark type or depends on a display scale Spark
+    does not carry (22003).
     """
     if dividend is None or divisor is None:
         return None
     a = Decimal(dividend)
     b = Decimal(divisor)
     if not b:
-        raise ZeroDivisionError(f"division by zero in {label}")
+        return refusal(DIVISION_BY_ZERO_SQLSTATE, f"division by zero in {label}")
     low1, high1 = _scale_bounds(a, dividend_scale)
     low2, high2 = _scale_bounds(b, divisor_scale)
     low = division_scale(a, b, low1, low2)
     high = division_scale(a, b, high1, high2)
     quotient, exact = round_quotient(a, b, low)
     if low != high and not exact:
-        raise QuotientRefused(
-            f"{REFUSAL_MARKER}[{NUMERIC_RANGE_SQLSTATE}]: the quotient {label} of {a} and {b} has "
-            f"{low} to {high} fraction digits in PostgreSQL, depending on a display scale Spark does "
-            "not carry (an unconstrained numeric, or a value computed in another step); cast the "
-            "operand to numeric(p,s) in the defining query."
+        return refusal(
+            NUMERIC_RANGE_SQLSTATE,
+            f"the quotient {label} of {a} and {b} has {low} to {high} fraction digits in "
+            "PostgreSQL, depending on a display scale Spark does not carry (an unconstrained "
+            "numeric, or a value computed in another step); cast the operand to numeric(p,s) "
+            "in the defining query.",
         )
-    if low > result_scale or len(quotient.as_tuple().digits) + quotient.as_tuple().exponent > integer_digits:
-        raise QuotientRefused(
-            f"{REFUSAL_MARKER}[{NUMERIC_RANGE_SQLSTATE}]: the quotient {label} = {quotient} does "
-            f"not fit decimal({integer_digits + result_scale},{result_scale}), the Spark type "
-            "chosen for it (at most "
-            f"{integer_digits} digits before and {result_scale} after the decimal point); "
-            "cast the operands to numeric(p,s) with fewer digits, or round the quotient."
+    _, digits, exponent = quotient.as_tuple()
+    assert isinstance(exponent, int)
+    if low > result_scale or len(digits) + exponent > integer_digits:
+        return refusal(
+            NUMERIC_RANGE_SQLSTATE,
+            f"the quotient {label} = {quotient} does not fit "
+            f"decimal({integer_digits + result_scale},{result_scale}), the Spark type chosen for "
+            f"it (at most {integer_digits} digits before and {result_scale} after the decimal "
+            "point); cast the operands to numeric(p,s) with fewer digits, or round the quotient.",
         )
     return format(quotient, "f")
+
+
+def spark_scale(
+    dividend: Decimal | int | None, divisor: Decimal | int | None, dividend_scale: int, divisor_scale: int
+) -> int | None:
+    """The display scale of :func:`spark_quotient`'s result on one row (for a division around it):
+    PostgreSQL's rscale, or :data:`UNKNOWN_SCALE` when it depends on a scale Spark does not carry
+    (the quotient itself was exact then); NULL when an operand is NULL or the divisor zero."""
+    if dividend is None or divisor is None:
+        return None
+    a = Decimal(dividend)
+    b = Decimal(divisor)
+    if not b:
+        return None
+    low1, high1 = _scale_bounds(a, dividend_scale)
+    low2, high2 = _scale_bounds(b, divisor_scale)
+    low = division_scale(a, b, low1, low2)
+    return low if low == division_scale(a, b, high1, high2) else UNKNOWN_SCALE
