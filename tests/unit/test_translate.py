@@ -217,8 +217,8 @@ def test_division_with_a_numeric_operand_is_fractional() -> None:
         COLUMN_TYPES,
     )
     # numeric: PostgreSQL's quotient by the row function, cast to a decimal that holds it
-    assert "CAST(PGT_NUMERIC_DIV(amount, CAST(qty AS DECIMAL(10, 0)), 2, 0, 20, 8," in sql
-    assert "AS DECIMAL(28, 20)) AS a" in sql
+    assert "CAST(PGT_NUMERIC_DIV(amount, CAST(qty AS DECIMAL(10, 0)), 2, 0, 30, 8," in sql
+    assert "AS DECIMAL(38, 30)) AS a" in sql
     assert "f / CAST(2 AS DOUBLE) AS b" in sql
     assert " DIV " not in sql
 
@@ -720,20 +720,20 @@ def test_numeric_quotients_follow_postgresql_scales() -> None:
     )
     # avg: sum / count, the average's integer digits are the argument's
     assert (
-        "CAST(PGT_NUMERIC_DIV(SUM(amount), COUNT(amount), 2, 0, 20, 8, 'AVG(amount)') AS DECIMAL(28, 20)) AS a"
+        "CAST(PGT_NUMERIC_DIV(SUM(amount), COUNT(amount), 2, 0, 30, 8, 'AVG(amount)') AS DECIMAL(38, 30)) AS a"
         in sql
     )
-    assert "PGT_NUMERIC_DIV(SUM(qty) FILTER(WHERE flag), COUNT(qty) FILTER(WHERE flag), 0, 0, 20, 10," in sql
+    assert "PGT_NUMERIC_DIV(SUM(qty) FILTER(WHERE flag), COUNT(qty) FILTER(WHERE flag), 0, 0, 28, 10," in sql
     assert (
         "PGT_NUMERIC_DIV(SUM(amount) OVER (PARTITION BY customer), COUNT(amount) OVER (PARTITION BY customer),"
         in sql
     )
     # round(q, 2) rounds the exact quotient (Spark's ROUND of a decimal is half away from zero too)
     assert (
-        "ROUND(CAST(PGT_NUMERIC_DIV(amount, qty, 2, 0, 20, 8, 'amount / qty') AS DECIMAL(28, 20)), 2) AS c"
+        "ROUND(CAST(PGT_NUMERIC_DIV(amount, qty, 2, 0, 30, 8, 'amount / qty') AS DECIMAL(38, 30)), 2) AS c"
         in sql
     )
     # a quotient of a quotient gets the inner one's scale per row
-    assert "PGT_NUMERIC_DIV_SCALE(amount, qty, 2, 0), 0, 20, 8, '(amount / qty) / 3')" in sql
+    assert "PGT_NUMERIC_DIV_SCALE(amount, qty, 2, 0), 0, 30, 8, '(amount / qty) / 3')" in sql
     # an unconstrained numeric's display scale is not known: -1, decided per row
     assert "PGT_NUMERIC_DIV(amount, price, 2, -1, 20, 18," in sql

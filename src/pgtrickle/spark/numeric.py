@@ -52,8 +52,8 @@ def ensure_functions(spark: Any, spark_sql: str | None = None) -> None:
         from pyspark.sql.types import IntegerType, StringType
 
         _shipped_by_value()
-        spark.udf.register(FUNCTION, udf(numeric_division.spark_quotient, StringType()))
-        spark.udf.register(SCALE_FUNCTION, udf(numeric_division.spark_scale, IntegerType()))
+        spark.udf.register(FUNCTION, udf(numeric_division.spark_quotient, StringType(), useArrow=False))
+        spark.udf.register(SCALE_FUNCTION, udf(numeric_division.spark_scale, IntegerType(), useArrow=False))
         try:
             _registered[spark] = True
         except TypeError:

@@ -17,12 +17,13 @@ unconstrained ``numeric`` column's scale is unknown (every row has its own); so 
 (every row has its own rscale; a quotient inside the same expression passes its scale to an
 outer division at run time, see :func:`quotient_scale_call`).
 
-The Spark type of a quotient is ``DECIMAL(digits + scale, scale)`` with ``scale =
-max(20, dscales)`` (at most 38): 20 fraction digits hold every quotient of absolute value
-1e-4 or more (its rscale is at most 20 when the operands' scales are). ``digits`` is the
-dividend's integer digits plus the divisor's scale (``|a / b| < 10**digits(a) / 10**-scale(b)``)
-where both are known, else what is left of 38. A row whose quotient needs more is refused by the
-row function with SQLSTATE 22003, naming the expression.
+The Spark type of a quotient is ``DECIMAL(digits + scale, scale)``. ``digits`` bounds its
+integer digits: the dividend's integer digits plus the divisor's scale (``|a / b| <
+10**digits(a) / 10**-scale(b)``), the argument's for ``avg``; where that is not known, 18.
+``scale`` is what is left of 38 digits, at least 20 and at least the operands' scales: 20
+fraction digits hold every quotient of absolute value 1e-4 or more (its rscale is at most 20
+when the operands' scales are), each further digit one more power of ten below. A row whose
+quotient needs more is refused by the row function with SQLSTATE 22003, naming the expression.
 """
 
 from __future__ import annotations
@@ -201,9 +202,10 @@ def _scale_argument(node: exp.Expr, static: int | None) -> exp.Expr:
 def quotient_type(dividend: Shape, divisor: Shape, digits: int | None) -> tuple[int, int]:
     """``(integer digits, scale)`` of the Spark decimal a quotient is held in (see the module docs)."""
     scales = [s for s in (dividend[1], divisor[1]) if s is not None]
-    scale = min(max([MIN_QUOTIENT_SCALE, *scales]), MAX_PRECISION)
-    room = MAX_PRECISION - scale
-    return (room if digits is None else max(min(digits, room), 1)), scale
+    room = MAX_PRECISION - digits if digits is not None else MIN_QUOTIENT_SCALE
+    scale = min(max(MIN_QUOTIENT_SCALE, room, *scales), MAX_PRECISION - 1)
+    left = MAX_PRECISION - scale
+    return (left if digits is None else max(min(digits, left), 1)), scale
 
 
 def quotient_call(
