@@ -361,7 +361,8 @@ def problems_of(results: dict[str, QueryResult]) -> list[str]:
         for label, exact, rounded in (("DIFFERENTIAL", r.oracle_exact, r.oracle_rounded),
                                       ("FULL", r.full_oracle_exact, r.full_oracle_rounded)):
             if r.accepted and any(exact):
-                beyond = " (all beyond 6 decimals)" if not any(rounded) else f" ({rounded} after rounding to 6 decimals)"
+                beyond = (" (all beyond 6 decimals)" if not any(rounded)
+                          else f" ({rounded} after rounding to 6 decimals)")
                 out.append(f"{r.name.upper()}: the {label} stream table differed from its query by {exact} rows "
                            f"per round{beyond}")
         out += [f"{r.name.upper()}: {e}" for e in r.errors]
