@@ -11,11 +11,15 @@ import random
 from decimal import Decimal
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pgtrickle.errors import ValueNotCarriedError
 from pgtrickle.refresh.plan import Action
 from pgtrickle.sql.numeric_division import divide
+from pgtrickle.sql.numeric_scale import quotient_type
 from tests.conftest import Database
+from tests.hypothesis_profiles import examples
 from tests.integration.helpers import create_st, refresh, refresh_and_check
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -171,3 +175,82 @@ def test_unconstrained_numeric_quotient_is_exact_or_refused(db: Database, mode: 
     _assert_refused(db, "st", "x / CAST(3 AS DECIMAL)", "display scale")
     db.sql("UPDATE u SET x = x::numeric(10,0) / 1000 WHERE id = 4")  # 0.005: 20 digits again
     refresh_and_check(db, "st")
+
+
+# ------------------------------------------------------------------ property
+
+EXAMPLES = examples(3, "PGTRICKLE_PROPERTY_EXAMPLES")
+
+
+@st.composite
+def _case(draw):  # type: ignore[no-untyped-def]
+    types = [(p, draw(st.integers(0, p))) for p in (draw(st.integers(1, 16)), draw(st.integers(1, 16)))]
+
+    def value(p: int, s: int) -> st.SearchStrategy[str]:
+        return st.integers(-(10**p) + 1, 10**p - 1).map(lambda n: str(Decimal(n).scaleb(-s)))
+
+    def rows(n: int) -> st.SearchStrategy[list]:
+        return st.lists(st.tuples(st.integers(0, 2), value(*types[0]), value(*types[1])), min_size=1, max_size=n)
+
+    changes = st.lists(st.tuples(st.sampled_from(["insert", "update", "delete"]), rows(3)), min_size=1, max_size=3)
+    return types, draw(rows(6)), draw(changes)
+
+
+def _fits(db: Database, query: str, column: str, integer_digits: int, scale: int) -> bool:
+    """Whether every quotient PostgreSQL computes fits the Spark type the translation chose."""
+    row = db.sql(
+        f"SELECT coalesce(max(scale({column})), 0), coalesce(max(length(trunc(abs({column}))::text)), 0)"
+        f" FROM ({query}) q"
+    )[0]
+    return row[0] <= scale and (row[1] <= integer_digits or row[1] == 1)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=_case())
+def test_random_numerics_and_changes_are_exact_or_refused(db: Database, case: tuple) -> None:
+    (pa, sa), (pb, sb) = types = case[0]
+    first, changes = case[1], case[2]
+    queries = {
+        "per_row": "SELECT id, a / b AS r FROM src WHERE b <> 0",
+        "grouped": "SELECT g, avg(a) AS r, sum(a) / sum(b) AS s FROM src GROUP BY g HAVING sum(b) <> 0",
+    }
+    shapes = {  # (query, column) -> the (integer digits, scale) the translation picks
+        ("per_row", "r"): quotient_type((pa - sa, sa), (pb - sb, sb), pa - sa + sb),
+        ("grouped", "r"): quotient_type((None, sa), (19, 0), pa - sa),
+        ("grouped", "s"): quotient_type((None, sa), (None, sb), None),
+    }
+    names = [f"{q}_{m.lower()}" for q in queries for m in MODES]
+    for name in names:
+        db.sql(f"SELECT pgtrickle.drop_stream_table('{name}') FROM pgtrickle.stream_tables_info"
+               f" WHERE table_name = '{name}'")
+    db.sql("DROP TABLE IF EXISTS src")
+    db.sql(f"CREATE TABLE src (id serial PRIMARY KEY, g int, a numeric({pa},{sa}), b numeric({pb},{sb}))")
+    for g, a, b in first:
+        db.sql("INSERT INTO src (g, a, b) VALUES (%s, %s, %s)", (g, a, b))
+    for query, sql_text in queries.items():
+        for mode in MODES:
+            create_st(db, f"{query}_{mode.lower()}", sql_text, refresh_mode=mode, initialize=False)
+    del types
+    for step in [None, *changes]:
+        if step is not None:
+            kind, values = step
+            for g, a, b in values:
+                if kind == "insert":
+                    db.sql("INSERT INTO src (g, a, b) VALUES (%s, %s, %s)", (g, a, b))
+                elif kind == "update":
+                    db.sql("UPDATE src SET a = %s, b = %s WHERE id = (SELECT min(id) FROM src WHERE g = %s)",
+                           (a, b, g))
+                else:
+                    db.sql("DELETE FROM src WHERE id = (SELECT max(id) FROM src WHERE g = %s)", (g,))
+        for query, sql_text in queries.items():
+            fits = all(_fits(db, sql_text, column, *shapes[(q, column)]) for q, column in shapes if q == query)
+            for mode in MODES:
+                name = f"{query}_{mode.lower()}"
+                before = _contents(db, name)
+                if fits:
+                    refresh_and_check(db, name)
+                else:
+                    with pytest.raises(ValueNotCarriedError) as err:
+                        refresh(db, name)
+                    assert err.value.sqlstate == "22003"
+                    assert _contents(db, name) == before
