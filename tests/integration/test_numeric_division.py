@@ -190,9 +190,13 @@ def _case(draw):  # type: ignore[no-untyped-def]
         return st.integers(-(10**p) + 1, 10**p - 1).map(lambda n: str(Decimal(n).scaleb(-s)))
 
     def rows(n: int) -> st.SearchStrategy[list]:
-        return st.lists(st.tuples(st.integers(0, 2), value(*types[0]), value(*types[1])), min_size=1, max_size=n)
+        return st.lists(
+            st.tuples(st.integers(0, 2), value(*types[0]), value(*types[1])), min_size=1, max_size=n
+        )
 
-    changes = st.lists(st.tuples(st.sampled_from(["insert", "update", "delete"]), rows(3)), min_size=1, max_size=3)
+    changes = st.lists(
+        st.tuples(st.sampled_from(["insert", "update", "delete"]), rows(3)), min_size=1, max_size=3
+    )
     return types, draw(rows(6)), draw(changes)
 
 
@@ -221,8 +225,10 @@ def test_random_numerics_and_changes_are_exact_or_refused(db: Database, case: tu
     }
     names = [f"{q}_{m.lower()}" for q in queries for m in MODES]
     for name in names:
-        db.sql(f"SELECT pgtrickle.drop_stream_table('{name}') FROM pgtrickle.stream_tables_info"
-               f" WHERE table_name = '{name}'")
+        db.sql(
+            f"SELECT pgtrickle.drop_stream_table('{name}') FROM pgtrickle.stream_tables_info"
+            f" WHERE table_name = '{name}'"
+        )
     db.sql("DROP TABLE IF EXISTS src")
     db.sql(f"CREATE TABLE src (id serial PRIMARY KEY, g int, a numeric({pa},{sa}), b numeric({pb},{sb}))")
     for g, a, b in first:
@@ -238,12 +244,16 @@ def test_random_numerics_and_changes_are_exact_or_refused(db: Database, case: tu
                 if kind == "insert":
                     db.sql("INSERT INTO src (g, a, b) VALUES (%s, %s, %s)", (g, a, b))
                 elif kind == "update":
-                    db.sql("UPDATE src SET a = %s, b = %s WHERE id = (SELECT min(id) FROM src WHERE g = %s)",
-                           (a, b, g))
+                    db.sql(
+                        "UPDATE src SET a = %s, b = %s WHERE id = (SELECT min(id) FROM src WHERE g = %s)",
+                        (a, b, g),
+                    )
                 else:
                     db.sql("DELETE FROM src WHERE id = (SELECT max(id) FROM src WHERE g = %s)", (g,))
         for query, sql_text in queries.items():
-            fits = all(_fits(db, sql_text, column, *shapes[(q, column)]) for q, column in shapes if q == query)
+            fits = all(
+                _fits(db, sql_text, column, *shapes[(q, column)]) for q, column in shapes if q == query
+            )
             for mode in MODES:
                 name = f"{query}_{mode.lower()}"
                 before = _contents(db, name)

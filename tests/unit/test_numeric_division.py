@@ -112,6 +112,9 @@ def test_spark_row_function_refuses_what_does_not_fit() -> None:
     sqlstate, message = refused(spark_quotient(Decimal(1), Decimal(300000), 0, 0, 20, 18, "sum(a) / sum(b)"))
     assert sqlstate == "22003"
     assert "sum(a) / sum(b)" in message and "decimal(38,20)" in message
+    # 0 at rscale 24, 0.5 at rscale 24: the value fits though the display scale does not
+    assert spark_quotient(Decimal(0), Decimal(300000), 0, 0, 20, 18, "a / b") == "0"
+    assert spark_quotient(Decimal("0.00002"), Decimal(4), 0, 0, 20, 18, "a / b") == "0.000005"
     # 21 integer digits
     assert refused(spark_quotient(Decimal(10) ** 20, Decimal(1), 0, 0, 20, 18, "a / b"))[0] == "22003"
 

@@ -185,7 +185,13 @@ def spark_quotient(
         )
     _, digits, exponent = quotient.as_tuple()
     assert isinstance(exponent, int)
-    if low > result_scale or len(digits) + exponent > integer_digits:
+    # The value must fit; its display scale may pass the type's when the digits beyond are zeros
+    # (0 with rscale 24 is 0), since a division around it gets the scale from spark_scale.
+    unscaled, significant = _unscaled(quotient)
+    while unscaled % 10 == 0 and significant < 0:
+        unscaled //= 10
+        significant += 1
+    if -significant > result_scale or len(digits) + exponent > integer_digits:
         return refusal(
             NUMERIC_RANGE_SQLSTATE,
             f"the quotient {label} = {quotient} does not fit "
@@ -193,6 +199,8 @@ def spark_quotient(
             f"it (at most {integer_digits} digits before and {result_scale} after the decimal "
             "point); cast the operands to numeric(p,s) with fewer digits, or round the quotient.",
         )
+    if -exponent > result_scale:  # only zeros beyond the type's scale: drop them
+        quotient = Decimal((quotient.is_signed(), tuple(int(d) for d in str(unscaled)), significant))
     return format(quotient, "f")
 
 
