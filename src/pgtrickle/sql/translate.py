@@ -98,7 +98,10 @@ quotient does not fit that type, or depends on a display scale Spark does not
 carry (an unconstrained ``numeric``), fails the refresh with SQLSTATE 22003
 naming the expression; docs/TYPES.md has the rule and its residual refusals.
 The Spark session must have the function registered
-(``pgtrickle.spark.numeric.ensure_functions``).
+(``pgtrickle.spark.numeric.ensure_functions``).  Without ``column_types`` an
+operand of unknown type may be a ``double precision`` (whose division is
+Spark's), so a quotient with such an operand stays Spark's ``/``: pass
+``column_types`` (every refresh does).
 
 Integer casts.  PostgreSQL rounds when converting to an integer type
 (``numeric`` half away from zero, ``double precision`` half to even); Spark
