@@ -139,7 +139,11 @@ def zset_pg(db: Database, compiled: Compiled) -> Counter:
 
 
 def zset_spark(spark, compiled: Compiled) -> Counter:  # type: ignore[no-untyped-def]
-    rows = spark.sql(compiled.consolidated().sql()).collect()
+    from pgtrickle.spark.numeric import ensure_functions
+
+    text = compiled.consolidated().sql()
+    ensure_functions(spark, text)  # numeric quotients call pgtrickle's row function
+    rows = spark.sql(text).collect()
     return Counter({tuple(r[:-1]): r[-1] for r in rows})
 
 

@@ -71,7 +71,11 @@ def run_on_spark(session: Any, pg_sql: str, column_types: Any = None) -> list[tu
     from pyspark.sql import functions as F
     from pyspark.sql.types import TimestampNTZType, TimestampType
 
-    frame = session.sql(spark_sql(pg_sql, column_types))
+    from pgtrickle.spark.numeric import ensure_functions
+
+    text = spark_sql(pg_sql, column_types)
+    ensure_functions(session, text)  # numeric quotients call pgtrickle's row function
+    frame = session.sql(text)
     columns = [
         F.col(f"`{field.name}`").cast("string").alias(field.name)
         if isinstance(field.dataType, (TimestampType, TimestampNTZType))

@@ -213,14 +213,16 @@ def test_integer_division_with_unknown_types_is_decided_at_run_time() -> None:
 
 def test_division_with_a_numeric_operand_is_fractional() -> None:
     sql = translated(" SELECT amount / qty::numeric AS a,\n    f / 2::double precision AS b\n   FROM public.orders;", COLUMN_TYPES)
-    assert "amount / CAST(qty AS DECIMAL(10, 0)) AS a" in sql
+    # numeric: PostgreSQL's quotient by the row function, cast to a decimal that holds it
+    assert "CAST(PGT_NUMERIC_DIV(amount, CAST(qty AS DECIMAL(10, 0)), 2, 0, 30, 8," in sql
+    assert "AS DECIMAL(38, 30)) AS a" in sql
     assert "f / CAST(2 AS DOUBLE) AS b" in sql
-    assert "DIV" not in sql
+    assert " DIV " not in sql
 
 
 def test_sum_of_bigint_is_numeric_so_its_division_is_fractional() -> None:
     sql = translated(" SELECT sum(big) / count(*) AS a,\n    sum(qty) / count(*) AS b\n   FROM public.orders;", COLUMN_TYPES)
-    assert "SUM(big) / COUNT(*) AS a" in sql
+    assert "PGT_NUMERIC_DIV(SUM(big), COUNT(*), 0, 0, 20, 18, 'SUM(big) / COUNT(*)') AS DECIMAL(38, 20)) AS a" in sql
     assert "SUM(qty) DIV COUNT(*) AS b" in sql
 
 
@@ -650,3 +652,35 @@ def test_is_volatile_detects_time_random_and_sequence_functions(expression: str)
 def test_is_volatile_false_for_deterministic_query() -> None:
     assert not is_volatile(" SELECT orders.id,\n    orders.ts - '1 day'::interval AS t\n   FROM public.orders;")
 
+
+
+def test_numeric_quotients_follow_postgresql_scales() -> None:
+    """Every numeric quotient and avg is PostgreSQL's (the row function), typed from the operands'
+    shapes: numeric(10,2) has 8 integer digits and scale 2, an integer 10 digits and scale 0."""
+    sql = squash(
+        translated(
+            " SELECT avg(amount) AS a, avg(qty) FILTER (WHERE flag) AS b, round(amount / qty, 2) AS c,"
+            " (amount / qty) / 3 AS d, amount / price AS e, avg(amount) OVER (PARTITION BY customer) AS w"
+            " FROM public.orders;",
+            COLUMN_TYPES,
+        )
+    )
+    # avg: sum / count, the average's integer digits are the argument's
+    assert (
+        "CAST(PGT_NUMERIC_DIV(SUM(amount), COUNT(amount), 2, 0, 30, 8, 'AVG(amount)') AS DECIMAL(38, 30)) AS a"
+        in sql
+    )
+    assert "PGT_NUMERIC_DIV(SUM(qty) FILTER(WHERE flag), COUNT(qty) FILTER(WHERE flag), 0, 0, 28, 10," in sql
+    assert (
+        "PGT_NUMERIC_DIV(SUM(amount) OVER (PARTITION BY customer), COUNT(amount) OVER (PARTITION BY customer),"
+        in sql
+    )
+    # round(q, 2) rounds the exact quotient (Spark's ROUND of a decimal is half away from zero too)
+    assert (
+        "ROUND(CAST(PGT_NUMERIC_DIV(amount, qty, 2, 0, 30, 8, 'amount / qty') AS DECIMAL(38, 30)), 2) AS c"
+        in sql
+    )
+    # a quotient of a quotient gets the inner one's scale per row
+    assert "PGT_NUMERIC_DIV_SCALE(amount, qty, 2, 0), 0, 30, 8, '(amount / qty) / 3')" in sql
+    # an unconstrained numeric's display scale is not known: -1, decided per row
+    assert "PGT_NUMERIC_DIV(amount, price, 2, -1, 20, 18," in sql

@@ -23,6 +23,7 @@ from pgtrickle.config import Settings
 from pgtrickle.db.connection import JdbcTarget
 from pgtrickle.spark import jdbc
 from pgtrickle.spark.capabilities import capabilities
+from pgtrickle.spark.numeric import ensure_functions
 from pgtrickle.sql.translate import translate_to_spark
 
 ProgressFn = Callable[[str], None]
@@ -122,7 +123,9 @@ class GroupContext:
             df.createOrReplaceTempView(view)
             table_map[(source.schema, source.name)] = view
         column_types = {(s.schema, s.name): dict(s.column_types) for s in st.sources}
-        df = spark.sql(translate_to_spark(st.normalized_query, table_map, column_types))
+        spark_sql = translate_to_spark(st.normalized_query, table_map, column_types)
+        ensure_functions(spark, spark_sql)
+        df = spark.sql(spark_sql)
         df = df.toDF(*[c.name for c in st.columns])
         self._views[pgt_id] = df
         return df

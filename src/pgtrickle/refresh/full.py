@@ -185,7 +185,7 @@ class FullRun:
         st = self.st
         out = []
         for table in self.layout.state_tables:
-            value = self.r.spark.sql(kept_state_sql(st, table.node, views))
+            value = planning.sql(self.r.spark, kept_state_sql(st, table.node, views), self.timings, "kept")
             decimals = {
                 column: (f.dataType.precision, f.dataType.scale)
                 for column, f in zip(table.columns, value.schema.fields, strict=False)

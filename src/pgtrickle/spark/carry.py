@@ -53,6 +53,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from pgtrickle.spark import numeric
 from pgtrickle.sql.blank_padded import width_from_type_name
 
 NATIVE = "native"
@@ -285,6 +286,9 @@ def refusal_in(exc: BaseException) -> Refusal | None:
             break
         if isinstance(python, RefusedRead):
             return python.refusal
+        quotient = numeric.refusal_in(python)
+        if quotient is not None:  # a numeric quotient refused on Spark (pgtrickle.spark.numeric)
+            return Refusal(quotient[0], quotient[1], None)
         found = _refusal_in_java(getattr(python, "java_exception", None) or getattr(python, "_origin", None))
         if found is not None:
             return found

@@ -17,9 +17,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pgtrickle.spark.numeric import ensure_functions
+
 
 def sql(spark: Any, text: str, timings: dict[str, float], label: str) -> Any:
-    """``spark.sql(text)``, its analysis seconds added to ``timings[label + '_analysis']``."""
+    """``spark.sql(text)``, its analysis seconds added to ``timings[label + '_analysis']`` (the
+    numeric division functions registered first when ``text`` calls them: spark/numeric.py)."""
+    ensure_functions(spark, text)
     started = time.monotonic()
     df = spark.sql(text)
     _add(timings, f"{label}_analysis", time.monotonic() - started)

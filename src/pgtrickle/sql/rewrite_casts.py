@@ -93,6 +93,10 @@ def _decimal_cast(value: exp.Expr, value_type: str | None, params: list[int]) ->
             return exp.Cast(
                 this=exp.Literal.string(_plain_decimal(constant)), to=decimal_type(precision, scale)
             )
+        if isinstance(value, exp.Null):
+            # The narrowest decimal: a CASE or COALESCE with a quotient keeps the quotient's type
+            # (a wider one would make Spark cut the quotient's scale).
+            return exp.Cast(this=value, to=decimal_type(1, 0))
         if value_type in INT_TYPES:
             return exp.Cast(this=value, to=decimal_type(DECIMAL_FOR_INT[value_type], 0))
         if value_type == "numeric":

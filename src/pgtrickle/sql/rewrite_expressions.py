@@ -30,6 +30,7 @@ from pgtrickle.sql.nodes import (
     typeof_in,
     unit_name,
 )
+from pgtrickle.sql.numeric_scale import SHAPE_KEY, label_of, quotient_call, shape
 from pgtrickle.sql.rewrite_casts import rewrite_cast
 from pgtrickle.sql.typing_rules import (
     FLOAT_TYPES,
@@ -68,10 +69,15 @@ class Rewriter:
             exp.Collate: self._collate,
             exp.Like: self._blank_sensitive,
             exp.ILike: self._blank_sensitive,
+            exp.Avg: self._avg,
+            exp.Filter: self._aggregate_around_avg,
+            exp.Window: self._aggregate_around_avg,
         }
 
     def rewrite(self, node: exp.Expr) -> exp.Expr:
         """Rewrite ``node``'s subtree bottom-up and return its replacement."""
+        if isinstance(node, (exp.Div, exp.Avg)):
+            node.meta[_LABEL_KEY] = label_of(node)
         for child in list(node.iter_expressions()):
             self.rewrite(child)
         handler = self._handlers.get(type(node))
@@ -84,6 +90,8 @@ class Rewriter:
             return node
         if META_KEY not in replacement.meta:
             replacement.meta[META_KEY] = pg_type
+        if SHAPE_KEY in node.meta and SHAPE_KEY not in replacement.meta:
+            replacement.meta[SHAPE_KEY] = node.meta[SHAPE_KEY]
         if blank_padded.WIDTH_KEY in node.meta and blank_padded.WIDTH_KEY not in replacement.meta:
             replacement.meta[blank_padded.WIDTH_KEY] = node.meta[blank_padded.WIDTH_KEY]
         if parent is not None and arg_key is not None:
@@ -93,9 +101,20 @@ class Rewriter:
     # -- arithmetic
 
     def _div(self, node: exp.Div) -> exp.Expr:
-        """PostgreSQL division: integer operands truncate."""
+        """PostgreSQL division: integer operands truncate; numeric quotients are rounded to
+        PostgreSQL's scale (``sql/numeric_scale.py``)."""
         left, right = node.this, node.expression
         left_type, right_type = inferred_type(left), inferred_type(right)
+        exact = (*INT_TYPES, "numeric")
+        if left_type in exact and right_type in exact and "numeric" in (left_type, right_type):
+            return quotient_call(
+                left,
+                right,
+                shape(left),
+                shape(right),
+                shape(node)[0],
+                node.meta.get(_LABEL_KEY) or label_of(node),
+            )
         if left_type in INT_TYPES and right_type in INT_TYPES:
             quotient = exp.IntDiv(this=left, expression=right)
             widest = max((left_type, right_type), key=INT_TYPES.index)
@@ -322,6 +341,46 @@ class Rewriter:
 
     # -- aggregates and others
 
+    def _avg(self, node: exp.Avg) -> exp.Expr:
+        """``avg`` of integers or numerics is ``sum / count`` by PostgreSQL's numeric division
+        (under a FILTER or OVER, :meth:`_aggregate_around_avg` rewrites it)."""
+        if not _numeric_average(node) or (
+            isinstance(node.parent, (exp.Filter, exp.Window)) and node.arg_key == "this"
+        ):
+            return node
+        return self._average(node, lambda aggregate: aggregate)
+
+    def _aggregate_around_avg(self, node: exp.Filter | exp.Window) -> exp.Expr:
+        """``avg(x) FILTER (...)`` / ``avg(x) OVER (...)``: the sum and the count each under it."""
+        inner = node.this
+        if not isinstance(inner, exp.Avg) or not _numeric_average(inner):
+            return node
+
+        def around(aggregate: exp.Expr) -> exp.Expr:
+            wrapper = node.copy()
+            wrapper.set("this", aggregate)
+            return wrapper
+
+        label = node.meta.get(_LABEL_KEY) or inner.meta.get(_LABEL_KEY) or label_of(node)
+        return self._average(inner, around, label)
+
+    def _average(
+        self, node: exp.Avg, around: Callable[[exp.Expr], exp.Expr], label: str | None = None
+    ) -> exp.Expr:
+        argument = node.this
+        value = _average_argument(node)
+        total = around(exp.Sum(this=argument.copy()))
+        count = around(exp.Count(this=argument.copy()))
+        value_shape = shape(value)
+        return quotient_call(
+            total,
+            count,
+            (None, value_shape[1]),
+            (19, 0),
+            value_shape[0],
+            label or node.meta.get(_LABEL_KEY) or label_of(node),
+        )
+
     def _within_group(self, node: exp.WithinGroup) -> exp.Expr:
         """Exact percentiles (sqlglot would make them approximate)."""
         function = node.this
@@ -341,6 +400,20 @@ class Rewriter:
         if name in UUID_FUNCTIONS:
             return spark_func("UUID")
         return node
+
+
+def _average_argument(node: exp.Avg) -> exp.Expr:
+    argument = node.this
+    return argument.expressions[0] if isinstance(argument, exp.Distinct) else argument
+
+
+def _numeric_average(node: exp.Avg) -> bool:
+    """Whether PostgreSQL's ``avg`` here is ``numeric`` (of an integer or numeric argument)."""
+    return inferred_type(_average_argument(node)) in (*INT_TYPES, "numeric")
+
+
+_LABEL_KEY = "pgt_label"
+"""Node meta: the PostgreSQL text of a division or ``avg``, for the row function's messages."""
 
 
 def _integer_condition(node: exp.Expr) -> exp.Expr | bool:

@@ -83,11 +83,25 @@ fraction digits) the cast ``x::numeric`` becomes the narrowest exact type:
 
 ``numeric(p, s)`` maps to ``DECIMAL(p, s)`` (both round half away from zero);
 precisions above 38 are refused.  Addition, subtraction and multiplication of
-decimals are exact in Spark as long as the result fits 38 digits.  Known
-limitation: the *scale* of a numeric quotient differs (PostgreSQL keeps at
-least 16 significant digits, Spark ``max(6, s1 + p2 + 1)`` digits), so
-non-terminating decimal quotients such as ``1::numeric / 3`` differ in their
-trailing digits; like ``avg``, that is left to the result-type handling.
+decimals are exact in Spark as long as the result fits 38 digits.
+
+Numeric division and ``avg``.  PostgreSQL rounds a numeric quotient to
+``max(16 - 4 * qweight, dscale(a), dscale(b))`` digits (at least 16
+significant ones), Spark to ``max(6, s1 + p2 + 1)``.  So every quotient with
+a numeric result (``numeric / numeric``, ``numeric / integer``) and every
+``avg`` of an integer or numeric (``sum / count``, also under ``FILTER`` and
+``OVER``) becomes a call of the row function ``pgt_numeric_div``
+(``sql/numeric_division.py``: PostgreSQL's rule, exactly), cast to a decimal
+type chosen from the operands' integer digits and display scales
+(``sql/numeric_scale.py``, which the type inference annotates).  A row whose
+quotient does not fit that type, or depends on a display scale Spark does not
+carry (an unconstrained ``numeric``), fails the refresh with SQLSTATE 22003
+naming the expression; docs/TYPES.md has the rule and its residual refusals.
+The Spark session must have the function registered
+(``pgtrickle.spark.numeric.ensure_functions``).  Without ``column_types`` an
+operand of unknown type may be a ``double precision`` (whose division is
+Spark's), so a quotient with such an operand stays Spark's ``/``: pass
+``column_types`` (every refresh does).
 
 Integer casts.  PostgreSQL rounds when converting to an integer type
 (``numeric`` half away from zero, ``double precision`` half to even); Spark
@@ -137,7 +151,8 @@ contain ``${`` are refused because Spark substitutes variables there.
 Known differences left as they are: text comparison and ``min``/``max``/
 ``ORDER BY`` on text follow code point order, which equals PostgreSQL's only
 under the ``C`` collation; floating-point functions (``sqrt``, ``power``,
-``stddev``...) and ``avg`` agree only up to floating-point precision;
+``stddev``...) and ``avg`` of floating-point values agree only up to
+floating-point precision;
 ``double precision`` values print differently as text (``1e+20`` versus
 ``1.0E20``); a decimal printed as text shows its Spark scale, so values of
 unconstrained ``numeric`` columns (read as ``DECIMAL(38, 18)``) print with

@@ -16,6 +16,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 from pgtrickle.sql import blank_padded
 from pgtrickle.sql.functions import TIMESTAMP_FUNCTIONS
 from pgtrickle.sql.nodes import META_KEY, fold_outputs
+from pgtrickle.sql.numeric_scale import SHAPE_KEY, UNKNOWN, Shape, shape_of_type_name, shape_rule
 from pgtrickle.sql.parse import cte_names
 from pgtrickle.sql.typing_rules import (
     FIXED_RESULT_TYPES,
@@ -48,6 +49,10 @@ class TypeInference:
             key: {name: blank_padded.width_from_type_name(type_name) for name, type_name in columns.items()}
             for key, columns in column_types.items()
         }
+        self._type_names: dict[tuple[str, str], dict[str, str]] = {
+            key: dict(columns) for key, columns in column_types.items()
+        }
+        self._shapes: dict[int, Shape] = {}
         self._ctes = cte_names(query)
         self._scope_of: dict[int, Scope] = {}
         try:
@@ -64,6 +69,8 @@ class TypeInference:
         """Store the inferred category on every node of the query."""
         for node in list(self._query.walk()):
             node.meta[META_KEY] = self.type_of(node)
+            if node.meta[META_KEY] in ("numeric", *INT_TYPES):
+                node.meta[SHAPE_KEY] = self.shape_of(node)
             width = self.padded_width(node)
             if width is not None:
                 node.meta[blank_padded.WIDTH_KEY] = width
@@ -95,6 +102,52 @@ class TypeInference:
                 return None
             return self._query_width(source.expression, names.index(name), depth + 1)
         return self._widths.get(self._table_key(source), {}).get(name)
+
+    def shape_of(self, node: exp.Expr | None, depth: int = 0) -> Shape:
+        """The integer digits and display scale of a numeric expression (``sql/numeric_scale.py``)."""
+        if node is None or depth > 64:
+            return UNKNOWN
+        key = id(node)
+        if key in self._shapes:
+            return self._shapes[key]
+        children = {id(c): self.shape_of(c, depth + 1) for c in node.iter_expressions()}
+        found = shape_rule(node, self.type_of(node), children)
+        if found is None:
+            found = self._column_shape(node, depth) if isinstance(node, exp.Column) else UNKNOWN
+            if isinstance(node, exp.Subquery):
+                found = self._query_shape(node, 0, depth + 1)
+        self._shapes[key] = found
+        return found
+
+    def _column_shape(self, column: exp.Column, depth: int) -> Shape:
+        """The shape of a column from its source table's type name or its derived table's query."""
+        found = self._column_source(column)
+        if found is None:
+            return shape_of_type_name(None, self.type_of(column))
+        source, name = found
+        if isinstance(source, Scope):
+            names = _scope_output_names(source)
+            if names is None or name not in names:
+                return UNKNOWN
+            return self._query_shape(source.expression, names.index(name), depth + 1)
+        type_name = self._type_names.get(self._table_key(source), {}).get(name)
+        return shape_of_type_name(type_name, self.type_of(column))
+
+    def _query_shape(self, node: exp.Expr, index: int, depth: int) -> Shape:
+        """The shape of the ``index``-th output column of a (sub)query: of every branch."""
+
+        def leaf(projection: exp.Expr | None) -> Shape:
+            return UNKNOWN if projection is None else self.shape_of(projection, depth)
+
+        def combine(shapes: list[Shape]) -> Shape:
+            digits = [d for d, _ in shapes]
+            scales = {s for _, s in shapes}
+            return (
+                None if None in digits else max(d for d in digits if d is not None),
+                scales.pop() if len(scales) == 1 else None,
+            )
+
+        return fold_outputs(node, index, leaf, combine)
 
     def _query_width(self, node: exp.Expr, index: int, depth: int) -> int | None:
         """Width of the ``index``-th output column of a (sub)query (see :meth:`padded_width`)."""
