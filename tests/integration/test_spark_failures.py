@@ -147,7 +147,9 @@ def test_a_spark_that_cannot_start_is_a_clear_error_and_changes_nothing(db: Data
     db.sql("UPDATE t SET v = v + 1")
     catalog = db.sql("SELECT status, consecutive_errors, frontier::text FROM pgtrickle.pgt_stream_tables")
     history = _last_refresh_id(db)
-    env = dict(os.environ, PYTHONPATH=SRC, PGTRICKLE_DSN=db.dsn, PGTRICKLE_DATA_DIR=str(tmp_path / "data"),
+    # COLUMNS: the console does not wrap a long temporary path (an xdist worker's is longer) mid-word.
+    env = dict(os.environ, COLUMNS="1000", PYTHONPATH=SRC, PGTRICKLE_DSN=db.dsn,
+               PGTRICKLE_DATA_DIR=str(tmp_path / "data"),
                PGTRICKLE_JDBC_JAR=db.settings.jdbc_jar)
     no_java = Path(tmp_path / "jdk")
     no_java.mkdir()
