@@ -40,6 +40,12 @@ class AlreadyRecorded(Exception):
         self.error = error
 
 
+def _analysis_key(st: StreamTable) -> tuple[int, str, bool]:
+    """A mode decision's cache key: the table, its query, and whether hidden state tables may be
+    kept (refresh_mode DIFFERENTIAL only: dvm/layout.decide_mode)."""
+    return st.pgt_id, st.normalized_query, st.refresh_mode == "DIFFERENTIAL"
+
+
 class RefreshModes:
     """The mode decisions of one refresher (used by the engine)."""
 
@@ -63,8 +69,8 @@ class RefreshModes:
 
     def analysis(self, st: StreamTable) -> DeltaMode:
         """The refresh-mode decision of ``st``'s query (cached per query text): see dvm/layout.py."""
-        keep_state = st.refresh_mode == "DIFFERENTIAL"
-        key = (st.pgt_id, st.normalized_query, keep_state)
+        key = _analysis_key(st)
+        keep_state = key[2]
         cached = self._analyses.get(key)
         if cached is None:
             schema = {f"{s.schema}.{s.name}": [c for c, _ in s.column_types] for s in st.sources}
@@ -75,9 +81,7 @@ class RefreshModes:
 
     def demote(self, st: StreamTable, reason: str) -> None:
         """Analyse ``st``'s query as FULL-only from now on (its differential plan failed on Spark)."""
-        self._analyses[(st.pgt_id, st.normalized_query, st.refresh_mode == "DIFFERENTIAL")] = DeltaMode(
-            False, reason
-        )
+        self._analyses[_analysis_key(st)] = DeltaMode(False, reason)
         self.record(st, "FULL", reason)
 
     def prepare(self, st: StreamTable, initiated_by: str) -> tuple[DeltaMode, bool, Layout, bool]:
