@@ -21,6 +21,7 @@ from pgtrickle.dvm.keyed import KeySource, Restriction
 from pgtrickle.dvm.materialize import decide
 from pgtrickle.dvm.reference import Table, evaluate
 from tests.unit.test_delta_rules import R1, R2, TREE_KINDS, e, envs, expected_change, order, trees
+from tests.unit.test_integrate import _prove_over_r1_r2
 
 RESTRICTED = "#restricted"
 
@@ -131,13 +132,7 @@ def test_kept_shapes_read_their_sources_by_the_touched_keys(shape: str) -> None:
     assert ("materialized", kept) in keyed.restrictions(change)
     assert ("materialized", kept) not in found
 
-    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-    @given(envs(("r1", "r2")))
-    def prove(drawn: tuple[dict[str, Table], frozenset[str]]) -> None:
-        env, changed = drawn
-        _check(root, env, changed, hidden)
-
-    prove()
+    _prove_over_r1_r2(root, hidden, _check, examples=40)
 
 
 def test_an_outer_join_pads_nothing_it_is_bounded_by() -> None:
