@@ -137,14 +137,14 @@ def test_telescoping_join_reads_the_other_side_by_the_changes_keys() -> None:
     plan = plan_delta(sql, SCHEMA, TYPES, {"public.orders"}, "spark").plan
     assert plan is not None
     found = keyed.restrictions(plan)
-    assert found[("post", "public.customers")] == Restriction("cid", KeySource("public.orders", "cust"))
+    assert found[("post", "public.customers")] == Restriction("cid", (KeySource("public.orders", "cust"),))
     # Both changed: each post is read where the other's change bounds it... and also in the
     # term where it is the only bound, so every use must agree.
     both = plan_delta(sql, SCHEMA, TYPES, {"public.orders", "public.customers"}, "spark").plan
     assert both is not None
     restricted = keyed.restrictions(both)
     assert restricted.get(("post", "public.orders")) == Restriction(
-        "cust", KeySource("public.customers", "cid")
+        "cust", (KeySource("public.customers", "cid"),)
     )
 
 
@@ -153,7 +153,7 @@ def test_recomputed_groups_read_only_their_rows() -> None:
     plan = plan_delta(sql, SCHEMA, TYPES, {"public.orders"}, "spark").plan
     assert plan is not None
     assert keyed.restrictions(plan)[("post", "public.orders")] == Restriction(
-        "cust", KeySource("public.orders", "cust")
+        "cust", (KeySource("public.orders", "cust"),)
     )
 
 
@@ -164,7 +164,7 @@ def test_a_whole_scan_is_not_restricted() -> None:
     # The anti join keeps the rows of orders that match no customer: orders is bounded by the
     # customers' changed keys only through the existence flips, never read whole by an ANTI side.
     for key, restriction in keyed.restrictions(plan).items():
-        assert restriction.keys.relation == "public.customers", key
+        assert [k.relation for k in restriction.keys] == ["public.customers"], key
 
 
 def test_stored_state_delta_reads_the_stream_table_for_touched_groups() -> None:
@@ -179,6 +179,6 @@ def test_stored_state_delta_reads_the_stream_table_for_touched_groups() -> None:
     hidden = [n for n in ir.walk(plan) if isinstance(n, ir.Materialized)]
     assert hidden and all(n.pre and n.node is stored.state for n in hidden)
     restriction = keyed.restrictions(plan)[("materialized", stored.state)]
-    assert restriction.keys == KeySource("public.orders", "cust")
+    assert restriction.keys == (KeySource("public.orders", "cust"),)
     assert stored.stored_of(restriction.column) == "cust"
     assert rules.delta_state(stored.root, frozenset({"public.customers"})) is None

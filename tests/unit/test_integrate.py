@@ -10,6 +10,7 @@ brings its table from its stored value to its value at the snapshot.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -44,12 +45,16 @@ def _check(root: ir.Node, env: dict[str, Table], changed: frozenset[str], hidden
         assert (Counter() if change is None else evaluate(change, env)) == expected_change(m, env)
 
 
-def _prove_over_r1_r2(root: ir.Node, hidden: list[ir.Node]) -> None:
-    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def _prove_over_r1_r2(
+    root: ir.Node, hidden: list[ir.Node], check: Callable[..., object] | None = None, examples: int = 25
+) -> None:
+    """``check(root, env, changed, hidden)`` (default: :func:`_check`) on random r1, r2 and changes."""
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(envs(("r1", "r2")))
     def prove(drawn: tuple[dict[str, Table], frozenset[str]]) -> None:
         env, changed = drawn
-        _check(root, env, changed, hidden)
+        (check or _check)(root, env, changed, hidden)
 
     prove()
 

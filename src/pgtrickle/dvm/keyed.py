@@ -4,19 +4,34 @@ Pure: no I/O. A rule that recomputes "only what changed" restricts ``post``/``pr
 to the touched keys with a SEMI join on keys taken from a change (``restrict(post, K, exprs)``),
 and the telescoping join rule joins a change with ``post`` of the other side on the join keys.
 In both cases only the rows of the read whose key column holds a value of the change can reach
-the result. :func:`restrictions` finds, for every relation the plan reads (a base relation's
-``post``, or a hidden table), one such column and the change column whose values bound it — when
-**every** place the plan reads it from is bound that way — so the refresh reads only those rows
-in PostgreSQL (``col = ANY(keys)``), not the whole table.
+the result. :func:`restrictions` finds, for every relation the plans read (a base relation's
+``post``, or a hidden table as stored), one such column and the change columns whose values
+bound it — when **every** place any of the plans reads it from is bound that way — so the
+refresh reads only those rows in PostgreSQL (``col = ANY(keys)``), not the whole table.
 
-The analysis walks the plan top down carrying *demands*: ``(column, source)`` pairs meaning "only
-the rows of this node whose ``column`` holds a value of ``source`` matter". A demand passes
-through ``Filter``, ``Negate``, ``Distinct``, ``UnionAll`` (by position), a ``Project`` column
-that is a plain column, an ``Aggregate`` group key that is a plain column, and to the side of a
-join holding the column. A SEMI or INNER join adds a demand on one side for each equality
-(``=`` or ``IS NOT DISTINCT FROM``) whose other side's column *comes from a change*
-(:func:`_source_of`: through the same operators, down to a ``Delta``'s column). Everything else
-(outer joins, windows, TopK, set operations) drops the demands: its input is read whole.
+The analysis walks the plans top down carrying *demands*: ``(column, sources)`` pairs meaning
+"the plan's result is the same for any value of this node that agrees with its true value on
+the rows whose ``column`` holds a value (NULL included, null-safely) of one of ``sources``".
+Where the keys come from is :mod:`pgtrickle.dvm.keyed_sources` (a column whose every value
+comes from change columns, through the operators that keep values). A demand passes:
+
+- through ``Filter``, ``Negate``, ``Distinct``, ``UnionAll`` and set operations (by position),
+  a ``Project`` column that is a plain column, an ``Aggregate`` group key that is a plain column
+  (a group is computed from its own rows), a ``Window`` column every function partitions by;
+- into a join: to the side holding the column, and across an equality ``a = b`` (or ``IS NOT
+  DISTINCT FROM``) of the condition to the other side's column, since every row of the other
+  side that meets a row of this side matches it on that column. It crosses into the right side
+  of INNER, SEMI, ANTI and LEFT joins (an existence test or a padding looks only at the rows
+  matching the left row), into the left side of INNER and RIGHT joins. A demand on a column the
+  outer join pads with NULLs is dropped, and a FULL join drops them all;
+- a join also *creates* demands: on the right side of INNER, SEMI, ANTI and LEFT joins, and on
+  the left of INNER and RIGHT joins (and SEMI, whose rows are those that match), for each
+  equality whose other column comes from a change.
+
+Everything else (TopK, a window without a common partition, an outer join's padded column)
+drops the demands: its input is read whole. Each read gets, per use, the demands reaching it;
+a column demanded by every use is bounded by the union of those uses' sources (a use bounded by
+fewer keys is also bounded by more).
 
 A restriction is a superset filter: the caller may also keep rows whose column is NULL (a NULL
 key is a group, and ``IS NOT DISTINCT FROM`` matches it).
@@ -24,109 +39,40 @@ key is a group, and ``IS NOT DISTINCT FROM`` matches it).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlglot import exp
-
 from pgtrickle.dvm import ir
+from pgtrickle.dvm.keyed_sources import KeySource, Sources, equalities, plain, window_partition
 
 __all__ = ["KeySource", "Restriction", "restrictions"]
 
 
 @dataclass(frozen=True, order=True)
-class KeySource:
-    """The values of ``column`` (a source column of ``relation``) in the window's changes."""
-
-    relation: str
-    column: str
-
-
-@dataclass(frozen=True, order=True)
 class Restriction:
-    """Read only the rows whose ``column`` holds a value of ``keys``. ``column`` is a source
-    column for a base relation's read, a column of the node for a hidden table's read."""
+    """Read only the rows whose ``column`` holds a value of one of ``keys`` (sorted, at least one).
+    ``column`` is a source column for a base relation's read, a column of the node for a hidden
+    table's read."""
 
     column: str
-    keys: KeySource
+    keys: tuple[KeySource, ...]
 
 
-Demand = frozenset[tuple[str, KeySource]]
+Demand = frozenset[tuple[str, frozenset[KeySource]]]
 ReadKey = tuple[str, object]
 """``("post", relation)`` or ``("materialized", node)``."""
 
-
-def _conjuncts(condition: exp.Expr | None) -> Iterator[exp.Expr]:
-    if condition is None:
-        return
-    node = condition.unnest() if isinstance(condition, exp.Paren) else condition
-    if isinstance(node, exp.And):
-        yield from _conjuncts(node.this)
-        yield from _conjuncts(node.expression)
-    else:
-        yield node
-
-
-def _plain(expression: exp.Expr) -> str | None:
-    node = expression.unnest() if isinstance(expression, exp.Paren) else expression
-    return node.name if isinstance(node, exp.Column) and not node.table else None
-
-
-def _equalities(condition: exp.Expr | None) -> list[tuple[str, str]]:
-    out = []
-    for term in _conjuncts(condition):
-        if isinstance(term, (exp.EQ, exp.NullSafeEQ)):
-            left, right = _plain(term.this), _plain(term.expression)
-            if left is not None and right is not None:
-                out.append((left, right))
-    return out
-
-
-def _source_of(node: ir.Node, column: str, memo: dict[tuple[int, str], KeySource | None]) -> KeySource | None:
-    """The change column every value of ``column`` in ``node`` comes from, if there is one."""
-    key = (id(node), column)
-    if key in memo:
-        return memo[key]
-    memo[key] = None
-    found: KeySource | None = None
-    if isinstance(node, ir.Delta):
-        scan = node.scan
-        if column in scan.output:
-            found = KeySource(scan.relation, scan.source_columns[scan.output.index(column)])
-    elif isinstance(node, (ir.Filter, ir.Negate, ir.Distinct)):
-        found = _source_of(node.input, column, memo)
-    elif isinstance(node, (ir.Project, ir.Aggregate)):
-        named = node.outputs if isinstance(node, ir.Project) else node.keys
-        inner = _plain(dict(named)[column]) if column in dict(named) else None
-        found = _source_of(node.input, inner, memo) if inner is not None else None
-    elif isinstance(node, ir.UnionAll):
-        position = node.output.index(column)
-        sources = {_source_of(b, b.columns[position], memo) for b in node.branches}
-        found = sources.pop() if len(sources) == 1 else None
-    elif isinstance(node, ir.Join) and node.kind in (ir.JoinKind.INNER, ir.JoinKind.SEMI, ir.JoinKind.ANTI):
-        side = node.left if column in node.left.columns else node.right
-        found = _source_of(side, column, memo)
-        if found is None and node.kind is ir.JoinKind.INNER:
-            for a, b in _equalities(node.condition):
-                other = b if a == column else a if b == column else None
-                if other is not None and (found := _source_of_either(node, other, memo)) is not None:
-                    break
-    memo[key] = found
-    return found
-
-
-def _source_of_either(
-    node: ir.Join, column: str, memo: dict[tuple[int, str], KeySource | None]
-) -> KeySource | None:
-    side = node.left if column in node.left.columns else node.right
-    return _source_of(side, column, memo) if column in side.columns else None
+_EMPTY: Demand = frozenset()
+_MATCHED_LEFT = (ir.JoinKind.INNER, ir.JoinKind.SEMI, ir.JoinKind.RIGHT)
+"""Joins whose left rows that matter are those meeting a right row (or padded, for RIGHT)."""
+_MATCHED_RIGHT = (ir.JoinKind.INNER, ir.JoinKind.SEMI, ir.JoinKind.ANTI, ir.JoinKind.LEFT)
 
 
 class _Walk:
     def __init__(self) -> None:
         self.uses: dict[ReadKey, list[Demand]] = {}
         self._seen: set[tuple[int, Demand]] = set()
-        self._sources: dict[tuple[int, str], KeySource | None] = {}
+        self._sources = Sources()
 
     def visit(self, node: ir.Node, demand: Demand) -> None:
         if (id(node), demand) in self._seen:
@@ -136,62 +82,89 @@ class _Walk:
             to_source = dict(zip(node.output, node.source_columns, strict=True))
             self._use(("post", node.relation), frozenset((to_source[c], k) for c, k in demand))
         elif isinstance(node, ir.Materialized):
-            if not node.change:  # a change buffer is read whole (it is the change)
+            if not node.change:  # a change is read whole (it is the change)
                 self._use(("materialized", node.node), demand)
         elif isinstance(node, (ir.Filter, ir.Negate, ir.Distinct)):
             self.visit(node.input, demand)
         elif isinstance(node, (ir.Project, ir.Aggregate)):
             named = dict(node.outputs if isinstance(node, ir.Project) else node.keys)
-            passed = frozenset((inner, k) for c, k in demand if c in named and (inner := _plain(named[c])))
+            passed = frozenset((inner, k) for c, k in demand if c in named and (inner := plain(named[c])))
             self.visit(node.input, passed)
-        elif isinstance(node, ir.UnionAll):
-            for branch in node.branches:
-                mapping = dict(zip(node.output, branch.columns, strict=True))
+        elif isinstance(node, ir.Window):
+            partition = window_partition(node)
+            self.visit(node.input, frozenset((c, k) for c, k in demand if c in partition))
+        elif isinstance(node, (ir.UnionAll, ir.SetOp)):
+            for branch in node.inputs:
+                mapping = dict(zip(node.columns, branch.columns, strict=True))
                 self.visit(branch, frozenset((mapping[c], k) for c, k in demand))
         elif isinstance(node, ir.Join):
             self._join(node, demand)
         else:
             for child in node.inputs:
-                self.visit(child, frozenset())
+                self.visit(child, _EMPTY)
 
     def _join(self, node: ir.Join, demand: Demand) -> None:
-        if node.kind not in (ir.JoinKind.INNER, ir.JoinKind.SEMI, ir.JoinKind.ANTI):
+        kind = node.kind
+        if kind is ir.JoinKind.FULL:
             for child in node.inputs:
-                self.visit(child, frozenset())
+                self.visit(child, _EMPTY)
             return
-        left = {(c, k) for c, k in demand if c in node.left.columns}
-        right = {(c, k) for c, k in demand if c in node.right.columns and node.kind is ir.JoinKind.INNER}
-        if node.kind is not ir.JoinKind.ANTI:
-            for a, b in _equalities(node.condition):
-                for mine, other in ((a, b), (b, a)):
-                    if mine in node.left.columns and other in node.right.columns:
-                        source = _source_of(node.right, other, self._sources)
-                        if source is not None:
-                            left.add((mine, source))
-                    if (
-                        node.kind is ir.JoinKind.INNER
-                        and mine in node.right.columns
-                        and other in node.left.columns
-                    ):
-                        source = _source_of(node.left, other, self._sources)
-                        if source is not None:
-                            right.add((mine, source))
+        lcols, rcols = set(node.left.columns), set(node.right.columns)
+        # A demand on a column the join pads with NULLs says nothing of the padded side's rows.
+        above_left = {(c, k) for c, k in demand if c in lcols and kind is not ir.JoinKind.RIGHT}
+        above_right = {
+            (c, k) for c, k in demand if c in rcols and kind in (ir.JoinKind.INNER, ir.JoinKind.RIGHT)
+        }
+        left, right = set(above_left), set(above_right)
+        for a, b in equalities(node.condition):
+            for mine, other in ((a, b), (b, a)):
+                if mine in rcols and other in lcols and kind in _MATCHED_RIGHT:
+                    right |= self._across(node.left, other, mine, above_left)
+                if mine in lcols and other in rcols and kind in _MATCHED_LEFT:
+                    left |= self._across(node.right, other, mine, above_right)
         self.visit(node.left, frozenset(left))
         self.visit(node.right, frozenset(right))
+
+    def _across(
+        self, side: ir.Node, column: str, mine: str, demanded: Iterable[tuple[str, frozenset[KeySource]]]
+    ) -> set[tuple[str, frozenset[KeySource]]]:
+        """Demands on ``mine``, the other side's column of an equality with ``column`` of
+        ``side``: ``column``'s own change sources, and each demand on ``column`` from above."""
+        out = {(mine, k) for c, k in demanded if c == column}
+        found = self._sources.of(side, column)
+        if found is not None:
+            out.add((mine, found))
+        return out
 
     def _use(self, key: ReadKey, demand: Demand) -> None:
         self.uses.setdefault(key, []).append(demand)
 
 
-def restrictions(plan: ir.Node) -> dict[ReadKey, Restriction]:
-    """For each read of ``plan`` that every use bounds by a change's keys, one such bound
-    (reads read whole are absent). Keys: ``("post", relation)``, ``("materialized", node)``."""
+def _bound(demands: list[Demand]) -> Restriction | None:
+    """One column every use demands, with the union of the uses' sources (the fewest)."""
+    best: tuple[int, str, frozenset[KeySource]] | None = None
+    columns = set.intersection(*({c for c, _ in d} for d in demands)) if demands else set()
+    for column in sorted(columns):
+        union: frozenset[KeySource] = frozenset()
+        for d in demands:
+            options = [k for c, k in d if c == column]
+            union |= min(options, key=lambda k: (len(k), sorted(k)))
+        if best is None or len(union) < best[0]:
+            best = (len(union), column, union)
+    return None if best is None else Restriction(best[1], tuple(sorted(best[2])))
+
+
+def restrictions(*plans: ir.Node | None) -> dict[ReadKey, Restriction]:
+    """For each read of ``plans`` (read through the same views) that every use bounds by a
+    change's keys, one such bound (reads read whole are absent). Keys: ``("post", relation)``,
+    ``("materialized", node)``."""
     walk = _Walk()
-    walk.visit(plan, frozenset())
+    for plan in plans:
+        if plan is not None:
+            walk.visit(plan, _EMPTY)
     out: dict[ReadKey, Restriction] = {}
     for key, demands in walk.uses.items():
-        common = frozenset.intersection(*demands) if demands else frozenset()
-        if common:
-            column, source = min(common)
-            out[key] = Restriction(column, source)
+        found = _bound(demands)
+        if found is not None:
+            out[key] = found
     return out

@@ -194,7 +194,10 @@ class DeltaReads:
                 raise FallbackToFull("the plan reads a hidden table's change before it is computed")
             self._registered.add(read.name)
             if read.name in self.kept_views:
-                df, bounded = self._kept_table(self.kept_views[read.name]), True
+                assert isinstance(read.node, ir.Materialized)
+                df, bounded = self._kept_table(
+                    self.kept_views[read.name], restrictions.get(("materialized", read.node.node))
+                )
             elif read.kind is ReadKind.DELTA:
                 assert isinstance(read.node, ir.Scan)
                 df = self._delta(read.node)
@@ -285,12 +288,23 @@ class DeltaReads:
         self._registered.add(name)
         self._provided.append(name)
 
-    def _kept_table(self, table: StateTable) -> Any:
-        """A hidden state table as stored (the kept node's value at the window's start)."""
+    def _kept_table(self, table: StateTable, restriction: Restriction | None) -> tuple[Any, bool]:
+        """A hidden state table as stored (the kept node's value at the window's start), only
+        the rows of the change's keys when every plan reading it is bounded by them."""
         select = ", ".join(quote_ident(c) for c in table.columns)
         query = f"SELECT {select} FROM {table.qualified}"
-        self._count("kept_state_reads")
-        return jdbc.read_query(self.r.spark, self.r.target, query, self.window.snap_id)
+        condition = None
+        if restriction is not None:
+            row = self.window.coord.execute(
+                "SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = %s::regclass", (table.qualified,)
+            ).fetchone()
+            condition = self._condition(restriction, float(row[0]) if row else 0.0)
+        if condition is not None:
+            query += f" WHERE {condition}"
+            self._count("kept_key_filtered_reads")
+        else:
+            self._count("kept_state_reads")
+        return jdbc.read_query(self.r.spark, self.r.target, query, self.window.snap_id), True
 
     def _delta(self, scan: ir.Scan) -> Any:
         source = self._source(scan.relation)
@@ -326,20 +340,27 @@ class DeltaReads:
 
     # ------------------------------------------------------------ key pushdown
     def _condition(self, restriction: Restriction | None, table_rows: float) -> str | None:
-        """``column = ANY(keys)`` (PostgreSQL text) when reading only those rows pays."""
+        """``column = ANY(keys)`` (PostgreSQL text) when reading only those rows pays: the keys
+        are the values of every change column of ``restriction.keys`` (of one type)."""
         if restriction is None:
             return None
-        found = self.delta_keys(restriction.keys)
-        if found is None:
-            return None
-        values, with_null = found
+        key_types = {dict(self._source(k.relation).column_types)[k.column] for k in restriction.keys}
+        if len(key_types) != 1:
+            return None  # keys of several types: no one array holds them all exactly
+        values: list[Any] = []
+        with_null = False
+        for keys in restriction.keys:
+            found = self.delta_keys(keys)
+            if found is None:
+                return None
+            values += found[0]
+            with_null |= found[1]
+        values = list(dict.fromkeys(values))
         if not should_push_down(table_rows, len(values)):
             return None
-        source = self._source(restriction.keys.relation)
-        key_type = dict(source.column_types)[restriction.keys.column]
         literal = sql.Literal(values).as_string(self.conn)
         column = quote_ident(restriction.column)
-        condition = f"{column} = ANY(CAST({literal} AS {key_type}[]))"
+        condition = f"{column} = ANY(CAST({literal} AS {key_types.pop()}[]))"
         return f"({condition} OR {column} IS NULL)" if with_null else condition
 
     def delta_keys(self, keys: KeySource) -> tuple[list[Any], bool] | None:

@@ -238,9 +238,9 @@ class DifferentialRun:
             compiled.sql(),
             compiled.columns,
             compiled,
-            # Key-bounded reads are decided on the stream table's plan alone; the hidden tables'
-            # changes read the same views, so with hidden tables every read is whole.
-            {} if kept else keyed.restrictions(plan),
+            # The hidden tables' changes read the same views as the stream table's plan: a read
+            # is bounded only where every one of these plans bounds it.
+            keyed.restrictions(plan, *state_plans),
             rules_text,
             {relation: frozenset(cols) for relation, cols in read_columns.items()},
             kept,
@@ -286,7 +286,7 @@ class DifferentialRun:
             t0 = time.monotonic()
             for table, change, view in prepared.kept:
                 if change is not None:
-                    reads.register(change.main, {}, prepared.read_columns)
+                    reads.register(change.main, prepared.restrictions, prepared.read_columns)
                     self.kept_rows.append((table, self._kept_change(table, change, view, reads)))
             if prepared.kept:
                 self.timings["kept_changes"] = time.monotonic() - t0
