@@ -23,12 +23,13 @@ DIFFERENTIAL seconds per shape (target ≥ 3, issue 18).
 
     .venv/bin/python benchmarks/daemon_path.py [--rows 10000000] [--changes 10000] [--rounds 3]
         [--queries aggregate,join_aggregate] [--dsn DSN] [--spark-master local[*]] [--json PATH]
-        [--no-docs] [--keep]
+        [--no-docs] [--keep] [--render JSON]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
@@ -189,6 +190,7 @@ def run(args: argparse.Namespace, settings: Settings, admin_dsn: str) -> dict[st
         rows[shape] = {
             "diff_seconds": round(diff, 3),
             "request_seconds": round(statistics.median(s["wall"] for s in got["diff"]), 3),
+            "spark_seconds": round(statistics.median(s["spark_seconds"] or 0.0 for s in got["diff"]), 3),
             "matview_seconds": round(mv, 3),
             "ratio": round(mv / diff, 2) if diff else None,
             "differing_rows": wrong.get(shape),
@@ -217,6 +219,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _spark_seconds(row: dict[str, Any]) -> float:
+    """The median Spark seconds of the DIFFERENTIAL refreshes (computed from the samples for older JSON)."""
+    if "spark_seconds" in row:
+        return float(row["spark_seconds"])
+    return statistics.median(s["spark_seconds"] or 0.0 for s in row["samples"]["diff"])
+
+
 def docs_section(report: dict[str, Any], plot_path: Path) -> str:
     lines = header_lines(
         "DIFFERENTIAL through a running daemon vs `REFRESH MATERIALIZED VIEW`", report, "daemon_path"
@@ -236,6 +245,7 @@ def docs_section(report: dict[str, Any], plot_path: Path) -> str:
             shape,
             f"{r['diff_seconds']:.2f}",
             f"{r['request_seconds']:.2f}",
+            f"{_spark_seconds(r):.2f}",
             f"{r['matview_seconds']:.2f}",
             fmt_ratio(r["ratio"]),
             r["differing_rows"],
@@ -268,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", default=",".join(SHAPES), help="comma-separated: " + ", ".join(SHAPES))
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for one refresh")
     parser.add_argument("--keep", action="store_true", help="keep the run's database")
+    parser.add_argument(
+        "--render", type=Path, metavar="JSON", help="only rewrite the docs section and plot from a saved run"
+    )
     add_output_args(parser, SECTION, PLOT)
     args = parser.parse_args(argv)
     args.queries = [q.strip() for q in args.queries.split(",") if q.strip()]
@@ -276,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown --queries {', '.join(unknown)}; choose from {', '.join(SHAPES)}")
     if args.rounds < 1 or args.changes < 4 or args.rows < 1000:
         parser.error("--rounds must be ≥ 1, --changes ≥ 4 and --rows ≥ 1000")
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        plot(saved, args.plot)
+        write_section(args.section, docs_section(saved, args.plot))
+        print(f"docs/BENCHMARKS.md section {args.section} rewritten from {args.render}", flush=True)
+        return 0
     stop_on_signals()
     settings = Settings.from_env().with_overrides(dsn=args.dsn, spark_master=args.spark_master)
     admin_dsn = resolve_dsn(settings)
