@@ -28,6 +28,9 @@ import pytest
 from pgtrickle.config import Settings
 from tests import hypothesis_profiles
 
+#: PGTRICKLE_TEST_CPU_LOG=<file>: per-test wall and CPU seconds (tests/cpu_log.py, docs/TESTING.md).
+pytest_plugins = ["tests.cpu_log"]
+
 try:
     hypothesis_profiles.load()
 except hypothesis_profiles.UnknownProfileError as exc:
