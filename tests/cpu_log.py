@@ -7,9 +7,12 @@ and of every process below it (the session's Spark JVM, the PostgreSQL server, d
 ``pgtrickle refresh`` processes the test starts), the pytest-xdist worker and the load average at
 its end. Unset (the default), nothing is measured.
 
-A process that ended during the test counts with the CPU it had when last seen (at the test's
-start, or never, if it started and ended within the test): a lower bound for short-lived
-processes. The log lines are appended as tests finish, so a run stopped early keeps them.
+The CPU of a process is read as the kernel keeps it: its own user + system seconds and those of
+its children it has waited for (``/proc/<pid>/stat``; pytest's own through ``getrusage``), so a
+daemon or ``pgtrickle refresh`` process that started and ended within the test counts. Not
+counted: processes no longer below pytest — the PostgreSQL server (``pg_ctl`` detaches it) and a
+process whose parent was killed before waiting for it (a SIGKILLed daemon's JVM). The log lines
+are appended as tests finish, so a run stopped early keeps them.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def stat_cpu_seconds(stat: str, ticks: int) -> float:
-    """User + system CPU seconds from the text of a ``/proc/<pid>/stat`` (pure)."""
+    """User + system CPU seconds of a process and of its waited-for children, from the text of its
+    ``/proc/<pid>/stat`` (utime, stime, cutime, cstime) (pure)."""
     # The command name (field 2) is in parentheses and may hold spaces: fields count from its end.
     fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / ticks
+    return sum(int(field) for field in fields[11:15]) / ticks
 
 
 def _read(path: str) -> str | None:
@@ -49,25 +53,23 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-class TreeCpu:
-    """CPU seconds of this process and every process below it, remembered across readings."""
+def tree_cpu_seconds() -> float:
+    """CPU seconds of this process, of its waited-for children and of every live process below it.
 
-    def __init__(self) -> None:
-        self._last: dict[int, float] = {}
-
-    def seconds(self) -> float:
-        stack = _children(os.getpid())
-        while stack:
-            pid = stack.pop()
-            text = _read(f"/proc/{pid}/stat")
-            if text is not None:
-                self._last[pid] = stat_cpu_seconds(text, _TICKS)
-                stack += _children(pid)
-        own = resource.getrusage(resource.RUSAGE_SELF)
-        return own.ru_utime + own.ru_stime + sum(self._last.values())
-
-
-_tree = TreeCpu()
+    A process reaped between two readings moves from the live sum into its parent's children's
+    seconds, so the difference of two readings is the CPU spent between them."""
+    total = 0.0
+    stack = _children(os.getpid())
+    while stack:
+        pid = stack.pop()
+        text = _read(f"/proc/{pid}/stat")
+        if text is not None:
+            total += stat_cpu_seconds(text, _TICKS)
+            stack += _children(pid)
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -76,12 +78,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if not path:
         yield
         return
-    cpu, wall = _tree.seconds(), time.monotonic()
+    cpu, wall = tree_cpu_seconds(), time.monotonic()
     yield
     line = {
         "id": item.nodeid,
         "wall": round(time.monotonic() - wall, 2),
-        "cpu": round(_tree.seconds() - cpu, 2),
+        "cpu": round(tree_cpu_seconds() - cpu, 2),
         "worker": os.environ.get("PYTEST_XDIST_WORKER", "-"),
         "load": float((_read("/proc/loadavg") or "0").split()[0]),
         "end": time.strftime("%H:%M:%S"),
