@@ -6,8 +6,9 @@ cloned from a template that has pgtrickle installed, so tests cannot see each
 other. The SparkSession is one per session too (pgtrickle's own, cached in the
 process). Tests that need a server or a JVM of their own (PostgreSQL restarts,
 daemons killed with SIGKILL) start them themselves. Every Spark JVM of the tests, the session's
-included, starts with C1-only JIT and the serial GC (:data:`FAST_JVM`). Under pytest-xdist the heaviest tests are handed out first
-(:func:`pytest_collection_modifyitems`). docs/TESTING.md has the figures.
+included, starts with C1-only JIT and the serial GC (:data:`FAST_JVM`). Under pytest-xdist the
+heaviest tests are handed out first (:func:`pytest_collection_modifyitems`). docs/TESTING.md has
+the figures.
 """
 
 from __future__ import annotations
