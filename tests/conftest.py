@@ -54,7 +54,10 @@ os.environ.setdefault("PGTRICKLE_SPARK_CONF", FAST_JVM_CONF)
 #: test_full_refresh.py took 87 s of CPU with C1 and the serial GC against 148 s with the defaults,
 #: JVM start included, and less in every one of them (docs/TESTING.md, "Where the time goes"). The
 #: settings the tests check are pgtrickle's own (spark/session.py ``default_conf``), which stay.
-SESSION_SPARK_CONF = {"spark.driver.defaultJavaOptions": FAST_JVM, "spark.executor.defaultJavaOptions": FAST_JVM}
+SESSION_SPARK_CONF = {
+    "spark.driver.defaultJavaOptions": FAST_JVM,
+    "spark.executor.defaultJavaOptions": FAST_JVM,
+}
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # A pytest-xdist worker starts with COLUMNS=80 and LINES=24 in its environment. The CLI's
