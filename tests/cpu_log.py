@@ -11,8 +11,11 @@ The CPU of a process is read as the kernel keeps it: its own user + system secon
 its children it has waited for (``/proc/<pid>/stat``; pytest's own through ``getrusage``), so a
 daemon or ``pgtrickle refresh`` process that started and ended within the test counts. Not
 counted: processes no longer below pytest — the PostgreSQL server (``pg_ctl`` detaches it) and a
-process whose parent was killed before waiting for it (a SIGKILLed daemon's JVM). The log lines
-are appended as tests finish, so a run stopped early keeps them.
+process whose parent was killed before waiting for it (a SIGKILLed daemon's JVM). When such a
+process was below pytest at the test's start and is gone at its end (``"ended"`` > 0: the session's
+Spark Connect server stopped in the last test's tear-down), its CPU leaves the sum and the line's
+``cpu`` is too low, even negative. The log lines are appended as tests finish, so a run stopped
+early keeps them.
 """
 
 from __future__ import annotations
@@ -53,23 +56,25 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def tree_cpu_seconds() -> float:
-    """CPU seconds of this process, of its waited-for children and of every live process below it.
+def tree_cpu_seconds() -> tuple[float, set[int]]:
+    """CPU seconds of this process, of its waited-for children and of every live process below it;
+    and the live processes below it.
 
     A process reaped between two readings moves from the live sum into its parent's children's
     seconds, so the difference of two readings is the CPU spent between them."""
-    total = 0.0
+    total, live = 0.0, set()
     stack = _children(os.getpid())
     while stack:
         pid = stack.pop()
         text = _read(f"/proc/{pid}/stat")
         if text is not None:
             total += stat_cpu_seconds(text, _TICKS)
+            live.add(pid)
             stack += _children(pid)
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
         usage = resource.getrusage(who)
         total += usage.ru_utime + usage.ru_stime
-    return total
+    return total, live
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -78,12 +83,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if not path:
         yield
         return
-    cpu, wall = tree_cpu_seconds(), time.monotonic()
+    (cpu, live), wall = tree_cpu_seconds(), time.monotonic()
     yield
+    cpu_end, live_end = tree_cpu_seconds()
     line = {
         "id": item.nodeid,
         "wall": round(time.monotonic() - wall, 2),
-        "cpu": round(tree_cpu_seconds() - cpu, 2),
+        "cpu": round(cpu_end - cpu, 2),
+        # processes below pytest at the start that are gone at the end: see the module docstring
+        "ended": len(live - live_end),
         "worker": os.environ.get("PYTEST_XDIST_WORKER", "-"),
         "load": float((_read("/proc/loadavg") or "0").split()[0]),
         "end": time.strftime("%H:%M:%S"),

@@ -39,3 +39,4 @@ def test_a_run_with_the_log_set_writes_one_line_per_test(tmp_path) -> None:  # t
     assert [line["id"].split("::")[1] for line in lines] == ["test_spins_a_child", "test_idle"]
     # the child that ran and ended within the test counts (waited for by pytest)
     assert lines[0]["cpu"] >= 0.05 and lines[1]["cpu"] < lines[0]["cpu"], lines
+    assert [line["ended"] for line in lines] == [0, 0]  # no process below pytest outlived a test
