@@ -5,9 +5,10 @@ temporary directory on a free port; each integration test gets its own database
 cloned from a template that has pgtrickle installed, so tests cannot see each
 other. The SparkSession is one per session too (pgtrickle's own, cached in the
 process). Tests that need a server or a JVM of their own (PostgreSQL restarts,
-daemons killed with SIGKILL) start them themselves; their Spark JVMs start with C1-only JIT and
-the serial GC (:data:`FAST_JVM`). Under pytest-xdist the heaviest tests are handed out first
-(:func:`pytest_collection_modifyitems`). docs/TESTING.md has the figures.
+daemons killed with SIGKILL) start them themselves. Every Spark JVM of the tests, the session's
+included, starts with C1-only JIT and the serial GC (:data:`FAST_JVM`). Under pytest-xdist the
+heaviest tests are handed out first (:func:`pytest_collection_modifyitems`). docs/TESTING.md has
+the figures.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import pytest
 from pgtrickle.config import Settings
 from tests import hypothesis_profiles
 
+#: PGTRICKLE_TEST_CPU_LOG=<file>: per-test wall and CPU seconds (tests/cpu_log.py, docs/TESTING.md).
+pytest_plugins = ["tests.cpu_log"]
+
 try:
     hypothesis_profiles.load()
 except hypothesis_profiles.UnknownProfileError as exc:
@@ -43,8 +47,19 @@ FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 FAST_JVM_CONF = f"spark.driver.defaultJavaOptions={FAST_JVM},spark.executor.defaultJavaOptions={FAST_JVM}"
 # Inherited by every subprocess a test starts with os.environ (a test that sets PGTRICKLE_SPARK_CONF
 # itself adds FAST_JVM_CONF to it). The tests' own SparkSession (base_settings) is not built from
-# the environment: it lives for the whole run, where C2's faster code pays.
+# the environment: it gets the same options through its settings (:data:`SESSION_SPARK_CONF`).
 os.environ.setdefault("PGTRICKLE_SPARK_CONF", FAST_JVM_CONF)
+#: The Spark settings of the tests' own SparkSession (one per worker, for the whole run): the fast
+#: JVM too. C2's faster code did not pay back its compilations: test_full_refresh.py and the q18
+#: delta-engine test (26 tests) took 202 s of CPU with C1 and the serial GC against 294 s with the
+#: defaults, JVM start included; 24 of the 26 took less, q18 (long planning) 9 % more. The 18
+#: query-shape tests one after the other: 174 s of wall time against 257 s (docs/TESTING.md,
+#: "Where the time goes"). The settings the tests check are pgtrickle's own
+#: (spark/session.py ``default_conf``), which stay.
+SESSION_SPARK_CONF = {
+    "spark.driver.defaultJavaOptions": FAST_JVM,
+    "spark.executor.defaultJavaOptions": FAST_JVM,
+}
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # A pytest-xdist worker starts with COLUMNS=80 and LINES=24 in its environment. The CLI's
@@ -187,6 +202,7 @@ def base_settings(pg_server: PgServer) -> Settings:
         spark_master=os.environ.get("PGTRICKLE_TEST_SPARK_MASTER", "local[2]"),
         jdbc_jar=os.environ.get("PGTRICKLE_JDBC_JAR", "/usr/share/java/postgresql.jar"),
         tick_seconds=0.2,
+        spark_conf=dict(SESSION_SPARK_CONF),
     )
 
 

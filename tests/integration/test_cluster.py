@@ -24,7 +24,9 @@ import pytest
 from tests.conftest import FAST_JVM
 from tests.integration.helpers import assert_oracle, create_st
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+# Nine JVMs for the standalone test (master, two workers, a driver and two executors per refresh),
+# six for the local cluster: each took ~580 s at load 15-19, past pytest's 600 s (docs/TESTING.md).
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.timeout(1200)]
 
 SPARK_HOME = Path(__import__("pyspark").__file__).parent
 
