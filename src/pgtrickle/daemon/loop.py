@@ -30,7 +30,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from datetime import datetime, timedelta
 
@@ -55,12 +55,13 @@ from pgtrickle.daemon.units import (
     TickReport,
     Worker,
     group_nodes,
+    refresh_batch_unit,
     refresh_group_locked,
     refresh_group_unit,
     refresh_one,
 )
 from pgtrickle.daemon.wake import Wakes
-from pgtrickle.daemon.workers import Job, WorkerPool, inline, run_units
+from pgtrickle.daemon.workers import Batching, Job, WorkerPool, inline, run_units
 from pgtrickle.db.connection import connect
 from pgtrickle.db.query import scalar
 from pgtrickle.db.redaction import scrub
@@ -70,6 +71,7 @@ from pgtrickle.ops import alerts
 from pgtrickle.ops.metrics import Metrics
 from pgtrickle.refresh.engine import Cancelled, Refresher, RefreshOutcome
 from pgtrickle.refresh.plan import Action
+from pgtrickle.scheduler.batches import BatchFacts, why_alone
 from pgtrickle.scheduler.dag import (
     DEFAULT_CALCULATED_SCHEDULE,
     StreamTableNode,
@@ -327,9 +329,12 @@ class Scheduler:
         results: dict[int, TickReport] = {}
         pending: dict[int, datetime] = {}
 
+        due_now: dict[int, DueReason] = {}  # why each stream table started in this tick is due
+
         def prepare(unit: Unit) -> Job | None:
             at = clock()
             reasons = {m: due(m, at) for m in unit.members}
+            due_now.update((m, r) for m, r in reasons.items() if r is not None)
             if not any(reasons.values()):
                 for m in unit.members:
                     if (ups[m] & changed or m in notified or m in self.wakes.pending) and m not in broken:
@@ -360,12 +365,18 @@ class Scheduler:
                 ended[st.pgt_id] = at
                 self.metrics.observe_failure(st.display)
 
+        batching = self._batching(
+            sts,
+            lambda units: (
+                lambda w: refresh_batch_unit(w, [sts[u.key] for u in units], due_now, requested, forced)
+            ),
+        )
         if self.settings.max_parallel_refreshes > 1 and len(units) > 1:
-            self.pool.run(ready, prepare, done, lambda: self.stop_requested)
+            self.pool.run(ready, prepare, done, lambda: self.stop_requested, batching)
         else:
             worker = Worker(0, self.refresher, self.conn)
             worker.locks = self.locks
-            run_units(ready, prepare, done, lambda: self.stop_requested, inline(worker))
+            run_units(ready, prepare, done, lambda: self.stop_requested, inline(worker), batching)
         for unit in units:  # in dependency order, whichever finished first
             if unit.key in results:
                 report.extend(results[unit.key])
@@ -381,6 +392,17 @@ class Scheduler:
                 raise  # the run loop reconnects
             log.exception("maintenance (buffer cleanup, metrics, pruning) failed; the next tick tries again")
         return report
+
+    def _batching(self, sts: dict[int, StreamTable], job: Callable[[Sequence[Unit]], Job]) -> Batching | None:
+        """How this tick batches the stream tables ready together (``None``: max_batch_size 1)."""
+        size = self.settings.max_batch_size
+        if size <= 1:
+            return None
+        facts = {
+            i: BatchFacts(st.refresh_mode, st.frontier is not None, st.needs_reinit) for i, st in sts.items()
+        }
+        connect = self.settings.spark_remote is not None
+        return Batching(lambda unit: why_alone(unit, facts.get(unit.key), size, connect), job, size)
 
     def _check_staleness(self, schedules: dict[int, Schedule]) -> None:
         try:
