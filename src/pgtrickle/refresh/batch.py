@@ -300,7 +300,12 @@ class _Batch:
 
     # ------------------------------------------------------------ step 4
     def finish(self, shared: jobs.JobFigures) -> None:
-        self.r.check_cancel()
+        try:
+            self.r.check_cancel()
+        except Cancelled:
+            for m in self.members:
+                history.record_abandoned(self.r.conn, m.history_id)
+            raise
         lead = self.members[0].history_id if self.members else None
         for m in self.members:
             if self.failed is not None or m.alone or m.rows is None:
