@@ -48,7 +48,7 @@ stress: setup
 # Static checks, all of which must pass (CI runs this before the tests): formatting, lint, types and the
 # import layering of docs/ARCHITECTURE.md ("Layers"). PYTHONPATH=src: check this tree, not an installed copy.
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff format --check src
+	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy src
 	PYTHONPATH=src $(VENV)/bin/lint-imports --no-logo

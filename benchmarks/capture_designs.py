@@ -68,13 +68,18 @@ def backend_cpu(conn: psycopg.Connection) -> float:
 def setup(conn: psycopg.Connection) -> str:
     install(conn)
     for name in ("none", *DESIGNS):
-        conn.execute(f"CREATE TABLE t_{name} (id bigint PRIMARY KEY, grp int, v numeric(12,2), note text)"
-                     " WITH (autovacuum_enabled = off)")
+        conn.execute(
+            f"CREATE TABLE t_{name} (id bigint PRIMARY KEY, grp int, v numeric(12,2), note text)"
+            " WITH (autovacuum_enabled = off)"
+        )
     conn.execute(ROWS_TRIGGER)
-    conn.execute("SELECT pgtrickle.create_stream_table('st_packed', 'SELECT id, grp, v, note FROM t_packed',"
-                 " schedule => '1h', refresh_mode => 'FULL', initialize => false)")
-    buffer = conn.execute("SELECT buffer_name FROM pgtrickle.pgt_change_sources"
-                          " WHERE source_relid = 't_packed'::regclass").fetchone()[0]  # type: ignore[index]
+    conn.execute(
+        "SELECT pgtrickle.create_stream_table('st_packed', 'SELECT id, grp, v, note FROM t_packed',"
+        " schedule => '1h', refresh_mode => 'FULL', initialize => false)"
+    )
+    buffer = conn.execute(
+        "SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_relid = 't_packed'::regclass"
+    ).fetchone()[0]  # type: ignore[index]
     return str(buffer)
 
 
@@ -86,13 +91,17 @@ def timed(conn: psycopg.Connection, name: str, rows: int, buffer: str) -> tuple[
         conn.execute(f'TRUNCATE pgtrickle_changes."{buffer}_rows", pgtrickle_changes."{buffer}_batches"')
     conn.execute("CHECKPOINT")
     cpu, started = backend_cpu(conn), time.perf_counter()
-    conn.execute(f"INSERT INTO t_{name} SELECT g, g % 1000, (g % 99991) / 100.0, 'note ' || g"
-                 f" FROM generate_series(1, {rows}) g")
+    conn.execute(
+        f"INSERT INTO t_{name} SELECT g, g % 1000, (g % 99991) / 100.0, 'note ' || g"
+        f" FROM generate_series(1, {rows}) g"
+    )
     return time.perf_counter() - started, backend_cpu(conn) - cpu
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=9)
     parser.add_argument("--json", type=Path, default=None)
@@ -114,8 +123,10 @@ def main() -> None:
                     wall[design].append((s - base_s) / args.rows * 1e6)
                     cpu["none"].append(base_cpu)
                     cpu[design].append(c)
-                print(f"round {round_no + 1}: " + ", ".join(f"{d} +{wall[d][-1]:.2f}" for d in DESIGNS),
-                      file=sys.stderr)
+                print(
+                    f"round {round_no + 1}: " + ", ".join(f"{d} +{wall[d][-1]:.2f}" for d in DESIGNS),
+                    file=sys.stderr,
+                )
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
@@ -125,12 +136,18 @@ def main() -> None:
     for design in DESIGNS:
         q = statistics.quantiles(wall[design], n=4)
         extra_cpu = (statistics.median(cpu[design]) - statistics.median(cpu["none"])) / args.rows * 1e6
-        result[design] = {"wall_us_per_row": round(statistics.median(wall[design]), 3),
-                          "wall_q1_q3": [round(q[0], 3), round(q[2], 3)],
-                          "cpu_us_per_row": round(extra_cpu, 3)}
-        print(f"| {design} | +{statistics.median(wall[design]):.2f} ({q[0]:.2f}–{q[2]:.2f}) | +{extra_cpu:.2f} |")
+        result[design] = {
+            "wall_us_per_row": round(statistics.median(wall[design]), 3),
+            "wall_q1_q3": [round(q[0], 3), round(q[2], 3)],
+            "cpu_us_per_row": round(extra_cpu, 3),
+        }
+        print(
+            f"| {design} | +{statistics.median(wall[design]):.2f} ({q[0]:.2f}–{q[2]:.2f}) | +{extra_cpu:.2f} |"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"rows": args.rows, "repeat": args.repeat, "designs": result}, indent=2))
+        args.json.write_text(
+            json.dumps({"rows": args.rows, "repeat": args.repeat, "designs": result}, indent=2)
+        )
 
 
 if __name__ == "__main__":

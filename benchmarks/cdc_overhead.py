@@ -106,6 +106,7 @@ class Samples:
 
 # ------------------------------------------------------------------- the decoder
 
+
 class Decoder:
     """Starts and stops the WAL decoder thread the way ``Scheduler.ensure_decoder`` does."""
 
@@ -139,12 +140,14 @@ class Decoder:
         while time.monotonic() < deadline:
             row = self.conn.execute(
                 "SELECT coalesce(bool_or(active), false) FROM pg_replication_slots"
-                " WHERE database = current_database()").fetchone()
+                " WHERE database = current_database()"
+            ).fetchone()
             if row is not None and row[0] == active:
                 return
             time.sleep(0.02)
-        raise RuntimeError(f"the replication slot did not become {'active' if active else 'inactive'} "
-                           f"within {timeout:.0f}s")
+        raise RuntimeError(
+            f"the replication slot did not become {'active' if active else 'inactive'} within {timeout:.0f}s"
+        )
 
     def catch_up(self) -> float:
         """Seconds until every committed change is in the buffers."""
@@ -155,6 +158,7 @@ class Decoder:
 
 # ------------------------------------------------------------------------- setup
 
+
 def scalar(conn: psycopg.Connection, query: str, params: tuple[object, ...] = ()) -> object:
     row = conn.execute(query, params or None).fetchone()
     assert row is not None
@@ -163,18 +167,29 @@ def scalar(conn: psycopg.Connection, query: str, params: tuple[object, ...] = ()
 
 def create_sources(conn: psycopg.Connection) -> None:
     for name in VARIANTS:
-        conn.execute(sql.SQL(
-            "CREATE TABLE {} (id bigint PRIMARY KEY, grp int, v numeric(12,2), note text)"
-            " WITH (autovacuum_enabled = off)").format(sql.Identifier(f"src_{name}")))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id bigint PRIMARY KEY, grp int, v numeric(12,2), note text)"
+                " WITH (autovacuum_enabled = off)"
+            ).format(sql.Identifier(f"src_{name}"))
+        )
 
 
 def create_stream_table(conn: psycopg.Connection, variant: str) -> tuple[str, str]:
     """A stream table reading every column of the source; returns the source's change buffer."""
     table = f"src_{variant}"
-    conn.execute("SELECT pgtrickle.create_stream_table(%s, %s, schedule => '1h', refresh_mode => 'FULL',"
-                 " initialize => false)", (f"st_{variant}", f"SELECT id, grp, v, note FROM {table}"))
-    buffer = str(scalar(conn, "SELECT buffer_name FROM pgtrickle.pgt_change_sources"
-                              " WHERE source_relid = %s::regclass", (table,)))
+    conn.execute(
+        "SELECT pgtrickle.create_stream_table(%s, %s, schedule => '1h', refresh_mode => 'FULL',"
+        " initialize => false)",
+        (f"st_{variant}", f"SELECT id, grp, v, note FROM {table}"),
+    )
+    buffer = str(
+        scalar(
+            conn,
+            "SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_relid = %s::regclass",
+            (table,),
+        )
+    )
     for part in buffer_parts(buffer):
         conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = off)").format(sql.Identifier(*part)))
     return ("pgtrickle_changes", buffer)
@@ -187,27 +202,33 @@ def buffer_parts(buffer: str) -> tuple[tuple[str, str], ...]:
 
 def buffer_columns(conn: psycopg.Connection, table: str) -> list[tuple[str, str]]:
     """(source column, buffer column suffix) pairs pgtrickle captures for ``table``."""
-    cols = scalar(conn, "SELECT columns FROM pgtrickle.pgt_change_sources WHERE source_relid = %s::regclass",
-                  (table,))
+    cols = scalar(
+        conn, "SELECT columns FROM pgtrickle.pgt_change_sources WHERE source_relid = %s::regclass", (table,)
+    )
     return [(c["name"], c["buf"]) for c in cols]
 
 
-def create_row_trigger(conn: psycopg.Connection, like_buffer: tuple[str, str], columns: list[tuple[str, str]]
-                       ) -> tuple[str, str]:
+def create_row_trigger(
+    conn: psycopg.Connection, like_buffer: tuple[str, str], columns: list[tuple[str, str]]
+) -> tuple[str, str]:
     """The row-level alternative: same buffer shape, one INSERT per changed row.
 
     No ``SET search_path`` on the function (names are qualified instead): a per-function setting is
     restored on every call, which a row trigger would pay per row.
     """
-    conn.execute(sql.SQL("CREATE TABLE public.{} (LIKE {} INCLUDING ALL) WITH (autovacuum_enabled = off)")
-                 .format(sql.Identifier(ROW_BUFFER), sql.Identifier(*buffer_parts(like_buffer[1])[0])))
+    conn.execute(
+        sql.SQL("CREATE TABLE public.{} (LIKE {} INCLUDING ALL) WITH (autovacuum_enabled = off)").format(
+            sql.Identifier(ROW_BUFFER), sql.Identifier(*buffer_parts(like_buffer[1])[0])
+        )
+    )
 
     def cols(prefix: str) -> sql.Composable:
         return sql.SQL(", ").join(sql.Identifier(f"{prefix}_{buf}") for _, buf in columns)
 
     def vals(record: str) -> sql.Composable:
-        return sql.SQL(", ").join(sql.SQL("{}.{}").format(sql.SQL(record), sql.Identifier(name))
-                                  for name, _ in columns)
+        return sql.SQL(", ").join(
+            sql.SQL("{}.{}").format(sql.SQL(record), sql.Identifier(name)) for name, _ in columns
+        )
 
     target = sql.SQL("public.{}").format(sql.Identifier(ROW_BUFFER))
     body = sql.SQL("""
@@ -224,8 +245,10 @@ BEGIN
 END
 $f$""").format(t=target, new=cols("new"), old=cols("old"), nv=vals("NEW"), ov=vals("OLD"))
     conn.execute(body)
-    conn.execute("CREATE TRIGGER row_capture AFTER INSERT OR UPDATE OR DELETE ON src_row_trigger"
-                 " FOR EACH ROW EXECUTE FUNCTION public.row_capture()")
+    conn.execute(
+        "CREATE TRIGGER row_capture AFTER INSERT OR UPDATE OR DELETE ON src_row_trigger"
+        " FOR EACH ROW EXECUTE FUNCTION public.row_capture()"
+    )
     return ("public", ROW_BUFFER)
 
 
@@ -236,12 +259,15 @@ def move_to_wal(conn: psycopg.Connection, decoder: Decoder) -> None:
     row = conn.execute(
         "SELECT (SELECT count(*) FROM pg_trigger WHERE tgrelid = 'src_wal'::regclass AND NOT tgisinternal),"
         " (SELECT relreplident FROM pg_class WHERE oid = 'src_wal'::regclass), cdc_mode, cdc_reason"
-        " FROM pgtrickle.pgt_change_sources WHERE source_relid = 'src_wal'::regclass").fetchone()
+        " FROM pgtrickle.pgt_change_sources WHERE source_relid = 'src_wal'::regclass"
+    ).fetchone()
     assert row is not None
     triggers, identity, mode, reason = row
     if mode != "wal" or triggers or identity != "f":
-        raise RuntimeError(f"src_wal did not move to WAL capture (mode {mode}, {triggers} triggers, "
-                           f"replica identity {identity!r}, reason {reason!r}, moves {moves})")
+        raise RuntimeError(
+            f"src_wal did not move to WAL capture (mode {mode}, {triggers} triggers, "
+            f"replica identity {identity!r}, reason {reason!r}, moves {moves})"
+        )
 
 
 def setup(conn: psycopg.Connection, decoder: Decoder) -> dict[str, Variant]:
@@ -250,21 +276,31 @@ def setup(conn: psycopg.Connection, decoder: Decoder) -> dict[str, Variant]:
     buffers: dict[str, tuple[str, str] | None] = {"none": None}
     buffers["statement_trigger"] = create_stream_table(conn, "statement_trigger")
     buffers["wal"] = create_stream_table(conn, "wal")
-    buffers["row_trigger"] = create_row_trigger(conn, buffers["statement_trigger"],
-                                                buffer_columns(conn, "src_statement_trigger"))
+    buffers["row_trigger"] = create_row_trigger(
+        conn, buffers["statement_trigger"], buffer_columns(conn, "src_statement_trigger")
+    )
     move_to_wal(conn, decoder)
-    return {name: Variant(name, f"src_{name}", buffers[name],
-                          buffer_parts(buffers[name][1]) if buffers[name] and name != "row_trigger" else ())
-            for name in VARIANTS}
+    return {
+        name: Variant(
+            name,
+            f"src_{name}",
+            buffers[name],
+            buffer_parts(buffers[name][1]) if buffers[name] and name != "row_trigger" else (),
+        )
+        for name in VARIANTS
+    }
 
 
 # --------------------------------------------------------------------- measuring
 
+
 def statement(operation: str, table: str, rows: int) -> sql.Composable:
     ident = sql.Identifier(table)
     if operation == "insert":
-        return sql.SQL("INSERT INTO {} SELECT g, g % 1000, (g % 99991) / 100.0, 'note ' || g"
-                       " FROM generate_series(1, {}) g").format(ident, sql.Literal(rows))
+        return sql.SQL(
+            "INSERT INTO {} SELECT g, g % 1000, (g % 99991) / 100.0, 'note ' || g"
+            " FROM generate_series(1, {}) g"
+        ).format(ident, sql.Literal(rows))
     if operation == "update":
         return sql.SQL("UPDATE {} SET v = v + 1").format(ident)
     return sql.SQL("DELETE FROM {}").format(ident)
@@ -288,8 +324,9 @@ def wal_lsn(conn: psycopg.Connection) -> int:
     return int(scalar(conn, "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
 
 
-def prepare(conn: psycopg.Connection, variant: Variant, operation: str, decoder: Decoder,
-            decoder_always_on: bool) -> None:
+def prepare(
+    conn: psycopg.Connection, variant: Variant, operation: str, decoder: Decoder, decoder_always_on: bool
+) -> None:
     """Bring the variant to the same starting state as every other one (untimed)."""
     if operation == "insert":
         conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(variant.table)))
@@ -307,15 +344,28 @@ def check_captured(conn: psycopg.Connection, variant: Variant, operation: str, r
     if variant.buffer is None:
         return
     action = {"insert": "I", "update": "U", "delete": "D"}[operation]
-    got = conn.execute(sql.SQL("SELECT count(*) FILTER (WHERE action = %s), count(*) FROM {}").format(
-        variant.buffer_ident()), (action,)).fetchone()
+    got = conn.execute(
+        sql.SQL("SELECT count(*) FILTER (WHERE action = %s), count(*) FROM {}").format(
+            variant.buffer_ident()
+        ),
+        (action,),
+    ).fetchone()
     if got is None or tuple(got) != (rows, rows):
-        raise RuntimeError(f"{variant.name} {operation}: expected {rows} '{action}' rows in "
-                           f"{'.'.join(variant.buffer)}, found {got}")
+        raise RuntimeError(
+            f"{variant.name} {operation}: expected {rows} '{action}' rows in "
+            f"{'.'.join(variant.buffer)}, found {got}"
+        )
 
 
-def measure(conn: psycopg.Connection, variant: Variant, operation: str, rows: int, decoder: Decoder,
-            decoder_always_on: bool, samples: Samples) -> None:
+def measure(
+    conn: psycopg.Connection,
+    variant: Variant,
+    operation: str,
+    rows: int,
+    decoder: Decoder,
+    decoder_always_on: bool,
+    samples: Samples,
+) -> None:
     prepare(conn, variant, operation, decoder, decoder_always_on)
     query = statement(operation, variant.table, rows)
     lsn = wal_lsn(conn)
@@ -333,23 +383,40 @@ def measure(conn: psycopg.Connection, variant: Variant, operation: str, rows: in
     check_captured(conn, variant, operation, rows)
 
 
-def run(conn: psycopg.Connection, variants: dict[str, Variant], rows: int, repeat: int, decoder: Decoder,
-        decoder_always_on: bool, progress: Callable[[str], None]) -> dict[tuple[str, str], Samples]:
+def run(
+    conn: psycopg.Connection,
+    variants: dict[str, Variant],
+    rows: int,
+    repeat: int,
+    decoder: Decoder,
+    decoder_always_on: bool,
+    progress: Callable[[str], None],
+) -> dict[tuple[str, str], Samples]:
     samples = {(v, op): Samples() for v in VARIANTS for op in OPERATIONS}
     if not decoder_always_on:
         decoder.stop()
     for run_no in range(repeat):
-        order = VARIANTS[run_no % len(VARIANTS):] + VARIANTS[:run_no % len(VARIANTS)]
+        order = VARIANTS[run_no % len(VARIANTS) :] + VARIANTS[: run_no % len(VARIANTS)]
         for operation in OPERATIONS:
             for name in order:
-                measure(conn, variants[name], operation, rows, decoder, decoder_always_on,
-                        samples[name, operation])
-            progress(f"  run {run_no + 1} {operation:<6} " + ", ".join(
-                f"{name} {samples[name, operation].seconds[-1]:.3f}s" for name in VARIANTS))
+                measure(
+                    conn,
+                    variants[name],
+                    operation,
+                    rows,
+                    decoder,
+                    decoder_always_on,
+                    samples[name, operation],
+                )
+            progress(
+                f"  run {run_no + 1} {operation:<6} "
+                + ", ".join(f"{name} {samples[name, operation].seconds[-1]:.3f}s" for name in VARIANTS)
+            )
     return samples
 
 
 # ----------------------------------------------------------------------- figures
+
 
 def figures(samples: dict[tuple[str, str], Samples], rows: int) -> dict[str, dict[str, dict[str, object]]]:
     out: dict[str, dict[str, dict[str, object]]] = {}
@@ -363,8 +430,13 @@ def figures(samples: dict[tuple[str, str], Samples], rows: int) -> dict[str, dic
             entry: dict[str, object] = {
                 "median_s": round(statistics.median(s.seconds), 4),
                 "cpu_overhead_us_per_row": (
-                    round((statistics.median(s.cpu_seconds) - statistics.median(base.cpu_seconds)) / rows * 1e6, 3)
-                    if s.cpu_seconds and base.cpu_seconds else None),
+                    round(
+                        (statistics.median(s.cpu_seconds) - statistics.median(base.cpu_seconds)) / rows * 1e6,
+                        3,
+                    )
+                    if s.cpu_seconds and base.cpu_seconds
+                    else None
+                ),
                 "runs_s": [round(x, 4) for x in s.seconds],
                 "overhead_us_per_row": round(statistics.median(overheads), 3),
                 "ratio_to_none": round(statistics.median(ratios), 3),
@@ -380,21 +452,25 @@ def figures(samples: dict[tuple[str, str], Samples], rows: int) -> dict[str, dic
 
 
 def markdown(table: dict[str, dict[str, dict[str, object]]]) -> str:
-    lines = ["| variant | operation | seconds | µs/row overhead | backend CPU µs/row | ratio to none | WAL MB |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| variant | operation | seconds | µs/row overhead | backend CPU µs/row | ratio to none | WAL MB |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for name in VARIANTS:
         for operation in OPERATIONS:
             e = table[name][operation]
             cpu = e["cpu_overhead_us_per_row"]
-            lines.append(f"| {name} | {operation} | {e['median_s']:.3f} | {e['overhead_us_per_row']:+.2f} | "
-                         f"{'n/a' if cpu is None else format(cpu, '+.2f')} | "
-                         f"×{e['ratio_to_none']:.2f} | {e['wal_mb']:.0f} |")
-    lines += ["", "| WAL decoder | commit → all changes in the buffer | changes/s |",
-              "| --- | ---: | ---: |"]
+            lines.append(
+                f"| {name} | {operation} | {e['median_s']:.3f} | {e['overhead_us_per_row']:+.2f} | "
+                f"{'n/a' if cpu is None else format(cpu, '+.2f')} | "
+                f"×{e['ratio_to_none']:.2f} | {e['wal_mb']:.0f} |"
+            )
+    lines += ["", "| WAL decoder | commit → all changes in the buffer | changes/s |", "| --- | ---: | ---: |"]
     for operation in OPERATIONS:
         e = table["wal"][operation]
-        lines.append(f"| {operation} | {e['decoder_commit_to_buffer_s']:.3f}s | "
-                     f"{e['decoder_changes_per_s']:,} |")
+        lines.append(
+            f"| {operation} | {e['decoder_commit_to_buffer_s']:.3f}s | {e['decoder_changes_per_s']:,} |"
+        )
     return "\n".join(lines)
 
 
@@ -403,22 +479,29 @@ def targets(table: dict[str, dict[str, dict[str, object]]]) -> dict[str, dict[st
     decoder = {op: float(str(table["wal"][op]["decoder_changes_per_s"])) for op in ("insert", "update")}
     return {
         "statement_trigger_insert_overhead_us_per_row": {
-            "target": f"<= {TARGET_STATEMENT_US_PER_ROW}", "measured": statement_us,
-            "result": "PASS" if statement_us <= TARGET_STATEMENT_US_PER_ROW else "MISS"},
-        **{f"decoder_{op}_changes_per_s": {
-            "target": f">= {TARGET_DECODER_CHANGES_PER_S:.0f}", "measured": rate,
-            "result": "PASS" if rate >= TARGET_DECODER_CHANGES_PER_S else "MISS"}
-           for op, rate in decoder.items()},
+            "target": f"<= {TARGET_STATEMENT_US_PER_ROW}",
+            "measured": statement_us,
+            "result": "PASS" if statement_us <= TARGET_STATEMENT_US_PER_ROW else "MISS",
+        },
+        **{
+            f"decoder_{op}_changes_per_s": {
+                "target": f">= {TARGET_DECODER_CHANGES_PER_S:.0f}",
+                "measured": rate,
+                "result": "PASS" if rate >= TARGET_DECODER_CHANGES_PER_S else "MISS",
+            }
+            for op, rate in decoder.items()
+        },
     }
 
 
 # ------------------------------------------------------------------ the database
 
+
 def drop_database(admin_dsn: str) -> None:
     """Drop the benchmark database and its replication slots (a slot would keep the database alive)."""
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         for slot, pid in admin.execute(
-                "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s", (DATABASE,)
+            "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s", (DATABASE,)
         ).fetchall():
             if pid is not None:  # a walsender of this benchmark's decoder
                 admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
@@ -427,16 +510,23 @@ def drop_database(admin_dsn: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dsn", default=None)
-    parser.add_argument("--decoder-always-on", action="store_true",
-                        help="keep the WAL decoder running while the other variants are measured too")
+    parser.add_argument(
+        "--decoder-always-on",
+        action="store_true",
+        help="keep the WAL decoder running while the other variants are measured too",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    parser.add_argument("--section", default=None,
-                        help="also rewrite this generated section of docs/BENCHMARKS.md (e.g. suite-cdc)")
+    parser.add_argument(
+        "--section",
+        default=None,
+        help="also rewrite this generated section of docs/BENCHMARKS.md (e.g. suite-cdc)",
+    )
     parser.add_argument("--preset", default=None, help="the suite preset this run belongs to (a label)")
     args = parser.parse_args()
 
@@ -453,8 +543,15 @@ def main() -> None:
             try:
                 print(f"{args.rows:,} rows, {args.repeat} runs; setting up the four variants…", flush=True)
                 variants = setup(conn, decoder)
-                samples = run(conn, variants, args.rows, args.repeat, decoder, args.decoder_always_on,
-                              lambda line: print(line, flush=True))
+                samples = run(
+                    conn,
+                    variants,
+                    args.rows,
+                    args.repeat,
+                    decoder,
+                    args.decoder_always_on,
+                    lambda line: print(line, flush=True),
+                )
                 server = str(scalar(conn, "SHOW server_version"))
             finally:
                 decoder.stop()
@@ -484,15 +581,28 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
     if args.section:
-        report = {"command": command_line("benchmarks/cdc_overhead.py", None), "date": now_text(),
-                  "preset": args.preset, "machine": host, "revision": revision()}
-        lines = header_lines("Change capture: write overhead and decoder throughput", report,
-                             "benchmarks/cdc_overhead.py")
-        lines += [f"{args.rows:,} rows per statement, median of {args.repeat} run(s); variants and method as "
-                  "described in the hand-written section above (`none`, a row-level trigger, pgtrickle's "
-                  "statement-level triggers, pgtrickle's WAL capture).", "", markdown(table), ""]
-        lines += [f"- {verdict['result']}: {key} = {verdict['measured']:,} (target {verdict['target']})"
-                  for key, verdict in verdicts.items()]
+        report = {
+            "command": command_line("benchmarks/cdc_overhead.py", None),
+            "date": now_text(),
+            "preset": args.preset,
+            "machine": host,
+            "revision": revision(),
+        }
+        lines = header_lines(
+            "Change capture: write overhead and decoder throughput", report, "benchmarks/cdc_overhead.py"
+        )
+        lines += [
+            f"{args.rows:,} rows per statement, median of {args.repeat} run(s); variants and method as "
+            "described in the hand-written section above (`none`, a row-level trigger, pgtrickle's "
+            "statement-level triggers, pgtrickle's WAL capture).",
+            "",
+            markdown(table),
+            "",
+        ]
+        lines += [
+            f"- {verdict['result']}: {key} = {verdict['measured']:,} (target {verdict['target']})"
+            for key, verdict in verdicts.items()
+        ]
         write_section(args.section, "\n".join(lines))
 
 

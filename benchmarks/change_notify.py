@@ -37,7 +37,9 @@ THROTTLE_START = "IF coalesce(current_setting('pgtrickle.notified_"
 
 
 def capture_source(conn: psycopg.Connection, relid: int) -> str:
-    return str(scalar(conn, "SELECT pg_get_functiondef(%s::regproc)", (f"pgtrickle_changes.capture_{relid}",)))
+    return str(
+        scalar(conn, "SELECT pg_get_functiondef(%s::regproc)", (f"pgtrickle_changes.capture_{relid}",))
+    )
 
 
 def variants(definition: str) -> dict[str, str]:
@@ -47,8 +49,8 @@ def variants(definition: str) -> dict[str, str]:
     end = next(i for i in range(start, len(lines)) if lines[i].strip() == "END IF;")
     notify = next(line for line in lines[start:end] if "pg_notify(" in line)
     return {
-        "no NOTIFY": "\n".join(lines[:start] + lines[end + 1:]),
-        "NOTIFY every statement": "\n".join(lines[:start] + [notify] + lines[end + 1:]),
+        "no NOTIFY": "\n".join(lines[:start] + lines[end + 1 :]),
+        "NOTIFY every statement": "\n".join(lines[:start] + [notify] + lines[end + 1 :]),
         "throttled NOTIFY (installed)": definition,
     }
 
@@ -86,14 +88,19 @@ def timed(dsn: str, start: int, count: int, per_txn: int, writers: int, async_co
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--transactions", type=int, default=2000)
     parser.add_argument("--statements", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dsn")
     parser.add_argument("--writers", type=int, default=1, help="sessions writing at once")
-    parser.add_argument("--async-commit", action="store_true",
-                        help="synchronous_commit off for the writer: no WAL flush wait, the NOTIFY's share shows")
+    parser.add_argument(
+        "--async-commit",
+        action="store_true",
+        help="synchronous_commit off for the writer: no WAL flush wait, the NOTIFY's share shows",
+    )
     args = parser.parse_args(argv)
     admin = resolve_dsn(Settings.from_env().with_overrides(dsn=args.dsn))
     db = f"pgtrickle_bench_notify_{os.getpid()}"
@@ -113,12 +120,16 @@ def main(argv: list[str] | None = None) -> int:
             host = machine(conn)
             install(conn)
             conn.execute("CREATE TABLE src (id bigint PRIMARY KEY, v int)")
-            conn.execute("SELECT pgtrickle.create_stream_table('st', 'SELECT id, v FROM src', initialize => false)")
+            conn.execute(
+                "SELECT pgtrickle.create_stream_table('st', 'SELECT id, v FROM src', initialize => false)"
+            )
             relid = int(scalar(conn, "SELECT 'src'::regclass::oid"))
             installed = capture_source(conn, relid)
             functions = variants(installed)
-            buffers = ("SELECT string_agg(c.oid::regclass::text, ', ') FROM pg_class c JOIN pg_namespace n"
-                       " ON n.oid = c.relnamespace WHERE n.nspname = 'pgtrickle_changes' AND c.relkind = 'r'")
+            buffers = (
+                "SELECT string_agg(c.oid::regclass::text, ', ') FROM pg_class c JOIN pg_namespace n"
+                " ON n.oid = c.relnamespace WHERE n.nspname = 'pgtrickle_changes' AND c.relkind = 'r'"
+            )
             thread = threading.Thread(target=listen, daemon=True)
             thread.start()
             results: dict[tuple[str, int], list[float]] = {}
@@ -127,28 +138,33 @@ def main(argv: list[str] | None = None) -> int:
                 for per_txn in (1, args.statements):
                     count = args.transactions if per_txn == 1 else max(1, args.transactions // per_txn)
                     order = list(functions.items())
-                    order = order[round_ % len(order):] + order[:round_ % len(order)]
+                    order = order[round_ % len(order) :] + order[: round_ % len(order)]
                     for name, definition in order:
                         conn.execute(definition)
                         conn.execute(f"TRUNCATE {scalar(conn, buffers)}")
                         conn.execute("CHECKPOINT")
                         results.setdefault((name, per_txn), []).append(
-                            timed(dsn, next_id, count, per_txn, args.writers, args.async_commit))
+                            timed(dsn, next_id, count, per_txn, args.writers, args.async_commit)
+                        )
                         next_id += count + 1
             conn.execute(installed)
             stop.set()
             thread.join()
     finally:
         drop_database(admin, db)
-    print(f"machine: {host.get('cpus')} CPUs, load {host.get('load_average')}; {args.rounds} rounds; "
-          f"synchronous_commit {'off' if args.async_commit else 'on'}; {args.writers} writer(s); "
-          f"{received[0]} notifications received by the listener")
+    print(
+        f"machine: {host.get('cpus')} CPUs, load {host.get('load_average')}; {args.rounds} rounds; "
+        f"synchronous_commit {'off' if args.async_commit else 'on'}; {args.writers} writer(s); "
+        f"{received[0]} notifications received by the listener"
+    )
     for per_txn in (1, args.statements):
         base = statistics.median(results[("no NOTIFY", per_txn)])
         for name in functions:
             value = statistics.median(results[(name, per_txn)])
-            print(f"{per_txn:>3} INSERT(s) per transaction, {name}: {value * 1e6:.0f} µs/txn "
-                  f"({(value - base) * 1e6:+.0f} µs, {value / base - 1:+.1%})")
+            print(
+                f"{per_txn:>3} INSERT(s) per transaction, {name}: {value * 1e6:.0f} µs/txn "
+                f"({(value - base) * 1e6:+.0f} µs, {value / base - 1:+.1%})"
+            )
     return 0
 
 

@@ -33,8 +33,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg  # noqa: E402
 
 from common import (  # noqa: E402
-    IMG, add_output_args, bench_dsn, command_line, drop_database, header_lines, machine, md_table, now_text,
-    recreate_database, revision, scalar, stop_on_signals, write_json, write_section,
+    IMG,
+    add_output_args,
+    bench_dsn,
+    command_line,
+    drop_database,
+    header_lines,
+    machine,
+    md_table,
+    now_text,
+    recreate_database,
+    revision,
+    scalar,
+    stop_on_signals,
+    write_json,
+    write_section,
 )
 from pgtrickle.catalog.install import install  # noqa: E402
 from pgtrickle.config import Settings  # noqa: E402
@@ -50,29 +63,45 @@ def setup(conn: psycopg.Connection, rows: int) -> None:
     conn.execute("CREATE TABLE src (id int PRIMARY KEY, g int NOT NULL, v bigint NOT NULL)")
     conn.execute("INSERT INTO src SELECT i, i %% 100, i FROM generate_series(1, %s) i", (rows,))
     conn.execute("ANALYZE src")
-    conn.execute("SELECT pgtrickle.create_stream_table('agg', %s, schedule => '1h', refresh_mode => 'DIFFERENTIAL',"
-                 " initialize => false)", (QUERY,))
+    conn.execute(
+        "SELECT pgtrickle.create_stream_table('agg', %s, schedule => '1h', refresh_mode => 'DIFFERENTIAL',"
+        " initialize => false)",
+        (QUERY,),
+    )
 
 
 def change(conn: psycopg.Connection, rows: int, changes: int, round_: int) -> None:
     """``changes`` single-row UPDATEs, each its own statement, in one transaction."""
     with conn.transaction():
         for k in range(changes):
-            conn.execute("UPDATE src SET v = v + 1 WHERE id = %s", (1 + (round_ * changes + k) * 7919 % rows,))
+            conn.execute(
+                "UPDATE src SET v = v + 1 WHERE id = %s", (1 + (round_ * changes + k) * 7919 % rows,)
+            )
 
 
 def cli(env: dict[str, str], dsn: str) -> tuple[float, dict[str, Any], str]:
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pgtrickle", "--dsn", dsn, "refresh", "agg", "--json"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgtrickle", "--dsn", dsn, "refresh", "agg", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     seconds = time.monotonic() - started
     if proc.returncode != 0:
         raise RuntimeError(f"pgtrickle refresh exited {proc.returncode}: {proc.stderr}")
     return seconds, json.loads(proc.stdout), proc.stderr
 
 
-def rounds(conn: psycopg.Connection, env: dict[str, str], dsn: str, args: argparse.Namespace, first: int,
-           served: bool) -> list[float]:
+def rounds(
+    conn: psycopg.Connection,
+    env: dict[str, str],
+    dsn: str,
+    args: argparse.Namespace,
+    first: int,
+    served: bool,
+) -> list[float]:
     times = []
     for i in range(args.rounds):
         change(conn, args.rows, args.changes, first + i)
@@ -86,14 +115,21 @@ def rounds(conn: psycopg.Connection, env: dict[str, str], dsn: str, args: argpar
         if not result.ok:
             raise RuntimeError(f"agg differs from its query: {result.missing} missing, {result.extra} extra")
         times.append(seconds)
-        print(f"  {'daemon' if served else 'no daemon'} round {i + 1}: {seconds:.2f}s "
-              f"(refresh itself {table['seconds']:.2f}s)", flush=True)
+        print(
+            f"  {'daemon' if served else 'no daemon'} round {i + 1}: {seconds:.2f}s "
+            f"(refresh itself {table['seconds']:.2f}s)",
+            flush=True,
+        )
     return times
 
 
 def start_daemon(env: dict[str, str], conn: psycopg.Connection) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "pgtrickle", "run", "--tick", "30"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgtrickle", "run", "--tick", "30"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     while not scalar(conn, "SELECT count(*) FROM pgtrickle._serving_daemons()"):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -110,12 +146,25 @@ def docs_section(report: dict[str, Any]) -> str:
         f"UPDATEs of a {report['rows']:,}-row source; `agg` is DIFFERENTIAL (100 groups). Wall seconds from "
         "process start to exit; every refresh checked DIFFERENTIAL and against the query (EXCEPT ALL).",
         "",
-        *md_table(["", "median s", "min s", "max s", "rounds"], [
-            ["no daemon (own SparkSession)", f"{r['inline']['median']:.2f}", f"{min(r['inline']['all']):.2f}",
-             f"{max(r['inline']['all']):.2f}", len(r["inline"]["all"])],
-            ["daemon running (served)", f"{r['served']['median']:.2f}", f"{min(r['served']['all']):.2f}",
-             f"{max(r['served']['all']):.2f}", len(r["served"]["all"])],
-        ]),
+        *md_table(
+            ["", "median s", "min s", "max s", "rounds"],
+            [
+                [
+                    "no daemon (own SparkSession)",
+                    f"{r['inline']['median']:.2f}",
+                    f"{min(r['inline']['all']):.2f}",
+                    f"{max(r['inline']['all']):.2f}",
+                    len(r["inline"]["all"]),
+                ],
+                [
+                    "daemon running (served)",
+                    f"{r['served']['median']:.2f}",
+                    f"{min(r['served']['all']):.2f}",
+                    f"{max(r['served']['all']):.2f}",
+                    len(r["served"]["all"]),
+                ],
+            ],
+        ),
         "",
         f"Ratio served / no daemon: **{r['ratio']:.3f}** (target ≤ 0.25).",
     ]
@@ -123,7 +172,9 @@ def docs_section(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--changes", type=int, default=100)
     parser.add_argument("--rows", type=int, default=100_000)
@@ -137,15 +188,24 @@ def main(argv: list[str] | None = None) -> int:
     db = f"pgtrickle_bench_cli_{os.getpid()}"
     recreate_database(admin_dsn, db)
     dsn = bench_dsn(admin_dsn, db)
-    env = dict(os.environ, PGTRICKLE_DSN=dsn, PGTRICKLE_SPARK_MASTER=args.spark_master,
-               PYTHONPATH=str(Path(__file__).resolve().parent.parent / "src"))
+    env = dict(
+        os.environ,
+        PGTRICKLE_DSN=dsn,
+        PGTRICKLE_SPARK_MASTER=args.spark_master,
+        PYTHONPATH=str(Path(__file__).resolve().parent.parent / "src"),
+    )
     daemon: subprocess.Popen | None = None
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             install(conn)
             setup(conn, args.rows)
-            subprocess.run([sys.executable, "-m", "pgtrickle", "--dsn", dsn, "refresh", "agg"], env=env,
-                           check=True, capture_output=True, timeout=600)
+            subprocess.run(
+                [sys.executable, "-m", "pgtrickle", "--dsn", dsn, "refresh", "agg"],
+                env=env,
+                check=True,
+                capture_output=True,
+                timeout=600,
+            )
             print("== no daemon", flush=True)
             inline = rounds(conn, env, dsn, args, 0, served=False)
             print("== daemon running", flush=True)
@@ -167,11 +227,22 @@ def main(argv: list[str] | None = None) -> int:
     command = command_line("benchmarks/cli_refresh.py", argv)
     if args.dsn:
         command = command.replace(args.dsn, redact(args.dsn))  # no password in the docs
-    report = {"command": command, "date": now_text(),
-              "preset": args.preset, "machine": host, "revision": revision(), "spark_master": args.spark_master,
-              "rows": args.rows, "changes": args.changes, "results": results}
-    print(f"median no daemon {results['inline']['median']:.2f}s, daemon {results['served']['median']:.2f}s, "
-          f"ratio {results['ratio']:.3f}", flush=True)
+    report = {
+        "command": command,
+        "date": now_text(),
+        "preset": args.preset,
+        "machine": host,
+        "revision": revision(),
+        "spark_master": args.spark_master,
+        "rows": args.rows,
+        "changes": args.changes,
+        "results": results,
+    }
+    print(
+        f"median no daemon {results['inline']['median']:.2f}s, daemon {results['served']['median']:.2f}s, "
+        f"ratio {results['ratio']:.3f}",
+        flush=True,
+    )
     write_json(report, args.json, "cli_refresh")
     if not args.no_docs:
         write_section(args.section, docs_section(report))

@@ -31,8 +31,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg  # noqa: E402
 
 from common import (  # noqa: E402
-    DOCS, IMG, add_output_args, bench_dsn, command_line, drop_database, fmt_size, header_lines, machine, md_table, now_text,
-    pyplot, revision, stop_on_signals, write_json, write_section,
+    DOCS,
+    IMG,
+    add_output_args,
+    bench_dsn,
+    command_line,
+    drop_database,
+    fmt_size,
+    header_lines,
+    machine,
+    md_table,
+    now_text,
+    pyplot,
+    revision,
+    stop_on_signals,
+    write_json,
+    write_section,
 )
 from datasets import copy_events  # noqa: E402
 from pgtrickle.catalog.install import install  # noqa: E402
@@ -57,8 +71,13 @@ def worker(dsn: str, master: str, names: list[str], repeat: int) -> dict[str, An
     started = time.monotonic()
     spark = spark_session.get_spark(settings)
     startup = time.monotonic() - started
-    out: dict[str, Any] = {"master": master, "startup_s": round(startup, 2), "refresh_s": {}, "spark_s": {},
-                           "first_s": {}}
+    out: dict[str, Any] = {
+        "master": master,
+        "startup_s": round(startup, 2),
+        "refresh_s": {},
+        "spark_s": {},
+        "first_s": {},
+    }
     with psycopg.connect(dsn, autocommit=True) as conn:
         for name in names:
             times, spark_times = [], []
@@ -100,9 +119,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(2.6 * len(queries) + 2, 3.8))
     width = 0.35
     for k, master in enumerate(MASTERS):
-        ax.bar([i + (k - 0.5) * width for i in range(len(queries))],
-               [report["summary"][q][master] for q in queries], width, label=master,
-               color=["#2a9d8f", "#e76f51"][k])
+        ax.bar(
+            [i + (k - 0.5) * width for i in range(len(queries))],
+            [report["summary"][q][master] for q in queries],
+            width,
+            label=master,
+            color=["#2a9d8f", "#e76f51"][k],
+        )
     ax.set_xticks(range(len(queries)), [f"{q}\n{fmt_size(report['rows'])} rows" for q in queries])
     ax.set_ylabel("FULL refresh seconds (median)")
     ax.legend(fontsize=8)
@@ -114,27 +137,51 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def docs_section(report: dict[str, Any], plot_path: Path) -> str:
-    lines = header_lines("FULL refresh: `local[2]` vs `local-cluster[2,1,1024]`", report,
-                         "benchmarks/cluster_full.py")
+    lines = header_lines(
+        "FULL refresh: `local[2]` vs `local-cluster[2,1,1024]`", report, "benchmarks/cluster_full.py"
+    )
     rows = []
     for q, s in report["summary"].items():
         a, b = s[MASTERS[0]], s[MASTERS[1]]
-        rows.append([q, f"{fmt_size(report['rows'])}", f"{a:.2f}", f"{b:.2f}", f"×{b / a:.2f}",
-                     f"{s['spark_' + MASTERS[0]]:.2f} / {s['spark_' + MASTERS[1]]:.2f}"])
+        rows.append(
+            [
+                q,
+                f"{fmt_size(report['rows'])}",
+                f"{a:.2f}",
+                f"{b:.2f}",
+                f"×{b / a:.2f}",
+                f"{s['spark_' + MASTERS[0]]:.2f} / {s['spark_' + MASTERS[1]]:.2f}",
+            ]
+        )
     runs = report["runs"]
     lines += [
         f"Same stream tables over `events` ({report['rows']:,} rows) and `dims`, FULL refresh, medians of "
         f"{report['repeat']} refreshes per master after a warm-up refresh, masters alternating "
         f"{report['alternations']}× in fresh processes. Queries: "
-        + "; ".join(f"**{q}** `{QUERIES[q]}`" for q in report["summary"]) + ".",
+        + "; ".join(f"**{q}** `{QUERIES[q]}`" for q in report["summary"])
+        + ".",
         "",
-        *md_table(["query", "rows", f"`{MASTERS[0]}` s", f"`{MASTERS[1]}` s", "cluster / local",
-                   "Spark job s (local / cluster)"], rows, right_from=1),
+        *md_table(
+            [
+                "query",
+                "rows",
+                f"`{MASTERS[0]}` s",
+                f"`{MASTERS[1]}` s",
+                "cluster / local",
+                "Spark job s (local / cluster)",
+            ],
+            rows,
+            right_from=1,
+        ),
         "",
-        "SparkSession start-up: " + ", ".join(
-            f"`{m}` {statistics.median(r['startup_s'] for r in runs if r['master'] == m):.1f} s" for m in MASTERS)
+        "SparkSession start-up: "
+        + ", ".join(
+            f"`{m}` {statistics.median(r['startup_s'] for r in runs if r['master'] == m):.1f} s"
+            for m in MASTERS
+        )
         + f"; block managers seen on `{MASTERS[1]}`: "
-        + str(max(r["block_managers"] for r in runs if r["master"] == MASTERS[1])) + " (driver + executors).",
+        + str(max(r["block_managers"] for r in runs if r["master"] == MASTERS[1]))
+        + " (driver + executors).",
         "",
         f"![local vs local-cluster](img/{plot_path.name})",
     ]
@@ -142,7 +189,9 @@ def docs_section(report: dict[str, Any], plot_path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--alternations", type=int, default=1, help="fresh processes per master")
@@ -170,13 +219,19 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(dsn, autocommit=True) as conn:
             install(conn)
             for q in queries:
-                conn.execute("SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h', refresh_mode => 'FULL',"
-                             " initialize => false)", (f"full_{q}", QUERIES[q]))
+                conn.execute(
+                    "SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h', refresh_mode => 'FULL',"
+                    " initialize => false)",
+                    (f"full_{q}", QUERIES[q]),
+                )
         for _ in range(args.alternations):
             for master in MASTERS:
                 print(f"  {master}…", flush=True)
                 result = run_worker(dsn, master, [f"full_{q}" for q in queries], args.repeat)
-                print(f"  {master}: start-up {result['startup_s']}s, refreshes {result['refresh_s']}", flush=True)
+                print(
+                    f"  {master}: start-up {result['startup_s']}s, refreshes {result['refresh_s']}",
+                    flush=True,
+                )
                 runs.append(result)
     finally:
         drop_database(admin_dsn, db)
@@ -184,15 +239,26 @@ def main(argv: list[str] | None = None) -> int:
     for q in queries:
         summary[q] = {}
         for m in MASTERS:
-            summary[q][m] = round(statistics.median(t for r in runs if r["master"] == m
-                                                    for t in r["refresh_s"][f"full_{q}"]), 3)
-            summary[q]["spark_" + m] = round(statistics.median(t for r in runs if r["master"] == m
-                                                               for t in r["spark_s"][f"full_{q}"]), 3)
+            summary[q][m] = round(
+                statistics.median(t for r in runs if r["master"] == m for t in r["refresh_s"][f"full_{q}"]), 3
+            )
+            summary[q]["spark_" + m] = round(
+                statistics.median(t for r in runs if r["master"] == m for t in r["spark_s"][f"full_{q}"]), 3
+            )
         summary[q]["cluster_over_local"] = round(summary[q][MASTERS[1]] / summary[q][MASTERS[0]], 2)
-    report = {"command": command_line("benchmarks/cluster_full.py", argv), "date": now_text(),
-              "preset": args.preset, "machine": host, "revision": revision(), "rows": args.rows,
-              "repeat": args.repeat, "alternations": args.alternations, "copy_s": round(copy_s, 1),
-              "summary": summary, "runs": runs}
+    report = {
+        "command": command_line("benchmarks/cluster_full.py", argv),
+        "date": now_text(),
+        "preset": args.preset,
+        "machine": host,
+        "revision": revision(),
+        "rows": args.rows,
+        "repeat": args.repeat,
+        "alternations": args.alternations,
+        "copy_s": round(copy_s, 1),
+        "summary": summary,
+        "runs": runs,
+    }
     print(json.dumps(summary, indent=2))
     write_json(report, args.json, "cluster")
     if not args.no_docs:

@@ -67,18 +67,25 @@ def ensure_events(admin_dsn: str, rows: int, chunk: int = CHUNK_ROWS) -> tuple[s
         if done:
             return db, 0.0
         if loaded == 0:
-            print(f"  building the cached dataset {db} ({rows:,} rows of events) in chunks of {chunk:,}…",
-                  flush=True)
+            print(
+                f"  building the cached dataset {db} ({rows:,} rows of events) in chunks of {chunk:,}…",
+                flush=True,
+            )
             conn.execute("DROP TABLE IF EXISTS bench_dataset, events, dims")
             conn.execute("CREATE TABLE bench_dataset (key text PRIMARY KEY, value text)")
-            conn.execute("INSERT INTO bench_dataset VALUES ('rows', %s), ('loaded_through', '0'),"
-                         " ('complete', 'false')", (str(rows),))
+            conn.execute(
+                "INSERT INTO bench_dataset VALUES ('rows', %s), ('loaded_through', '0'),"
+                " ('complete', 'false')",
+                (str(rows),),
+            )
             conn.execute("SELECT setseed(0.42)")
             conn.execute("CREATE TABLE dims (id int PRIMARY KEY, name text, category int)")
             conn.execute("INSERT INTO dims SELECT g, 'dim ' || g, g % 20 FROM generate_series(1, 1000) g")
             # No primary key while loading (built once at the end: much faster than index maintenance).
-            conn.execute("CREATE TABLE events (id bigint NOT NULL, grp int, dim_id int, v numeric(12,2),"
-                         " qty int, note text) WITH (autovacuum_enabled = off)")
+            conn.execute(
+                "CREATE TABLE events (id bigint NOT NULL, grp int, dim_id int, v numeric(12,2),"
+                " qty int, note text) WITH (autovacuum_enabled = off)"
+            )
         else:
             print(f"  resuming the cached dataset {db} at {loaded:,} of {rows:,} rows…", flush=True)
             # A chunk is committed together with its progress row, so nothing past `loaded` exists.
@@ -88,16 +95,25 @@ def ensure_events(admin_dsn: str, rows: int, chunk: int = CHUNK_ROWS) -> tuple[s
             upto = min(rows, loaded + chunk)
             with conn.transaction():
                 conn.execute("SELECT setseed(%s)", ((loaded // chunk % 1000) / 1000.0,))
-                conn.execute(f"INSERT INTO events SELECT g, {EVENT_VALUES.format(id='g')}"
-                             " FROM generate_series(%s::bigint, %s::bigint) g", (loaded + 1, upto))
+                conn.execute(
+                    f"INSERT INTO events SELECT g, {EVENT_VALUES.format(id='g')}"
+                    " FROM generate_series(%s::bigint, %s::bigint) g",
+                    (loaded + 1, upto),
+                )
                 conn.execute("UPDATE bench_dataset SET value = %s WHERE key = 'loaded_through'", (str(upto),))
             loaded = upto
             spent = time.monotonic() - load_started
             speed = (loaded - first) / spent if spent > 0 else 0.0
             eta = (rows - loaded) / speed if speed > 0 else 0.0
-            print(f"    {loaded:,} / {rows:,} rows ({100 * loaded / rows:.0f} %), {speed:,.0f} rows/s, "
-                  f"~{eta / 60:.1f} min of inserts left", flush=True)
-        if scalar(conn, "SELECT count(*) FROM pg_index WHERE indrelid = 'events'::regclass AND indisprimary") == 0:
+            print(
+                f"    {loaded:,} / {rows:,} rows ({100 * loaded / rows:.0f} %), {speed:,.0f} rows/s, "
+                f"~{eta / 60:.1f} min of inserts left",
+                flush=True,
+            )
+        if (
+            scalar(conn, "SELECT count(*) FROM pg_index WHERE indrelid = 'events'::regclass AND indisprimary")
+            == 0
+        ):
             print("    building the primary key…", flush=True)
             conn.execute("SET maintenance_work_mem = '1GB'")
             conn.execute("ALTER TABLE events ADD PRIMARY KEY (id)")
@@ -127,8 +143,12 @@ def estimate(rows: int) -> dict[str, float]:
 
 def cached(admin_dsn: str) -> list[tuple[str, str, str]]:
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
-        names = [r[0] for r in admin.execute(
-            "SELECT datname FROM pg_database WHERE datname LIKE 'pgtrickle\\_bench\\_events\\_%' ORDER BY 1")]
+        names = [
+            r[0]
+            for r in admin.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'pgtrickle\\_bench\\_events\\_%' ORDER BY 1"
+            )
+        ]
         out = []
         for name in names:
             size = scalar(admin, "SELECT pg_size_pretty(pg_database_size(%s))", (name,))
@@ -142,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     from pgtrickle.config import Settings
     from pgtrickle.db.connection import resolve_dsn
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("action", choices=["events", "list", "drop", "estimate"])
     parser.add_argument("rows", nargs="?", type=int, default=None)
     parser.add_argument("--dsn", default=None)

@@ -44,8 +44,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg  # noqa: E402
 
 from common import (  # noqa: E402
-    DOCS, IMG, add_output_args, bench_dsn, command_line, drop_database, fmt_rate, fmt_ratio, fmt_size, free_disk_gib, header_lines,
-    machine, now_text, pyplot, revision, spark_running, stop_on_signals, write_json, write_section,
+    DOCS,
+    IMG,
+    add_output_args,
+    bench_dsn,
+    command_line,
+    drop_database,
+    fmt_rate,
+    fmt_ratio,
+    fmt_size,
+    free_disk_gib,
+    header_lines,
+    machine,
+    now_text,
+    pyplot,
+    revision,
+    spark_running,
+    stop_on_signals,
+    write_json,
+    write_section,
 )
 from datasets import EVENT_VALUES, EVENTS_BYTES_PER_ROW, copy_events, estimate  # noqa: E402
 from pgtrickle.catalog.install import install  # noqa: E402
@@ -70,10 +87,15 @@ QUERIES: dict[str, str] = {
     "aggregate": "SELECT grp, count(*) AS n, sum(v) AS total, avg(qty) AS avg_qty FROM events GROUP BY grp",
     "join": "SELECT e.id, d.name, e.v FROM events e JOIN dims d ON d.id = e.dim_id",
     "join_aggregate": "SELECT d.category, count(*) AS n, sum(e.v) AS total "
-                      "FROM events e JOIN dims d ON d.id = e.dim_id GROUP BY d.category",
+    "FROM events e JOIN dims d ON d.id = e.dim_id GROUP BY d.category",
 }
-KEYS: dict[str, str] = {"scan": "id", "filter": "id", "aggregate": "grp", "join": "id",
-                        "join_aggregate": "category"}
+KEYS: dict[str, str] = {
+    "scan": "id",
+    "filter": "id",
+    "aggregate": "grp",
+    "join": "id",
+    "join_aggregate": "category",
+}
 """A unique key of each shape's result (to compare results with a tolerance)."""
 TARGET_SHAPES = ("aggregate", "join", "join_aggregate")
 """The shapes the speed-up targets are judged on (scan and filter are shown for information)."""
@@ -171,20 +193,25 @@ class Profile:
                 return fn(*args, **kwargs)
             finally:
                 self.seconds[label] = self.seconds.get(label, 0.0) + time.monotonic() - started
+
         return wrapper
 
 
 # ------------------------------------------------------------------ database
-def create_contenders(conn: psycopg.Connection, settings: Settings, dsn: str,
-                      shapes: Sequence[str]) -> dict[str, float]:
+def create_contenders(
+    conn: psycopg.Connection, settings: Settings, dsn: str, shapes: Sequence[str]
+) -> dict[str, float]:
     """Per shape: st_<shape>_diff (AUTO), st_<shape>_full (FULL), mv_<shape>; returns seconds each."""
     seconds: dict[str, float] = {}
     for shape in shapes:
         query = QUERIES[shape]
         for suffix, mode in (("diff", "AUTO"), ("full", "FULL")):
             name = f"st_{shape}_{suffix}"
-            conn.execute("SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h', refresh_mode => %s,"
-                         " initialize => false)", (name, query, mode))
+            conn.execute(
+                "SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h', refresh_mode => %s,"
+                " initialize => false)",
+                (name, query, mode),
+            )
             conn.execute("SELECT pgtrickle.alter_stream_table(%s, circuit_breaker => 'none')", (name,))
             started = time.monotonic()
             [outcome] = refresh_sync(settings, dsn, [name])
@@ -225,10 +252,15 @@ def apply_changes(conn: psycopg.Connection, total: int, next_id: int, seed: floa
         conn.execute(
             "UPDATE events e SET v = round((random() * 1000)::numeric, 2),"
             " qty = CASE WHEN random() < 0.05 THEN NULL ELSE floor(random() * 13)::int END"
-            " FROM pick p WHERE p.id = e.id AND p.rn <= %s", (updates,))
+            " FROM pick p WHERE p.id = e.id AND p.rn <= %s",
+            (updates,),
+        )
         conn.execute("DELETE FROM events e USING pick p WHERE p.id = e.id AND p.rn > %s", (updates,))
-        conn.execute(f"INSERT INTO events SELECT g, {EVENT_VALUES.format(id='g')}"
-                     " FROM generate_series(%s::bigint, %s::bigint) g", (next_id, next_id + inserts - 1))
+        conn.execute(
+            f"INSERT INTO events SELECT g, {EVENT_VALUES.format(id='g')}"
+            " FROM generate_series(%s::bigint, %s::bigint) g",
+            (next_id, next_id + inserts - 1),
+        )
     # Clean heap, hint bits set and fresh statistics for every contender alike; keeps autovacuum
     # from starting in the middle of the measurements.
     conn.execute("VACUUM ANALYZE events")
@@ -282,19 +314,33 @@ def pyspark_batch(settings: Settings, dsn: str, shape: str) -> Sample:
     started = time.monotonic()
     with psycopg.connect(dsn, autocommit=True) as conn:
         lo, hi = conn.execute("SELECT min(id), max(id) FROM events").fetchone()  # type: ignore[misc]
-        rows = int(conn.execute("SELECT reltuples FROM pg_class WHERE oid = 'events'::regclass"
-                                ).fetchone()[0])  # type: ignore[index]
+        rows = int(
+            conn.execute("SELECT reltuples FROM pg_class WHERE oid = 'events'::regclass").fetchone()[0]
+        )  # type: ignore[index]
     parts = max(2 * (os.cpu_count() or 2), math.ceil(max(rows, 0) / 2_000_000))
-    spark.read.jdbc(target.url, "events", column="id", lowerBound=int(lo), upperBound=int(hi),
-                    numPartitions=parts, properties=props).createOrReplaceTempView("events")
+    spark.read.jdbc(
+        target.url,
+        "events",
+        column="id",
+        lowerBound=int(lo),
+        upperBound=int(hi),
+        numPartitions=parts,
+        properties=props,
+    ).createOrReplaceTempView("events")
     spark.read.jdbc(target.url, "dims", properties=props).createOrReplaceTempView("dims")
     result = spark.sql(QUERIES[shape])
     result.write.jdbc(target.url, f"pys_{shape}", mode="overwrite", properties={**props, "truncate": "true"})
     return Sample(time.monotonic() - started)
 
 
-def refresh_round(conn: psycopg.Connection, settings: Settings, dsn: str, shapes: Sequence[str],
-                  samples: dict[str, RoundSamples] | None, baseline: bool = True) -> None:
+def refresh_round(
+    conn: psycopg.Connection,
+    settings: Settings,
+    dsn: str,
+    shapes: Sequence[str],
+    samples: dict[str, RoundSamples] | None,
+    baseline: bool = True,
+) -> None:
     """Refresh every contender once (DIFFERENTIAL, FULL, matview, PySpark job per shape); record unless warming up.
 
     Then, untimed, delete the consumed change-buffer rows as the daemon's
@@ -319,13 +365,17 @@ def refresh_round(conn: psycopg.Connection, settings: Settings, dsn: str, shapes
         if outcome.action.value != "DIFFERENTIAL":
             got.not_differential.append(f"{outcome.action.value}: {outcome.reason}")
         extra = f"  pyspark {batch.wall:8.3f}s" if batch is not None else ""
-        print(f"    {shape:15s} diff {diff.wall:8.3f}s  full {full.wall:8.3f}s  matview {matview.wall:8.3f}s"
-              f"{extra}", flush=True)
+        print(
+            f"    {shape:15s} diff {diff.wall:8.3f}s  full {full.wall:8.3f}s  matview {matview.wall:8.3f}s"
+            f"{extra}",
+            flush=True,
+        )
     cleanup_buffers(conn)
     for (buffer,) in conn.execute("SELECT buffer_name FROM pgtrickle.pgt_change_sources").fetchall():
         for part in ("rows", "batches"):
-            if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f'pgtrickle_changes."{buffer}_{part}"',)
-                            ).fetchone()[0]:  # type: ignore[index]
+            if conn.execute(
+                "SELECT to_regclass(%s) IS NOT NULL", (f'pgtrickle_changes."{buffer}_{part}"',)
+            ).fetchone()[0]:  # type: ignore[index]
                 conn.execute(f'VACUUM pgtrickle_changes."{buffer}_{part}"')
 
 
@@ -339,17 +389,32 @@ def summarise(size: int, rate: float, changes: int, shape: str, got: RoundSample
     full = statistics.median(s.wall for s in got.full)
     matview = statistics.median(s.wall for s in got.matview)
     batch = statistics.median(s.wall for s in got.pyspark) if got.pyspark else None
-    return Row(size=size, shape=shape, rate=rate, changes=changes, diff_s=round(diff, 4),
-               full_s=round(full, 4), matview_s=round(matview, 4), full_over_diff=round(full / diff, 2),
-               matview_over_diff=round(matview / diff, 2),
-               pyspark_s=None if batch is None else round(batch, 4),
-               pyspark_over_diff=None if batch is None else round(batch / diff, 2),
-               diff_timings=median_timings(got.diff),
-               full_timings=median_timings(got.full), diff_actions=got.diff_actions,
-               not_differential=got.not_differential,
-               samples={name: [round(s.wall, 4) for s in got_samples] for name, got_samples in
-                        (("diff", got.diff), ("full", got.full), ("matview", got.matview),
-                         ("pyspark", got.pyspark))})
+    return Row(
+        size=size,
+        shape=shape,
+        rate=rate,
+        changes=changes,
+        diff_s=round(diff, 4),
+        full_s=round(full, 4),
+        matview_s=round(matview, 4),
+        full_over_diff=round(full / diff, 2),
+        matview_over_diff=round(matview / diff, 2),
+        pyspark_s=None if batch is None else round(batch, 4),
+        pyspark_over_diff=None if batch is None else round(batch / diff, 2),
+        diff_timings=median_timings(got.diff),
+        full_timings=median_timings(got.full),
+        diff_actions=got.diff_actions,
+        not_differential=got.not_differential,
+        samples={
+            name: [round(s.wall, 4) for s in got_samples]
+            for name, got_samples in (
+                ("diff", got.diff),
+                ("full", got.full),
+                ("matview", got.matview),
+                ("pyspark", got.pyspark),
+            )
+        },
+    )
 
 
 def _same_value(column: str, kind: str) -> str:
@@ -375,7 +440,8 @@ def differing_rows(conn: psycopg.Connection, shape: str, baseline: bool = True) 
     types = conn.execute(
         "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
         " WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-        (mv,)).fetchall()
+        (mv,),
+    ).fetchall()
     cols = ", ".join(name for name, _ in types)
     same = " AND ".join(_same_value(c, kind) for c, kind in types if c != key) or "true"
     result: dict[str, dict[str, int]] = {}
@@ -383,11 +449,13 @@ def differing_rows(conn: psycopg.Connection, shape: str, baseline: bool = True) 
     for st in tables:
         exact = conn.execute(
             f"SELECT count(*) FROM ((SELECT {cols} FROM {st} EXCEPT ALL SELECT {cols} FROM {mv})"
-            f" UNION ALL (SELECT {cols} FROM {mv} EXCEPT ALL SELECT {cols} FROM {st})) d").fetchone()
+            f" UNION ALL (SELECT {cols} FROM {mv} EXCEPT ALL SELECT {cols} FROM {st})) d"
+        ).fetchone()
         tolerant = conn.execute(
             f"SELECT (SELECT count(*) FROM {st} s FULL JOIN {mv} m ON s.{key} = m.{key}"
             f"         WHERE s.{key} IS NULL OR m.{key} IS NULL OR NOT ({same}))"
-            f"     + abs((SELECT count(*) FROM {st}) - (SELECT count(*) FROM {mv}))").fetchone()
+            f"     + abs((SELECT count(*) FROM {st}) - (SELECT count(*) FROM {mv}))"
+        ).fetchone()
         result[st] = {"exact": int(exact[0]), "tolerant": int(tolerant[0])}  # type: ignore[index]
     return result
 
@@ -405,10 +473,14 @@ def check_disk(settings: Settings, admin_dsn: str, size: int, shapes: Sequence[s
 
     need = disk_need_gib(size, shapes, database_exists(admin_dsn, events_db(size)))
     free = free_disk_gib(settings.data_dir)
-    print(f"free space under {settings.data_dir}: {free:.1f} GiB (this size needs ~{need:.1f} GiB)", flush=True)
+    print(
+        f"free space under {settings.data_dir}: {free:.1f} GiB (this size needs ~{need:.1f} GiB)", flush=True
+    )
     if free < need:
-        raise SystemExit(f"not enough free disk space for {size:,} rows under {settings.data_dir}; "
-                         "run fewer --queries (scan and join are the largest) or smaller --sizes")
+        raise SystemExit(
+            f"not enough free disk space for {size:,} rows under {settings.data_dir}; "
+            "run fewer --queries (scan and join are the largest) or smaller --sizes"
+        )
 
 
 def change_plan(size: int, rates: Sequence[float], changes: Sequence[int]) -> list[tuple[float, int]]:
@@ -418,9 +490,18 @@ def change_plan(size: int, rates: Sequence[float], changes: Sequence[int]) -> li
     return [(rate, max(1, round(rate * size))) for rate in rates]
 
 
-def run_size(settings: Settings, admin_dsn: str, size: int, rates: Sequence[float], repeat: int,
-             shapes: Sequence[str], keep: bool, verify: bool, changes: Sequence[int] = (),
-             baseline: bool = True) -> SizeRun:
+def run_size(
+    settings: Settings,
+    admin_dsn: str,
+    size: int,
+    rates: Sequence[float],
+    repeat: int,
+    shapes: Sequence[str],
+    keep: bool,
+    verify: bool,
+    changes: Sequence[int] = (),
+    baseline: bool = True,
+) -> SizeRun:
     check_disk(settings, admin_dsn, size, shapes)
     db = f"pgtrickle_bench_diff_{size}_{os.getpid()}"  # concurrent runs must not drop each other's
     print(f"\n== {size:,} rows: the cached dataset, copied…", flush=True)
@@ -447,8 +528,11 @@ def run_size(settings: Settings, admin_dsn: str, size: int, rates: Sequence[floa
                     started = time.monotonic()
                     next_id = apply_changes(conn, count, next_id, (r_index * 97 + i + 1) / 1000)
                     applied.append(time.monotonic() - started)
-                    print(f"  {count:,} changes ({fmt_rate(rate)}) round {i + 1}/{repeat}: "
-                          f"changes applied in {applied[-1]:.2f}s", flush=True)
+                    print(
+                        f"  {count:,} changes ({fmt_rate(rate)}) round {i + 1}/{repeat}: "
+                        f"changes applied in {applied[-1]:.2f}s",
+                        flush=True,
+                    )
                     refresh_round(conn, size_settings, dsn, shapes, per_shape, baseline)
                 change_apply_s[str(count)] = round(statistics.median(applied), 3)
                 rows.extend(summarise(size, rate, count, shape, per_shape[shape]) for shape in shapes)
@@ -464,8 +548,16 @@ def run_size(settings: Settings, admin_dsn: str, size: int, rates: Sequence[floa
             print(f"  kept database {db}", flush=True)
         else:
             drop_database(admin_dsn, db)
-    return SizeRun(size, round(load_s, 2), round(copy_s, 2), {k: round(v, 3) for k, v in create_s.items()},
-                   round(warmup_s, 2), change_apply_s, rows, differing)
+    return SizeRun(
+        size,
+        round(load_s, 2),
+        round(copy_s, 2),
+        {k: round(v, 3) for k, v in create_s.items()},
+        round(warmup_s, 2),
+        change_apply_s,
+        rows,
+        differing,
+    )
 
 
 # ------------------------------------------------------------------ analysis
@@ -476,8 +568,9 @@ def find(rows: Sequence[Row], size: int, shape: str, rate: float) -> Row | None:
     return None
 
 
-def scaling(rows: Sequence[Row], sizes: Sequence[int], rates: Sequence[float],
-            shapes: Sequence[str]) -> list[dict[str, Any]]:
+def scaling(
+    rows: Sequence[Row], sizes: Sequence[int], rates: Sequence[float], shapes: Sequence[str]
+) -> list[dict[str, Any]]:
     """diff(large)/diff(small), at the same rate and at the same number of changes."""
     if len(sizes) < 2:
         return []
@@ -490,18 +583,24 @@ def scaling(rows: Sequence[Row], sizes: Sequence[int], rates: Sequence[float],
                 continue
             same = find(rows, small, shape, rate)
             equal = find(rows, small, shape, rate * large / small)
-            out.append({
-                "shape": shape, "small": small, "large": large, "rate_large": rate,
-                "changes_large": big.changes,
-                "same_rate_ratio": round(big.diff_s / same.diff_s, 2) if same else None,
-                "equal_changes_rate_small": equal.rate if equal else None,
-                "equal_changes_ratio": round(big.diff_s / equal.diff_s, 2) if equal else None,
-            })
+            out.append(
+                {
+                    "shape": shape,
+                    "small": small,
+                    "large": large,
+                    "rate_large": rate,
+                    "changes_large": big.changes,
+                    "same_rate_ratio": round(big.diff_s / same.diff_s, 2) if same else None,
+                    "equal_changes_rate_small": equal.rate if equal else None,
+                    "equal_changes_ratio": round(big.diff_s / equal.diff_s, 2) if equal else None,
+                }
+            )
     return out
 
 
-def targets(rows: Sequence[Row], scale: Sequence[dict[str, Any]],
-            shapes: Sequence[str]) -> list[dict[str, Any]]:
+def targets(
+    rows: Sequence[Row], scale: Sequence[dict[str, Any]], shapes: Sequence[str]
+) -> list[dict[str, Any]]:
     """The documented targets, each with its measured value and met / missed / not measured."""
     out: list[dict[str, Any]] = []
 
@@ -514,35 +613,66 @@ def targets(rows: Sequence[Row], scale: Sequence[dict[str, Any]],
             continue
         row = find(rows, ISSUE_TARGET_SIZE, shape, ISSUE_TARGET_CHANGES / ISSUE_TARGET_SIZE)
         mod = row.matview_over_diff if row else None
-        out.append({"target": f"{shape}: DIFFERENTIAL ≥ {ISSUE_TARGET_MV_OVER_DIFF:g}× faster than REFRESH "
-                              "MATERIALIZED VIEW (100M rows, 10k changes)", "value": mod,
-                    "status": judge(mod, lambda v: v >= ISSUE_TARGET_MV_OVER_DIFF)})
+        out.append(
+            {
+                "target": f"{shape}: DIFFERENTIAL ≥ {ISSUE_TARGET_MV_OVER_DIFF:g}× faster than REFRESH "
+                "MATERIALIZED VIEW (100M rows, 10k changes)",
+                "value": mod,
+                "status": judge(mod, lambda v: v >= ISSUE_TARGET_MV_OVER_DIFF),
+            }
+        )
     for shape in TARGET_SHAPES:
         if shape not in shapes or TARGET_SIZE not in sizes:
             continue
         row = find(rows, TARGET_SIZE, shape, TARGET_RATE)
         fod = row.full_over_diff if row else None
         mod = row.matview_over_diff if row else None
-        out.append({"target": f"{shape}: DIFFERENTIAL ≥ {TARGET_FULL_OVER_DIFF:g}× faster than FULL "
-                              f"(10M rows, 0.1 % changes)", "value": fod,
-                    "status": judge(fod, lambda v: v >= TARGET_FULL_OVER_DIFF)})
-        out.append({"target": f"{shape}: DIFFERENTIAL ≥ {TARGET_MV_OVER_DIFF:g}× faster than REFRESH "
-                              "MATERIALIZED VIEW (10M rows, 0.1 % changes)", "value": mod,
-                    "status": judge(mod, lambda v: v >= TARGET_MV_OVER_DIFF)})
+        out.append(
+            {
+                "target": f"{shape}: DIFFERENTIAL ≥ {TARGET_FULL_OVER_DIFF:g}× faster than FULL "
+                f"(10M rows, 0.1 % changes)",
+                "value": fod,
+                "status": judge(fod, lambda v: v >= TARGET_FULL_OVER_DIFF),
+            }
+        )
+        out.append(
+            {
+                "target": f"{shape}: DIFFERENTIAL ≥ {TARGET_MV_OVER_DIFF:g}× faster than REFRESH "
+                "MATERIALIZED VIEW (10M rows, 0.1 % changes)",
+                "value": mod,
+                "status": judge(mod, lambda v: v >= TARGET_MV_OVER_DIFF),
+            }
+        )
     for item in scale:
         if item["equal_changes_ratio"] is None:
             continue
-        out.append({"target": f"{item['shape']}: DIFFERENTIAL for {item['changes_large']:,} changes grows "
-                              f"≤ {TARGET_SCALING:g}× from {item['small']:,} to {item['large']:,} rows",
-                    "value": item["equal_changes_ratio"],
-                    "status": judge(item["equal_changes_ratio"], lambda v: v <= TARGET_SCALING)})
+        out.append(
+            {
+                "target": f"{item['shape']}: DIFFERENTIAL for {item['changes_large']:,} changes grows "
+                f"≤ {TARGET_SCALING:g}× from {item['small']:,} to {item['large']:,} rows",
+                "value": item["equal_changes_ratio"],
+                "status": judge(item["equal_changes_ratio"], lambda v: v <= TARGET_SCALING),
+            }
+        )
     return out
 
 
 # ------------------------------------------------------------------ output
 def results_table(rows: Sequence[Row]) -> list[str]:
-    head = ["rows", "shape", "changes", "DIFF s", "FULL s", "matview s", "PySpark job s", "FULL/DIFF",
-            "matview/DIFF", "PySpark/DIFF", "DIFF Spark s", "DIFF apply s"]
+    head = [
+        "rows",
+        "shape",
+        "changes",
+        "DIFF s",
+        "FULL s",
+        "matview s",
+        "PySpark job s",
+        "FULL/DIFF",
+        "matview/DIFF",
+        "PySpark/DIFF",
+        "DIFF Spark s",
+        "DIFF apply s",
+    ]
     align = ["---"] * 2 + ["---:"] * (len(head) - 2)
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(align) + " |"]
     for r in rows:
@@ -552,15 +682,26 @@ def results_table(rows: Sequence[Row]) -> list[str]:
             f"| {fmt_size(r.size)} | {r.shape}{flag} | {r.changes:,} ({fmt_rate(r.rate)}) | {r.diff_s:.3f} | "
             f"{r.full_s:.3f} | {r.matview_s:.3f} | {pys} | {fmt_ratio(r.full_over_diff)} | "
             f"{fmt_ratio(r.matview_over_diff)} | {fmt_ratio(r.pyspark_over_diff)} | "
-            f"{r.diff_timings.get('spark_job', 0):.3f} | {r.diff_timings.get('apply', 0):.3f} |")
+            f"{r.diff_timings.get('spark_job', 0):.3f} | {r.diff_timings.get('apply', 0):.3f} |"
+        )
     return lines
 
 
 def breakdown_table(rows: Sequence[Row]) -> list[str]:
-    keys = ["prepare", "plan", "pushdown_keys", "spark_collect", "spark_job", "apply_load_delta", "apply",
-            "outside_engine"]
-    lines = ["| rows | shape | changes | DIFF s | " + " | ".join(keys) + " |",
-             "| --- | --- | ---: | ---: | " + " | ".join(["---:"] * len(keys)) + " |"]
+    keys = [
+        "prepare",
+        "plan",
+        "pushdown_keys",
+        "spark_collect",
+        "spark_job",
+        "apply_load_delta",
+        "apply",
+        "outside_engine",
+    ]
+    lines = [
+        "| rows | shape | changes | DIFF s | " + " | ".join(keys) + " |",
+        "| --- | --- | ---: | ---: | " + " | ".join(["---:"] * len(keys)) + " |",
+    ]
     for r in rows:
         cells = " | ".join(f"{r.diff_timings.get(k, 0.0):.3f}" for k in keys)
         lines.append(f"| {fmt_size(r.size)} | {r.shape} | {r.changes:,} | {r.diff_s:.3f} | {cells} |")
@@ -568,15 +709,23 @@ def breakdown_table(rows: Sequence[Row]) -> list[str]:
 
 
 def scaling_table(scale: Sequence[dict[str, Any]]) -> list[str]:
-    lines = ["| shape | changes at the large size | same rate: DIFF large / small "
-             "| equal changes: DIFF large / small |",
-             "| --- | ---: | ---: | ---: |"]
+    lines = [
+        "| shape | changes at the large size | same rate: DIFF large / small "
+        "| equal changes: DIFF large / small |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     for s in scale:
         same = f"×{s['same_rate_ratio']:.2f}" if s["same_rate_ratio"] is not None else "–"
-        equal = (f"×{s['equal_changes_ratio']:.2f} (vs {fmt_rate(s['equal_changes_rate_small'])} of "
-                 f"{fmt_size(s['small'])})" if s["equal_changes_ratio"] is not None else "–")
-        lines.append(f"| {s['shape']} | {s['changes_large']:,} ({fmt_rate(s['rate_large'])} of "
-                     f"{fmt_size(s['large'])}) | {same} | {equal} |")
+        equal = (
+            f"×{s['equal_changes_ratio']:.2f} (vs {fmt_rate(s['equal_changes_rate_small'])} of "
+            f"{fmt_size(s['small'])})"
+            if s["equal_changes_ratio"] is not None
+            else "–"
+        )
+        lines.append(
+            f"| {s['shape']} | {s['changes_large']:,} ({fmt_rate(s['rate_large'])} of "
+            f"{fmt_size(s['large'])}) | {same} | {equal} |"
+        )
     return lines
 
 
@@ -603,20 +752,32 @@ def print_report(report: dict[str, Any], rows: Sequence[Row]) -> None:
 def plot(rows: Sequence[Row], shapes: Sequence[str], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(shapes), figsize=(3.8 * len(shapes), 4.4), sharey=True, squeeze=False)
-    colors = {"DIFFERENTIAL": "#2a9d8f", "pgtrickle FULL": "#e76f51", "REFRESH MATERIALIZED VIEW": "#8d99ae",
-              "plain PySpark job": "#e9c46a"}
+    colors = {
+        "DIFFERENTIAL": "#2a9d8f",
+        "pgtrickle FULL": "#e76f51",
+        "REFRESH MATERIALIZED VIEW": "#8d99ae",
+        "plain PySpark job": "#e9c46a",
+    }
     width = 0.2
     for ax, shape in zip(axes[0], shapes):
         mine = [r for r in rows if r.shape == shape]
         labels = [f"{fmt_size(r.size)}\n{r.changes:,}" for r in mine]
         xs = range(len(mine))
-        series = [("DIFFERENTIAL", [r.diff_s for r in mine]), ("pgtrickle FULL", [r.full_s for r in mine]),
-                  ("REFRESH MATERIALIZED VIEW", [r.matview_s for r in mine])]
+        series = [
+            ("DIFFERENTIAL", [r.diff_s for r in mine]),
+            ("pgtrickle FULL", [r.full_s for r in mine]),
+            ("REFRESH MATERIALIZED VIEW", [r.matview_s for r in mine]),
+        ]
         if any(r.pyspark_s is not None for r in mine):
             series.append(("plain PySpark job", [r.pyspark_s or 0.0 for r in mine]))
         for offset, (label, values) in enumerate(series):
-            ax.bar([x + (offset - (len(series) - 1) / 2) * width for x in xs], values, width, label=label,
-                   color=colors[label])
+            ax.bar(
+                [x + (offset - (len(series) - 1) / 2) * width for x in xs],
+                values,
+                width,
+                label=label,
+                color=colors[label],
+            )
         ax.set_yscale("log")
         ax.set_title(shape)
         ax.set_xticks(list(xs), labels, fontsize=7)
@@ -632,8 +793,12 @@ def plot(rows: Sequence[Row], shapes: Sequence[str], path: Path) -> None:
 
 def docs_section(report: dict[str, Any], rows: Sequence[Row], plot_path: Path) -> str:
     baseline = report.get("baseline", True)
-    lines = header_lines("DIFFERENTIAL refresh vs FULL vs `REFRESH MATERIALIZED VIEW`"
-                         + (" vs a plain PySpark job" if baseline else ""), report, "benchmarks/differential.py")
+    lines = header_lines(
+        "DIFFERENTIAL refresh vs FULL vs `REFRESH MATERIALIZED VIEW`"
+        + (" vs a plain PySpark job" if baseline else ""),
+        report,
+        "benchmarks/differential.py",
+    )
     lines += [
         "`events(id, grp, dim_id, v, qty, note)` with N rows and `dims(id, name, category)` with 1000 rows "
         "(a cached dataset, copied for the run: `benchmarks/datasets.py`). "
@@ -641,9 +806,14 @@ def docs_section(report: dict[str, Any], rows: Sequence[Row], plot_path: Path) -
         "25 % INSERT, 25 % DELETE) and runs `VACUUM ANALYZE events` (untimed), then refreshes, "
         "one at a time, a stream table in `AUTO` mode (refreshing DIFFERENTIAL), one in `FULL` mode, "
         "a materialized view of the same query"
-        + (", and runs the batch job a user would write without pgtrickle (partitioned `spark.read.jdbc`, "
-           "the same query in Spark SQL, `write.jdbc(mode=\"overwrite\", truncate=true)`; same warm "
-           "SparkSession)" if baseline else "") + ". Medians of "
+        + (
+            ", and runs the batch job a user would write without pgtrickle (partitioned `spark.read.jdbc`, "
+            'the same query in Spark SQL, `write.jdbc(mode="overwrite", truncate=true)`; same warm '
+            "SparkSession)"
+            if baseline
+            else ""
+        )
+        + ". Medians of "
         f"{report['repeat']} round(s) after a warm-up round; seconds are wall time. SparkSession start-up, "
         f"once per process: {report['spark_startup_s']:.1f} s.",
         "",
@@ -677,14 +847,18 @@ def docs_section(report: dict[str, Any], rows: Sequence[Row], plot_path: Path) -
 
 # ------------------------------------------------------------------ main
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="1000000,10000000", help="comma-separated row counts of events")
-    parser.add_argument("--rates", default="0.001,0.01,0.1",
-                        help="comma-separated shares of rows changed per round")
-    parser.add_argument("--changes", default="",
-                        help="comma-separated numbers of changes per round, the same at every size "
-                             "(replaces --rates)")
+    parser.add_argument(
+        "--rates", default="0.001,0.01,0.1", help="comma-separated shares of rows changed per round"
+    )
+    parser.add_argument(
+        "--changes",
+        default="",
+        help="comma-separated numbers of changes per round, the same at every size (replaces --rates)",
+    )
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--queries", default=",".join(QUERIES), help="comma-separated: " + ", ".join(QUERIES))
     add_output_args(parser, SECTION, PLOT)
@@ -712,21 +886,27 @@ def problems_of(runs: Sequence[SizeRun]) -> list[str]:
     for run in runs:
         for row in run.rows:
             for why in sorted(set(row.not_differential)):
-                found.append(f"{fmt_size(row.size)} {row.shape} at {fmt_rate(row.rate)}: "
-                             f"AUTO stream table ran {why}")
+                found.append(
+                    f"{fmt_size(row.size)} {row.shape} at {fmt_rate(row.rate)}: AUTO stream table ran {why}"
+                )
         for name, counts in run.differing_rows.items():
             if counts["tolerant"]:
-                found.append(f"{fmt_size(run.size)}: {name} has {counts['tolerant']} rows differing from its "
-                             "matview (beyond a relative 1e-12 in numeric columns)")
+                found.append(
+                    f"{fmt_size(run.size)}: {name} has {counts['tolerant']} rows differing from its "
+                    "matview (beyond a relative 1e-12 in numeric columns)"
+                )
     return found
 
 
 def notes_of(runs: Sequence[SizeRun]) -> list[str]:
     """Results equal to the matview only up to a relative 1e-12 (precision, not correctness)."""
-    return [f"{fmt_size(run.size)}: {name}: {counts['exact']} rows in the exact symmetric difference with "
-            "the matview, all within a relative 1e-12 (Spark computes avg in double precision)"
-            for run in runs for name, counts in run.differing_rows.items()
-            if counts["exact"] and not counts["tolerant"]]
+    return [
+        f"{fmt_size(run.size)}: {name}: {counts['exact']} rows in the exact symmetric difference with "
+        "the matview, all within a relative 1e-12 (Spark computes avg in double precision)"
+        for run in runs
+        for name, counts in run.differing_rows.items()
+        if counts["exact"] and not counts["tolerant"]
+    ]
 
 
 REVISION = revision()
@@ -743,14 +923,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = command_line("benchmarks/differential.py", argv)
     for size in args.sizes:
         e = estimate(size)
-        print(f"{fmt_size(size)} rows: cached dataset ~{e['disk_gib']:.1f} GiB (~{e['build_s'] / 60:.0f} min to "
-              "build once)", flush=True)
+        print(
+            f"{fmt_size(size)} rows: cached dataset ~{e['disk_gib']:.1f} GiB (~{e['build_s'] / 60:.0f} min to "
+            "build once)",
+            flush=True,
+        )
     runs: list[SizeRun] = []
     with spark_running(settings) as spark_start:
         print(f"SparkSession start-up: {spark_start:.2f}s", flush=True)
         for size in args.sizes:
-            runs.append(run_size(settings, admin_dsn, size, args.rates, args.repeat, args.queries, args.keep,
-                                 not args.no_verify, args.changes, not args.no_baseline))
+            runs.append(
+                run_size(
+                    settings,
+                    admin_dsn,
+                    size,
+                    args.rates,
+                    args.repeat,
+                    args.queries,
+                    args.keep,
+                    not args.no_verify,
+                    args.changes,
+                    not args.no_baseline,
+                )
+            )
     rows = [row for run in runs for row in run.rows]
     scale_rates = [rate for rate, _ in change_plan(max(args.sizes), args.rates, args.changes)]
     scale = scaling(rows, args.sizes, scale_rates, args.queries)
@@ -762,8 +957,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "revision": REVISION,
         "spark_master": settings.spark_master,
         "spark_startup_s": round(spark_start, 3),
-        "sizes": args.sizes, "rates": args.rates, "changes": args.changes, "repeat": args.repeat,
-        "queries": args.queries, "baseline": not args.no_baseline,
+        "sizes": args.sizes,
+        "rates": args.rates,
+        "changes": args.changes,
+        "repeat": args.repeat,
+        "queries": args.queries,
+        "baseline": not args.no_baseline,
         "scaling": scale,
         "targets": targets(rows, scale, args.queries),
         "problems": problems_of(runs),

@@ -47,8 +47,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg  # noqa: E402
 
 from common import (  # noqa: E402
-    DOCS, bench_dsn, command_line, drop_database, header_lines, machine, md_table, now_text, revision,
-    spark_running, stop_on_signals, write_json, write_section,
+    DOCS,
+    bench_dsn,
+    command_line,
+    drop_database,
+    header_lines,
+    machine,
+    md_table,
+    now_text,
+    revision,
+    spark_running,
+    stop_on_signals,
+    write_json,
+    write_section,
 )
 from datasets import copy_events  # noqa: E402
 from differential import QUERIES, Profile, apply_changes  # noqa: E402
@@ -125,11 +136,21 @@ def refresh_once(scheduler: Scheduler, name: str) -> dict[str, Any]:
         wall = time.monotonic() - started
     timings = {**outcome.timings, **profile.seconds}
     phases = {k: round(v, 4) for k, v in timings.items() if k not in READ_COUNTS}
-    phases["rest (catalog, pins, history)"] = round(wall - timings.get("spark_job", 0) - timings.get("apply", 0), 4)
+    phases["rest (catalog, pins, history)"] = round(
+        wall - timings.get("spark_job", 0) - timings.get("apply", 0), 4
+    )
     reads = {k: int(v) for k, v in timings.items() if k in READ_COUNTS}
-    return {"name": name, "action": outcome.action.value, "reason": outcome.reason, "wall_s": round(wall, 4),
-            "engine_s": round(outcome.seconds, 4), "spark_jobs": outcome.spark_jobs, "phases": phases,
-            "reads": reads, "round_trips": dict(trips.counts)}
+    return {
+        "name": name,
+        "action": outcome.action.value,
+        "reason": outcome.reason,
+        "wall_s": round(wall, 4),
+        "engine_s": round(outcome.seconds, 4),
+        "spark_jobs": outcome.spark_jobs,
+        "phases": phases,
+        "reads": reads,
+        "round_trips": dict(trips.counts),
+    }
 
 
 def profile_once(scheduler: Scheduler, name: str, top: int) -> dict[str, Any]:
@@ -142,12 +163,20 @@ def profile_once(scheduler: Scheduler, name: str, top: int) -> dict[str, Any]:
     buckets: Counter[str] = Counter()
     rows = []
     for (file, line, func), (_cc, calls, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-        bucket = next((b for b in ("pgtrickle", "py4j", "pyspark", "psycopg", "sqlglot") if f"/{b}/" in file),
-                      "other (stdlib, sockets)")
+        bucket = next(
+            (b for b in ("pgtrickle", "py4j", "pyspark", "psycopg", "sqlglot") if f"/{b}/" in file),
+            "other (stdlib, sockets)",
+        )
         buckets[bucket] += tottime
         if bucket == "pgtrickle":
-            rows.append({"function": f"{file.split('/pgtrickle/', 1)[1]}:{line} {func}", "calls": calls,
-                         "own_s": round(tottime, 4), "cumulative_s": round(cumtime, 4)})
+            rows.append(
+                {
+                    "function": f"{file.split('/pgtrickle/', 1)[1]}:{line} {func}",
+                    "calls": calls,
+                    "own_s": round(tottime, 4),
+                    "cumulative_s": round(cumtime, 4),
+                }
+            )
     rows.sort(key=lambda r: r["own_s"], reverse=True)
     return {"own_s_by_library": {k: round(v, 4) for k, v in buckets.most_common()}, "functions": rows[:top]}
 
@@ -158,7 +187,8 @@ def oracle(conn: psycopg.Connection, name: str, query: str) -> int:
     cols = ", ".join(f'"{d.name}"' for d in cur.description or ())
     row = conn.execute(
         f"SELECT (SELECT count(*) FROM (SELECT {cols} FROM {name} EXCEPT ALL ({query})) a)"
-        f" + (SELECT count(*) FROM (({query}) EXCEPT ALL SELECT {cols} FROM {name}) b)").fetchone()
+        f" + (SELECT count(*) FROM (({query}) EXCEPT ALL SELECT {cols} FROM {name}) b)"
+    ).fetchone()
     return int(row[0])  # type: ignore[index]
 
 
@@ -185,9 +215,14 @@ def run(settings: Settings, admin_dsn: str, args: argparse.Namespace) -> dict[st
         with psycopg.connect(dsn, autocommit=True) as conn:
             install(conn)
             for shape in SHAPES:
-                conn.execute("SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h',"
-                             " refresh_mode => 'DIFFERENTIAL', initialize => false)", (f"st_{shape}", QUERIES[shape]))
-                conn.execute("SELECT pgtrickle.alter_stream_table(%s, circuit_breaker => 'none')", (f"st_{shape}",))
+                conn.execute(
+                    "SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h',"
+                    " refresh_mode => 'DIFFERENTIAL', initialize => false)",
+                    (f"st_{shape}", QUERIES[shape]),
+                )
+                conn.execute(
+                    "SELECT pgtrickle.alter_stream_table(%s, circuit_breaker => 'none')", (f"st_{shape}",)
+                )
             scheduler = Scheduler(run_settings, dsn)
             try:
                 for shape in SHAPES:  # the initial (FULL) refreshes
@@ -207,8 +242,10 @@ def run(settings: Settings, admin_dsn: str, args: argparse.Namespace) -> dict[st
                     job = trivial_job(run_settings)
                     if i:
                         trivial.append(job)
-                    print(f"  round {i}{' (warm-up)' if not i else ''}: {', '.join(line)}, trivial job {job:.3f}s",
-                          flush=True)
+                    print(
+                        f"  round {i}{' (warm-up)' if not i else ''}: {', '.join(line)}, trivial job {job:.3f}s",
+                        flush=True,
+                    )
                 next_id = apply_changes(conn, args.changes, next_id, 0.999)
                 profiles = {shape: profile_once(scheduler, f"st_{shape}", args.top) for shape in SHAPES}
             finally:
@@ -221,13 +258,24 @@ def run(settings: Settings, admin_dsn: str, args: argparse.Namespace) -> dict[st
     shapes: dict[str, Any] = {}
     for shape in SHAPES:
         wall = statistics.median(s["wall_s"] for s in samples[shape])
-        shapes[shape] = {"wall_s": round(wall, 4), "over_trivial": round(wall / trivial_s, 2),
-                         "engine_s": round(statistics.median(s["engine_s"] for s in samples[shape]), 4),
-                         "spark_jobs": statistics.median(s["spark_jobs"] or 0 for s in samples[shape]),
-                         "phases": median_phases(samples[shape]), "round_trips": median_trips(samples[shape]),
-                         "reads": samples[shape][-1]["reads"], "profile": profiles[shape], "samples_s": [s["wall_s"] for s in samples[shape]]}
-    return {"trivial_job_s": round(trivial_s, 4), "trivial_samples_s": [round(t, 4) for t in trivial],
-            "shapes": shapes, "differing": differing, "problems": problems}
+        shapes[shape] = {
+            "wall_s": round(wall, 4),
+            "over_trivial": round(wall / trivial_s, 2),
+            "engine_s": round(statistics.median(s["engine_s"] for s in samples[shape]), 4),
+            "spark_jobs": statistics.median(s["spark_jobs"] or 0 for s in samples[shape]),
+            "phases": median_phases(samples[shape]),
+            "round_trips": median_trips(samples[shape]),
+            "reads": samples[shape][-1]["reads"],
+            "profile": profiles[shape],
+            "samples_s": [s["wall_s"] for s in samples[shape]],
+        }
+    return {
+        "trivial_job_s": round(trivial_s, 4),
+        "trivial_samples_s": [round(t, 4) for t in trivial],
+        "shapes": shapes,
+        "differing": differing,
+        "problems": problems,
+    }
 
 
 # ------------------------------------------------------------------ output
@@ -243,25 +291,49 @@ def docs_section(report: dict[str, Any]) -> str:
     rows = [["trivial Spark job", f"{r['trivial_job_s']:.3f}", "×1.00", "–", "–", "–", "–"]]
     for shape, s in r["shapes"].items():
         t = s["round_trips"]
-        rows.append([f"`{shape}`", f"{s['wall_s']:.3f}", f"×{s['over_trivial']:.2f}", f"{s['spark_jobs']:g}",
-                     f"{t.get('pg_statements', 0):g}", f"{t.get('pg_copies', 0):g}", f"{t.get('jvm_calls', 0):g}"])
-    lines += md_table(["refresh", "seconds", "× trivial job", "Spark jobs", "PG statements", "COPYs",
-                       "py4j calls"], rows)
+        rows.append(
+            [
+                f"`{shape}`",
+                f"{s['wall_s']:.3f}",
+                f"×{s['over_trivial']:.2f}",
+                f"{s['spark_jobs']:g}",
+                f"{t.get('pg_statements', 0):g}",
+                f"{t.get('pg_copies', 0):g}",
+                f"{t.get('jvm_calls', 0):g}",
+            ]
+        )
+    lines += md_table(
+        ["refresh", "seconds", "× trivial job", "Spark jobs", "PG statements", "COPYs", "py4j calls"], rows
+    )
     lines += ["", f"Target (issue 18): ≤ ×{TARGET:g}. Phases (median seconds):", ""]
     phase_keys = sorted({k for s in r["shapes"].values() for k in s["phases"] if k not in READ_COUNTS})
-    lines += md_table(["phase", *r["shapes"].keys()],
-                      [[k, *(f"{s['phases'].get(k, 0):.3f}" for s in r["shapes"].values())] for k in phase_keys])
-    lines += ["", "Own time by library in one more refresh of each under cProfile (seconds; py4j is the wait for "
-              "the JVM, psycopg the wait for PostgreSQL, pgtrickle our Python — planning included):", ""]
+    lines += md_table(
+        ["phase", *r["shapes"].keys()],
+        [[k, *(f"{s['phases'].get(k, 0):.3f}" for s in r["shapes"].values())] for k in phase_keys],
+    )
+    lines += [
+        "",
+        "Own time by library in one more refresh of each under cProfile (seconds; py4j is the wait for "
+        "the JVM, psycopg the wait for PostgreSQL, pgtrickle our Python — planning included):",
+        "",
+    ]
     libs = sorted({k for s in r["shapes"].values() for k in s["profile"]["own_s_by_library"]})
-    lines += md_table(["library", *r["shapes"].keys()],
-                      [[k, *(f"{s['profile']['own_s_by_library'].get(k, 0):.3f}" for s in r["shapes"].values())]
-                       for k in libs])
+    lines += md_table(
+        ["library", *r["shapes"].keys()],
+        [
+            [k, *(f"{s['profile']['own_s_by_library'].get(k, 0):.3f}" for s in r["shapes"].values())]
+            for k in libs
+        ],
+    )
     for shape, s in r["shapes"].items():
         lines += ["", f"pgtrickle functions with the most time of their own, one `{shape}` refresh:", ""]
-        lines += md_table(["function", "calls", "own s", "cumulative s"],
-                          [[f"`{p['function']}`", p["calls"], f"{p['own_s']:.4f}", f"{p['cumulative_s']:.4f}"]
-                           for p in s["profile"]["functions"][:5]])
+        lines += md_table(
+            ["function", "calls", "own s", "cumulative s"],
+            [
+                [f"`{p['function']}`", p["calls"], f"{p['own_s']:.4f}", f"{p['cumulative_s']:.4f}"]
+                for p in s["profile"]["functions"][:5]
+            ],
+        )
     return "\n".join(lines)
 
 
@@ -275,7 +347,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--spark-master")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--no-docs", action="store_true")
-    parser.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the docs section from a saved run")
+    parser.add_argument(
+        "--render", type=Path, metavar="JSON", help="only rewrite the docs section from a saved run"
+    )
     return parser.parse_args(argv)
 
 
@@ -290,9 +364,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     admin_dsn = resolve_dsn(settings)
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         host = machine(conn)
-    report: dict[str, Any] = {"command": command_line("benchmarks/fixed_cost.py", argv), "date": now_text(),
-                              "machine": host, "revision": revision(), "spark_master": settings.spark_master,
-                              "rows": args.rows, "changes": args.changes, "rounds": args.rounds}
+    report: dict[str, Any] = {
+        "command": command_line("benchmarks/fixed_cost.py", argv),
+        "date": now_text(),
+        "machine": host,
+        "revision": revision(),
+        "spark_master": settings.spark_master,
+        "rows": args.rows,
+        "changes": args.changes,
+        "rounds": args.rounds,
+    }
     with spark_running(settings) as spark_start:
         print(f"SparkSession start-up: {spark_start:.2f}s", flush=True)
         report["spark_startup_s"] = round(spark_start, 3)
@@ -300,11 +381,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     r = report["result"]
     print(f"\ntrivial Spark job: {r['trivial_job_s']:.3f}s (median)")
     for shape, s in r["shapes"].items():
-        print(f"{shape}: {s['wall_s']:.3f}s = ×{s['over_trivial']:.2f} the trivial job; phases {s['phases']};"
-              f" round trips {s['round_trips']}")
+        print(
+            f"{shape}: {s['wall_s']:.3f}s = ×{s['over_trivial']:.2f} the trivial job; phases {s['phases']};"
+            f" round trips {s['round_trips']}"
+        )
         print(f"    own seconds by library: {s['profile']['own_s_by_library']}")
         for p in s["profile"]["functions"][:8]:
-            print(f"    {p['own_s']:.4f}s own, {p['cumulative_s']:.4f}s cum, {p['calls']} calls  {p['function']}")
+            print(
+                f"    {p['own_s']:.4f}s own, {p['cumulative_s']:.4f}s cum, {p['calls']} calls  {p['function']}"
+            )
     write_json(report, args.json, "fixed_cost")
     if not args.no_docs:
         write_section(SECTION, docs_section(report))

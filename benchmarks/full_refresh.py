@@ -36,7 +36,9 @@ QUERY = "SELECT grp, count(*) AS n, sum(v) AS total, avg(qty) AS avg_qty FROM ev
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--dsn", default=None)
@@ -67,11 +69,15 @@ def run(settings: Settings, dsn: str, rows: int, repeat: int) -> dict[str, objec
         conn.execute("CREATE TABLE events (id bigint PRIMARY KEY, grp int, v numeric(12,2), qty int)")
         conn.execute(
             "INSERT INTO events SELECT g, g %% 1000, (g %% 977) / 10.0, g %% 13 FROM generate_series(1, %s) g",
-            (rows,))
+            (rows,),
+        )
         conn.execute("VACUUM ANALYZE events")
         conn.execute(f"CREATE MATERIALIZED VIEW events_mv AS {QUERY}")
-        conn.execute("SELECT pgtrickle.create_stream_table('events_st', %s, refresh_mode => 'FULL', "
-                     "initialize => false)", (QUERY,))
+        conn.execute(
+            "SELECT pgtrickle.create_stream_table('events_st', %s, refresh_mode => 'FULL', "
+            "initialize => false)",
+            (QUERY,),
+        )
 
         started = time.monotonic()
         spark_session.get_spark(settings)
@@ -93,12 +99,16 @@ def run(settings: Settings, dsn: str, rows: int, repeat: int) -> dict[str, objec
             [outcome] = refresh_sync(settings, dsn, ["events_st"])
             st_times.append(time.monotonic() - started)
             spark_times.append(outcome.spark_seconds)
-            print(f"  round {i + 1}: matview {mv_times[-1]:.3f}s, pgtrickle FULL {st_times[-1]:.3f}s "
-                  f"(Spark job {outcome.spark_seconds:.3f}s, {outcome.action.value})", flush=True)
+            print(
+                f"  round {i + 1}: matview {mv_times[-1]:.3f}s, pgtrickle FULL {st_times[-1]:.3f}s "
+                f"(Spark job {outcome.spark_seconds:.3f}s, {outcome.action.value})",
+                flush=True,
+            )
         diff = conn.execute(
             "SELECT count(*) FROM ((SELECT grp, n, total, avg_qty FROM events_st EXCEPT ALL "
             "SELECT * FROM events_mv) UNION ALL (SELECT * FROM events_mv EXCEPT ALL "
-            "SELECT grp, n, total, avg_qty FROM events_st)) d").fetchone()[0]  # type: ignore[index]
+            "SELECT grp, n, total, avg_qty FROM events_st)) d"
+        ).fetchone()[0]  # type: ignore[index]
     mv, st = statistics.median(mv_times), statistics.median(st_times)
     figures = {
         "machine": host,
@@ -113,8 +123,10 @@ def run(settings: Settings, dsn: str, rows: int, repeat: int) -> dict[str, objec
         "pgtrickle_over_matview_ratio": round(st / mv, 2),
         "result_rows_differing_from_matview": int(diff),
     }
-    print(f"\nSpark start-up {spark_start:.2f}s; FULL refresh of {rows:,} rows → 1000 groups: "
-          f"pgtrickle {st:.3f}s vs REFRESH MATERIALIZED VIEW {mv:.3f}s (×{st / mv:.1f})")
+    print(
+        f"\nSpark start-up {spark_start:.2f}s; FULL refresh of {rows:,} rows → 1000 groups: "
+        f"pgtrickle {st:.3f}s vs REFRESH MATERIALIZED VIEW {mv:.3f}s (×{st / mv:.1f})"
+    )
     return figures
 
 

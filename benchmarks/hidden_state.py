@@ -42,8 +42,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg  # noqa: E402
 
 from common import (  # noqa: E402
-    add_output_args, bench_dsn, command_line, drop_database, header_lines, machine, md_table, now_text,
-    recreate_database, revision, spark_running, stop_on_signals, write_json, write_section,
+    add_output_args,
+    bench_dsn,
+    command_line,
+    drop_database,
+    header_lines,
+    machine,
+    md_table,
+    now_text,
+    recreate_database,
+    revision,
+    spark_running,
+    stop_on_signals,
+    write_json,
+    write_section,
 )
 from pgtrickle.catalog.install import install  # noqa: E402
 from pgtrickle.config import Settings  # noqa: E402
@@ -53,11 +65,11 @@ from pgtrickle.db.connection import resolve_dsn  # noqa: E402
 SECTION = "hidden_state"
 SHAPES: dict[str, str] = {
     "q13": "SELECT n, count(*) AS customers FROM (SELECT c.id, count(o.id) AS n FROM hs.customers c"
-           " LEFT JOIN hs.orders o ON o.customer = c.id GROUP BY c.id) per_customer GROUP BY n",
+    " LEFT JOIN hs.orders o ON o.customer = c.id GROUP BY c.id) per_customer GROUP BY n",
     "q22": "SELECT c.region, count(*) AS n, sum(c.balance) AS total FROM hs.customers c"
-           " WHERE c.balance > (SELECT avg(balance) FROM hs.customers WHERE balance > 0) GROUP BY c.region",
+    " WHERE c.balance > (SELECT avg(balance) FROM hs.customers WHERE balance > 0) GROUP BY c.region",
     "topk": "SELECT c.id, c.region, sum(o.amount) AS spent FROM hs.customers c JOIN hs.orders o"
-            " ON o.customer = c.id GROUP BY c.id, c.region ORDER BY spent DESC, c.id LIMIT 5",
+    " ON o.customer = c.id GROUP BY c.id, c.region ORDER BY spent DESC, c.id LIMIT 5",
 }
 FIGURES = ("analysis", "planning", "operators")
 
@@ -67,10 +79,16 @@ def load(conn: psycopg.Connection, rows: int) -> None:
     conn.execute("CREATE SCHEMA hs")
     conn.execute("CREATE TABLE hs.customers (id int PRIMARY KEY, region text, balance numeric(12,2))")
     conn.execute("CREATE TABLE hs.orders (id int PRIMARY KEY, customer int, amount numeric(12,2))")
-    conn.execute("INSERT INTO hs.customers SELECT g, 'r' || (g %% 25), (g * 7 %% 2003 - 500)::numeric(12,2) / 10"
-                 " FROM generate_series(1, %s) g", (customers,))
-    conn.execute("INSERT INTO hs.orders SELECT g, (g * 7919) %% %s + 1, (g %% 997 + 0.25)::numeric(12,2)"
-                 " FROM generate_series(1, %s) g", (customers, rows))
+    conn.execute(
+        "INSERT INTO hs.customers SELECT g, 'r' || (g %% 25), (g * 7 %% 2003 - 500)::numeric(12,2) / 10"
+        " FROM generate_series(1, %s) g",
+        (customers,),
+    )
+    conn.execute(
+        "INSERT INTO hs.orders SELECT g, (g * 7919) %% %s + 1, (g %% 997 + 0.25)::numeric(12,2)"
+        " FROM generate_series(1, %s) g",
+        (customers, rows),
+    )
     conn.execute("ANALYZE hs.customers")
     conn.execute("ANALYZE hs.orders")
 
@@ -80,14 +98,21 @@ def apply_changes(conn: psycopg.Connection, changes: int, rows: int, next_id: in
     customers = max(rows // 10, 10)
     quarter = max(changes // 4, 1)
     with conn.transaction():
-        conn.execute("INSERT INTO hs.orders SELECT g, 1 + (g * 31) %% %s, (g %% 89 + 0.5)::numeric(12,2)"
-                     " FROM generate_series(%s, %s) g", (customers, next_id, next_id + quarter - 1))
+        conn.execute(
+            "INSERT INTO hs.orders SELECT g, 1 + (g * 31) %% %s, (g %% 89 + 0.5)::numeric(12,2)"
+            " FROM generate_series(%s, %s) g",
+            (customers, next_id, next_id + quarter - 1),
+        )
         picks = rng.sample(range(1, rows + 1), 2 * quarter)
         conn.execute("DELETE FROM hs.orders WHERE id = ANY(%s)", (picks[:quarter],))
-        conn.execute("UPDATE hs.orders SET customer = 1 + (id * 13) %% %s WHERE id = ANY(%s)",
-                     (customers, picks[quarter:]))
-        conn.execute("UPDATE hs.customers SET balance = balance + 1.5 WHERE id = ANY(%s)",
-                     (rng.sample(range(1, customers + 1), quarter),))
+        conn.execute(
+            "UPDATE hs.orders SET customer = 1 + (id * 13) %% %s WHERE id = ANY(%s)",
+            (customers, picks[quarter:]),
+        )
+        conn.execute(
+            "UPDATE hs.customers SET balance = balance + 1.5 WHERE id = ANY(%s)",
+            (rng.sample(range(1, customers + 1), quarter),),
+        )
     conn.execute("VACUUM ANALYZE hs.orders")
     conn.execute("VACUUM ANALYZE hs.customers")
     return next_id + quarter
@@ -95,11 +120,18 @@ def apply_changes(conn: psycopg.Connection, changes: int, rows: int, next_id: in
 
 def differs(conn: psycopg.Connection, name: str, query: str) -> int:
     """Rows by which the stream table and its query differ (two-way EXCEPT ALL)."""
-    cols = ", ".join(r[0] for r in conn.execute(
-        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped"
-        " AND attname NOT LIKE '\\_\\_pgt\\_%%' ORDER BY attnum", (name,)).fetchall())
-    row = conn.execute(f"SELECT (SELECT count(*) FROM ((SELECT {cols} FROM {name}) EXCEPT ALL ({query})) a)"
-                       f" + (SELECT count(*) FROM (({query}) EXCEPT ALL (SELECT {cols} FROM {name})) b)").fetchone()
+    cols = ", ".join(
+        r[0]
+        for r in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped"
+            " AND attname NOT LIKE '\\_\\_pgt\\_%%' ORDER BY attnum",
+            (name,),
+        ).fetchall()
+    )
+    row = conn.execute(
+        f"SELECT (SELECT count(*) FROM ((SELECT {cols} FROM {name}) EXCEPT ALL ({query})) a)"
+        f" + (SELECT count(*) FROM (({query}) EXCEPT ALL (SELECT {cols} FROM {name})) b)"
+    ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -119,7 +151,9 @@ def median(samples: Sequence[dict[str, Any]], key: str) -> float | None:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=200_000, help="orders (customers: a tenth)")
     parser.add_argument("--changes", type=int, default=400, help="changes per round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -145,8 +179,11 @@ def run(settings: Settings, dsn: str, args: argparse.Namespace) -> tuple[dict[st
         for shape in args.shapes:
             for mode in ("DIFFERENTIAL", "FULL"):
                 name = f"{shape}_{mode.lower()}"
-                conn.execute("SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h', refresh_mode => %s,"
-                             " initialize => false)", (name, SHAPES[shape], mode))
+                conn.execute(
+                    "SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h', refresh_mode => %s,"
+                    " initialize => false)",
+                    (name, SHAPES[shape], mode),
+                )
                 conn.execute("SELECT pgtrickle.alter_stream_table(%s, circuit_breaker => 'none')", (name,))
                 first = refresh(settings, dsn, name)
                 print(f"  {name}: initial {first['action']} {first['wall']:.2f}s", flush=True)
@@ -164,23 +201,46 @@ def run(settings: Settings, dsn: str, args: argparse.Namespace) -> tuple[dict[st
                     if sample["action"] != mode:
                         problems.append(f"{name} round {number + 1} refreshed {sample['action']}, not {mode}")
                     if sample["differs"]:
-                        problems.append(f"{name} round {number + 1} differs from its query by {sample['differs']} rows")
+                        problems.append(
+                            f"{name} round {number + 1} differs from its query by {sample['differs']} rows"
+                        )
     return results, problems
 
 
 def table(results: dict[str, Any], shapes: Sequence[str]) -> list[str]:
-    head = ["shape", "FULL s", "DIFF s", "DIFF/FULL", "FULL plan ops", "FULL planning s", "kept plan ops",
-            "kept planning s", "delta plan ops", "delta planning s", "DIFF analysis s"]
+    head = [
+        "shape",
+        "FULL s",
+        "DIFF s",
+        "DIFF/FULL",
+        "FULL plan ops",
+        "FULL planning s",
+        "kept plan ops",
+        "kept planning s",
+        "delta plan ops",
+        "delta planning s",
+        "DIFF analysis s",
+    ]
     rows = []
     for shape in shapes:
         full, diff = results[f"{shape}_full"]["rounds"], results[f"{shape}_differential"]["rounds"]
         fw, dw = median(full, "wall"), median(diff, "wall")
         analysis = [sum(s.get(f"{k}_analysis", 0) for k in ("kept", "delta")) for s in diff]
-        rows.append([shape, fw, dw, f"{dw / fw:.2f}" if fw and dw else "–",
-                     median(full, "full_operators"), median(full, "full_planning"),
-                     median(diff, "kept_operators"), median(diff, "kept_planning"),
-                     median(diff, "delta_operators"), median(diff, "delta_planning"),
-                     round(statistics.median(analysis), 3)])
+        rows.append(
+            [
+                shape,
+                fw,
+                dw,
+                f"{dw / fw:.2f}" if fw and dw else "–",
+                median(full, "full_operators"),
+                median(full, "full_planning"),
+                median(diff, "kept_operators"),
+                median(diff, "kept_planning"),
+                median(diff, "delta_operators"),
+                median(diff, "delta_planning"),
+                round(statistics.median(analysis), 3),
+            ]
+        )
     return md_table(head, [[("–" if v is None else v) for v in r] for r in rows])
 
 
@@ -201,20 +261,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         drop_database(admin_dsn, db)
     report: dict[str, Any] = {
-        "command": command_line("benchmarks/hidden_state.py", argv), "date": now_text(), "preset": args.preset,
-        "machine": host, "revision": revision(), "spark_master": settings.spark_master, "rows": args.rows,
-        "changes": args.changes, "rounds": args.rounds, "shapes": args.shapes, "results": results,
+        "command": command_line("benchmarks/hidden_state.py", argv),
+        "date": now_text(),
+        "preset": args.preset,
+        "machine": host,
+        "revision": revision(),
+        "spark_master": settings.spark_master,
+        "rows": args.rows,
+        "changes": args.changes,
+        "rounds": args.rounds,
+        "shapes": args.shapes,
+        "results": results,
         "problems": problems,
     }
     lines = table(results, args.shapes)
     print("\n".join(lines))
     write_json(report, args.json, "hidden_state")
     if not args.no_docs:
-        body = header_lines("Hidden state tables: DIFFERENTIAL next to FULL", report, "benchmarks/hidden_state.py")
-        body += [f"{args.rows:,} orders, {max(args.rows // 10, 10):,} customers, {args.changes} changes a round, "
-                 f"medians of {args.rounds} rounds. Seconds are wall time of one refresh; plan ops: operators "
-                 "of Spark's optimized plan; planning: the optimizer and physical planner (analysis: "
-                 "`spark.sql`).", "", *lines]
+        body = header_lines(
+            "Hidden state tables: DIFFERENTIAL next to FULL", report, "benchmarks/hidden_state.py"
+        )
+        body += [
+            f"{args.rows:,} orders, {max(args.rows // 10, 10):,} customers, {args.changes} changes a round, "
+            f"medians of {args.rounds} rounds. Seconds are wall time of one refresh; plan ops: operators "
+            "of Spark's optimized plan; planning: the optimizer and physical planner (analysis: "
+            "`spark.sql`).",
+            "",
+            *lines,
+        ]
         write_section(args.section, "\n".join(body))
     for problem in problems:
         print(f"PROBLEM: {problem}", file=sys.stderr)

@@ -37,7 +37,9 @@ QUERIES = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dsn", default=None)
@@ -52,12 +54,18 @@ def main() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             install(conn)
             conn.execute("CREATE TABLE events (id bigint PRIMARY KEY, grp int, v numeric(12,2), qty int)")
-            conn.execute("INSERT INTO events SELECT g, g %% 1000, (g %% 977) / 10.0, g %% 13 "
-                         "FROM generate_series(1, %s) g", (args.rows,))
+            conn.execute(
+                "INSERT INTO events SELECT g, g %% 1000, (g %% 977) / 10.0, g %% 13 "
+                "FROM generate_series(1, %s) g",
+                (args.rows,),
+            )
             conn.execute("VACUUM ANALYZE events")
             for name, query in QUERIES.items():
-                conn.execute("SELECT pgtrickle.create_stream_table(%s, %s, refresh_mode => 'FULL', "
-                             "initialize => false)", (name, query))
+                conn.execute(
+                    "SELECT pgtrickle.create_stream_table(%s, %s, refresh_mode => 'FULL', "
+                    "initialize => false)",
+                    (name, query),
+                )
             spark_session.get_spark(settings)
             for name in QUERIES:
                 refresh_sync(settings, dsn, [name])  # warm-up
@@ -68,8 +76,10 @@ def main() -> None:
                     refresh_sync(settings, dsn, [name])
                     times.append(time.monotonic() - started)
                 check = verify(conn, name)
-                figures[name] = {"full_refresh_median_s": round(statistics.median(times), 3),
-                                 "rows_differing_from_query": check.missing + check.extra}
+                figures[name] = {
+                    "full_refresh_median_s": round(statistics.median(times), 3),
+                    "rows_differing_from_query": check.missing + check.extra,
+                }
                 print(name, figures[name], flush=True)
     finally:
         spark_session.stop_spark()

@@ -21,7 +21,9 @@ from pgtrickle.catalog import identity
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--rounds", type=int, default=200)
     args = parser.parse_args()
@@ -35,6 +37,7 @@ def main() -> None:
             pins.append(identity.Pin(int(relid), "pgt_pin_bench", f"t{i}"))
     try:
         with psycopg.connect(args.dsn) as conn:
+
             def run(n: int) -> float:
                 times = []
                 for _ in range(args.rounds):
@@ -45,11 +48,14 @@ def main() -> None:
                     conn.rollback()
                     times.append(time.perf_counter() - t0)
                 return statistics.median(times) * 1000
+
             bare = run(0)
             for n in (1, 5):
                 ms = run(n)
-                print(f"pin {n} relation(s): {ms:.2f} ms per transaction vs {bare:.2f} ms bare "
-                      f"(+{ms - bare:.2f} ms, median of {args.rounds})")
+                print(
+                    f"pin {n} relation(s): {ms:.2f} ms per transaction vs {bare:.2f} ms bare "
+                    f"(+{ms - bare:.2f} ms, median of {args.rounds})"
+                )
     finally:
         with psycopg.connect(args.dsn, autocommit=True) as setup:
             setup.execute("DROP SCHEMA IF EXISTS pgt_pin_bench CASCADE")

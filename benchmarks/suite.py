@@ -45,8 +45,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
-    RESULTS, ROOT, fmt_ratio, fmt_size, free_disk_gib, machine, machine_line, md_table, now_text,
-    other_work_note, revision, stamp, write_section,
+    RESULTS,
+    ROOT,
+    fmt_ratio,
+    fmt_size,
+    free_disk_gib,
+    machine,
+    machine_line,
+    md_table,
+    now_text,
+    other_work_note,
+    revision,
+    stamp,
+    write_section,
 )
 from datasets import estimate  # noqa: E402
 
@@ -54,8 +65,12 @@ PIECES = ("differential", "tpch", "tpch-char", "cdc", "scheduler", "cluster")
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "quick": {
-        "differential": {"sizes": [100_000], "changes": [100, 1_000], "repeat": 1,
-                         "queries": ["scan", "filter", "aggregate", "join", "join_aggregate"]},
+        "differential": {
+            "sizes": [100_000],
+            "changes": [100, 1_000],
+            "repeat": 1,
+            "queries": ["scan", "filter", "aggregate", "join", "join_aggregate"],
+        },
         "tpch": {"sf": 0.01, "rounds": 2},
         "tpch-char": {"sf": 0.01},
         "cdc": {"rows": 50_000, "repeat": 1},
@@ -63,8 +78,12 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "cluster": {"rows": 1_000_000, "repeat": 1},
     },
     "standard": {
-        "differential": {"sizes": [1_000_000, 10_000_000], "changes": [1_000, 10_000, 100_000], "repeat": 3,
-                         "queries": ["scan", "filter", "aggregate", "join", "join_aggregate"]},
+        "differential": {
+            "sizes": [1_000_000, 10_000_000],
+            "changes": [1_000, 10_000, 100_000],
+            "repeat": 3,
+            "queries": ["scan", "filter", "aggregate", "join", "join_aggregate"],
+        },
         "tpch": {"sf": 0.1, "rounds": 3},
         "tpch-char": {"sf": 0.01},
         "cdc": {"rows": 200_000, "repeat": 3},
@@ -74,8 +93,12 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "full": {
         # scan and join keep a full copy of events per contender (four 100M-row tables each): left out
         # at 100M; run them at 1M/10M with the standard preset.
-        "differential": {"sizes": [1_000_000, 10_000_000, 100_000_000], "changes": [10_000, 100_000],
-                         "repeat": 3, "queries": ["filter", "aggregate", "join_aggregate"]},
+        "differential": {
+            "sizes": [1_000_000, 10_000_000, 100_000_000],
+            "changes": [10_000, 100_000],
+            "repeat": 3,
+            "queries": ["filter", "aggregate", "join_aggregate"],
+        },
         "tpch": {"sf": 1.0, "rounds": 3},
         "tpch-char": {"sf": 0.01},
         "cdc": {"rows": 1_000_000, "repeat": 3},
@@ -98,24 +121,99 @@ def commands(preset: str, out: Path) -> dict[str, list[str]]:
     common = ["--preset", preset]
     d, t, tc, c, s, k = (p[x] for x in PIECES)
     return {
-        "differential": [py, "benchmarks/differential.py", "--sizes", ",".join(map(str, d["sizes"])),
-                         "--changes", ",".join(map(str, d["changes"])), "--repeat", str(d["repeat"]),
-                         "--queries", ",".join(d["queries"]), "--section", "suite-differential",
-                         "--plot", "docs/img/suite-differential.png", "--json", str(out / "differential.json"),
-                         *common],
-        "tpch": [py, "benchmarks/tpch.py", "--sf", f"{t['sf']:g}", "--rounds", str(t["rounds"]),
-                 "--section", "suite-tpch", "--plot", "docs/img/suite-tpch.png", "--json", str(out / "tpch.json"),
-                 *common],
-        "tpch-char": [py, "benchmarks/tpch.py", "--sf", f"{tc['sf']:g}", "--rounds", "0", "--char-columns",
-                      "--section", "suite-tpch-char", "--json", str(out / "tpch-char.json"), *common],
-        "cdc": [py, "benchmarks/cdc_overhead.py", "--rows", str(c["rows"]), "--repeat", str(c["repeat"]),
-                "--section", "suite-cdc", "--json", str(out / "cdc.json"), *common],
-        "scheduler": [py, "benchmarks/scheduler_overhead.py", "--ticks", str(s["ticks"]), "--cpu-seconds",
-                      str(s["cpu_seconds"]), "--changes", str(s["changes"]), "--section", "suite-scheduler",
-                      "--plot", "docs/img/suite-scheduler.png", "--json", str(out / "scheduler.json"), *common],
-        "cluster": [py, "benchmarks/cluster_full.py", "--rows", str(k["rows"]), "--repeat", str(k["repeat"]),
-                    "--section", "suite-cluster", "--plot", "docs/img/suite-cluster.png",
-                    "--json", str(out / "cluster.json"), *common],
+        "differential": [
+            py,
+            "benchmarks/differential.py",
+            "--sizes",
+            ",".join(map(str, d["sizes"])),
+            "--changes",
+            ",".join(map(str, d["changes"])),
+            "--repeat",
+            str(d["repeat"]),
+            "--queries",
+            ",".join(d["queries"]),
+            "--section",
+            "suite-differential",
+            "--plot",
+            "docs/img/suite-differential.png",
+            "--json",
+            str(out / "differential.json"),
+            *common,
+        ],
+        "tpch": [
+            py,
+            "benchmarks/tpch.py",
+            "--sf",
+            f"{t['sf']:g}",
+            "--rounds",
+            str(t["rounds"]),
+            "--section",
+            "suite-tpch",
+            "--plot",
+            "docs/img/suite-tpch.png",
+            "--json",
+            str(out / "tpch.json"),
+            *common,
+        ],
+        "tpch-char": [
+            py,
+            "benchmarks/tpch.py",
+            "--sf",
+            f"{tc['sf']:g}",
+            "--rounds",
+            "0",
+            "--char-columns",
+            "--section",
+            "suite-tpch-char",
+            "--json",
+            str(out / "tpch-char.json"),
+            *common,
+        ],
+        "cdc": [
+            py,
+            "benchmarks/cdc_overhead.py",
+            "--rows",
+            str(c["rows"]),
+            "--repeat",
+            str(c["repeat"]),
+            "--section",
+            "suite-cdc",
+            "--json",
+            str(out / "cdc.json"),
+            *common,
+        ],
+        "scheduler": [
+            py,
+            "benchmarks/scheduler_overhead.py",
+            "--ticks",
+            str(s["ticks"]),
+            "--cpu-seconds",
+            str(s["cpu_seconds"]),
+            "--changes",
+            str(s["changes"]),
+            "--section",
+            "suite-scheduler",
+            "--plot",
+            "docs/img/suite-scheduler.png",
+            "--json",
+            str(out / "scheduler.json"),
+            *common,
+        ],
+        "cluster": [
+            py,
+            "benchmarks/cluster_full.py",
+            "--rows",
+            str(k["rows"]),
+            "--repeat",
+            str(k["repeat"]),
+            "--section",
+            "suite-cluster",
+            "--plot",
+            "docs/img/suite-cluster.png",
+            "--json",
+            str(out / "cluster.json"),
+            *common,
+        ],
     }
 
 
@@ -128,19 +226,25 @@ def estimates(preset: str) -> list[str]:
     for size in d["sizes"]:
         e = estimate(size)
         mrows = size / 1e6
-        per_round = sum(FULL_S_PER_MROW[q] * mrows * (1 + PYSPARK_OVER_FULL) + MATVIEW_S_PER_MROW[q] * mrows
-                        for q in d["queries"])
+        per_round = sum(
+            FULL_S_PER_MROW[q] * mrows * (1 + PYSPARK_OVER_FULL) + MATVIEW_S_PER_MROW[q] * mrows
+            for q in d["queries"]
+        )
         rounds = 1 + d["repeat"] * len(d["changes"])
         diff = sum(DIFF_S_PER_CHANGE * c * d["repeat"] * len(d["queries"]) for c in d["changes"])
         initial = sum(2 * FULL_S_PER_MROW[q] * mrows + MATVIEW_S_PER_MROW[q] * mrows for q in d["queries"])
         verify = sum(MATVIEW_S_PER_MROW[q] * mrows * 6 for q in d["queries"])
         seconds = e["build_s"] + 0.2 * mrows + initial + rounds * per_round + diff + verify
-        results = sum({"scan": 70, "filter": 16, "join": 80}.get(q, 0) * 4 * size for q in d["queries"]) / 2**30
+        results = (
+            sum({"scan": 70, "filter": 16, "join": 80}.get(q, 0) * 4 * size for q in d["queries"]) / 2**30
+        )
         total_s += seconds
         disk = max(disk, 2 * e["disk_gib"] + results)
-        lines.append(f"differential {fmt_size(size)}: ~{seconds / 60:.0f} min (of which building the cached "
-                     f"dataset once ~{e['build_s'] / 60:.0f} min), disk ~{2 * e['disk_gib'] + results:.0f} GiB "
-                     "(cached dataset + run copy + results)")
+        lines.append(
+            f"differential {fmt_size(size)}: ~{seconds / 60:.0f} min (of which building the cached "
+            f"dataset once ~{e['build_s'] / 60:.0f} min), disk ~{2 * e['disk_gib'] + results:.0f} GiB "
+            "(cached dataset + run copy + results)"
+        )
     k = p["cluster"]
     mrows = k["rows"] / 1e6
     cluster_s = 2 * (k["repeat"] + 1) * (FULL_S_PER_MROW["aggregate"] + FULL_S_PER_MROW["join"]) * mrows * 1.3
@@ -149,10 +253,15 @@ def estimates(preset: str) -> list[str]:
     # creation (two stream tables per accepted query, initial refreshes) and warm-up + rounds; quick preset
     # measured 13.5 min at SF 0.01 with the machine loaded (load 12), ~6 min expected when quiet
     tpch_s = 120 + 1500 * t["sf"] + (t["rounds"] + 1) * (60 + 500 * t["sf"])
-    lines.append(f"tpch SF {t['sf']:g}: ~{tpch_s / 60:.0f} min (generation ~{(10 + 110 * t['sf']) / 60:.0f} min "
-                 "once)")
-    lines.append(f"cdc {p['cdc']['rows']:,} rows: ~{(60 + p['cdc']['rows'] * p['cdc']['repeat'] * 60e-6) / 60:.0f} min")
-    lines.append(f"scheduler: ~{(120 + p['scheduler']['cpu_seconds'] + 40 * p['scheduler']['changes']) / 60:.0f} min")
+    lines.append(
+        f"tpch SF {t['sf']:g}: ~{tpch_s / 60:.0f} min (generation ~{(10 + 110 * t['sf']) / 60:.0f} min once)"
+    )
+    lines.append(
+        f"cdc {p['cdc']['rows']:,} rows: ~{(60 + p['cdc']['rows'] * p['cdc']['repeat'] * 60e-6) / 60:.0f} min"
+    )
+    lines.append(
+        f"scheduler: ~{(120 + p['scheduler']['cpu_seconds'] + 40 * p['scheduler']['changes']) / 60:.0f} min"
+    )
     total_s += cluster_s + tpch_s + 180 + p["scheduler"]["cpu_seconds"]
     lines.append(f"total: ~{total_s / 3600:.1f} h; peak disk ~{disk:.0f} GiB")
     return lines
@@ -163,7 +272,9 @@ def run_piece(name: str, cmd: list[str], log: Path) -> tuple[int, float]:
     started = time.monotonic()
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)
@@ -192,10 +303,14 @@ def headlines(out: Path) -> list[str]:
         few = min(r["changes"] for r in rows if r["size"] == big)
         for r in rows:
             if r["size"] == big and r["changes"] == few:
-                pys = f", plain PySpark job ×{r['pyspark_over_diff']:.1f}" if r.get("pyspark_over_diff") else ""
-                lines.append(f"differential, {fmt_size(big)} rows, {few:,} changes, **{r['shape']}**: DIFF "
-                             f"{r['diff_s']:.2f} s — FULL ×{r['full_over_diff']:.1f}, REFRESH MATERIALIZED VIEW "
-                             f"{fmt_ratio(r['matview_over_diff'])}{pys} (time of the other / DIFF)")
+                pys = (
+                    f", plain PySpark job ×{r['pyspark_over_diff']:.1f}" if r.get("pyspark_over_diff") else ""
+                )
+                lines.append(
+                    f"differential, {fmt_size(big)} rows, {few:,} changes, **{r['shape']}**: DIFF "
+                    f"{r['diff_s']:.2f} s — FULL ×{r['full_over_diff']:.1f}, REFRESH MATERIALIZED VIEW "
+                    f"{fmt_ratio(r['matview_over_diff'])}{pys} (time of the other / DIFF)"
+                )
         for t in d.get("targets", []):
             if t["value"] is not None:
                 lines.append(f"target — {t['target']}: {fmt_ratio(t['value'])} ({t['status']})")
@@ -204,48 +319,81 @@ def headlines(out: Path) -> list[str]:
         ratios = {q: s["full_over_diff"] for q, s in t["summary"].items() if s.get("full_over_diff")}
         ahead = sorted(q.upper() for q, v in ratios.items() if v >= 1)
         behind = sorted(q.upper() for q, v in ratios.items() if v < 1)
-        lines.append(f"TPC-H SF {t['sf']:g}: {len(t['accepted'])} of 22 queries accepted as DIFFERENTIAL; "
-                     f"DIFF faster than FULL for {', '.join(ahead) or 'none'}"
-                     + (f"; not ahead: {', '.join(behind)}" if behind else "")
-                     + (f"; FULL/DIFF from ×{min(ratios.values()):.2f} to ×{max(ratios.values()):.1f}" if ratios else "")
-                     + (f"; **{len(t['problems'])} problem(s)**" if t["problems"] else "; oracle clean"))
+        lines.append(
+            f"TPC-H SF {t['sf']:g}: {len(t['accepted'])} of 22 queries accepted as DIFFERENTIAL; "
+            f"DIFF faster than FULL for {', '.join(ahead) or 'none'}"
+            + (f"; not ahead: {', '.join(behind)}" if behind else "")
+            + (
+                f"; FULL/DIFF from ×{min(ratios.values()):.2f} to ×{max(ratios.values()):.1f}"
+                if ratios
+                else ""
+            )
+            + (f"; **{len(t['problems'])} problem(s)**" if t["problems"] else "; oracle clean")
+        )
     tc = load(out / "tpch-char.json")
     if tc:
-        lines.append(f"TPC-H with the specification's `char(n)` columns: {len(tc['accepted'])} of 22 accepted")
+        lines.append(
+            f"TPC-H with the specification's `char(n)` columns: {len(tc['accepted'])} of 22 accepted"
+        )
     c = load(out / "cdc.json")
     if c:
         v = c["variants"]
-        lines.append(f"CDC, {c['rows']:,}-row INSERT: statement trigger ×{v['statement_trigger']['insert']['ratio_to_none']:.2f}"
-                     f" of no capture ({v['statement_trigger']['insert']['overhead_us_per_row']:+.2f} µs/row), row "
-                     f"trigger ×{v['row_trigger']['insert']['ratio_to_none']:.2f}, WAL ×{v['wal']['insert']['ratio_to_none']:.2f}; "
-                     f"decoder {v['wal']['insert']['decoder_changes_per_s']:,} changes/s")
+        lines.append(
+            f"CDC, {c['rows']:,}-row INSERT: statement trigger ×{v['statement_trigger']['insert']['ratio_to_none']:.2f}"
+            f" of no capture ({v['statement_trigger']['insert']['overhead_us_per_row']:+.2f} µs/row), row "
+            f"trigger ×{v['row_trigger']['insert']['ratio_to_none']:.2f}, WAL ×{v['wal']['insert']['ratio_to_none']:.2f}; "
+            f"decoder {v['wal']['insert']['decoder_changes_per_s']:,} changes/s"
+        )
     s = load(out / "scheduler.json")
     if s:
         i = s["idle"]
-        lines.append(f"scheduler, {i['stream_tables']} stream tables: idle tick {i['nothing_due_tick_ms']['median']:.1f} ms; "
-                     f"all due without changes {i['all_due_no_changes_tick_ms']['per_stream_table_ms']:.1f} ms per "
-                     f"stream table; daemon CPU with nothing due {100 * i['daemon_cpu_share']['nothing_due']['python']:.1f} % "
-                     f"(Python) + {100 * i['daemon_cpu_share']['nothing_due']['jvm']:.1f} % (JVM) of a core, on 1 s "
-                     f"schedules {100 * i['daemon_cpu_share']['schedules_1s']['python']:.1f} % + "
-                     f"{100 * i['daemon_cpu_share']['schedules_1s']['jvm']:.1f} %; propagation chain of 10 "
-                     f"{s['chain']['latency_median_s']:.1f} s, 3×20 fan {s['fan']['latency_median_s']:.1f} s")
+        lines.append(
+            f"scheduler, {i['stream_tables']} stream tables: idle tick {i['nothing_due_tick_ms']['median']:.1f} ms; "
+            f"all due without changes {i['all_due_no_changes_tick_ms']['per_stream_table_ms']:.1f} ms per "
+            f"stream table; daemon CPU with nothing due {100 * i['daemon_cpu_share']['nothing_due']['python']:.1f} % "
+            f"(Python) + {100 * i['daemon_cpu_share']['nothing_due']['jvm']:.1f} % (JVM) of a core, on 1 s "
+            f"schedules {100 * i['daemon_cpu_share']['schedules_1s']['python']:.1f} % + "
+            f"{100 * i['daemon_cpu_share']['schedules_1s']['jvm']:.1f} %; propagation chain of 10 "
+            f"{s['chain']['latency_median_s']:.1f} s, 3×20 fan {s['fan']['latency_median_s']:.1f} s"
+        )
     k = load(out / "cluster.json")
     if k:
         for q, v in k["summary"].items():
-            lines.append(f"FULL refresh of {fmt_size(k['rows'])} rows, {q}: local-cluster[2,1,1024] / local[2] "
-                         f"×{v['cluster_over_local']:.2f}")
+            lines.append(
+                f"FULL refresh of {fmt_size(k['rows'])} rows, {q}: local-cluster[2,1,1024] / local[2] "
+                f"×{v['cluster_over_local']:.2f}"
+            )
     return lines
 
 
-def summary_section(preset: str, command: str, host: dict[str, Any], out: Path, status: dict[str, Any]) -> str:
-    lines = [f"## Suite summary — preset `{preset}`", "", "```sh", command, "```", "",
-             f"Run {now_text()} on pgtrickle `{revision()}`; generated by `benchmarks/suite.py`. Machine: "
-             + machine_line(host) + ".", "", other_work_note(host), "",
-             *md_table(["piece", "status", "minutes"],
-                       [[name, "ok" if s["exit"] == 0 else f"**exit {s['exit']}**", f"{s['seconds'] / 60:.1f}"]
-                        for name, s in status.items()]),
-             "", "Headline ratios of this run (details in the sections below; JSON in "
-             f"`benchmarks/results/{out.name}/`):", ""]
+def summary_section(
+    preset: str, command: str, host: dict[str, Any], out: Path, status: dict[str, Any]
+) -> str:
+    lines = [
+        f"## Suite summary — preset `{preset}`",
+        "",
+        "```sh",
+        command,
+        "```",
+        "",
+        f"Run {now_text()} on pgtrickle `{revision()}`; generated by `benchmarks/suite.py`. Machine: "
+        + machine_line(host)
+        + ".",
+        "",
+        other_work_note(host),
+        "",
+        *md_table(
+            ["piece", "status", "minutes"],
+            [
+                [name, "ok" if s["exit"] == 0 else f"**exit {s['exit']}**", f"{s['seconds'] / 60:.1f}"]
+                for name, s in status.items()
+            ],
+        ),
+        "",
+        "Headline ratios of this run (details in the sections below; JSON in "
+        f"`benchmarks/results/{out.name}/`):",
+        "",
+    ]
     lines += [f"- {h}" for h in headlines(out)] or ["- (no results)"]
     return "\n".join(lines)
 
@@ -265,15 +413,23 @@ def machine_with_server() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
     parser.add_argument("--only", default="", help="comma-separated pieces: " + ", ".join(PIECES))
     parser.add_argument("--skip", default="", help="comma-separated pieces to leave out")
     parser.add_argument("--dsn", default=None)
-    parser.add_argument("--dry-run", action="store_true", help="print the commands and estimates, run nothing")
-    parser.add_argument("--into", type=Path, default=None,
-                        help="an earlier run's results directory (same preset): (re-)run the chosen pieces into it "
-                             "and rewrite the summary from all of its pieces")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the commands and estimates, run nothing"
+    )
+    parser.add_argument(
+        "--into",
+        type=Path,
+        default=None,
+        help="an earlier run's results directory (same preset): (re-)run the chosen pieces into it "
+        "and rewrite the summary from all of its pieces",
+    )
     args = parser.parse_args(argv)
     only = [p for p in args.only.split(",") if p] or list(PIECES)
     skip = {p for p in args.skip.split(",") if p}
@@ -308,8 +464,18 @@ def main(argv: list[str] | None = None) -> int:
         code, seconds = run_piece(name, cmds[name], out / f"{name}.log")
         status[name] = {"exit": code, "seconds": round(seconds, 1), "command": " ".join(cmds[name])}
     status = {k: status[k] for k in PIECES if k in status}
-    (out / "suite.json").write_text(json.dumps({"preset": args.preset, "command": command, "machine": host,
-                                                "revision": revision(), "pieces": status}, indent=2))
+    (out / "suite.json").write_text(
+        json.dumps(
+            {
+                "preset": args.preset,
+                "command": command,
+                "machine": host,
+                "revision": revision(),
+                "pieces": status,
+            },
+            indent=2,
+        )
+    )
     write_section("suite-summary", summary_section(args.preset, command, host, out, status))
     print("\n" + "\n".join(f"- {h}" for h in headlines(out)))
     failed = [n for n, s in status.items() if s["exit"] != 0]

@@ -42,9 +42,26 @@ from psycopg import sql  # noqa: E402
 
 import tpch_data  # noqa: E402
 from common import (  # noqa: E402
-    DOCS, IMG, add_output_args, bench_dsn, command_line, database_exists, drop_database, fmt_ratio, header_lines, machine,
-    md_table, now_text, pyplot, recreate_database, revision, scalar, spark_running, stop_on_signals,
-    write_json, write_section,
+    DOCS,
+    IMG,
+    add_output_args,
+    bench_dsn,
+    command_line,
+    database_exists,
+    drop_database,
+    fmt_ratio,
+    header_lines,
+    machine,
+    md_table,
+    now_text,
+    pyplot,
+    recreate_database,
+    revision,
+    scalar,
+    spark_running,
+    stop_on_signals,
+    write_json,
+    write_section,
 )
 from pgtrickle.catalog.install import install  # noqa: E402
 from pgtrickle.cdc.buffers import cleanup_buffers  # noqa: E402
@@ -83,9 +100,13 @@ class QueryResult:
             return round(statistics.median(xs), 4) if xs else None
 
         d, f, m = med(self.diff_s), med(self.full_s), med(self.matview_s)
-        return {"diff_s": d, "full_s": f, "matview_s": m,
-                "full_over_diff": round(f / d, 4) if d and f else None,
-                "matview_over_diff": round(m / d, 4) if d and m else None}
+        return {
+            "diff_s": d,
+            "full_s": f,
+            "matview_s": m,
+            "full_over_diff": round(f / d, 4) if d and f else None,
+            "matview_over_diff": round(m / d, 4) if d and m else None,
+        }
 
 
 # ------------------------------------------------------------------ data
@@ -98,18 +119,25 @@ def ensure_dataset(admin_dsn: str, sf: float, char_columns: bool = False) -> tup
     db = tpch_db(sf, char_columns)
     if database_exists(admin_dsn, db):
         with psycopg.connect(bench_dsn(admin_dsn, db), autocommit=True) as conn:
-            if scalar(conn, "SELECT to_regclass('public.bench_dataset')") is not None and \
-                    scalar(conn, "SELECT value FROM bench_dataset WHERE key = 'complete'") == "true" and \
-                    scalar(conn, "SELECT value FROM bench_dataset WHERE key = 'char_columns'") == str(char_columns):
+            if (
+                scalar(conn, "SELECT to_regclass('public.bench_dataset')") is not None
+                and scalar(conn, "SELECT value FROM bench_dataset WHERE key = 'complete'") == "true"
+                and scalar(conn, "SELECT value FROM bench_dataset WHERE key = 'char_columns'")
+                == str(char_columns)
+            ):
                 return db, 0.0
     print(f"  generating TPC-H data at SF {sf:g} into {db}…", flush=True)
     started = time.monotonic()
     recreate_database(admin_dsn, db)
     with psycopg.connect(bench_dsn(admin_dsn, db), autocommit=True) as conn:
-        steps = tpch_data.load(conn, sf, progress=lambda line: print(line, flush=True), char_columns=char_columns)
+        steps = tpch_data.load(
+            conn, sf, progress=lambda line: print(line, flush=True), char_columns=char_columns
+        )
         conn.execute("CREATE TABLE bench_dataset (key text PRIMARY KEY, value text)")
-        conn.execute("INSERT INTO bench_dataset VALUES ('sf', %s), ('char_columns', %s), ('complete', 'true')",
-                     (f"{sf:g}", str(char_columns)))
+        conn.execute(
+            "INSERT INTO bench_dataset VALUES ('sf', %s), ('char_columns', %s), ('complete', 'true')",
+            (f"{sf:g}", str(char_columns)),
+        )
     seconds = time.monotonic() - started
     print(f"  generated in {seconds:.0f}s {steps}", flush=True)
     return db, seconds
@@ -120,15 +148,19 @@ def table_counts(conn: psycopg.Connection) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------ stream tables
-def create_all(conn: psycopg.Connection, settings: Settings, dsn: str, queries: dict[str, str]
-               ) -> dict[str, QueryResult]:
+def create_all(
+    conn: psycopg.Connection, settings: Settings, dsn: str, queries: dict[str, str]
+) -> dict[str, QueryResult]:
     results: dict[str, QueryResult] = {}
     for name, query in queries.items():
         res = QueryResult(name, accepted=False)
         results[name] = res
         try:
-            conn.execute("SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h',"
-                         " refresh_mode => 'DIFFERENTIAL', initialize => false)", (f"{name}_diff", query))
+            conn.execute(
+                "SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h',"
+                " refresh_mode => 'DIFFERENTIAL', initialize => false)",
+                (f"{name}_diff", query),
+            )
         except psycopg.Error as exc:
             res.refused_at, res.reason = "create_stream_table", _message(exc)
             print(f"  {name}: REFUSED by create_stream_table: {res.reason}", flush=True)
@@ -139,8 +171,9 @@ def create_all(conn: psycopg.Connection, settings: Settings, dsn: str, queries: 
             refresh_sync(settings, dsn, [f"{name}_diff"])
         except (PgTrickleError, psycopg.Error) as exc:
             res.refused_at, res.reason = "first refresh", str(exc).splitlines()[0]
-            row = conn.execute("SELECT last_error FROM pgtrickle.stream_tables_info WHERE table_name = %s",
-                               (f"{name}_diff",)).fetchone()
+            row = conn.execute(
+                "SELECT last_error FROM pgtrickle.stream_tables_info WHERE table_name = %s", (f"{name}_diff",)
+            ).fetchone()
             if row and row[0]:
                 res.reason = str(row[0]).splitlines()[0]
             print(f"  {name}: REFUSED at the first refresh: {res.reason}", flush=True)
@@ -149,22 +182,31 @@ def create_all(conn: psycopg.Connection, settings: Settings, dsn: str, queries: 
         res.initial_s = round(time.monotonic() - started, 3)
         status, mode, reason, error = conn.execute(
             "SELECT status, effective_mode, mode_reason, last_error FROM pgtrickle.stream_tables_info"
-            " WHERE table_name = %s", (f"{name}_diff",)).fetchone()  # type: ignore[misc]
+            " WHERE table_name = %s",
+            (f"{name}_diff",),
+        ).fetchone()  # type: ignore[misc]
         if status == "ERROR":
             res.refused_at, res.reason = "first refresh", str(error or reason).splitlines()[0]
             print(f"  {name}: REFUSED at the first refresh: {res.reason}", flush=True)
             conn.execute("SELECT pgtrickle.drop_stream_table(%s)", (f"{name}_diff",))
             continue
         res.accepted, res.reason = True, str(reason or mode)
-        conn.execute("SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h', refresh_mode => 'FULL',"
-                     " initialize => false)", (f"{name}_full", query))
+        conn.execute(
+            "SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h', refresh_mode => 'FULL',"
+            " initialize => false)",
+            (f"{name}_full", query),
+        )
         conn.execute("SELECT pgtrickle.alter_stream_table(%s, circuit_breaker => 'none')", (f"{name}_full",))
         refresh_sync(settings, dsn, [f"{name}_full"])
-        conn.execute(sql.SQL("CREATE MATERIALIZED VIEW {} AS {}").format(sql.Identifier(f"{name}_mv"),
-                                                                         sql.SQL(query)))  # type: ignore[arg-type]
+        conn.execute(
+            sql.SQL("CREATE MATERIALIZED VIEW {} AS {}").format(sql.Identifier(f"{name}_mv"), sql.SQL(query))
+        )  # type: ignore[arg-type]
         res.result_rows = int(scalar(conn, f"SELECT count(*) FROM {name}_mv"))
-        print(f"  {name}: accepted ({mode}; {res.result_rows} rows; initial {res.initial_s:.2f}s): "
-              f"{res.reason[:120]}", flush=True)
+        print(
+            f"  {name}: accepted ({mode}; {res.result_rows} rows; initial {res.initial_s:.2f}s): "
+            f"{res.reason[:120]}",
+            flush=True,
+        )
     return results
 
 
@@ -178,16 +220,26 @@ def rounded_mismatch(conn: psycopg.Connection, name: str) -> int:
     """Rows differing (two-way EXCEPT ALL) with numeric and float columns rounded to 6 decimals."""
     pgt_id, relid = conn.execute(
         "SELECT pgt_id, pgt_relid FROM pgtrickle.pgt_stream_tables WHERE pgt_id = (pgtrickle._find_st(%s)).pgt_id",
-        (name,)).fetchone()  # type: ignore[misc]
+        (name,),
+    ).fetchone()  # type: ignore[misc]
     cols = conn.execute(
         "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s AND attnum > 0"
-        " AND NOT attisdropped AND attname NOT LIKE '\\_\\_pgt\\_%%' ORDER BY attnum", (relid,)).fetchall()
-    exprs = [f'round("{c}"::numeric, 6)' if t.startswith(("numeric", "double", "real")) else f'"{c}"'
-             for c, t in cols]
+        " AND NOT attisdropped AND attname NOT LIKE '\\_\\_pgt\\_%%' ORDER BY attnum",
+        (relid,),
+    ).fetchall()
+    exprs = [
+        f'round("{c}"::numeric, 6)' if t.startswith(("numeric", "double", "real")) else f'"{c}"'
+        for c, t in cols
+    ]
     proj = ", ".join(exprs)
     st, q = f"SELECT {proj} FROM {name}", f"SELECT {proj} FROM pgtrickle.pgt_def_{pgt_id}"
-    return int(scalar(conn, f"SELECT (SELECT count(*) FROM ({q} EXCEPT ALL {st}) a)"
-                            f" + (SELECT count(*) FROM ({st} EXCEPT ALL {q}) b)"))
+    return int(
+        scalar(
+            conn,
+            f"SELECT (SELECT count(*) FROM ({q} EXCEPT ALL {st}) a)"
+            f" + (SELECT count(*) FROM ({st} EXCEPT ALL {q}) b)",
+        )
+    )
 
 
 def timed_refresh(settings: Settings, dsn: str, name: str) -> tuple[float, str]:
@@ -196,8 +248,9 @@ def timed_refresh(settings: Settings, dsn: str, name: str) -> tuple[float, str]:
     return time.monotonic() - started, outcome.action.value
 
 
-def run_round(conn: psycopg.Connection, settings: Settings, dsn: str, results: dict[str, QueryResult],
-              record: bool) -> None:
+def run_round(
+    conn: psycopg.Connection, settings: Settings, dsn: str, results: dict[str, QueryResult], record: bool
+) -> None:
     for name, res in results.items():
         if not res.accepted:
             continue
@@ -219,8 +272,9 @@ def run_round(conn: psycopg.Connection, settings: Settings, dsn: str, results: d
         full_rounded = rounded_mismatch(conn, f"{name}_full") if full_exact else 0
         if not record:
             if exact or full_exact:
-                res.errors.append(f"warm-up: {exact} (DIFFERENTIAL) and {full_exact} (FULL) rows differ from "
-                                  "the query")
+                res.errors.append(
+                    f"warm-up: {exact} (DIFFERENTIAL) and {full_exact} (FULL) rows differ from the query"
+                )
             continue
         res.diff_s.append(round(diff, 4))
         res.full_s.append(round(full, 4))
@@ -230,11 +284,20 @@ def run_round(conn: psycopg.Connection, settings: Settings, dsn: str, results: d
         res.oracle_rounded.append(rounded)
         res.full_oracle_exact.append(full_exact)
         res.full_oracle_rounded.append(full_rounded)
-        flag = "" if not exact else (f"  ORACLE: {exact} rows differ" + (f", {rounded} after rounding"
-                                                                          if rounded else " (in digits beyond 6)"))
+        flag = (
+            ""
+            if not exact
+            else (
+                f"  ORACLE: {exact} rows differ"
+                + (f", {rounded} after rounding" if rounded else " (in digits beyond 6)")
+            )
+        )
         if full_exact:
             flag += f"  FULL ORACLE: {full_exact} rows differ"
-        print(f"    {name}: diff {diff:6.3f}s ({action})  full {full:6.3f}s  matview {mv:6.3f}s{flag}", flush=True)
+        print(
+            f"    {name}: diff {diff:6.3f}s ({action})  full {full:6.3f}s  matview {mv:6.3f}s{flag}",
+            flush=True,
+        )
     cleanup_buffers(conn)
 
 
@@ -242,11 +305,19 @@ def run_round(conn: psycopg.Connection, settings: Settings, dsn: str, results: d
 def strategy(reason: str) -> str:
     """A short name for the delta strategy pgtrickle reports."""
     text = reason.lower()
-    for key, label in (("hidden stream table", "needs a hidden table"), ("no delta rule", "no delta rule"),
-                       ("algebraic", "algebraic (stored state)"), ("touched groups", "touched groups"),
-                       ("touched partitions", "touched partitions"), ("touched rows", "touched rows"),
-                       ("outer join", "outer join"), ("anti join", "anti join"), ("semi join", "semi join"),
-                       ("telescoping", "telescoping join"), ("linear", "linear")):
+    for key, label in (
+        ("hidden stream table", "needs a hidden table"),
+        ("no delta rule", "no delta rule"),
+        ("algebraic", "algebraic (stored state)"),
+        ("touched groups", "touched groups"),
+        ("touched partitions", "touched partitions"),
+        ("touched rows", "touched rows"),
+        ("outer join", "outer join"),
+        ("anti join", "anti join"),
+        ("semi join", "semi join"),
+        ("telescoping", "telescoping join"),
+        ("linear", "linear"),
+    ):
         if key in text:
             return label
     return reason[:40]
@@ -261,11 +332,20 @@ def summary_rows(results: dict[str, QueryResult]) -> list[list[Any]]:
         actions = ", ".join(f"{a}×{r.diff_actions.count(a)}" for a in sorted(set(r.diff_actions))) or "–"
         wrong = max([*r.oracle_exact, *r.full_oracle_exact], default=0)
         ok = "✓" if not wrong else f"**✗ {wrong} rows**"
-        rows.append([name.upper(), strategy(r.reason), r.result_rows, actions,
-                     "–" if m["diff_s"] is None else f"{m['diff_s']:.3f}",
-                     "–" if m["full_s"] is None else f"{m['full_s']:.3f}",
-                     "–" if m["matview_s"] is None else f"{m['matview_s']:.3f}",
-                     fmt_ratio(m["full_over_diff"]), fmt_ratio(m["matview_over_diff"]), ok])
+        rows.append(
+            [
+                name.upper(),
+                strategy(r.reason),
+                r.result_rows,
+                actions,
+                "–" if m["diff_s"] is None else f"{m['diff_s']:.3f}",
+                "–" if m["full_s"] is None else f"{m['full_s']:.3f}",
+                "–" if m["matview_s"] is None else f"{m['matview_s']:.3f}",
+                fmt_ratio(m["full_over_diff"]),
+                fmt_ratio(m["matview_over_diff"]),
+                ok,
+            ]
+        )
     return rows
 
 
@@ -298,8 +378,11 @@ def plot(results: dict[str, QueryResult], path: Path) -> None:
 def docs_section(report: dict[str, Any], results: dict[str, QueryResult], plot_path: Path) -> str:
     accepted = [r for r in results.values() if r.accepted]
     refused = [r for r in results.values() if not r.accepted]
-    title = ("TPC-H-derived workload: DIFFERENTIAL vs FULL per query" if report["rounds"] else
-             "TPC-H-derived queries: which ones pgtrickle accepts as DIFFERENTIAL")
+    title = (
+        "TPC-H-derived workload: DIFFERENTIAL vs FULL per query"
+        if report["rounds"]
+        else "TPC-H-derived queries: which ones pgtrickle accepts as DIFFERENTIAL"
+    )
     if report["char_columns"]:
         title += ", the specification's `char(n)` columns"
     lines = header_lines(title, report, "benchmarks/tpch.py")
@@ -307,8 +390,8 @@ def docs_section(report: dict[str, Any], results: dict[str, QueryResult], plot_p
     ch = report["changes_per_round"]
     if not report["rounds"]:
         lines += [
-            f"Scale factor {report['sf']:g}, schema with " + ("the specification's `char(n)` columns"
-                                                             if report["char_columns"] else "`varchar(n)` columns")
+            f"Scale factor {report['sf']:g}, schema with "
+            + ("the specification's `char(n)` columns" if report["char_columns"] else "`varchar(n)` columns")
             + ". Each query is created with `refresh_mode => 'DIFFERENTIAL'` and refreshed once (no rounds of "
             "changes).",
             "",
@@ -316,7 +399,10 @@ def docs_section(report: dict[str, Any], results: dict[str, QueryResult], plot_p
             "",
         ]
         if accepted:
-            lines += ["Accepted: " + ", ".join(f"{r.name.upper()} ({strategy(r.reason)})" for r in accepted), ""]
+            lines += [
+                "Accepted: " + ", ".join(f"{r.name.upper()} ({strategy(r.reason)})" for r in accepted),
+                "",
+            ]
         if refused:
             lines += ["Refused (pgtrickle's reason):", ""]
             lines += [f"- **{r.name.upper()}** at {r.refused_at}: {r.reason}" for r in refused]
@@ -335,8 +421,22 @@ def docs_section(report: dict[str, Any], results: dict[str, QueryResult], plot_p
         f"**{len(accepted)} of {len(results)} queries accepted** as DIFFERENTIAL stream tables, "
         f"{len(refused)} refused.",
         "",
-        *md_table(["query", "strategy", "rows", "DIFF refreshes", "DIFF s", "FULL s", "matview s", "FULL/DIFF",
-                   "matview/DIFF", "oracle"], summary_rows(results), right_from=2),
+        *md_table(
+            [
+                "query",
+                "strategy",
+                "rows",
+                "DIFF refreshes",
+                "DIFF s",
+                "FULL s",
+                "matview s",
+                "FULL/DIFF",
+                "matview/DIFF",
+                "oracle",
+            ],
+            summary_rows(results),
+            right_from=2,
+        ),
         "",
     ]
     if refused:
@@ -358,34 +458,56 @@ def docs_section(report: dict[str, Any], results: dict[str, QueryResult], plot_p
 def problems_of(results: dict[str, QueryResult]) -> list[str]:
     out = []
     for r in results.values():
-        for label, exact, rounded in (("DIFFERENTIAL", r.oracle_exact, r.oracle_rounded),
-                                      ("FULL", r.full_oracle_exact, r.full_oracle_rounded)):
+        for label, exact, rounded in (
+            ("DIFFERENTIAL", r.oracle_exact, r.oracle_rounded),
+            ("FULL", r.full_oracle_exact, r.full_oracle_rounded),
+        ):
             if r.accepted and any(exact):
-                beyond = (" (all beyond 6 decimals)" if not any(rounded)
-                          else f" ({rounded} after rounding to 6 decimals)")
-                out.append(f"{r.name.upper()}: the {label} stream table differed from its query by {exact} rows "
-                           f"per round{beyond}")
+                beyond = (
+                    " (all beyond 6 decimals)"
+                    if not any(rounded)
+                    else f" ({rounded} after rounding to 6 decimals)"
+                )
+                out.append(
+                    f"{r.name.upper()}: the {label} stream table differed from its query by {exact} rows "
+                    f"per round{beyond}"
+                )
         out += [f"{r.name.upper()}: {e}" for e in r.errors]
         not_diff = [a for a in r.diff_actions if a != "DIFFERENTIAL"]
         if not_diff:
-            out.append(f"{r.name.upper()}: {len(not_diff)} of {len(r.diff_actions)} refreshes ran {set(not_diff)}")
+            out.append(
+                f"{r.name.upper()}: {len(not_diff)} of {len(r.diff_actions)} refreshes ran {set(not_diff)}"
+            )
     return out
 
 
 # ------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sf", type=float, default=0.01, help="TPC-H scale factor (1 = 6M lineitems)")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--new-orders", type=int, default=0,
-                        help="new (and deleted) orders per round; default 0.1 %% of the orders (TPC-H's RF1/RF2)")
+    parser.add_argument(
+        "--new-orders",
+        type=int,
+        default=0,
+        help="new (and deleted) orders per round; default 0.1 %% of the orders (TPC-H's RF1/RF2)",
+    )
     parser.add_argument("--queries", default="", help="comma-separated subset, e.g. q01,q06 (default all 22)")
     add_output_args(parser, SECTION, PLOT)
     parser.add_argument("--keep", action="store_true", help="keep the run's database")
-    parser.add_argument("--render", type=Path, default=None,
-                        help="rewrite the docs section and plot from an earlier run's JSON, run nothing")
-    parser.add_argument("--char-columns", action="store_true",
-                        help="use the specification's char(n) columns (default varchar(n): see tpch_data.schema)")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        default=None,
+        help="rewrite the docs section and plot from an earlier run's JSON, run nothing",
+    )
+    parser.add_argument(
+        "--char-columns",
+        action="store_true",
+        help="use the specification's char(n) columns (default varchar(n): see tpch_data.schema)",
+    )
     return parser.parse_args(argv)
 
 
@@ -427,8 +549,10 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute("DROP TABLE bench_dataset")
             install(conn)
             counts = table_counts(conn)
-            print(f"SF {args.sf:g}: {counts}; creating {len(queries)} queries × (DIFFERENTIAL, FULL, matview)…",
-                  flush=True)
+            print(
+                f"SF {args.sf:g}: {counts}; creating {len(queries)} queries × (DIFFERENTIAL, FULL, matview)…",
+                flush=True,
+            )
             results = create_all(conn, run_settings, dsn, queries)
             if args.rounds:
                 print("  warm-up round", flush=True)
@@ -437,8 +561,10 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.rounds):
                 started = time.monotonic()
                 changes = tpch_data.apply_changes(conn, args.sf, new_orders, (i + 1) / 100)
-                print(f"  round {i + 1}/{args.rounds}: changes {changes} in {time.monotonic() - started:.2f}s",
-                      flush=True)
+                print(
+                    f"  round {i + 1}/{args.rounds}: changes {changes} in {time.monotonic() - started:.2f}s",
+                    flush=True,
+                )
                 run_round(conn, run_settings, dsn, results, record=True)
     finally:
         if args.keep:
@@ -446,19 +572,50 @@ def main(argv: list[str] | None = None) -> int:
         else:
             drop_database(admin_dsn, run_db)
     report: dict[str, Any] = {
-        "command": command, "date": now_text(), "preset": args.preset, "machine": host, "revision": revision(),
-        "spark_master": settings.spark_master, "spark_startup_s": round(spark_start, 2), "sf": args.sf,
-        "char_columns": args.char_columns, "rounds": args.rounds, "new_orders": new_orders, "table_rows": counts, "changes_per_round": changes,
-        "generate_s": round(generate_s, 1), "copy_s": round(copy_s, 1),
+        "command": command,
+        "date": now_text(),
+        "preset": args.preset,
+        "machine": host,
+        "revision": revision(),
+        "spark_master": settings.spark_master,
+        "spark_startup_s": round(spark_start, 2),
+        "sf": args.sf,
+        "char_columns": args.char_columns,
+        "rounds": args.rounds,
+        "new_orders": new_orders,
+        "table_rows": counts,
+        "changes_per_round": changes,
+        "generate_s": round(generate_s, 1),
+        "copy_s": round(copy_s, 1),
         "accepted": [r.name for r in results.values() if r.accepted],
-        "refused": {r.name: {"at": r.refused_at, "reason": r.reason} for r in results.values() if not r.accepted},
+        "refused": {
+            r.name: {"at": r.refused_at, "reason": r.reason} for r in results.values() if not r.accepted
+        },
         "summary": {r.name: r.medians() for r in results.values() if r.accepted},
         "queries": {name: asdict(r) for name, r in results.items()},
         "problems": problems_of(results),
     }
-    print("\n" + "\n".join(md_table(["query", "strategy", "rows", "DIFF refreshes", "DIFF s", "FULL s",
-                                     "matview s", "FULL/DIFF", "matview/DIFF", "oracle"],
-                                    summary_rows(results), right_from=2)))
+    print(
+        "\n"
+        + "\n".join(
+            md_table(
+                [
+                    "query",
+                    "strategy",
+                    "rows",
+                    "DIFF refreshes",
+                    "DIFF s",
+                    "FULL s",
+                    "matview s",
+                    "FULL/DIFF",
+                    "matview/DIFF",
+                    "oracle",
+                ],
+                summary_rows(results),
+                right_from=2,
+            )
+        )
+    )
     for r in results.values():
         if not r.accepted:
             print(f"refused {r.name}: {r.refused_at}: {r.reason}")
@@ -470,7 +627,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{DOCS.name} section {args.section} and {args.plot.name} updated", flush=True)
     for p in report["problems"]:
         print(f"PROBLEM: {p}", file=sys.stderr)
-    return 1 if any(r.accepted and any([*r.oracle_exact, *r.full_oracle_exact]) for r in results.values()) else 0
+    return (
+        1 if any(r.accepted and any([*r.oracle_exact, *r.full_oracle_exact]) for r in results.values()) else 0
+    )
 
 
 if __name__ == "__main__":

@@ -26,28 +26,175 @@ from collections.abc import Callable
 import psycopg
 
 NATIONS = [
-    (0, "ALGERIA", 0), (1, "ARGENTINA", 1), (2, "BRAZIL", 1), (3, "CANADA", 1), (4, "EGYPT", 4),
-    (5, "ETHIOPIA", 0), (6, "FRANCE", 3), (7, "GERMANY", 3), (8, "INDIA", 2), (9, "INDONESIA", 2),
-    (10, "IRAN", 4), (11, "IRAQ", 4), (12, "JAPAN", 2), (13, "JORDAN", 4), (14, "KENYA", 0),
-    (15, "MOROCCO", 0), (16, "MOZAMBIQUE", 0), (17, "PERU", 1), (18, "CHINA", 2), (19, "ROMANIA", 3),
-    (20, "SAUDI ARABIA", 4), (21, "VIETNAM", 2), (22, "RUSSIA", 3), (23, "UNITED KINGDOM", 3),
+    (0, "ALGERIA", 0),
+    (1, "ARGENTINA", 1),
+    (2, "BRAZIL", 1),
+    (3, "CANADA", 1),
+    (4, "EGYPT", 4),
+    (5, "ETHIOPIA", 0),
+    (6, "FRANCE", 3),
+    (7, "GERMANY", 3),
+    (8, "INDIA", 2),
+    (9, "INDONESIA", 2),
+    (10, "IRAN", 4),
+    (11, "IRAQ", 4),
+    (12, "JAPAN", 2),
+    (13, "JORDAN", 4),
+    (14, "KENYA", 0),
+    (15, "MOROCCO", 0),
+    (16, "MOZAMBIQUE", 0),
+    (17, "PERU", 1),
+    (18, "CHINA", 2),
+    (19, "ROMANIA", 3),
+    (20, "SAUDI ARABIA", 4),
+    (21, "VIETNAM", 2),
+    (22, "RUSSIA", 3),
+    (23, "UNITED KINGDOM", 3),
     (24, "UNITED STATES", 1),
 ]
 REGIONS = ["AFRICA", "AMERICA", "ASIA", "EUROPE", "MIDDLE EAST"]
-COLORS = ["almond", "antique", "aquamarine", "azure", "beige", "bisque", "black", "blanched", "blue", "blush",
-          "brown", "burlywood", "burnished", "chartreuse", "chiffon", "chocolate", "coral", "cornflower",
-          "cornsilk", "cream", "cyan", "dark", "deep", "dim", "dodger", "drab", "firebrick", "floral", "forest",
-          "frosted", "gainsboro", "ghost", "goldenrod", "green", "grey", "honeydew", "hot", "indian", "ivory",
-          "khaki", "lace", "lavender", "lawn", "lemon", "light", "lime", "linen", "magenta", "maroon", "medium",
-          "metallic", "midnight", "mint", "misty", "moccasin", "navajo", "navy", "olive", "orange", "orchid",
-          "pale", "papaya", "peach", "peru", "pink", "plum", "powder", "puff", "purple", "red", "rose", "rosy",
-          "royal", "saddle", "salmon", "sandy", "seashell", "sienna", "sky", "slate", "smoke", "snow", "spring",
-          "steel", "tan", "thistle", "tomato", "turquoise", "violet", "wheat", "white", "yellow"]
-WORDS = ["furiously", "quickly", "carefully", "blithely", "slyly", "fluffily", "regular", "final", "ironic",
-         "pending", "express", "bold", "even", "silent", "unusual", "special", "requests", "deposits",
-         "accounts", "packages", "theodolites", "foxes", "pinto", "beans", "instructions", "dependencies",
-         "excuses", "platelets", "asymptotes", "courts", "dolphins", "ideas", "sleep", "wake", "nag", "haggle",
-         "cajole", "boost", "detect", "integrate", "use", "among", "about", "above", "across", "after"]
+COLORS = [
+    "almond",
+    "antique",
+    "aquamarine",
+    "azure",
+    "beige",
+    "bisque",
+    "black",
+    "blanched",
+    "blue",
+    "blush",
+    "brown",
+    "burlywood",
+    "burnished",
+    "chartreuse",
+    "chiffon",
+    "chocolate",
+    "coral",
+    "cornflower",
+    "cornsilk",
+    "cream",
+    "cyan",
+    "dark",
+    "deep",
+    "dim",
+    "dodger",
+    "drab",
+    "firebrick",
+    "floral",
+    "forest",
+    "frosted",
+    "gainsboro",
+    "ghost",
+    "goldenrod",
+    "green",
+    "grey",
+    "honeydew",
+    "hot",
+    "indian",
+    "ivory",
+    "khaki",
+    "lace",
+    "lavender",
+    "lawn",
+    "lemon",
+    "light",
+    "lime",
+    "linen",
+    "magenta",
+    "maroon",
+    "medium",
+    "metallic",
+    "midnight",
+    "mint",
+    "misty",
+    "moccasin",
+    "navajo",
+    "navy",
+    "olive",
+    "orange",
+    "orchid",
+    "pale",
+    "papaya",
+    "peach",
+    "peru",
+    "pink",
+    "plum",
+    "powder",
+    "puff",
+    "purple",
+    "red",
+    "rose",
+    "rosy",
+    "royal",
+    "saddle",
+    "salmon",
+    "sandy",
+    "seashell",
+    "sienna",
+    "sky",
+    "slate",
+    "smoke",
+    "snow",
+    "spring",
+    "steel",
+    "tan",
+    "thistle",
+    "tomato",
+    "turquoise",
+    "violet",
+    "wheat",
+    "white",
+    "yellow",
+]
+WORDS = [
+    "furiously",
+    "quickly",
+    "carefully",
+    "blithely",
+    "slyly",
+    "fluffily",
+    "regular",
+    "final",
+    "ironic",
+    "pending",
+    "express",
+    "bold",
+    "even",
+    "silent",
+    "unusual",
+    "special",
+    "requests",
+    "deposits",
+    "accounts",
+    "packages",
+    "theodolites",
+    "foxes",
+    "pinto",
+    "beans",
+    "instructions",
+    "dependencies",
+    "excuses",
+    "platelets",
+    "asymptotes",
+    "courts",
+    "dolphins",
+    "ideas",
+    "sleep",
+    "wake",
+    "nag",
+    "haggle",
+    "cajole",
+    "boost",
+    "detect",
+    "integrate",
+    "use",
+    "among",
+    "about",
+    "above",
+    "across",
+    "after",
+]
 TYPE_1 = ["STANDARD", "SMALL", "MEDIUM", "LARGE", "ECONOMY", "PROMO"]
 TYPE_2 = ["ANODIZED", "BURNISHED", "PLATED", "POLISHED", "BRUSHED"]
 TYPE_3 = ["TIN", "NICKEL", "BRASS", "STEEL", "COPPER"]
@@ -116,9 +263,13 @@ def _words(n: int) -> str:
 
 
 def counts(sf: float) -> dict[str, int]:
-    return {"supplier": max(10, round(10_000 * sf)), "part": max(200, round(200_000 * sf)),
-            "customer": max(150, round(150_000 * sf)), "orders": max(1500, round(1_500_000 * sf)),
-            "clerks": max(1, round(1000 * sf))}
+    return {
+        "supplier": max(10, round(10_000 * sf)),
+        "part": max(200, round(200_000 * sf)),
+        "customer": max(150, round(150_000 * sf)),
+        "orders": max(1500, round(1_500_000 * sf)),
+        "clerks": max(1, round(1000 * sf)),
+    }
 
 
 def _orders_sql(c: dict[str, int]) -> str:
@@ -128,11 +279,11 @@ INSERT INTO orders
 SELECT k,
        -- only customers whose key is not a multiple of 3 place orders (as in the specification)
        -- 3·u + 1 or 3·u + 2: never a multiple of 3, uniform over the others
-       least({c['customer'] - 1}, 3 * floor(random() * ({c['customer']} / 3.0))::int + 1 + floor(random() * 2)::int),
+       least({c["customer"] - 1}, 3 * floor(random() * ({c["customer"]} / 3.0))::int + 1 + floor(random() * 2)::int),
        'O', 0,
        date '1992-01-01' + floor(random() * (date '1998-08-02' - 151 - date '1992-01-01' + 1))::int,
        {_pick(PRIORITIES)},
-       'Clerk#' || lpad((1 + floor(random() * {c['clerks']}))::int::text, 9, '0'),
+       'Clerk#' || lpad((1 + floor(random() * {c["clerks"]}))::int::text, 9, '0'),
        0,
        {_words(4)}
   FROM generate_series(%(lo)s::bigint, %(hi)s::bigint) k
@@ -154,7 +305,7 @@ SELECT o_orderkey, partkey,
        ship, commit_, receipt, instr, mode, comment_
   FROM (
     SELECT o.o_orderkey, ln,
-           1 + floor(random() * {c['part']})::int AS partkey,
+           1 + floor(random() * {c["part"]})::int AS partkey,
            floor(random() * 4)::int AS i,
            (1 + floor(random() * 50))::numeric(15,2) AS qty,
            (floor(random() * 11) / 100.0)::numeric(15,2) AS disc,
@@ -189,8 +340,13 @@ def _insert_orders(conn: psycopg.Connection, c: dict[str, int], lo: int, hi: int
     conn.execute(FIX_ORDERS, params)
 
 
-def load(conn: psycopg.Connection, sf: float, progress: Callable[[str], None] = print,
-         chunk_orders: int = 250_000, char_columns: bool = False) -> dict[str, float]:
+def load(
+    conn: psycopg.Connection,
+    sf: float,
+    progress: Callable[[str], None] = print,
+    chunk_orders: int = 250_000,
+    char_columns: bool = False,
+) -> dict[str, float]:
     """Create and fill the eight tables at scale factor ``sf`` in ``conn``'s database; returns seconds per step."""
     c = counts(sf)
     seconds: dict[str, float] = {}
@@ -199,8 +355,10 @@ def load(conn: psycopg.Connection, sf: float, progress: Callable[[str], None] = 
     for statement in schema(char_columns).split(";"):
         if statement.strip():
             conn.execute(statement)
-    conn.execute("INSERT INTO region SELECT i - 1, r, " + _words(5) + f" FROM unnest({_arr(REGIONS)}) WITH "
-                 "ORDINALITY AS t(r, i)")
+    conn.execute(
+        "INSERT INTO region SELECT i - 1, r, " + _words(5) + f" FROM unnest({_arr(REGIONS)}) WITH "
+        "ORDINALITY AS t(r, i)"
+    )
     with conn.cursor() as cur:
         cur.executemany("INSERT INTO nation VALUES (%s, %s, %s, " + _words(6) + ")", NATIONS)
     conn.execute(f"""
@@ -212,7 +370,7 @@ SELECT k, 'Supplier#' || lpad(k::text, 9, '0'), {_words(2)}, n,
        CASE WHEN random() < 0.0005 THEN {_words(1)} || ' Customer ' || {_words(1)} || ' Complaints'
             WHEN random() < 0.0005 THEN {_words(1)} || ' Customer ' || {_words(1)} || ' Recommends'
             ELSE {_words(5)} END
-  FROM generate_series(1, {c['supplier']}) k, LATERAL (SELECT floor(random() * 25)::int + 0 * k AS n) x
+  FROM generate_series(1, {c["supplier"]}) k, LATERAL (SELECT floor(random() * 25)::int + 0 * k AS n) x
 """)
     conn.execute(f"""
 INSERT INTO part
@@ -222,7 +380,7 @@ SELECT k, name, 'Manufacturer#' || m, 'Brand#' || m || (1 + floor(random() * 5))
        {_pick(CONTAINER_1)} || ' ' || {_pick(CONTAINER_2)},
        ((90000 + ((k / 10) % 20001) + 100 * (k % 1000)) / 100.0)::numeric(15,2),
        left({_words(2)}, 23)
-  FROM generate_series(1, {c['part']}) k,
+  FROM generate_series(1, {c["part"]}) k,
        LATERAL (SELECT {" || ' ' || ".join(_pick(COLORS) for _ in range(5))} || left(k::text, 0) AS name,
                        1 + floor(random() * 5)::int + 0 * k AS m) x
 """)
@@ -231,7 +389,7 @@ SELECT k, name, 'Manufacturer#' || m, 'Brand#' || m || (1 + floor(random() * 5))
 INSERT INTO partsupp
 SELECT p, ((p + (i * ({s} / 4 + (p - 1) / {s}))) % {s}) + 1, 1 + floor(random() * 9999)::int,
        round((1 + random() * 999)::numeric, 2), {_words(8)}
-  FROM generate_series(1, {c['part']}) p, generate_series(0, 3) i
+  FROM generate_series(1, {c["part"]}) p, generate_series(0, 3) i
 ON CONFLICT DO NOTHING
 """)
     conn.execute(f"""
@@ -240,7 +398,7 @@ SELECT k, 'Customer#' || lpad(k::text, 9, '0'), {_words(2)}, n,
        (n + 10)::text || '-' || (100 + floor(random() * 900))::int || '-' || (100 + floor(random() * 900))::int
          || '-' || (1000 + floor(random() * 9000))::int,
        round((-999.99 + random() * 10999.98)::numeric, 2), {_pick(SEGMENTS)}, {_words(6)}
-  FROM generate_series(1, {c['customer']}) k, LATERAL (SELECT floor(random() * 25)::int + 0 * k AS n) x
+  FROM generate_series(1, {c["customer"]}) k, LATERAL (SELECT floor(random() * 25)::int + 0 * k AS n) x
 """)
     seconds["dimensions"] = time.monotonic() - started
     started = time.monotonic()
@@ -274,8 +432,12 @@ def apply_changes(conn: psycopg.Connection, sf: float, new_orders: int, seed: fl
         conn.execute("SELECT setseed(%s)", (seed,))
         top = int(conn.execute("SELECT coalesce(max(o_orderkey), 0) FROM orders").fetchone()[0])  # type: ignore[index]
         _insert_orders(conn, c, top + 1, top + new_orders)
-        doomed = [r[0] for r in conn.execute(
-            "SELECT o_orderkey FROM orders ORDER BY random() LIMIT %s", (new_orders,)).fetchall()]
+        doomed = [
+            r[0]
+            for r in conn.execute(
+                "SELECT o_orderkey FROM orders ORDER BY random() LIMIT %s", (new_orders,)
+            ).fetchall()
+        ]
         conn.execute("DELETE FROM lineitem WHERE l_orderkey = ANY(%s)", (doomed,))
         conn.execute("DELETE FROM orders WHERE o_orderkey = ANY(%s)", (doomed,))
         lines = conn.execute(
@@ -287,28 +449,40 @@ def apply_changes(conn: psycopg.Connection, sf: float, new_orders: int, seed: fl
                            (floor(random() * 11) / 100.0)::numeric(15,2) AS disc
                       FROM lineitem TABLESAMPLE BERNOULLI (%s) LIMIT %s) q
              WHERE l.l_orderkey = q.l_orderkey AND l.l_linenumber = q.l_linenumber
-            """, (min(100.0, 300.0 * new_orders / max(1, c["orders"] * 4)), new_orders)).rowcount
+            """,
+            (min(100.0, 300.0 * new_orders / max(1, c["orders"] * 4)), new_orders),
+        ).rowcount
         orders = conn.execute(
             f"UPDATE orders SET o_orderpriority = {_pick(PRIORITIES)} WHERE o_orderkey IN"
             " (SELECT o_orderkey FROM orders TABLESAMPLE BERNOULLI (%s) LIMIT %s)",
-            (min(100.0, 300.0 * new_orders / max(1, c["orders"])), max(1, new_orders // 2))).rowcount
+            (min(100.0, 300.0 * new_orders / max(1, c["orders"])), max(1, new_orders // 2)),
+        ).rowcount
         few = max(1, new_orders // 20)
         customers = conn.execute(
             "UPDATE customer SET c_acctbal = round((-999.99 + random() * 10999.98)::numeric, 2)"
             " WHERE c_custkey IN (SELECT 1 + floor(random() * %s)::int FROM generate_series(1, %s))",
-            (c["customer"], few)).rowcount
+            (c["customer"], few),
+        ).rowcount
         partsupps = conn.execute(
             "UPDATE partsupp SET ps_availqty = 1 + floor(random() * 9999)::int,"
             " ps_supplycost = round((1 + random() * 999)::numeric, 2)"
             " WHERE ps_partkey IN (SELECT 1 + floor(random() * %s)::int FROM generate_series(1, %s))",
-            (c["part"], few)).rowcount
+            (c["part"], few),
+        ).rowcount
         suppliers = conn.execute(
             "UPDATE supplier SET s_acctbal = round((-999.99 + random() * 10999.98)::numeric, 2)"
             " WHERE s_suppkey IN (SELECT 1 + floor(random() * %s)::int FROM generate_series(1, %s))",
-            (c["supplier"], max(1, few // 5))).rowcount
-    return {"orders_inserted": new_orders, "orders_deleted": len(doomed), "lineitems_updated": lines,
-            "orders_updated": orders, "customers_updated": customers, "partsupps_updated": partsupps,
-            "suppliers_updated": suppliers}
+            (c["supplier"], max(1, few // 5)),
+        ).rowcount
+    return {
+        "orders_inserted": new_orders,
+        "orders_deleted": len(doomed),
+        "lineitems_updated": lines,
+        "orders_updated": orders,
+        "customers_updated": customers,
+        "partsupps_updated": partsupps,
+        "suppliers_updated": suppliers,
+    }
 
 
 def queries(sf: float) -> dict[str, str]:

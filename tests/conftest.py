@@ -231,10 +231,13 @@ def db(pg_server: PgServer, base_settings: Settings) -> Iterator[Database]:
         with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
             admin.execute(
                 "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
-                " WHERE database = %s AND active_pid IS NOT NULL", (name,))
+                " WHERE database = %s AND active_pid IS NOT NULL",
+                (name,),
+            )
             for _ in range(50):
-                rows = admin.execute("SELECT slot_name, active FROM pg_replication_slots WHERE database = %s",
-                                     (name,)).fetchall()
+                rows = admin.execute(
+                    "SELECT slot_name, active FROM pg_replication_slots WHERE database = %s", (name,)
+                ).fetchall()
                 if not any(active for _, active in rows):
                     break
                 time.sleep(0.1)

@@ -92,8 +92,14 @@ def start(jdbc_jar: str, timeout: float = START_TIMEOUT) -> ConnectServer:
         raise ConnectServerError("no Java to run the Spark Connect server with")
     workdir = Path(tempfile.mkdtemp(prefix="pgtrickle-connect-", dir="/tmp"))
     port = _free_port()
-    env = dict(os.environ, SPARK_HOME=str(spark_home), SPARK_PID_DIR=str(workdir), SPARK_LOG_DIR=str(workdir),
-               SPARK_LOCAL_IP="127.0.0.1", SPARK_IDENT_STRING=f"pgtrickle-test-{port}")
+    env = dict(
+        os.environ,
+        SPARK_HOME=str(spark_home),
+        SPARK_PID_DIR=str(workdir),
+        SPARK_LOG_DIR=str(workdir),
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_IDENT_STRING=f"pgtrickle-test-{port}",
+    )
     env.pop("SPARK_REMOTE", None)
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     conf = {
@@ -113,8 +119,15 @@ def start(jdbc_jar: str, timeout: float = START_TIMEOUT) -> ConnectServer:
     for key, value in conf.items():
         args += ["--conf", f"{key}={value}"]
     log = (workdir / "server.log").open("wb")
-    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                               cwd=workdir, start_new_session=True)
+    process = subprocess.Popen(
+        args,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=workdir,
+        start_new_session=True,
+    )
     log.close()
     server = ConnectServer(f"sc://127.0.0.1:{port}", port, process, workdir)
     deadline = time.monotonic() + timeout
@@ -129,4 +142,5 @@ def start(jdbc_jar: str, timeout: float = START_TIMEOUT) -> ConnectServer:
     tail = server.log_tail()
     server.stop()
     raise ConnectServerError(
-        f"the Spark Connect server did not accept connections within {timeout:.0f}s:\n{tail}")
+        f"the Spark Connect server did not accept connections within {timeout:.0f}s:\n{tail}"
+    )

@@ -40,11 +40,16 @@ INSERT INTO events SELECT g, 1 + g % 400, g % 100 FROM generate_series(1, 2000) 
 
 STREAM_TABLES: dict[str, tuple[str, str]] = {
     # name: (defining query, refresh_mode)
-    "acct_by_region": ("SELECT region, count(*) AS n, sum(balance) AS total FROM accounts GROUP BY region",
-                       "DIFFERENTIAL"),
+    "acct_by_region": (
+        "SELECT region, count(*) AS n, sum(balance) AS total FROM accounts GROUP BY region",
+        "DIFFERENTIAL",
+    ),
     "big_events": ("SELECT id, account, amount FROM events WHERE amount > 50", "DIFFERENTIAL"),
-    "event_totals": ("SELECT a.region, count(*) AS n, sum(e.amount) AS total FROM events e "
-                     "JOIN accounts a ON a.id = e.account GROUP BY a.region", "DIFFERENTIAL"),
+    "event_totals": (
+        "SELECT a.region, count(*) AS n, sum(e.amount) AS total FROM events e "
+        "JOIN accounts a ON a.id = e.account GROUP BY a.region",
+        "DIFFERENTIAL",
+    ),
     "region_top": ("SELECT region, max(balance) AS top, count(*) AS n FROM accounts GROUP BY region", "FULL"),
     "region_summary": ("SELECT sum(n) AS n, sum(total) AS total FROM acct_by_region", "DIFFERENTIAL"),
 }
@@ -56,8 +61,10 @@ def create_workload(db: Database, *, wal_source: str | None = "events", schedule
     # Keep the differential stream tables differential under the writers' churn (no adaptive FULL).
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     for name, (query, mode) in STREAM_TABLES.items():
-        db.sql("SELECT pgtrickle.create_stream_table(%s, %s, schedule => %s, refresh_mode => %s)",
-               (name, query, schedule, mode))
+        db.sql(
+            "SELECT pgtrickle.create_stream_table(%s, %s, schedule => %s, refresh_mode => %s)",
+            (name, query, schedule, mode),
+        )
     if wal_source:
         db.sql("UPDATE pgtrickle.pgt_settings SET value = '30 seconds' WHERE name = 'wal_transition_timeout'")
         db.sql("SELECT pgtrickle.set_cdc_mode(%s, 'wal')", (wal_source,))
@@ -81,8 +88,12 @@ class Writers:
         self.errors: list[BaseException] = []
         self.committed = 0
         self.reconnects = 0
-        self.threads = [threading.Thread(target=self._loop, args=(i, random.Random(seed + i)), daemon=True,
-                                         name=f"writer-{i}") for i in range(2)]
+        self.threads = [
+            threading.Thread(
+                target=self._loop, args=(i, random.Random(seed + i)), daemon=True, name=f"writer-{i}"
+            )
+            for i in range(2)
+        ]
 
     def start(self) -> None:
         self.running.set()
@@ -148,28 +159,40 @@ class Writers:
     def _accounts(conn: psycopg.Connection, rng: random.Random) -> None:
         r = rng.random()
         if r < 0.35:
-            conn.execute("INSERT INTO accounts SELECT coalesce(max(id), 0) + g, %s, %s FROM accounts, "
-                         "generate_series(1, %s) g GROUP BY g", (rng.randrange(5), rng.randrange(1000),
-                                                                 rng.randint(1, 3)))
+            conn.execute(
+                "INSERT INTO accounts SELECT coalesce(max(id), 0) + g, %s, %s FROM accounts, "
+                "generate_series(1, %s) g GROUP BY g",
+                (rng.randrange(5), rng.randrange(1000), rng.randint(1, 3)),
+            )
         elif r < 0.75:
-            conn.execute("UPDATE accounts SET balance = balance + %s WHERE id %% 97 = %s",
-                         (rng.randint(-50, 50), rng.randrange(97)))
+            conn.execute(
+                "UPDATE accounts SET balance = balance + %s WHERE id %% 97 = %s",
+                (rng.randint(-50, 50), rng.randrange(97)),
+            )
         elif r < 0.85:
-            conn.execute("UPDATE accounts SET region = (region + 1) % 5 WHERE id = "
-                         "(SELECT id FROM accounts ORDER BY random() LIMIT 1)")
+            conn.execute(
+                "UPDATE accounts SET region = (region + 1) % 5 WHERE id = "
+                "(SELECT id FROM accounts ORDER BY random() LIMIT 1)"
+            )
         else:
-            conn.execute("DELETE FROM accounts WHERE id IN (SELECT id FROM accounts ORDER BY random() LIMIT 2)")
+            conn.execute(
+                "DELETE FROM accounts WHERE id IN (SELECT id FROM accounts ORDER BY random() LIMIT 2)"
+            )
 
     @staticmethod
     def _events(conn: psycopg.Connection, rng: random.Random) -> None:
         r = rng.random()
         if r < 0.45:
-            conn.execute("INSERT INTO events SELECT coalesce(max(id), 0) + g, 1 + (random() * 450)::int, "
-                         "(random() * 100)::int FROM events, generate_series(1, %s) g GROUP BY g",
-                         (rng.randint(1, 5),))
+            conn.execute(
+                "INSERT INTO events SELECT coalesce(max(id), 0) + g, 1 + (random() * 450)::int, "
+                "(random() * 100)::int FROM events, generate_series(1, %s) g GROUP BY g",
+                (rng.randint(1, 5),),
+            )
         elif r < 0.8:
-            conn.execute("UPDATE events SET amount = (amount + %s) %% 101 WHERE id %% 53 = %s",
-                         (rng.randint(1, 30), rng.randrange(53)))
+            conn.execute(
+                "UPDATE events SET amount = (amount + %s) %% 101 WHERE id %% 53 = %s",
+                (rng.randint(1, 30), rng.randrange(53)),
+            )
         else:
             conn.execute("DELETE FROM events WHERE id IN (SELECT id FROM events ORDER BY random() LIMIT 3)")
 
@@ -177,8 +200,13 @@ class Writers:
 # ---------------------------------------------------------------------------- waiting
 
 
-def poll(condition: Callable[[], bool], what: str, timeout: float, check: Callable[[], None] = lambda: None,
-         interval: float = 0.1) -> None:
+def poll(
+    condition: Callable[[], bool],
+    what: str,
+    timeout: float,
+    check: Callable[[], None] = lambda: None,
+    interval: float = 0.1,
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         check()
@@ -196,13 +224,21 @@ def marker_xid(dsn: str) -> str:
 
 def behind(db: Database, names: Sequence[str], xid: str) -> list[str]:
     """The stream tables whose frontier does not cover ``xid`` yet."""
-    rows = db.sql("SELECT pgt_name FROM pgtrickle.pgt_stream_tables WHERE pgt_name = ANY(%s) AND"
-                  " (frontier IS NULL OR NOT pg_visible_in_snapshot(%s::xid8, frontier))", (list(names), xid))
+    rows = db.sql(
+        "SELECT pgt_name FROM pgtrickle.pgt_stream_tables WHERE pgt_name = ANY(%s) AND"
+        " (frontier IS NULL OR NOT pg_visible_in_snapshot(%s::xid8, frontier))",
+        (list(names), xid),
+    )
     return [r[0] for r in rows]
 
 
-def wait_caught_up(db: Database, names: Sequence[str], timeout: float, check: Callable[[], None] = lambda: None,
-                   step: Callable[[], None] = lambda: None) -> None:
+def wait_caught_up(
+    db: Database,
+    names: Sequence[str],
+    timeout: float,
+    check: Callable[[], None] = lambda: None,
+    step: Callable[[], None] = lambda: None,
+) -> None:
     """Every frontier covers everything committed before this call (``step`` refreshes, when no daemon does)."""
     for _ in range(2):  # the second round: downstream of a stream table refreshed late in the first
         xid = marker_xid(db.dsn)
@@ -220,10 +256,15 @@ def populate(db: Database, names: Sequence[str], writers: Writers, wal_source: s
 
     scheduler = Scheduler(db.settings, db.dsn)
     try:
+
         def moved() -> bool:
             scheduler.tick()
-            return db.scalar("SELECT cdc_mode FROM pgtrickle.pgt_change_sources WHERE source_name = %s",
-                             (wal_source,)) == "wal"
+            return (
+                db.scalar(
+                    "SELECT cdc_mode FROM pgtrickle.pgt_change_sources WHERE source_name = %s", (wal_source,)
+                )
+                == "wal"
+            )
 
         poll(moved, f"{wal_source} to move to WAL capture", 120)
         wait_caught_up(db, names, 120, writers.check, step=lambda: scheduler.tick())
@@ -233,8 +274,10 @@ def populate(db: Database, names: Sequence[str], writers: Writers, wal_source: s
 
 def assert_windows_consumed_once(db: Database) -> None:
     """No two completed refreshes of a stream table ended at the same frontier; none still RUNNING."""
-    twice = db.sql("SELECT pgt_id, frontier::text, count(*) FROM pgtrickle.pgt_refresh_history"
-                   " WHERE status = 'COMPLETED' GROUP BY 1, 2 HAVING count(*) > 1")
+    twice = db.sql(
+        "SELECT pgt_id, frontier::text, count(*) FROM pgtrickle.pgt_refresh_history"
+        " WHERE status = 'COMPLETED' GROUP BY 1, 2 HAVING count(*) > 1"
+    )
     assert twice == [], f"a window was applied twice: {twice}"
     running = db.sql("SELECT pgt_id, refresh_id FROM pgtrickle.pgt_refresh_history WHERE status = 'RUNNING'")
     assert running == [], f"refreshes left RUNNING after recovery: {running}"
@@ -247,9 +290,15 @@ class DaemonProcess:
     """``pgtrickle run`` in its own process group, output to a log file."""
 
     def __init__(self, dsn: str, tmp_path: Path, **env: str) -> None:
-        self.env = dict(os.environ, PYTHONPATH=SRC, PGTRICKLE_DSN=dsn,
-                        PGTRICKLE_DATA_DIR=str(tmp_path / "daemon-data"), PGTRICKLE_SPARK_MASTER="local[1]",
-                        PGTRICKLE_TICK_SECONDS="0.3", SPARK_LOCAL_IP="127.0.0.1")
+        self.env = dict(
+            os.environ,
+            PYTHONPATH=SRC,
+            PGTRICKLE_DSN=dsn,
+            PGTRICKLE_DATA_DIR=str(tmp_path / "daemon-data"),
+            PGTRICKLE_SPARK_MASTER="local[1]",
+            PGTRICKLE_TICK_SECONDS="0.3",
+            SPARK_LOCAL_IP="127.0.0.1",
+        )
         self.env.pop("PGTRICKLE_FAULT_POINT", None)
         self.env.update(env)
         self.tmp_path = tmp_path
@@ -264,8 +313,13 @@ class DaemonProcess:
         if fault:
             env["PGTRICKLE_FAULT_POINT"] = fault
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "pgtrickle", "-v", "run", *args], env=env,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pgtrickle", "-v", "run", *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def output(self, tail: int = 6000) -> str:
         return self.log_path.read_text(errors="replace")[-tail:]
@@ -274,7 +328,9 @@ class DaemonProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def check_alive(self) -> None:
-        assert self.alive(), f"the daemon exited ({self.proc.returncode if self.proc else None}):\n{self.output()}"
+        assert self.alive(), (
+            f"the daemon exited ({self.proc.returncode if self.proc else None}):\n{self.output()}"
+        )
 
     def wait_exit(self, timeout: float) -> int:
         assert self.proc is not None

@@ -15,8 +15,10 @@ if TYPE_CHECKING:
 def create_st(db: Database, name: str, query: str, **kw: object) -> None:
     """pgtrickle.create_stream_table with named arguments."""
     args = "".join(f", {k} => %({k})s" for k in kw)
-    db.sql(f"SELECT pgtrickle.create_stream_table(%(name)s, %(query)s{args})",
-           {"name": name, "query": query, **kw})
+    db.sql(
+        f"SELECT pgtrickle.create_stream_table(%(name)s, %(query)s{args})",
+        {"name": name, "query": query, **kw},
+    )
 
 
 def refresh(db: Database, *names: str) -> list[RefreshOutcome]:
@@ -42,18 +44,29 @@ def refresh_and_check(db: Database, *names: str) -> list[RefreshOutcome]:
 
 def catalog_fingerprint(db: Database) -> tuple:
     """Everything a failed API call must leave unchanged."""
-    tables = ["pgt_stream_tables", "pgt_dependencies", "pgt_change_sources", "pgt_refresh_requests",
-              "pgt_refresh_history"]
-    content = tuple(
-        tuple(map(str, db.sql(f"SELECT * FROM pgtrickle.{t} ORDER BY 1"))) for t in tables
+    tables = [
+        "pgt_stream_tables",
+        "pgt_dependencies",
+        "pgt_change_sources",
+        "pgt_refresh_requests",
+        "pgt_refresh_history",
+    ]
+    content = tuple(tuple(map(str, db.sql(f"SELECT * FROM pgtrickle.{t} ORDER BY 1"))) for t in tables)
+    relations = tuple(
+        db.sql(
+            "SELECT n.nspname, c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') ORDER BY 1, 2"
+        )
     )
-    relations = tuple(db.sql(
-        "SELECT n.nspname, c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') ORDER BY 1, 2"))
-    triggers = tuple(db.sql("SELECT tgrelid::regclass::text, tgname FROM pg_trigger WHERE NOT tgisinternal"
-                            " ORDER BY 1, 2"))
-    functions = tuple(db.sql("SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n"
-                             " ON n.oid = p.pronamespace WHERE n.nspname = 'pgtrickle_changes' ORDER BY 1"))
+    triggers = tuple(
+        db.sql("SELECT tgrelid::regclass::text, tgname FROM pg_trigger WHERE NOT tgisinternal ORDER BY 1, 2")
+    )
+    functions = tuple(
+        db.sql(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n"
+            " ON n.oid = p.pronamespace WHERE n.nspname = 'pgtrickle_changes' ORDER BY 1"
+        )
+    )
     return content, relations, triggers, functions
 
 
@@ -63,6 +76,9 @@ def store_unparsed_schedule(db: Database, text: str, name: str | None = None) ->
     leave it: the catalog's trigger refuses such a write otherwise (docs/SQL_API.md)."""
     with db.conn.transaction():
         db.sql("ALTER TABLE pgtrickle.pgt_stream_tables DISABLE TRIGGER parse_schedule")
-        db.sql("UPDATE pgtrickle.pgt_stream_tables SET schedule = %s, schedule_parsed = NULL"
-               " WHERE %s::text IS NULL OR pgt_name = %s", (text, name, name))
+        db.sql(
+            "UPDATE pgtrickle.pgt_stream_tables SET schedule = %s, schedule_parsed = NULL"
+            " WHERE %s::text IS NULL OR pgt_name = %s",
+            (text, name, name),
+        )
         db.sql("ALTER TABLE pgtrickle.pgt_stream_tables ENABLE TRIGGER parse_schedule")

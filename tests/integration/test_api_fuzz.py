@@ -23,26 +23,62 @@ EXAMPLES = examples(150, "PGTRICKLE_FUZZ_EXAMPLES")
 
 text = st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=80)
 good_names = st.sampled_from(["s", "S", 'we"ird', "a;b", "public.s", "x" * 63, "s; DROP TABLE orders", "Ünï"])
-names = st.one_of(good_names, good_names, st.none(), text,
-                  st.sampled_from(["nope.s", "x" * 70, "", " ", "orders", "pg_class", "pgtrickle.s", '"quoted".s']))
-GOOD_QUERIES = ["SELECT id FROM orders", "SELECT customer, count(*) AS n FROM orders GROUP BY customer",
-                "SELECT id FROM orders ORDER BY id LIMIT 3", "SELECT o.id, o.amount * 2 AS a FROM orders o"]
-BAD_QUERIES = ["DELETE FROM orders", "SELECT 1; DROP TABLE orders", "SELECT * FROM no_such_table",
-               "SELECT now() AS t FROM orders", "", "SELECT", "VALUES (1)",
-               "WITH x AS (DELETE FROM orders RETURNING id) SELECT id FROM x", "SELECT id FROM orders FOR UPDATE"]
-queries = st.one_of(st.sampled_from(GOOD_QUERIES), st.sampled_from(GOOD_QUERIES), st.none(), text,
-                    st.sampled_from(BAD_QUERIES))
-schedules = st.one_of(st.none(), st.sampled_from(["30s", "5m", "1h", "*/5 * * * *", "calculated", "@hourly"]), text,
-                      st.sampled_from(["0s", "-1m", "1000000d", "61 * * * *", "often"]))
+names = st.one_of(
+    good_names,
+    good_names,
+    st.none(),
+    text,
+    st.sampled_from(["nope.s", "x" * 70, "", " ", "orders", "pg_class", "pgtrickle.s", '"quoted".s']),
+)
+GOOD_QUERIES = [
+    "SELECT id FROM orders",
+    "SELECT customer, count(*) AS n FROM orders GROUP BY customer",
+    "SELECT id FROM orders ORDER BY id LIMIT 3",
+    "SELECT o.id, o.amount * 2 AS a FROM orders o",
+]
+BAD_QUERIES = [
+    "DELETE FROM orders",
+    "SELECT 1; DROP TABLE orders",
+    "SELECT * FROM no_such_table",
+    "SELECT now() AS t FROM orders",
+    "",
+    "SELECT",
+    "VALUES (1)",
+    "WITH x AS (DELETE FROM orders RETURNING id) SELECT id FROM x",
+    "SELECT id FROM orders FOR UPDATE",
+]
+queries = st.one_of(
+    st.sampled_from(GOOD_QUERIES),
+    st.sampled_from(GOOD_QUERIES),
+    st.none(),
+    text,
+    st.sampled_from(BAD_QUERIES),
+)
+schedules = st.one_of(
+    st.none(),
+    st.sampled_from(["30s", "5m", "1h", "*/5 * * * *", "calculated", "@hourly"]),
+    text,
+    st.sampled_from(["0s", "-1m", "1000000d", "61 * * * *", "often"]),
+)
 good_modes = st.sampled_from(["AUTO", "FULL", "DIFFERENTIAL", "full"])
 modes = st.one_of(good_modes, good_modes, st.none(), text, st.sampled_from(["bogus", ""]))
-statuses = st.one_of(st.none(), text, st.sampled_from(["ACTIVE", "SUSPENDED", "ERROR", "INITIALIZING", "paused"]))
+statuses = st.one_of(
+    st.none(), text, st.sampled_from(["ACTIVE", "SUSPENDED", "ERROR", "INITIALIZING", "paused"])
+)
 consistencies = st.one_of(st.none(), text, st.sampled_from(["atomic", "none", " ATOMIC ", "both"]))
-members = st.one_of(st.none(), st.lists(st.one_of(names, st.sampled_from(["s", "t", "public.t"])), max_size=4),
-                    st.sampled_from([["s", "t"], ["t", "s"], ["s", "public.t"]]))
+members = st.one_of(
+    st.none(),
+    st.lists(st.one_of(names, st.sampled_from(["s", "t", "public.t"])), max_size=4),
+    st.sampled_from([["s", "t"], ["t", "s"], ["s", "public.t"]]),
+)
 
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @pytest.fixture
@@ -69,8 +105,12 @@ def test_create_stream_table_with_arbitrary_arguments(shop) -> None:  # type: ig
     @given(name=names, query=queries, schedule=schedules, mode=modes)
     def run(name, query, schedule, mode) -> None:  # type: ignore[no-untyped-def]
         before = catalog_fingerprint(shop)
-        error = _call(shop, "SELECT pgtrickle.create_stream_table(%s, %s, schedule => %s, refresh_mode => %s, "
-                            "initialize => false)", (name, query, schedule, mode))
+        error = _call(
+            shop,
+            "SELECT pgtrickle.create_stream_table(%s, %s, schedule => %s, refresh_mode => %s, "
+            "initialize => false)",
+            (name, query, schedule, mode),
+        )
         if error is None:
             # It worked: a real stream table, and dropping it restores everything.
             assert shop.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables") == 1
@@ -85,14 +125,26 @@ def test_create_stream_table_with_arbitrary_arguments(shop) -> None:  # type: ig
 
 @FUZZ
 @given(name=names, schedule=schedules, mode=modes, status=statuses, consistency=consistencies)
-def test_alter_stream_table_with_arbitrary_arguments(shop, name, schedule, mode, status,  # type: ignore[no-untyped-def]
-                                                     consistency) -> None:
+def test_alter_stream_table_with_arbitrary_arguments(
+    shop,
+    name,
+    schedule,
+    mode,
+    status,  # type: ignore[no-untyped-def]
+    consistency,
+) -> None:
     if not shop.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables"):
-        shop.sql("SELECT pgtrickle.create_stream_table('s', 'SELECT customer, count(*) AS n FROM orders "
-                 "GROUP BY customer', schedule => '1m', initialize => false)")
+        shop.sql(
+            "SELECT pgtrickle.create_stream_table('s', 'SELECT customer, count(*) AS n FROM orders "
+            "GROUP BY customer', schedule => '1m', initialize => false)"
+        )
     before = catalog_fingerprint(shop)
-    error = _call(shop, "SELECT pgtrickle.alter_stream_table(%s, schedule => %s, refresh_mode => %s, status => %s,"
-                        " diamond_consistency => %s)", (name, schedule, mode, status, consistency))
+    error = _call(
+        shop,
+        "SELECT pgtrickle.alter_stream_table(%s, schedule => %s, refresh_mode => %s, status => %s,"
+        " diamond_consistency => %s)",
+        (name, schedule, mode, status, consistency),
+    )
     if error is not None:
         assert catalog_fingerprint(shop) == before
     else:
@@ -118,7 +170,9 @@ def test_refresh_and_drop_with_arbitrary_names(shop, name) -> None:  # type: ign
 
 def test_refresh_groups_with_arbitrary_arguments(shop) -> None:  # type: ignore[no-untyped-def]
     shop.sql("SELECT pgtrickle.create_stream_table('s', 'SELECT id FROM orders', initialize => false)")
-    shop.sql("SELECT pgtrickle.create_stream_table('t', 'SELECT count(*) AS n FROM orders', initialize => false)")
+    shop.sql(
+        "SELECT pgtrickle.create_stream_table('t', 'SELECT count(*) AS n FROM orders', initialize => false)"
+    )
     made: list[str] = []
 
     def state():  # type: ignore[no-untyped-def]

@@ -52,8 +52,13 @@ def test_tpch_generator_and_a_query_stays_exact_under_its_changes(db: Database) 
     assert counts["region"] == 5 and counts["nation"] == 25 and counts["orders"] == 1500
     assert 1500 <= counts["lineitem"] <= 7 * 1500
     # every line's (part, supplier) is offered in partsupp, as TPC-H's supplier formula guarantees
-    assert db.scalar("SELECT count(*) FROM lineitem l WHERE NOT EXISTS (SELECT 1 FROM partsupp"
-                     " WHERE ps_partkey = l_partkey AND ps_suppkey = l_suppkey)") == 0
+    assert (
+        db.scalar(
+            "SELECT count(*) FROM lineitem l WHERE NOT EXISTS (SELECT 1 FROM partsupp"
+            " WHERE ps_partkey = l_partkey AND ps_suppkey = l_suppkey)"
+        )
+        == 0
+    )
     assert db.scalar("SELECT count(*) FROM orders WHERE o_totalprice <= 0") == 0
     queries = tpch_data.queries(sf)
     assert len(queries) == 22

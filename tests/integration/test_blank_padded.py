@@ -22,10 +22,10 @@ HOSTILE = ["ab", "ab   ", "     ", "", "a\t", "a \t", "a\t ", None, "abcde", "x"
 QUERIES = {
     # one row per source row, one column per semantics checked: the oracle compares every column
     "per_row": "SELECT id, c, d, c = 'ab' AS eq, c = 'ab   ' AS eq_blanks, c = '' AS eq_empty, c < 'b' AS lt, "
-               "d >= 'a' AS ge, c IN ('ab', 'x  ', 'a' || chr(9)) AS in_list, c = v AS eq_text, "
-               "c LIKE '%b' AS like_end, c LIKE 'ab%' AS like_start, d ILIKE 'A_' AS ilike, c ~ 'b $' AS regex, "
-               "length(c) AS len, c || '|' AS cat, octet_length(c) AS octets, concat(c, '|') AS concat, "
-               "upper(c) AS up, v::char(2) AS v2, c::text AS t, c::varchar(3) AS vc FROM ch",
+    "d >= 'a' AS ge, c IN ('ab', 'x  ', 'a' || chr(9)) AS in_list, c = v AS eq_text, "
+    "c LIKE '%b' AS like_end, c LIKE 'ab%' AS like_start, d ILIKE 'A_' AS ilike, c ~ 'b $' AS regex, "
+    "length(c) AS len, c || '|' AS cat, octet_length(c) AS octets, concat(c, '|') AS concat, "
+    "upper(c) AS up, v::char(2) AS v2, c::text AS t, c::varchar(3) AS vc FROM ch",
     "filtered": "SELECT id, c FROM ch WHERE c = 'ab   ' OR c = ''",
     "group_by": "SELECT c, count(*) AS n, min(d) AS lo FROM ch GROUP BY c",
     "distinct": "SELECT DISTINCT c FROM ch",
@@ -45,8 +45,10 @@ def chars(db: Database) -> Database:
 
 
 def _change(db: Database, step: int) -> None:
-    db.sql("INSERT INTO ch VALUES (%s, 'ab  ', 'ab ', 'ab  '), (%s, '', '  ', ''), (%s, 'a\t', 'a\t', 'a ')",
-           (100 + step, 200 + step, 300 + step))
+    db.sql(
+        "INSERT INTO ch VALUES (%s, 'ab  ', 'ab ', 'ab  '), (%s, '', '  ', ''), (%s, 'a\t', 'a\t', 'a ')",
+        (100 + step, 200 + step, 300 + step),
+    )
     db.sql("UPDATE ch SET c = d, v = v || ' ' WHERE id %% 3 = %s", (step % 3,))
     db.sql("DELETE FROM ch WHERE id = %s", (step * 2,))
     db.sql("INSERT INTO ch2 VALUES (%s, 'ab'), (%s, ' ')", (100 + step, 200 + step))
@@ -62,7 +64,10 @@ def test_character_n_gives_postgresql_answers(chars: Database, mode: str) -> Non
     assert {o.action for o in outcomes} == {Action.FULL}
     assert_oracle(db, *names)
     # 'ab' and 'ab   ' are the same character(5) value; '' and '     ' too
-    assert db.sql("SELECT count(*) FILTER (WHERE eq), count(*) FILTER (WHERE eq_empty) FROM per_row")[0] == (2, 2)
+    assert db.sql("SELECT count(*) FILTER (WHERE eq), count(*) FILTER (WHERE eq_empty) FROM per_row")[0] == (
+        2,
+        2,
+    )
     expected = Action.DIFFERENTIAL if mode == "AUTO" else Action.FULL
     for step in range(1):
         _change(db, step)

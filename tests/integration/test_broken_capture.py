@@ -27,9 +27,10 @@ DROPS = {
     "function": ("DROP FUNCTION pgtrickle_changes.capture_{r}() CASCADE", "capture_{r}() is missing"),
     "trigger": ("DROP TRIGGER pgt_capture_upd ON t", "pgt_capture_upd"),
     # (With DDL tracking on, the ALTER TABLE itself would regenerate the capture: as without a superuser.)
-    "disabled": ("ALTER EVENT TRIGGER pgtrickle_ddl_end DISABLE;"
-                 " ALTER TABLE t DISABLE TRIGGER pgt_capture_ins",
-                 "pgt_capture_ins on public.t disabled"),
+    "disabled": (
+        "ALTER EVENT TRIGGER pgtrickle_ddl_end DISABLE; ALTER TABLE t DISABLE TRIGGER pgt_capture_ins",
+        "pgt_capture_ins on public.t disabled",
+    ),
 }
 
 
@@ -62,8 +63,9 @@ def _relid(db: Database, table: str) -> int:
 
 
 def _reinit(db: Database, name: str) -> bool:
-    return bool(db.scalar("SELECT needs_reinit FROM pgtrickle.pgt_stream_tables WHERE pgt_name = %s",
-                          (name,)))
+    return bool(
+        db.scalar("SELECT needs_reinit FROM pgtrickle.pgt_stream_tables WHERE pgt_name = %s", (name,))
+    )
 
 
 @pytest.mark.parametrize("broken", list(DROPS))
@@ -110,7 +112,9 @@ def test_a_broken_capture_is_isolated_named_and_repaired(two_sources: Database, 
     assert result.exit_code == 0, result.output
     assert "repaired" in result.output and "public.t" in result.output
     assert dict(db.sql("SELECT source, problems FROM pgtrickle.check_cdc_health()")) == {
-        "public.t": [], "public.u": []}
+        "public.t": [],
+        "public.u": [],
+    }
     assert invoke(db, "install").output.count("repaired") == 0, "a second install has nothing to repair"
 
     db.sql("UPDATE t SET v = v + 1 WHERE id BETWEEN 6 AND 8")

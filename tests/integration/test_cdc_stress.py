@@ -103,8 +103,9 @@ def begin(conn: psycopg.Connection) -> Txn:
     return Txn(int(xid))
 
 
-def run_stmt(conn: psycopg.Connection, txn: Txn, source: str, kind: str, query: str,
-             params: object = None) -> int:
+def run_stmt(
+    conn: psycopg.Connection, txn: Txn, source: str, kind: str, query: str, params: object = None
+) -> int:
     rows = conn.execute(query, params).rowcount  # type: ignore[arg-type]
     txn.stmts.append((source, kind, rows))
     return rows
@@ -112,8 +113,10 @@ def run_stmt(conn: psycopg.Connection, txn: Txn, source: str, kind: str, query: 
 
 def install_audit(db: Database, *sources: str) -> None:
     """Record every row inserted into the change buffers of ``sources`` (same transaction)."""
-    db.sql('CREATE TABLE public.cdc_audit (source text NOT NULL, xid xid8 NOT NULL, action "char" NOT NULL,'
-           ' new_id int, old_id int)')
+    db.sql(
+        'CREATE TABLE public.cdc_audit (source text NOT NULL, xid xid8 NOT NULL, action "char" NOT NULL,'
+        " new_id int, old_id int)"
+    )
     # The capture function runs with search_path = pg_catalog: everything is qualified.
     db.sql("""
         CREATE FUNCTION public.cdc_audit_fn() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -135,14 +138,17 @@ def install_audit(db: Database, *sources: str) -> None:
     for source in sources:
         buffer = buffer_of(db, source)
         for part, fn in (("rows", "cdc_audit_fn"), ("batches", "cdc_audit_batch_fn")):
-            db.sql(f"CREATE TRIGGER cdc_audit AFTER INSERT ON pgtrickle_changes.{buffer}_{part} "
-                   f"REFERENCING NEW TABLE AS __audit_new FOR EACH STATEMENT "
-                   f"EXECUTE FUNCTION public.{fn}('{source}')")
+            db.sql(
+                f"CREATE TRIGGER cdc_audit AFTER INSERT ON pgtrickle_changes.{buffer}_{part} "
+                f"REFERENCING NEW TABLE AS __audit_new FOR EACH STATEMENT "
+                f"EXECUTE FUNCTION public.{fn}('{source}')"
+            )
 
 
 def buffer_of(db: Database, source: str) -> str:
-    return str(db.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = %s",
-                         (source,)))
+    return str(
+        db.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = %s", (source,))
+    )
 
 
 def check_capture(db: Database, txns: list[Txn], forms: set[str]) -> Counter:
@@ -153,7 +159,8 @@ def check_capture(db: Database, txns: list[Txn], forms: set[str]) -> Counter:
     """
     observed: dict[tuple[int, str], Counter] = defaultdict(Counter)
     for source, xid, action, n in db.sql(
-            "SELECT source, xid::text, action, count(*) FROM public.cdc_audit GROUP BY 1, 2, 3"):
+        "SELECT source, xid::text, action, count(*) FROM public.cdc_audit GROUP BY 1, 2, 3"
+    ):
         observed[(int(xid), source)][action] = int(n)
     problems: list[str] = []
     matched: Counter = Counter()
@@ -172,31 +179,42 @@ def check_capture(db: Database, txns: list[Txn], forms: set[str]) -> Counter:
             elif "wal" in forms and got == as_wal:
                 matched["wal"] += 1
             else:
-                problems.append(f"xid {txn.xid} on {source}: buffer has {dict(got)}, expected "
-                                + " or ".join(f"{dict(e)} ({f})" for f, e in
-                                              (("trigger", as_trigger), ("wal", as_wal)) if f in forms)
-                                + f"; statements {txn.stmts}")
+                problems.append(
+                    f"xid {txn.xid} on {source}: buffer has {dict(got)}, expected "
+                    + " or ".join(
+                        f"{dict(e)} ({f})"
+                        for f, e in (("trigger", as_trigger), ("wal", as_wal))
+                        if f in forms
+                    )
+                    + f"; statements {txn.stmts}"
+                )
     for (xid, source), got in sorted(observed.items()):
-        problems.append(f"xid {xid} is no writer's transaction but wrote {dict(got)} "
-                        f"into the buffer of {source}")
+        problems.append(
+            f"xid {xid} is no writer's transaction but wrote {dict(got)} into the buffer of {source}"
+        )
     # Each INSERTed id: exactly one 'I' row if its transaction committed, none otherwise.
     wanted = Counter(key for t in txns if t.committed for key in t.inserted)
     inserted_ids = {key for t in txns for key in t.inserted}
-    seen = Counter((source, new_id) for source, new_id in
-                   db.sql("SELECT source, new_id FROM public.cdc_audit WHERE action = 'I'")
-                   if (source, new_id) in inserted_ids)
+    seen = Counter(
+        (source, new_id)
+        for source, new_id in db.sql("SELECT source, new_id FROM public.cdc_audit WHERE action = 'I'")
+        if (source, new_id) in inserted_ids
+    )
     for key in sorted(set(wanted) | set(seen)):
         if wanted[key] != seen[key]:
-            problems.append(f"id {key[1]} of {key[0]}: {seen[key]} 'I' buffer rows, "
-                            f"{wanted[key]} committed INSERT(s)")
+            problems.append(
+                f"id {key[1]} of {key[0]}: {seen[key]} 'I' buffer rows, {wanted[key]} committed INSERT(s)"
+            )
     assert not problems, f"{len(problems)} capture errors, first ones:\n" + "\n".join(problems[:15])
     return matched
 
 
 def assert_history_clean(db: Database, allow_abandoned: bool = False) -> None:
-    bad = db.sql("SELECT s.pgt_name, h.status, h.error_message FROM pgtrickle.pgt_refresh_history h"
-                 " JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)"
-                 " WHERE h.status NOT IN ('COMPLETED'" + (", 'ABANDONED'" if allow_abandoned else "") + ")")
+    bad = db.sql(
+        "SELECT s.pgt_name, h.status, h.error_message FROM pgtrickle.pgt_refresh_history h"
+        " JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)"
+        " WHERE h.status NOT IN ('COMPLETED'" + (", 'ABANDONED'" if allow_abandoned else "") + ")"
+    )
     assert bad == [], bad
 
 
@@ -205,8 +223,9 @@ def request_refresh(db: Database, names: list[str]) -> None:
 
 
 def capture_modes(db: Database) -> dict[str, str]:
-    return dict(db.sql("SELECT source_name, cdc_mode FROM pgtrickle.pgt_change_sources "
-                       "WHERE source_kind = 'TABLE'"))
+    return dict(
+        db.sql("SELECT source_name, cdc_mode FROM pgtrickle.pgt_change_sources WHERE source_kind = 'TABLE'")
+    )
 
 
 def set_setting(db: Database, name: str, value: str) -> None:
@@ -298,25 +317,48 @@ class StressWriter(threading.Thread):
             grps = [rng.randint(0, 9) for _ in ids]
             if source == "src":
                 notes = [None if rng.random() < 0.2 else f"n{rng.randint(0, 99)}" for _ in ids]
-                run_stmt(conn, txn, source, "ins", "INSERT INTO src (id, grp, v, note) SELECT * FROM "
-                         "unnest(%s::int[], %s::int[], %s::int[], %s::text[])", (ids, grps, vals, notes))
+                run_stmt(
+                    conn,
+                    txn,
+                    source,
+                    "ins",
+                    "INSERT INTO src (id, grp, v, note) SELECT * FROM "
+                    "unnest(%s::int[], %s::int[], %s::int[], %s::text[])",
+                    (ids, grps, vals, notes),
+                )
             else:
-                run_stmt(conn, txn, source, "ins", "INSERT INTO src2 (id, grp, w) SELECT * FROM "
-                         "unnest(%s::int[], %s::int[], %s::int[])", (ids, grps, vals))
+                run_stmt(
+                    conn,
+                    txn,
+                    source,
+                    "ins",
+                    "INSERT INTO src2 (id, grp, w) SELECT * FROM unnest(%s::int[], %s::int[], %s::int[])",
+                    (ids, grps, vals),
+                )
             txn.inserted += [(source, i) for i in ids]
             self.present[source].update(ids)
             if source == "src" and rng.random() < 0.5:  # a partner row for the join
-                run_stmt(conn, txn, "src2", "ins", "INSERT INTO src2 (id, grp, w) SELECT i, 0, mod(i, 97) "
-                         "FROM unnest(%s::int[]) i", (ids,))
+                run_stmt(
+                    conn,
+                    txn,
+                    "src2",
+                    "ins",
+                    "INSERT INTO src2 (id, grp, w) SELECT i, 0, mod(i, 97) FROM unnest(%s::int[]) i",
+                    (ids,),
+                )
                 txn.inserted += [("src2", i) for i in ids]
                 self.present["src2"].update(ids)
         elif op == "upd":
             ids = self._ids(source, rng.randint(1, 3))
             col = "v" if source == "src" else "w"
-            rows = run_stmt(conn, txn, source, "upd",
-                            f"UPDATE {source} SET {col} = {col} + %s, grp = mod(grp + 1, 10) "
-                            "WHERE id = ANY(%s)",
-                            (rng.randint(1, 5), ids))
+            rows = run_stmt(
+                conn,
+                txn,
+                source,
+                "upd",
+                f"UPDATE {source} SET {col} = {col} + %s, grp = mod(grp + 1, 10) WHERE id = ANY(%s)",
+                (rng.randint(1, 5), ids),
+            )
             assert rows == len(ids)
         elif op == "pk":
             [old] = self._ids(source, 1) or [None]
@@ -350,8 +392,14 @@ class StressWriter(threading.Thread):
                 # Stay open while refreshes run (unless a tick is about to cut over to WAL,
                 # which waits for this transaction's lock), then write some more and commit.
                 start = self.signals.refreshes
-                self.signals.wait(lambda: self.signals.refreshes >= start + 2 or self.signals.cut_pending
-                                  or self.signals.stopping, timeout=60)
+                self.signals.wait(
+                    lambda: (
+                        self.signals.refreshes >= start + 2
+                        or self.signals.cut_pending
+                        or self.signals.stopping
+                    ),
+                    timeout=60,
+                )
                 for _ in range(rng.randint(1, 3)):
                     self.statement(conn, txn, hot_ok=False)
                 txn.refreshes_spanned = self.signals.refreshes - start
@@ -369,6 +417,7 @@ class StressWriter(threading.Thread):
         def count(s: Signals) -> None:
             s.committed += 1
             s.committed_with_pk_change += txn.has_pk_change
+
         self.signals.update(count)
 
 
@@ -378,11 +427,15 @@ def _stress_db(db: Database) -> None:
     db.sql("INSERT INTO src SELECT i, mod(i, 10), i, 'hot' FROM unnest(%s::int[]) i", (HOT_IDS,))
     for w in range(N_WRITERS):
         first = _base(w) + 900_000
-        db.sql("INSERT INTO src SELECT g, mod(g, 10), mod(g, 1000), 'p' || mod(g, 7) "
-               "FROM generate_series(%s, %s) g",
-               (first, first + PRELOAD - 1))
-        db.sql("INSERT INTO src2 SELECT g, mod(g, 10), mod(g, 500) FROM generate_series(%s, %s) g",
-               (first, first + PRELOAD - 1))
+        db.sql(
+            "INSERT INTO src SELECT g, mod(g, 10), mod(g, 1000), 'p' || mod(g, 7) "
+            "FROM generate_series(%s, %s) g",
+            (first, first + PRELOAD - 1),
+        )
+        db.sql(
+            "INSERT INTO src2 SELECT g, mod(g, 10), mod(g, 500) FROM generate_series(%s, %s) g",
+            (first, first + PRELOAD - 1),
+        )
     for name, query in STRESS_QUERIES.items():
         db.sql("SELECT pgtrickle.create_stream_table(%s, %s, schedule => '1h')", (name, query))
     install_audit(db, "src", "src2")
@@ -418,12 +471,14 @@ def test_concurrent_writers_are_captured_exactly(db: Database, mode: str) -> Non
             for writer in writers:
                 writer.start()
             # enough trigger-captured transactions first (that change keys: their two forms differ)
-            assert signals.wait(lambda: signals.committed_with_pk_change >= 10
-                                or any(w.error for w in writers), 120), "the writers made no progress"
+            assert signals.wait(
+                lambda: signals.committed_with_pk_change >= 10 or any(w.error for w in writers), 120
+            ), "the writers made no progress"
         report = scheduler.tick()  # initial population, then (wal, transition) the move to WAL
         assert sorted(o.st.name for o in report.refreshed) == sorted(names) and not report.failed
         assert set(capture_modes(db).values()) == {"trigger" if mode == "trigger" else "wal"}, db.sql(
-            "SELECT source_name, cdc_mode, cdc_reason FROM pgtrickle.pgt_change_sources")
+            "SELECT source_name, cdc_mode, cdc_reason FROM pgtrickle.pgt_change_sources"
+        )
         pk_txns_at_cut = signals.committed_with_pk_change
         signals.update(lambda s: setattr(s, "cut_pending", False))
         if mode != "transition":
@@ -441,8 +496,11 @@ def test_concurrent_writers_are_captured_exactly(db: Database, mode: str) -> Non
             ticks += 1
             if ticks % 3 == 0:
                 scheduler._maintenance(force=True)  # buffer cleanup while the writers run
-            if (time.monotonic() >= deadline and ticks >= 3
-                    and signals.committed_with_pk_change >= pk_txns_at_cut + 10):
+            if (
+                time.monotonic() >= deadline
+                and ticks >= 3
+                and signals.committed_with_pk_change >= pk_txns_at_cut + 10
+            ):
                 break
 
         signals.update(lambda s: setattr(s, "stopping", True))
@@ -467,15 +525,18 @@ def test_concurrent_writers_are_captured_exactly(db: Database, mode: str) -> Non
     txns = [t for w in writers for t in w.txns]
     committed = [t for t in txns if t.committed]
     assert 20 <= len(committed) < len(txns), "some transactions must commit, some roll back"
-    assert any(t.long and t.committed and t.refreshes_spanned >= 2 for t in txns), \
+    assert any(t.long and t.committed and t.refreshes_spanned >= 2 for t in txns), (
         "no long transaction stayed open across two refreshes"
+    )
     forms = {"trigger": {"trigger"}, "wal": {"wal"}, "transition": {"trigger", "wal"}}[mode]
     matched = check_capture(db, txns, forms)
     if mode == "transition":
         assert matched["trigger"] and matched["wal"], f"the cut did not happen while writing: {matched}"
-    print(f"\n[{mode}] {len(txns)} transactions ({len(committed)} committed), {ticks} ticks, "
-          f"{signals.refreshes} full refreshes, forms {dict(matched)}, "
-          f"{time.monotonic() - started:.1f}s")
+    print(
+        f"\n[{mode}] {len(txns)} transactions ({len(committed)} committed), {ticks} ticks, "
+        f"{signals.refreshes} full refreshes, forms {dict(matched)}, "
+        f"{time.monotonic() - started:.1f}s"
+    )
 
 
 # ----------------------------------------------------------------------------- 2. SIGKILL
@@ -487,8 +548,13 @@ class Daemon:
     """``pgtrickle run`` in its own process group (with its Spark JVM), output to a log file."""
 
     def __init__(self, db: Database, tmp_path: Path) -> None:
-        self.env = dict(os.environ, PGTRICKLE_DSN=db.dsn, PGTRICKLE_DATA_DIR=str(tmp_path / "data"),
-                        PGTRICKLE_SPARK_MASTER="local[1]", PGTRICKLE_TICK_SECONDS="0.5")
+        self.env = dict(
+            os.environ,
+            PGTRICKLE_DSN=db.dsn,
+            PGTRICKLE_DATA_DIR=str(tmp_path / "data"),
+            PGTRICKLE_SPARK_MASTER="local[1]",
+            PGTRICKLE_TICK_SECONDS="0.5",
+        )
         self.tmp_path = tmp_path
         self.runs = 0
         self.proc: subprocess.Popen | None = None
@@ -497,8 +563,13 @@ class Daemon:
         self.runs += 1
         self.log_path = self.tmp_path / f"daemon-{self.runs}.log"
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "pgtrickle", "run"], env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pgtrickle", "run"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def output(self) -> str:
         return self.log_path.read_text()[-5000:]
@@ -516,8 +587,13 @@ class Daemon:
         self.proc.wait(timeout=60)
 
 
-def poll(condition: Callable[[], bool], what: str, timeout: float, check: Callable[[], None] = lambda: None,
-         interval: float = 0.05) -> None:
+def poll(
+    condition: Callable[[], bool],
+    what: str,
+    timeout: float,
+    check: Callable[[], None] = lambda: None,
+    interval: float = 0.05,
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         check()
@@ -549,19 +625,33 @@ class InsertingWriter(threading.Thread):
                     self.txns.append(txn)
                     ids = list(range(self.next_id, self.next_id + rng.randint(1, 8)))
                     self.next_id += len(ids)
-                    run_stmt(conn, txn, "src", "ins", "INSERT INTO src (id, grp, v) "
-                             "SELECT i, mod(i, 7), mod(i, 100) FROM unnest(%s::int[]) i", (ids,))
+                    run_stmt(
+                        conn,
+                        txn,
+                        "src",
+                        "ins",
+                        "INSERT INTO src (id, grp, v) "
+                        "SELECT i, mod(i, 7), mod(i, 100) FROM unnest(%s::int[]) i",
+                        (ids,),
+                    )
                     txn.inserted += [("src", i) for i in ids]
                     self.present.update(ids)
                     r = rng.random()
                     if r < 0.3:
                         some = sorted(rng.sample(sorted(self.present), 3))
-                        run_stmt(conn, txn, "src", "upd", "UPDATE src SET v = v + 1 WHERE id = ANY(%s)",
-                                 (some,))
+                        run_stmt(
+                            conn, txn, "src", "upd", "UPDATE src SET v = v + 1 WHERE id = ANY(%s)", (some,)
+                        )
                     elif r < 0.4:
                         [old] = rng.sample(sorted(self.present), 1)
-                        run_stmt(conn, txn, "src", "pk", "UPDATE src SET id = %s WHERE id = %s",
-                                 (self.next_moved, old))
+                        run_stmt(
+                            conn,
+                            txn,
+                            "src",
+                            "pk",
+                            "UPDATE src SET id = %s WHERE id = %s",
+                            (self.next_moved, old),
+                        )
                         self.present.discard(old)
                         self.present.add(self.next_moved)
                         self.next_moved += 1
@@ -592,10 +682,14 @@ def test_sigkill_while_the_decoder_streams_loses_and_duplicates_nothing(db: Data
     db.sql("CREATE TABLE src (id int PRIMARY KEY, grp int NOT NULL, v int NOT NULL)")
     db.sql("INSERT INTO src SELECT g, g % 7, g FROM generate_series(1, 100) g")
     db.sql("SELECT pgtrickle.create_stream_table('ids', 'SELECT id FROM src', schedule => '1s')")
-    db.sql("SELECT pgtrickle.create_stream_table('per_grp', 'SELECT grp, count(*) AS n, sum(v) AS v "
-           "FROM src GROUP BY grp', schedule => '1h')")
-    db.sql("SELECT pgtrickle.create_stream_table('total', 'SELECT sum(n) AS n, sum(v) AS v FROM per_grp', "
-           "schedule => '1h')")
+    db.sql(
+        "SELECT pgtrickle.create_stream_table('per_grp', 'SELECT grp, count(*) AS n, sum(v) AS v "
+        "FROM src GROUP BY grp', schedule => '1h')"
+    )
+    db.sql(
+        "SELECT pgtrickle.create_stream_table('total', 'SELECT sum(n) AS n, sum(v) AS v FROM per_grp', "
+        "schedule => '1h')"
+    )
     install_audit(db, "src")
     names = ["ids", "per_grp", "total"]
     scheduler = Scheduler(db.settings, db.dsn)
@@ -620,8 +714,12 @@ def test_sigkill_while_the_decoder_streams_loses_and_duplicates_nothing(db: Data
         for run in range(kills + 1):
             before = changes_total()
             daemon.start()
-            poll(lambda: changes_total() > before + 20, f"daemon run {daemon.runs} to stream", 120,
-                 daemon.check_alive)
+            poll(
+                lambda: changes_total() > before + 20,
+                f"daemon run {daemon.runs} to stream",
+                120,
+                daemon.check_alive,
+            )
             if run == kills:
                 break
             time.sleep(rng.uniform(0.0, 1.5))  # a random moment while it streams
@@ -633,8 +731,14 @@ def test_sigkill_while_the_decoder_streams_loses_and_duplicates_nothing(db: Data
         assert writer.error is None, repr(writer.error)
         # the last daemon catches up: its decoder passes a sync message emitted after the last write
         target = db.scalar("SELECT pg_logical_emit_message(false, %s, '')", (SYNC_PREFIX,))
-        poll(lambda: bool(db.scalar("SELECT flushed_lsn >= %s::pg_lsn FROM pgtrickle.pgt_decoder_state",
-                                    (str(target),))), "the decoder to catch up", 120, daemon.check_alive)
+        poll(
+            lambda: bool(
+                db.scalar("SELECT flushed_lsn >= %s::pg_lsn FROM pgtrickle.pgt_decoder_state", (str(target),))
+            ),
+            "the decoder to catch up",
+            120,
+            daemon.check_alive,
+        )
         daemon.check_alive()
     finally:
         writer.stop.set()
@@ -657,8 +761,10 @@ def test_sigkill_while_the_decoder_streams_loses_and_duplicates_nothing(db: Data
     assert_history_clean(db, allow_abandoned=True)
     committed = [t for t in writer.txns if t.committed]
     assert committed and len(committed) < len(writer.txns)
-    print(f"\n{len(writer.txns)} transactions ({len(committed)} committed), {daemon.runs} daemon runs, "
-          f"{changes_total()} changes decoded, {time.monotonic() - started:.1f}s")
+    print(
+        f"\n{len(writer.txns)} transactions ({len(committed)} committed), {daemon.runs} daemon runs, "
+        f"{changes_total()} changes decoded, {time.monotonic() - started:.1f}s"
+    )
 
 
 def test_a_restarted_scheduler_does_not_trip_over_its_own_starting_decoder(db: Database) -> None:
@@ -690,8 +796,10 @@ def test_a_restarted_scheduler_does_not_trip_over_its_own_starting_decoder(db: D
             report = scheduler.tick()
         finally:
             scheduler.close()
-        assert [o.action for o in report.refreshed] in ([Action.FULL], [Action.DIFFERENTIAL]) \
-            and not report.failed, report.failed
+        assert [o.action for o in report.refreshed] in (
+            [Action.FULL],
+            [Action.DIFFERENTIAL],
+        ) and not report.failed, report.failed
         assert_oracle(db, "ids")
 
 
@@ -722,8 +830,14 @@ def test_a_commit_decoded_before_its_backend_leaves_the_proc_array_keeps_its_xid
     slot = str(db.scalar("SELECT slot_name FROM pgtrickle.pgt_decoder_state"))
 
     def waiting_for_standby(app: str) -> bool:
-        return db.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-                         "AND wait_event = 'SyncRep'", (app,)) == 1
+        return (
+            db.scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                "AND wait_event = 'SyncRep'",
+                (app,),
+            )
+            == 1
+        )
 
     def synchronous_standby(name: str) -> None:
         if name:
@@ -731,8 +845,11 @@ def test_a_commit_decoded_before_its_backend_leaves_the_proc_array_keeps_its_xid
         else:
             db.sql("ALTER SYSTEM RESET synchronous_standby_names")
         db.sql("SELECT pg_reload_conf()")
-        poll(lambda: db.scalar("SELECT current_setting('synchronous_standby_names')") == name,
-             "the configuration reload", 30)
+        poll(
+            lambda: db.scalar("SELECT current_setting('synchronous_standby_names')") == name,
+            "the configuration reload",
+            30,
+        )
 
     older = psycopg.connect(db.dsn, application_name="older-txn")
     writer = psycopg.connect(db.dsn, application_name="delayed-commit")
@@ -767,7 +884,8 @@ def test_a_commit_decoded_before_its_backend_leaves_the_proc_array_keeps_its_xid
     assert buffered == [txn.xid] and outcome.action is Action.FULL and contents == [(1, 1), (2, 2)], (
         f"the INSERT of xid {txn.xid} is in the buffer with xid {buffered} "
         f"(mod 2^64: {[x - 2**64 for x in buffered]}); the refresh did {outcome.action.value} "
-        f"({outcome.reason}) and ids holds {contents}")
+        f"({outcome.reason}) and ids holds {contents}"
+    )
 
 
 # ----------------------------------------------------------------------------- 3. TRUNCATE
@@ -807,8 +925,9 @@ class PausableWriter(threading.Thread):
     def pause(self) -> None:
         self._set(pause_requested=True)
         with self.cond:
-            assert self.cond.wait_for(lambda: self.paused or self.error is not None, 60), \
+            assert self.cond.wait_for(lambda: self.paused or self.error is not None, 60), (
                 "the writer did not pause"
+            )
         assert self.error is None, repr(self.error)
 
     def resume(self) -> None:
@@ -847,19 +966,43 @@ class PausableWriter(threading.Thread):
                 if op == "ins":
                     ids = list(range(self.next_id, self.next_id + rng.randint(1, 6)))
                     self.next_id += len(ids)
-                    run_stmt(conn, txn, source, "ins", f"INSERT INTO {source} (id, grp, {col}) "
-                             "SELECT i, mod(i, 5), mod(i, 77) FROM unnest(%s::int[]) i", (ids,))
+                    run_stmt(
+                        conn,
+                        txn,
+                        source,
+                        "ins",
+                        f"INSERT INTO {source} (id, grp, {col}) "
+                        "SELECT i, mod(i, 5), mod(i, 77) FROM unnest(%s::int[]) i",
+                        (ids,),
+                    )
                     txn.inserted += [(source, i) for i in ids]
                 elif op == "upd":
-                    run_stmt(conn, txn, source, "upd", f"UPDATE {source} SET {col} = {col} + 1 WHERE id IN "
-                             f"(SELECT id FROM {source} ORDER BY id DESC LIMIT 3)")
+                    run_stmt(
+                        conn,
+                        txn,
+                        source,
+                        "upd",
+                        f"UPDATE {source} SET {col} = {col} + 1 WHERE id IN "
+                        f"(SELECT id FROM {source} ORDER BY id DESC LIMIT 3)",
+                    )
                 elif op == "pk":
-                    run_stmt(conn, txn, source, "pk", f"UPDATE {source} SET id = %s WHERE id = "
-                             f"(SELECT min(id) FROM {source})", (self.next_moved,))
+                    run_stmt(
+                        conn,
+                        txn,
+                        source,
+                        "pk",
+                        f"UPDATE {source} SET id = %s WHERE id = (SELECT min(id) FROM {source})",
+                        (self.next_moved,),
+                    )
                     self.next_moved += 1
                 else:
-                    run_stmt(conn, txn, source, "del", f"DELETE FROM {source} WHERE id IN "
-                             f"(SELECT id FROM {source} ORDER BY id LIMIT 2)")
+                    run_stmt(
+                        conn,
+                        txn,
+                        source,
+                        "del",
+                        f"DELETE FROM {source} WHERE id IN (SELECT id FROM {source} ORDER BY id LIMIT 2)",
+                    )
             if rng.random() < 0.1:
                 conn.rollback()
             else:
@@ -947,9 +1090,17 @@ def test_truncate_while_writing_is_seen_by_every_dependent(db: Database, mode: s
             holder_txn.inserted += [("src", -10), ("src", -11)]
             truncating = threading.Thread(target=truncate, args=("src",), name="truncate")
             truncating.start()
-            poll(lambda: db.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-                                   "'truncating-main' AND wait_event_type = 'Lock'") == 1,
-                 "the TRUNCATE to wait for the open transaction", 30)
+            poll(
+                lambda: (
+                    db.scalar(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                        "'truncating-main' AND wait_event_type = 'Lock'"
+                    )
+                    == 1
+                ),
+                "the TRUNCATE to wait for the open transaction",
+                30,
+            )
             holder.commit()
             holder_txn.committed = True
             main_txns.append(holder_txn)
@@ -999,5 +1150,7 @@ def test_truncate_while_writing_is_seen_by_every_dependent(db: Database, mode: s
     assert writer.error is None, repr(writer.error)
     assert_history_clean(db)
     check_capture(db, writer.txns + main_txns, {mode})
-    print(f"\n[{mode}] {len(writer.txns)} writer transactions, {len(main_txns)} truncating ones, "
-          f"{time.monotonic() - started:.1f}s")
+    print(
+        f"\n[{mode}] {len(writer.txns)} writer transactions, {len(main_txns)} truncating ones, "
+        f"{time.monotonic() - started:.1f}s"
+    )

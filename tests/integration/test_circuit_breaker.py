@@ -23,13 +23,25 @@ def shop(db: Database) -> Database:
     db.sql("CREATE TABLE order_lines (order_id int, product text, qty int)")
     db.sql("INSERT INTO orders SELECT g, 'c' || (g % 7), g FROM generate_series(1, 200) g")
     db.sql("INSERT INTO order_lines SELECT g, 'p' || (g % 5), 1 + g % 3 FROM generate_series(1, 200) g")
-    create_st(db, "order_summary", "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer",
-              schedule="1h")
-    create_st(db, "line_summary", "SELECT product, sum(qty) AS total_qty FROM order_lines GROUP BY product",
-              schedule="1h")
-    create_st(db, "order_report", "SELECT os.customer, os.total, ls.total_qty FROM order_summary os "
-                                  "JOIN line_summary ls ON ls.product = 'p' || right(os.customer, 1)",
-              schedule="1h")
+    create_st(
+        db,
+        "order_summary",
+        "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer",
+        schedule="1h",
+    )
+    create_st(
+        db,
+        "line_summary",
+        "SELECT product, sum(qty) AS total_qty FROM order_lines GROUP BY product",
+        schedule="1h",
+    )
+    create_st(
+        db,
+        "order_report",
+        "SELECT os.customer, os.total, ls.total_qty FROM order_summary os "
+        "JOIN line_summary ls ON ls.product = 'p' || right(os.customer, 1)",
+        schedule="1h",
+    )
     refresh(db)
     assert_oracle(db)
     return db
@@ -44,8 +56,10 @@ def alerts(listener: psycopg.Connection) -> list[dict]:
 
 
 def test_fixed_breaker_trips_holds_and_alerts(shop: Database) -> None:
-    shop.sql("SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker => 'fixed', "
-             "circuit_breaker_ceiling => 50)")
+    shop.sql(
+        "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker => 'fixed', "
+        "circuit_breaker_ceiling => 50)"
+    )
     listener = psycopg.connect(shop.dsn, autocommit=True)
     listener.execute("LISTEN pg_trickle_alert")
     before, report_before = contents(shop, "order_summary"), contents(shop, "order_report")
@@ -60,13 +74,19 @@ def test_fixed_breaker_trips_holds_and_alerts(shop: Database) -> None:
     assert alert["st_name"] == "order_summary" and alert["schema"] == "public"
     assert alert["delta_row_count"] == 80 and alert["delete_count"] == 80 and alert["ceiling"] == 50
     assert alert["computed_threshold"] == 50 and "ceiling" in alert["trip_reason"]
-    status = shop.sql("SELECT state, last_delta, quarantined_changes FROM pgtrickle.circuit_breaker_status() "
-                      "WHERE st_name = 'public.order_summary'")
+    status = shop.sql(
+        "SELECT state, last_delta, quarantined_changes FROM pgtrickle.circuit_breaker_status() "
+        "WHERE st_name = 'public.order_summary'"
+    )
     assert status == [("open", 80, 80)]
-    inspect = shop.sql("SELECT source, action, changes, jsonb_array_length(sample) "
-                       "FROM pgtrickle.inspect_circuit_breaker('order_summary')")
+    inspect = shop.sql(
+        "SELECT source, action, changes, jsonb_array_length(sample) "
+        "FROM pgtrickle.inspect_circuit_breaker('order_summary')"
+    )
     assert inspect == [("public.orders", "DELETE", 80, 5)]
-    history = shop.sql("SELECT action, status, skip_reason FROM pgtrickle.get_refresh_history('order_summary', 1)")
+    history = shop.sql(
+        "SELECT action, status, skip_reason FROM pgtrickle.get_refresh_history('order_summary', 1)"
+    )
     assert history[0][:2] == ("SKIP", "SKIPPED") and "tripped" in history[0][2]
 
     # Open: every later refresh is skipped, buffers keep everything, manual refresh needs force.
@@ -77,8 +97,10 @@ def test_fixed_breaker_trips_holds_and_alerts(shop: Database) -> None:
         refresh(shop, "order_summary")
     scheduler = Scheduler(shop.settings, shop.dsn)
     try:
-        shop.sql("UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() - interval '2h', "
-                 "last_attempt_at = now() - interval '2h'")
+        shop.sql(
+            "UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() - interval '2h', "
+            "last_attempt_at = now() - interval '2h'"
+        )
         report = scheduler.tick()
         assert {o.st.name: o.action for o in report.refreshed}["order_summary"] is Action.SKIP
     finally:
@@ -88,8 +110,10 @@ def test_fixed_breaker_trips_holds_and_alerts(shop: Database) -> None:
 
 
 def test_reset_apply_applies_the_held_back_changes(shop: Database) -> None:
-    shop.sql("SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker => 'fixed', "
-             "circuit_breaker_ceiling => 10)")
+    shop.sql(
+        "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker => 'fixed', "
+        "circuit_breaker_ceiling => 10)"
+    )
     listener = psycopg.connect(shop.dsn, autocommit=True)
     listener.execute("LISTEN pg_trickle_alert")
     shop.sql("INSERT INTO orders SELECT g, 'new', 1 FROM generate_series(1000, 1050) g")
@@ -105,8 +129,10 @@ def test_reset_apply_applies_the_held_back_changes(shop: Database) -> None:
 
 
 def test_reset_reinitialize_and_skip_changes(shop: Database) -> None:
-    shop.sql("SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker => 'fixed', "
-             "circuit_breaker_max_ratio => 0.25)")
+    shop.sql(
+        "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker => 'fixed', "
+        "circuit_breaker_max_ratio => 0.25)"
+    )
     shop.sql("DELETE FROM orders WHERE id <= 100")  # half the table
     assert refresh(shop, "order_summary")[0].action is Action.SKIP
     shop.sql("INSERT INTO orders SELECT g, 'c' || (g % 7), g FROM generate_series(1, 100) g")  # the reload
@@ -118,7 +144,9 @@ def test_reset_reinitialize_and_skip_changes(shop: Database) -> None:
     before = contents(shop, "order_summary")
     shop.sql("DELETE FROM orders WHERE id <= 100")
     assert refresh(shop, "order_summary")[0].action is Action.SKIP
-    shop.sql("INSERT INTO orders SELECT g, 'c' || (g % 7), g FROM generate_series(1, 100) g")  # undone at source
+    shop.sql(
+        "INSERT INTO orders SELECT g, 'c' || (g % 7), g FROM generate_series(1, 100) g"
+    )  # undone at source
     shop.sql("SELECT pgtrickle.reset_circuit_breaker('order_summary', action => 'skip_changes')")
     assert contents(shop, "order_summary") == before
     assert refresh(shop, "order_summary")[0].action is Action.NO_DATA, "the skipped changes are forgotten"
@@ -134,23 +162,26 @@ def test_resetting_a_closed_breaker_is_a_notice(shop: Database) -> None:
     assert any("not open" in n for n in notices)
 
 
-@pytest.mark.parametrize("call", [
-    "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker => 'sometimes')",
-    "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker => 'fixed')",
-    "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_ceiling => 0)",
-    "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_ceiling => -5)",
-    "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_max_ratio => 0)",
-    "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_max_ratio => 'NaN')",
-    "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_sensitivity => -1)",
-    "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_sensitivity => 1e9)",
-    "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_window => 1)",
-    "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_baseline => 'median')",
-    "SELECT pgtrickle.reset_circuit_breaker('order_summary', action => 'undo')",
-    "SELECT pgtrickle.reset_circuit_breaker('order_summary', action => NULL)",
-    "SELECT pgtrickle.reset_circuit_breaker('nope')",
-    "SELECT * FROM pgtrickle.inspect_circuit_breaker('order_summary', -1)",
-    "SELECT pgtrickle.refresh_stream_table('order_summary', force => NULL)",
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker => 'sometimes')",
+        "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker => 'fixed')",
+        "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_ceiling => 0)",
+        "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_ceiling => -5)",
+        "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_max_ratio => 0)",
+        "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_max_ratio => 'NaN')",
+        "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_sensitivity => -1)",
+        "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_sensitivity => 1e9)",
+        "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_window => 1)",
+        "SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker_baseline => 'median')",
+        "SELECT pgtrickle.reset_circuit_breaker('order_summary', action => 'undo')",
+        "SELECT pgtrickle.reset_circuit_breaker('order_summary', action => NULL)",
+        "SELECT pgtrickle.reset_circuit_breaker('nope')",
+        "SELECT * FROM pgtrickle.inspect_circuit_breaker('order_summary', -1)",
+        "SELECT pgtrickle.refresh_stream_table('order_summary', force => NULL)",
+    ],
+)
 def test_bad_breaker_input_is_refused_and_changes_nothing(shop: Database, call: str) -> None:
     before = catalog_fingerprint(shop)
     with pytest.raises(psycopg.Error) as info:
@@ -174,20 +205,35 @@ def test_seed_scenario_mass_delete_trips_adaptive_and_reinitialize_recovers(db: 
     db.sql("CREATE TABLE order_lines (order_id int, product text, qty int)")
     db.sql("INSERT INTO orders SELECT g, 'c' || (g % 50), (g % 500) FROM generate_series(1, 50000) g")
     db.sql("INSERT INTO order_lines SELECT g, 'c' || (g % 50), 1 + g % 4 FROM generate_series(1, 2000) g")
-    create_st(db, "order_summary", "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer",
-              schedule="1h")
-    create_st(db, "line_summary", "SELECT product, sum(qty) AS total_qty FROM order_lines GROUP BY product",
-              schedule="1h")
-    create_st(db, "order_report", "SELECT os.customer, os.total, ls.total_qty FROM order_summary os "
-                                  "JOIN line_summary ls ON os.customer = ls.product", schedule="1h")
+    create_st(
+        db,
+        "order_summary",
+        "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer",
+        schedule="1h",
+    )
+    create_st(
+        db,
+        "line_summary",
+        "SELECT product, sum(qty) AS total_qty FROM order_lines GROUP BY product",
+        schedule="1h",
+    )
+    create_st(
+        db,
+        "order_report",
+        "SELECT os.customer, os.total, ls.total_qty FROM order_summary os "
+        "JOIN line_summary ls ON os.customer = ls.product",
+        schedule="1h",
+    )
     db.sql("SELECT pgtrickle.alter_stream_table('order_summary', circuit_breaker => 'adaptive')")
     refresh(db)
     rng = random.Random(12)
     next_id = 100_000
     for _ in range(100):
         n = rng.randint(50, 200)
-        db.sql("INSERT INTO orders SELECT g, 'c' || (g %% 50), (g %% 500) FROM generate_series(%s::int, %s::int) g",
-               (next_id, next_id + n - 1))
+        db.sql(
+            "INSERT INTO orders SELECT g, 'c' || (g %% 50), (g %% 500) FROM generate_series(%s::int, %s::int) g",
+            (next_id, next_id + n - 1),
+        )
         next_id += n
         [o] = refresh(db, "order_summary")
         assert o.action in (Action.FULL, Action.DIFFERENTIAL), o.reason
@@ -201,8 +247,10 @@ def test_seed_scenario_mass_delete_trips_adaptive_and_reinitialize_recovers(db: 
     assert "adaptive threshold" in outcomes["order_summary"].reason
     assert contents(db, "order_summary") == summary_before
     assert contents(db, "order_report") == report_before
-    status = db.sql("SELECT baseline_mean, computed_threshold FROM pgtrickle.circuit_breaker_status() "
-                    "WHERE st_name = 'public.order_summary'")[0]
+    status = db.sql(
+        "SELECT baseline_mean, computed_threshold FROM pgtrickle.circuit_breaker_status() "
+        "WHERE st_name = 'public.order_summary'"
+    )[0]
     assert 50 <= status[0] <= 200 and status[1] < 1000
     # the ETL team reloads, then reinitializes
     db.sql("INSERT INTO orders SELECT g, 'c' || (g % 50), (g % 500) FROM generate_series(1, 50000) g")

@@ -67,7 +67,7 @@ def test_cli_errors_are_clean(with_st: Database) -> None:
     result = invoke(with_st, "refresh")
     assert result.exit_code == 1 and "name one or more" in result.output
     result = invoke(with_st, "refresh", "nope")
-    assert result.exit_code == 1 and 'stream table \'nope\' does not exist' in result.output
+    assert result.exit_code == 1 and "stream table 'nope' does not exist" in result.output
     assert "Traceback" not in result.output
     result = runner.invoke(app, ["--dsn", "postgresql://u:topsecret@127.0.0.1:1/x", "status"])
     assert result.exit_code == 1
@@ -140,15 +140,21 @@ def test_explain_says_which_mode_and_why(with_st: Database) -> None:
     result = invoke(with_st, "explain", "per_k")
     assert result.exit_code == 0, result.output
     assert "DIFFERENTIAL" in result.output and "Aggregate" in result.output
-    assert with_st.sql("SELECT effective_mode FROM pgtrickle.explain_refresh_mode('per_k')") == [("DIFFERENTIAL",)]
-    with_st.sql("SELECT pgtrickle.create_stream_table('firsts', 'SELECT k FROM t ORDER BY k LIMIT 3', "
-                "refresh_mode => 'DIFFERENTIAL', initialize => false)")
+    assert with_st.sql("SELECT effective_mode FROM pgtrickle.explain_refresh_mode('per_k')") == [
+        ("DIFFERENTIAL",)
+    ]
+    with_st.sql(
+        "SELECT pgtrickle.create_stream_table('firsts', 'SELECT k FROM t ORDER BY k LIMIT 3', "
+        "refresh_mode => 'DIFFERENTIAL', initialize => false)"
+    )
     result = invoke(with_st, "explain", "firsts")
     # ORDER BY ... LIMIT keeps its input in a hidden state table: DIFFERENTIAL, the table named.
     assert result.exit_code == 0 and "→ DIFFERENTIAL" in result.output and "TopK" in result.output
     assert "hidden state tables:" in result.output
-    with_st.sql("SELECT pgtrickle.create_stream_table('rolled', 'SELECT k, count(*) AS n FROM t GROUP BY ROLLUP (k)', "
-                "initialize => false)")
+    with_st.sql(
+        "SELECT pgtrickle.create_stream_table('rolled', 'SELECT k, count(*) AS n FROM t GROUP BY ROLLUP (k)', "
+        "initialize => false)"
+    )
     result = invoke(with_st, "explain", "rolled")
     assert result.exit_code == 0 and "FULL" in result.output and "ROLLUP" in result.output
     result = invoke(with_st, "explain", "nope")
@@ -160,15 +166,18 @@ LONG = "customer_lifetime_value_by_region_and_quarter_rollup_v2"
 
 def test_status_is_readable_at_80_columns(with_st: Database) -> None:
     with_st.sql(f"SELECT pgtrickle.create_stream_table('{LONG}', 'SELECT k FROM t', initialize => false)")
-    with_st.sql("""SELECT pgtrickle.create_stream_table('public."odd[/]name"', 'SELECT k FROM t',"""
-                " initialize => false)")
+    with_st.sql(
+        """SELECT pgtrickle.create_stream_table('public."odd[/]name"', 'SELECT k FROM t',"""
+        " initialize => false)"
+    )
     result = CliRunner(env={"COLUMNS": "80"}).invoke(app, ["--dsn", with_st.dsn, "status"])
     assert result.exit_code == 0, result.output
     assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
     table = result.output.split("change capture")[0]
     assert "…" not in table, result.output
-    assert f"public.{LONG}" in "".join(line.split("│")[1].strip() for line in table.splitlines()
-                                       if line.startswith("│")), result.output
+    assert f"public.{LONG}" in "".join(
+        line.split("│")[1].strip() for line in table.splitlines() if line.startswith("│")
+    ), result.output
     for word in ("stream table", "status", "mode", "staleness", "INITIALIZING", "AUTO"):
         assert word in table, result.output
     assert 'public."odd[/]name"' in table, "markup in a name is shown as typed"
@@ -197,8 +206,13 @@ def test_status_and_explain_json(with_st: Database) -> None:
     doc = json.loads(result.stdout)
     tree = doc.pop("operator_tree")
     assert doc == {
-        "schema_version": 1, "name": "public.per_k", "refresh_mode": "AUTO", "effective_mode": "DIFFERENTIAL",
-        "reason": reason, "recorded": True}
+        "schema_version": 1,
+        "name": "public.per_k",
+        "refresh_mode": "AUTO",
+        "effective_mode": "DIFFERENTIAL",
+        "reason": reason,
+        "recorded": True,
+    }
     assert tree["error"] is None and tree["root"]["facts"] == "Project k = k_1, n = count"
     assert tree["root"]["inputs"][0]["operator"] == "Aggregate"
     result = invoke(with_st, "explain", "--json", "nope")

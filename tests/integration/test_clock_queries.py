@@ -20,9 +20,14 @@ WINDOW = "SELECT id, ts FROM ev WHERE ts > now() - interval '3 seconds'"
 
 def rows_in_window(db: Database, name: str) -> list[int]:
     """The rows the time window implies at the stream table's data_timestamp (computed independently)."""
-    return [r[0] for r in db.sql(
-        "SELECT id FROM ev, pgtrickle.pgt_stream_tables s WHERE s.pgt_name = %s"
-        " AND ev.ts > s.data_timestamp - interval '3 seconds' ORDER BY id", (name,))]
+    return [
+        r[0]
+        for r in db.sql(
+            "SELECT id FROM ev, pgtrickle.pgt_stream_tables s WHERE s.pgt_name = %s"
+            " AND ev.ts > s.data_timestamp - interval '3 seconds' ORDER BY id",
+            (name,),
+        )
+    ]
 
 
 def contents(db: Database, name: str) -> list[int]:
@@ -49,7 +54,9 @@ def test_a_time_window_is_refreshed_on_schedule_while_its_sources_are_idle(db: D
         assert_oracle(db, "recent")
         second = db.scalar("SELECT data_timestamp FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'recent'")
         assert second - first >= timedelta(seconds=3.5)
-        history = db.sql("SELECT action, status, initiated_by FROM pgtrickle.get_refresh_history('recent', 1)")
+        history = db.sql(
+            "SELECT action, status, initiated_by FROM pgtrickle.get_refresh_history('recent', 1)"
+        )
         assert history == [("FULL", "COMPLETED", "SCHEDULER")]
     finally:
         scheduler.close()
@@ -81,14 +88,23 @@ def test_staleness_is_the_age_of_the_last_recompute(db: Database) -> None:
 
 def test_current_date_and_localtimestamp_are_pinned_too(db: Database) -> None:
     db.sql("CREATE TABLE ev (id int PRIMARY KEY, ts timestamptz NOT NULL, d date NOT NULL)")
-    db.sql("INSERT INTO ev VALUES (1, now() - interval '1 second', current_date),"
-           " (2, now() + interval '1 day', current_date - 3), (3, now() - interval '1 day', current_date + 1)")
-    create_st(db, "today", "SELECT id, d = current_date AS today, ts < localtimestamp::timestamptz AS past,"
-                           " ts <= clock_timestamp() AS before_clock, ts < current_timestamp AS before_now FROM ev",
-              schedule="1h")
+    db.sql(
+        "INSERT INTO ev VALUES (1, now() - interval '1 second', current_date),"
+        " (2, now() + interval '1 day', current_date - 3), (3, now() - interval '1 day', current_date + 1)"
+    )
+    create_st(
+        db,
+        "today",
+        "SELECT id, d = current_date AS today, ts < localtimestamp::timestamptz AS past,"
+        " ts <= clock_timestamp() AS before_clock, ts < current_timestamp AS before_now FROM ev",
+        schedule="1h",
+    )
     refresh_and_check(db, "today")
     assert db.sql("SELECT id, today, past, before_clock, before_now FROM today ORDER BY id") == [
-        (1, True, True, True, True), (2, False, False, False, False), (3, False, True, True, True)]
+        (1, True, True, True, True),
+        (2, False, False, False, False),
+        (3, False, True, True, True),
+    ]
 
 
 def test_a_query_that_only_names_now_does_not_read_the_clock(db: Database) -> None:

@@ -36,13 +36,24 @@ def _free_port() -> int:
 
 
 def _refresh(db, master: str, tmp_path: Path) -> str:  # type: ignore[no-untyped-def]
-    env = dict(os.environ, PGTRICKLE_SPARK_MASTER=master, PGTRICKLE_DSN=db.dsn,
-               PGTRICKLE_DATA_DIR=str(tmp_path / "data"), PGTRICKLE_JDBC_JAR=db.settings.jdbc_jar,
-               SPARK_LOCAL_IP="127.0.0.1", SPARK_HOME=str(SPARK_HOME),
-               # several JDBC partitions per table read, so both executors take part
-               PGTRICKLE_JDBC_PARTITION_ROWS="20000")
-    done = subprocess.run([sys.executable, "-m", "pgtrickle", "refresh", "--all"], env=env, capture_output=True,
-                          text=True, timeout=600)
+    env = dict(
+        os.environ,
+        PGTRICKLE_SPARK_MASTER=master,
+        PGTRICKLE_DSN=db.dsn,
+        PGTRICKLE_DATA_DIR=str(tmp_path / "data"),
+        PGTRICKLE_JDBC_JAR=db.settings.jdbc_jar,
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_HOME=str(SPARK_HOME),
+        # several JDBC partitions per table read, so both executors take part
+        PGTRICKLE_JDBC_PARTITION_ROWS="20000",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pgtrickle", "refresh", "--all"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
 
@@ -51,12 +62,20 @@ def _workload(db, master: str, tmp_path: Path) -> None:  # type: ignore[no-untyp
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     db.sql("CREATE TABLE orders (id int PRIMARY KEY, customer int, amount numeric(10,2))")
     db.sql("CREATE TABLE customers (id int PRIMARY KEY, region text)")
-    db.sql("INSERT INTO customers SELECT g, (ARRAY['n','s','e','w'])[1 + g % 4] FROM generate_series(0, 99) g")
+    db.sql(
+        "INSERT INTO customers SELECT g, (ARRAY['n','s','e','w'])[1 + g % 4] FROM generate_series(0, 99) g"
+    )
     db.sql("INSERT INTO orders SELECT g, g % 100, g * 0.25 FROM generate_series(1, 60000) g")
     db.sql("ANALYZE orders, customers")
-    create_st(db, "per_region", "SELECT c.region, count(*) AS n, sum(o.amount) AS total "
-                                "FROM orders o JOIN customers c ON c.id = o.customer GROUP BY c.region")
-    create_st(db, "big_orders", "SELECT id, customer, amount FROM orders WHERE amount > 10000", refresh_mode="FULL")
+    create_st(
+        db,
+        "per_region",
+        "SELECT c.region, count(*) AS n, sum(o.amount) AS total "
+        "FROM orders o JOIN customers c ON c.id = o.customer GROUP BY c.region",
+    )
+    create_st(
+        db, "big_orders", "SELECT id, customer, amount FROM orders WHERE amount > 10000", refresh_mode="FULL"
+    )
     out = _refresh(db, master, tmp_path)
     assert "FULL" in out, out
     assert_oracle(db)
@@ -76,14 +95,33 @@ def test_refresh_on_local_cluster_executors(db, tmp_path: Path) -> None:  # type
 def standalone(tmp_path: Path) -> Iterator[tuple[str, int]]:
     """A standalone Spark master and two one-core workers on 127.0.0.1."""
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
-    env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1",
-               SPARK_LOG_DIR=str(tmp_path / "logs"), SPARK_WORKER_DIR=str(tmp_path / "work"),
-               SPARK_DAEMON_JAVA_OPTS=FAST_JVM)  # the master's and workers' JVMs (tests/conftest.py)
+    env = dict(
+        os.environ,
+        SPARK_HOME=str(SPARK_HOME),
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_LOG_DIR=str(tmp_path / "logs"),
+        SPARK_WORKER_DIR=str(tmp_path / "work"),
+        SPARK_DAEMON_JAVA_OPTS=FAST_JVM,
+    )  # the master's and workers' JVMs (tests/conftest.py)
     port, ui = _free_port(), _free_port()
     url = f"spark://127.0.0.1:{port}"
-    procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(port), "--webui-port", str(ui)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs = [
+        subprocess.Popen(
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(ui),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with socket.socket() as s:
@@ -94,10 +132,28 @@ def standalone(tmp_path: Path) -> Iterator[tuple[str, int]]:
         procs[0].kill()
         pytest.fail("the standalone Spark master did not start")
     for _ in range(2):
-        procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host",
-                                       "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port",
-                                       str(_free_port()), "--work-dir", str(tmp_path / "work")], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.worker.Worker",
+                    url,
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--webui-port",
+                    str(_free_port()),
+                    "--work-dir",
+                    str(tmp_path / "work"),
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
     try:
         yield url, ui
     finally:

@@ -12,7 +12,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_types_in_table_order_without_dropped_columns_by_oid_or_name(db: Database) -> None:
-    db.sql("CREATE TABLE public.typed (id bigint, amount numeric(12,2), gone int, note varchar(20), at timestamptz)")
+    db.sql(
+        "CREATE TABLE public.typed (id bigint, amount numeric(12,2), gone int, note varchar(20), at timestamptz)"
+    )
     db.sql("ALTER TABLE public.typed DROP COLUMN gone")
     relid = int(db.scalar("SELECT 'public.typed'::regclass::oid::bigint"))  # type: ignore[call-overload]
     expected = {

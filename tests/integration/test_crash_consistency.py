@@ -58,8 +58,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.stress, pytest.mark.usefixtur
 
 KILLS = int(os.environ.get("PGTRICKLE_CRASH_KILLS", "4"))
 
-POINTS = ["refresh.apply", "refresh.spark_job:delay", "refresh.before_commit", "wal.after_flush",
-          "refresh.after_commit", "refresh.spark_job", "wal.before_flush"]
+POINTS = [
+    "refresh.apply",
+    "refresh.spark_job:delay",
+    "refresh.before_commit",
+    "wal.after_flush",
+    "refresh.after_commit",
+    "refresh.spark_job",
+    "wal.before_flush",
+]
 """Named-point kills cycle through these (the first two in the CI run)."""
 
 
@@ -84,7 +91,9 @@ def catch_up_in_process(db: Database, names: list[str], writers: Writers) -> Non
 
 def check_state(db: Database, names: list[str]) -> None:
     assert_oracle(db, *names)
-    assert db.scalar("SELECT count(*) FROM (SELECT id FROM big_events GROUP BY id HAVING count(*) > 1) d") == 0
+    assert (
+        db.scalar("SELECT count(*) FROM (SELECT id FROM big_events GROUP BY id HAVING count(*) > 1) d") == 0
+    )
     assert_windows_consumed_once(db)
 
 
@@ -95,7 +104,8 @@ DAEMON_SPARK_CONF = f"{FAST_JVM_CONF},spark.driver.memory=1g"
 
 @pytest.mark.timeout(600 + 150 * KILLS)
 def test_sigkill_at_refresh_points_and_random_moments_keeps_every_stream_table_exact(
-        db: Database, tmp_path: Path) -> None:
+    db: Database, tmp_path: Path
+) -> None:
     names = create_workload(db)
     rng = random.Random(int(os.environ.get("PGTRICKLE_CRASH_SEED", "8")))
     writers = Writers(db.dsn, seed=rng.randrange(1 << 30))
@@ -148,9 +158,11 @@ def test_sigkill_at_refresh_points_and_random_moments_keeps_every_stream_table_e
     assert total == KILLS
     abandoned = db.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_history WHERE status = 'ABANDONED'")
     completed = db.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_history WHERE status = 'COMPLETED'")
-    print(f"\n{total} kills survived ({dict(kills)}), {caught_up_by_daemon} recoveries by a restarted daemon, "
-          f"{writers.committed} writer transactions committed, {completed} refreshes completed, "
-          f"{abandoned} abandoned, {time.monotonic() - started:.0f}s")
+    print(
+        f"\n{total} kills survived ({dict(kills)}), {caught_up_by_daemon} recoveries by a restarted daemon, "
+        f"{writers.committed} writer transactions committed, {completed} refreshes completed, "
+        f"{abandoned} abandoned, {time.monotonic() - started:.0f}s"
+    )
 
 
 def test_a_layout_change_cut_off_by_a_crash_still_ends_in_a_full_refresh(db: Database) -> None:
@@ -163,18 +175,36 @@ def test_a_layout_change_cut_off_by_a_crash_still_ends_in_a_full_refresh(db: Dat
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     db.sql("CREATE TABLE t (id int PRIMARY KEY, k int NOT NULL, v int NOT NULL)")
     db.sql("INSERT INTO t SELECT g, g % 7, g FROM generate_series(1, 200) g")
-    create_st(db, "per_k", "SELECT k, count(*) AS n, sum(v) AS total FROM t GROUP BY k",
-              refresh_mode="FULL", schedule="1h")
+    create_st(
+        db,
+        "per_k",
+        "SELECT k, count(*) AS n, sum(v) AS total FROM t GROUP BY k",
+        refresh_mode="FULL",
+        schedule="1h",
+    )
     refresh(db, "per_k")
     db.sql("SELECT pgtrickle.alter_stream_table('per_k', refresh_mode => 'DIFFERENTIAL')")
     db.sql("UPDATE t SET v = v + 1 WHERE id % 3 = 0")
-    env = dict(os.environ, PYTHONPATH=SRC, PGTRICKLE_DSN=db.dsn, PGTRICKLE_SPARK_MASTER="local[1]",
-               PGTRICKLE_JDBC_JAR=db.settings.jdbc_jar, PGTRICKLE_FAULT_POINT="refresh.spark_job")
-    done = subprocess.run([sys.executable, "-m", "pgtrickle", "refresh", "per_k"], env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = dict(
+        os.environ,
+        PYTHONPATH=SRC,
+        PGTRICKLE_DSN=db.dsn,
+        PGTRICKLE_SPARK_MASTER="local[1]",
+        PGTRICKLE_JDBC_JAR=db.settings.jdbc_jar,
+        PGTRICKLE_FAULT_POINT="refresh.spark_job",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pgtrickle", "refresh", "per_k"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == -signal.SIGKILL, done.stdout[-2000:] + done.stderr[-2000:]
-    hidden = db.scalar("SELECT count(*) FROM pg_attribute WHERE attrelid = 'per_k'::regclass"
-                       " AND attname LIKE '\\_\\_pgt\\_%' AND attname <> '__pgt_row_id' AND NOT attisdropped")
+    hidden = db.scalar(
+        "SELECT count(*) FROM pg_attribute WHERE attrelid = 'per_k'::regclass"
+        " AND attname LIKE '\\_\\_pgt\\_%' AND attname <> '__pgt_row_id' AND NOT attisdropped"
+    )
     assert hidden, "the killed refresh did not get as far as adding the state columns"
     db.sql("INSERT INTO t SELECT g, g % 7, 1 FROM generate_series(201, 230) g")
     [outcome] = refresh(db, "per_k")

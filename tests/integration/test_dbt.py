@@ -41,11 +41,22 @@ class DbtProcess:
     """The dbt process of the module (tests/integration/dbt_driver.py): dbt imported once."""
 
     def __init__(self) -> None:
-        env = {**os.environ, "DBT_SEND_ANONYMOUS_USAGE_STATS": "false", "DBT_VERSION_CHECK": "false",
-               "DBT_USE_COLORS": "false", "DBT_PRINTER_WIDTH": "200"}
+        env = {
+            **os.environ,
+            "DBT_SEND_ANONYMOUS_USAGE_STATS": "false",
+            "DBT_VERSION_CHECK": "false",
+            "DBT_USE_COLORS": "false",
+            "DBT_PRINTER_WIDTH": "200",
+        }
         read, write = os.pipe()
-        self.proc = subprocess.Popen([sys.executable, str(DRIVER), str(write)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, env=env, pass_fds=(write,), text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(DRIVER), str(write)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            pass_fds=(write,),
+            text=True,
+        )
         os.close(write)
         self.answers = os.fdopen(read)
 
@@ -85,8 +96,9 @@ class Project:
     process: DbtProcess
 
     def dbt(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return self.process.run([*args, "--project-dir", str(self.root), "--profiles-dir", str(self.root)],
-                                self.root)
+        return self.process.run(
+            [*args, "--project-dir", str(self.root), "--profiles-dir", str(self.root)], self.root
+        )
 
     def ok(self, *args: str) -> str:
         result = self.dbt(*args)
@@ -97,8 +109,11 @@ class Project:
         return self.root / "models" / f"{name}.sql"
 
     def relid(self, name: str) -> int | None:
-        return self.db.scalar("SELECT pgt_relid::bigint FROM pgtrickle.pgt_stream_tables"
-                              " WHERE pgt_schema = %s AND pgt_name = %s", (SCHEMA, name))  # type: ignore[return-value]
+        return self.db.scalar(
+            "SELECT pgt_relid::bigint FROM pgtrickle.pgt_stream_tables"
+            " WHERE pgt_schema = %s AND pgt_name = %s",
+            (SCHEMA, name),
+        )  # type: ignore[return-value]
 
 
 def qualified(name: str) -> str:
@@ -114,9 +129,16 @@ def project(db: Database, tmp_path: Path, dbt_process: DbtProcess) -> Iterator[P
     shutil.copytree(PACKAGE / "example", root, ignore=shutil.ignore_patterns(*local))
     (root / "packages.yml").write_text(yaml.safe_dump({"packages": [{"local": str(PACKAGE)}]}))
     url = urlsplit(db.dsn)
-    output = {"type": "postgres", "host": url.hostname, "port": url.port, "user": unquote(url.username or ""),
-              "password": unquote(url.password or ""), "dbname": url.path.lstrip("/"), "schema": SCHEMA,
-              "threads": 1}
+    output = {
+        "type": "postgres",
+        "host": url.hostname,
+        "port": url.port,
+        "user": unquote(url.username or ""),
+        "password": unquote(url.password or ""),
+        "dbname": url.path.lstrip("/"),
+        "schema": SCHEMA,
+        "threads": 1,
+    }
     profile = {"pgtrickle_example": {"target": "test", "outputs": {"test": output}}}
     (root / "profiles.yml").write_text(yaml.safe_dump(profile))
     project = Project(root, db, dbt_process)
@@ -128,16 +150,21 @@ def project(db: Database, tmp_path: Path, dbt_process: DbtProcess) -> Iterator[P
 def test_example_project_create_alter_replace_full_refresh(project: Project) -> None:
     db = project.db
     out = project.ok("run")
-    assert f'pgtrickle: created stream table {qualified("customer_totals")}' in out, out
-    assert f'pgtrickle: created stream table {qualified("region_totals")}' in out, out
+    assert f"pgtrickle: created stream table {qualified('customer_totals')}" in out, out
+    assert f"pgtrickle: created stream table {qualified('region_totals')}" in out, out
     info = db.sql("SELECT name, schedule, refresh_mode FROM pgtrickle.stream_tables_info ORDER BY pgt_id")
-    assert info == [(qualified("customer_totals"), "1m", "AUTO"),
-                    (qualified("region_totals"), "calculated", "AUTO")]
+    assert info == [
+        (qualified("customer_totals"), "1m", "AUTO"),
+        (qualified("region_totals"), "calculated", "AUTO"),
+    ]
     # The ref() is an edge of pgtrickle's DAG.
-    edge = db.sql("SELECT s.pgt_name, c.source_kind FROM pgtrickle.pgt_dependencies d"
-                  " JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)"
-                  " JOIN pgtrickle.pgt_change_sources c USING (source_relid)"
-                  " WHERE d.source_relid = %s", (project.relid("customer_totals"),))
+    edge = db.sql(
+        "SELECT s.pgt_name, c.source_kind FROM pgtrickle.pgt_dependencies d"
+        " JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)"
+        " JOIN pgtrickle.pgt_change_sources c USING (source_relid)"
+        " WHERE d.source_relid = %s",
+        (project.relid("customer_totals"),),
+    )
     assert edge == [("region_totals", "STREAM_TABLE")]
 
     refresh(db)
@@ -157,11 +184,16 @@ def test_example_project_create_alter_replace_full_refresh(project: Project) -> 
     model = project.model("customer_totals")
     model.write_text(model.read_text().replace("schedule='1m'", "schedule='5m'"))
     out = project.ok("run")
-    assert f'pgtrickle: altered stream table {qualified("customer_totals")} (schedule: 1m -> 5m)' in out, out
-    assert f'pgtrickle: stream table {qualified("region_totals")} is up to date' in out, out
+    assert f"pgtrickle: altered stream table {qualified('customer_totals')} (schedule: 1m -> 5m)" in out, out
+    assert f"pgtrickle: stream table {qualified('region_totals')} is up to date" in out, out
     assert (project.relid("customer_totals"), project.relid("region_totals")) == (relid, down)
-    assert db.scalar("SELECT schedule FROM pgtrickle.stream_tables_info WHERE name = %s",
-                     (qualified("customer_totals"),)) == "5m"
+    assert (
+        db.scalar(
+            "SELECT schedule FROM pgtrickle.stream_tables_info WHERE name = %s",
+            (qualified("customer_totals"),),
+        )
+        == "5m"
+    )
     # The same SQL written differently is the same query (compared normalized): still no replace.
     model.write_text(model.read_text().replace("count(*) as orders", "COUNT(*)  AS orders /* reformatted */"))
     out = project.ok("run")
@@ -169,18 +201,30 @@ def test_example_project_create_alter_replace_full_refresh(project: Project) -> 
     assert project.relid("customer_totals") == relid
 
     # The query changed: replaced, saying so; the stream table built on it goes and comes back.
-    model.write_text(model.read_text().replace("sum(o.amount) as total",
-                                               "sum(o.amount) as total,\n       max(o.amount) as largest"))
+    model.write_text(
+        model.read_text().replace(
+            "sum(o.amount) as total", "sum(o.amount) as total,\n       max(o.amount) as largest"
+        )
+    )
     out = project.ok("run")
-    assert (f'pgtrickle: replacing stream table {qualified("customer_totals")} (its defining query changed)'
-            in out), out
-    assert f'dropping the stream tables built on {qualified("customer_totals")} with it: ' \
-           f'{qualified("region_totals")}' in out, out
-    assert f'pgtrickle: created stream table {qualified("region_totals")}' in out, out
+    assert (
+        f"pgtrickle: replacing stream table {qualified('customer_totals')} (its defining query changed)"
+        in out
+    ), out
+    assert (
+        f"dropping the stream tables built on {qualified('customer_totals')} with it: "
+        f"{qualified('region_totals')}" in out
+    ), out
+    assert f"pgtrickle: created stream table {qualified('region_totals')}" in out, out
     new_relid = project.relid("customer_totals")
     assert new_relid not in (None, relid)
-    assert db.scalar("SELECT schedule FROM pgtrickle.stream_tables_info WHERE name = %s",
-                     (qualified("customer_totals"),)) == "5m"
+    assert (
+        db.scalar(
+            "SELECT schedule FROM pgtrickle.stream_tables_info WHERE name = %s",
+            (qualified("customer_totals"),),
+        )
+        == "5m"
+    )
     refresh(db)
     assert_oracle(db)
     assert db.scalar(f"SELECT count(*) FROM {qualified('customer_totals')} WHERE largest IS NOT NULL") == 5
@@ -188,7 +232,7 @@ def test_example_project_create_alter_replace_full_refresh(project: Project) -> 
 
     # --full-refresh: dropped and created again.
     out = project.ok("run", "--full-refresh", "-s", "region_totals")
-    assert f'pgtrickle: replacing stream table {qualified("region_totals")} (full refresh)' in out, out
+    assert f"pgtrickle: replacing stream table {qualified('region_totals')} (full refresh)" in out, out
     assert project.relid("region_totals") not in (None, down)
     assert project.relid("customer_totals") == new_relid
     refresh(db)
@@ -216,15 +260,16 @@ def test_bad_config_fails_the_run_and_changes_nothing(project: Project) -> None:
     model.write_text(original)
     project.ok("run", "-s", "customer_totals")
     run_with(("schedule='1m'", "schedule='every tuesday'"), "invalid schedule 'every tuesday'")
-    run_with(("schedule='1m'", "schedule='1m', circuit_breaker='sometimes'"),
-             "invalid circuit_breaker 'sometimes'")
+    run_with(
+        ("schedule='1m'", "schedule='1m', circuit_breaker='sometimes'"), "invalid circuit_breaker 'sometimes'"
+    )
     assert db.sql("SELECT schedule FROM pgtrickle.stream_tables_info") == [("1m",)]
 
 
 def config(alias: str, schedule: str) -> str:
     """A model's config() call with this alias and schedule. The alias is built with Jinja's ~ from
     parts without a single quote: a backslash escape in a string literal reaches dbt unchanged."""
-    parts = " ~ \"'\" ~ ".join(f"'{part}'" for part in alias.split("'"))
+    parts = ' ~ "\'" ~ '.join(f"'{part}'" for part in alias.split("'"))
     return f"{{{{ config(alias={parts}, schedule='{schedule}') }}}}\n"
 
 
@@ -235,8 +280,9 @@ def test_hostile_alias_and_a_table_model_that_becomes_a_stream_table(project: Pr
     hostile.write_text(config(HOSTILE, "10m") + body)
     out = project.ok("run", "-s", "hostile")
     assert f"pgtrickle: created stream table {qualified(HOSTILE)}" in out, out
-    assert db.sql("SELECT schema_name, table_name, schedule FROM pgtrickle.stream_tables_info") == \
-        [(SCHEMA, HOSTILE, "10m")]
+    assert db.sql("SELECT schema_name, table_name, schedule FROM pgtrickle.stream_tables_info") == [
+        (SCHEMA, HOSTILE, "10m")
+    ]
     refresh(db)
     assert_oracle(db)
     assert db.scalar(f"SELECT count(*) FROM {qualified(HOSTILE)}") == 3
@@ -263,9 +309,12 @@ def test_hostile_alias_and_a_table_model_that_becomes_a_stream_table(project: Pr
     out = project.ok("run", "-s", "legacy")
     assert f"pgtrickle: replacing table {qualified('legacy')}, which is not a stream table" in out, out
     # schedule not set: the default_schedule setting.
-    assert db.sql("SELECT schedule FROM pgtrickle.stream_tables_info WHERE table_name = 'legacy'") == \
-        [("1m",)]
-    assert db.scalar("SELECT has_table_privilege('pgtrickle_user', %s, 'SELECT')",
-                     (qualified("legacy"),)) is True
+    assert db.sql("SELECT schedule FROM pgtrickle.stream_tables_info WHERE table_name = 'legacy'") == [
+        ("1m",)
+    ]
+    assert (
+        db.scalar("SELECT has_table_privilege('pgtrickle_user', %s, 'SELECT')", (qualified("legacy"),))
+        is True
+    )
     refresh(db)
     assert_oracle(db)

@@ -42,13 +42,31 @@ pytestmark = pytest.mark.integration
 
 TABLES: dict[str, dict[str, str]] = {
     "nation": {"n_nationkey": "integer", "n_name": "text"},
-    "customer": {"c_custkey": "integer", "c_name": "text", "c_nationkey": "integer", "c_mktsegment": "text",
-                 "c_acctbal": "numeric(8,2)", "c_phone": "text"},
-    "orders": {"o_orderkey": "integer", "o_custkey": "integer", "o_orderdate": "date",
-               "o_totalprice": "numeric(10,2)", "o_orderpriority": "text", "o_comment": "text"},
-    "lineitem": {"l_orderkey": "integer", "l_partkey": "integer", "l_quantity": "numeric(6,2)",
-                 "l_extendedprice": "numeric(10,2)", "l_discount": "numeric(4,2)", "l_commitdate": "date",
-                 "l_receiptdate": "date"},
+    "customer": {
+        "c_custkey": "integer",
+        "c_name": "text",
+        "c_nationkey": "integer",
+        "c_mktsegment": "text",
+        "c_acctbal": "numeric(8,2)",
+        "c_phone": "text",
+    },
+    "orders": {
+        "o_orderkey": "integer",
+        "o_custkey": "integer",
+        "o_orderdate": "date",
+        "o_totalprice": "numeric(10,2)",
+        "o_orderpriority": "text",
+        "o_comment": "text",
+    },
+    "lineitem": {
+        "l_orderkey": "integer",
+        "l_partkey": "integer",
+        "l_quantity": "numeric(6,2)",
+        "l_extendedprice": "numeric(10,2)",
+        "l_discount": "numeric(4,2)",
+        "l_commitdate": "date",
+        "l_receiptdate": "date",
+    },
     "part": {"p_partkey": "integer", "p_brand": "text", "p_size": "integer"},
     "partsupp": {"ps_partkey": "integer", "ps_suppkey": "integer"},
     "supplier": {"s_suppkey": "integer", "s_comment": "text"},
@@ -66,18 +84,34 @@ def in_schema(sql: str, schema: str) -> str:
             table.set("db", exp.to_identifier(schema))
     return tree.sql(dialect="postgres")
 
+
 KEY = st.sampled_from([1, 2, 3, None])
-DAY = st.sampled_from([datetime.date(1994, 12, 1), datetime.date(1995, 3, 1), datetime.date(1995, 6, 1), None])
+DAY = st.sampled_from(
+    [datetime.date(1994, 12, 1), datetime.date(1995, 3, 1), datetime.date(1995, 6, 1), None]
+)
 MONEY = st.sampled_from([Decimal("0.50"), Decimal("10.00"), Decimal("-2.25"), Decimal("99.99"), None])
 QTY = st.sampled_from([Decimal("1"), Decimal("3"), Decimal("7"), None])
 ROW = {
     "nation": st.tuples(KEY, st.sampled_from(["FRANCE", "PERU", None])),
-    "customer": st.tuples(KEY, st.sampled_from(["ann", "bob", None]), KEY,
-                          st.sampled_from(["BUILDING", "AUTO", None]), MONEY,
-                          st.sampled_from(["13-555", "31-000", "99-1", None])),
-    "orders": st.tuples(KEY, KEY, DAY, MONEY, st.sampled_from(["HIGH", "LOW", None]),
-                        st.sampled_from(["ok", "special requests", None])),
-    "lineitem": st.tuples(KEY, KEY, QTY, MONEY, st.sampled_from([Decimal("0.05"), Decimal("0"), None]), DAY, DAY),
+    "customer": st.tuples(
+        KEY,
+        st.sampled_from(["ann", "bob", None]),
+        KEY,
+        st.sampled_from(["BUILDING", "AUTO", None]),
+        MONEY,
+        st.sampled_from(["13-555", "31-000", "99-1", None]),
+    ),
+    "orders": st.tuples(
+        KEY,
+        KEY,
+        DAY,
+        MONEY,
+        st.sampled_from(["HIGH", "LOW", None]),
+        st.sampled_from(["ok", "special requests", None]),
+    ),
+    "lineitem": st.tuples(
+        KEY, KEY, QTY, MONEY, st.sampled_from([Decimal("0.05"), Decimal("0"), None]), DAY, DAY
+    ),
     "part": st.tuples(KEY, st.sampled_from(["B23", "B45", None]), st.sampled_from([1, 5, None])),
     "partsupp": st.tuples(KEY, KEY),
     "supplier": st.tuples(KEY, st.sampled_from(["fine", "Complaints here", None])),
@@ -87,54 +121,54 @@ ROW = {
 
 QUERIES: dict[str, str] = {
     "join3_agg": "SELECT n.n_name, count(*) AS cnt, sum(o.o_totalprice) AS total FROM customer c"
-                 " JOIN orders o ON c.c_custkey = o.o_custkey JOIN nation n ON n.n_nationkey = c.c_nationkey"
-                 " GROUP BY n.n_name",
+    " JOIN orders o ON c.c_custkey = o.o_custkey JOIN nation n ON n.n_nationkey = c.c_nationkey"
+    " GROUP BY n.n_name",
     "left_join": "SELECT c.c_custkey, c.c_name, o.o_orderkey FROM customer c"
-                 " LEFT JOIN orders o ON o.o_custkey = c.c_custkey AND o.o_orderpriority = 'HIGH'",
+    " LEFT JOIN orders o ON o.o_custkey = c.c_custkey AND o.o_orderpriority = 'HIGH'",
     "exists": "SELECT c_custkey, c_name FROM customer c WHERE EXISTS"
-              " (SELECT 1 FROM orders o WHERE o.o_custkey = c.c_custkey)",
+    " (SELECT 1 FROM orders o WHERE o.o_custkey = c.c_custkey)",
     "not_exists": "SELECT c_custkey, c_name FROM customer c WHERE NOT EXISTS"
-                  " (SELECT 1 FROM orders o WHERE o.o_custkey = c.c_custkey AND o.o_totalprice > 0)",
+    " (SELECT 1 FROM orders o WHERE o.o_custkey = c.c_custkey AND o.o_totalprice > 0)",
     "not_in": "SELECT c_custkey, c_name FROM customer WHERE c_nationkey NOT IN"
-              " (SELECT n_nationkey FROM nation WHERE n_name <> 'PERU')",
+    " (SELECT n_nationkey FROM nation WHERE n_name <> 'PERU')",
     "distinct": "SELECT DISTINCT c_nationkey, c_mktsegment FROM customer",
     "union": "SELECT c_nationkey AS k FROM customer UNION SELECT n_nationkey FROM nation",
     "intersect": "SELECT o_custkey FROM orders INTERSECT SELECT c_custkey FROM customer",
     "except_all": "SELECT o_custkey FROM orders EXCEPT ALL SELECT c_custkey FROM customer",
     "window": "SELECT o_orderkey, o_custkey, sum(o_totalprice) OVER (PARTITION BY o_custkey) AS cust_total,"
-              " rank() OVER (PARTITION BY o_custkey ORDER BY o_totalprice) AS rnk FROM orders",
+    " rank() OVER (PARTITION BY o_custkey ORDER BY o_totalprice) AS rnk FROM orders",
     "order_limit": "SELECT o_orderkey, o_totalprice FROM orders ORDER BY o_totalprice DESC, o_orderkey LIMIT 3",
     "agg_under_join": "SELECT c.c_custkey, c.c_name, t.total FROM customer c JOIN"
-                      " (SELECT o_custkey, sum(o_totalprice) AS total FROM orders GROUP BY o_custkey) t"
-                      " ON t.o_custkey = c.c_custkey",
+    " (SELECT o_custkey, sum(o_totalprice) AS total FROM orders GROUP BY o_custkey) t"
+    " ON t.o_custkey = c.c_custkey",
     "nested_agg": "SELECT cnt, count(*) AS n FROM (SELECT o_custkey, count(*) AS cnt FROM orders"
-                  " GROUP BY o_custkey) x GROUP BY cnt",
+    " GROUP BY o_custkey) x GROUP BY cnt",
     "q3": "SELECT l.l_orderkey, sum(l.l_extendedprice * (1 - l.l_discount)) AS revenue, o.o_orderdate"
-          " FROM customer c, orders o, lineitem l WHERE c.c_mktsegment = 'BUILDING' AND c.c_custkey = o.o_custkey"
-          " AND l.l_orderkey = o.o_orderkey AND o.o_orderdate < date '1995-03-15'"
-          " GROUP BY l.l_orderkey, o.o_orderdate ORDER BY revenue DESC, o.o_orderdate, l.l_orderkey LIMIT 5",
+    " FROM customer c, orders o, lineitem l WHERE c.c_mktsegment = 'BUILDING' AND c.c_custkey = o.o_custkey"
+    " AND l.l_orderkey = o.o_orderkey AND o.o_orderdate < date '1995-03-15'"
+    " GROUP BY l.l_orderkey, o.o_orderdate ORDER BY revenue DESC, o.o_orderdate, l.l_orderkey LIMIT 5",
     "q4": "SELECT o_orderpriority, count(*) AS order_count FROM orders WHERE o_orderdate >= date '1995-01-01'"
-          " AND EXISTS (SELECT * FROM lineitem WHERE l_orderkey = o_orderkey AND l_commitdate < l_receiptdate)"
-          " GROUP BY o_orderpriority",
+    " AND EXISTS (SELECT * FROM lineitem WHERE l_orderkey = o_orderkey AND l_commitdate < l_receiptdate)"
+    " GROUP BY o_orderpriority",
     "q13": "SELECT c_count, count(*) AS custdist FROM (SELECT c_custkey, count(o_orderkey) AS c_count"
-           " FROM customer LEFT OUTER JOIN orders ON c_custkey = o_custkey AND o_comment NOT LIKE '%special%'"
-           " GROUP BY c_custkey) AS c_orders GROUP BY c_count",
+    " FROM customer LEFT OUTER JOIN orders ON c_custkey = o_custkey AND o_comment NOT LIKE '%special%'"
+    " GROUP BY c_custkey) AS c_orders GROUP BY c_count",
     "q16": "SELECT p_brand, p_size, count(DISTINCT ps_suppkey) AS supplier_cnt FROM partsupp, part"
-           " WHERE p_partkey = ps_partkey AND p_brand <> 'B45' AND ps_suppkey NOT IN"
-           " (SELECT s_suppkey FROM supplier WHERE s_comment LIKE '%Complaints%') GROUP BY p_brand, p_size",
+    " WHERE p_partkey = ps_partkey AND p_brand <> 'B45' AND ps_suppkey NOT IN"
+    " (SELECT s_suppkey FROM supplier WHERE s_comment LIKE '%Complaints%') GROUP BY p_brand, p_size",
     "q17": "SELECT sum(l_extendedprice) / 7.0 AS avg_yearly FROM lineitem, part WHERE p_partkey = l_partkey"
-           " AND p_brand = 'B23' AND l_quantity < (SELECT 1.2 * avg(l_quantity) FROM lineitem l2"
-           " WHERE l2.l_partkey = p_partkey)",
+    " AND p_brand = 'B23' AND l_quantity < (SELECT 1.2 * avg(l_quantity) FROM lineitem l2"
+    " WHERE l2.l_partkey = p_partkey)",
     "q18": "SELECT c.c_name, o.o_orderkey, o.o_totalprice, sum(l.l_quantity) AS qty FROM customer c, orders o,"
-           " lineitem l WHERE o.o_orderkey IN (SELECT l_orderkey FROM lineitem GROUP BY l_orderkey"
-           " HAVING sum(l_quantity) > 5) AND c.c_custkey = o.o_custkey AND o.o_orderkey = l.l_orderkey"
-           " GROUP BY c.c_name, o.o_orderkey, o.o_totalprice"
-           " ORDER BY o.o_totalprice DESC, o.o_orderkey, c.c_name LIMIT 4",
+    " lineitem l WHERE o.o_orderkey IN (SELECT l_orderkey FROM lineitem GROUP BY l_orderkey"
+    " HAVING sum(l_quantity) > 5) AND c.c_custkey = o.o_custkey AND o.o_orderkey = l.l_orderkey"
+    " GROUP BY c.c_name, o.o_orderkey, o.o_totalprice"
+    " ORDER BY o.o_totalprice DESC, o.o_orderkey, c.c_name LIMIT 4",
     "q22": "SELECT cntrycode, count(*) AS numcust, sum(c_acctbal) AS totacctbal FROM"
-           " (SELECT substring(c_phone from 1 for 2) AS cntrycode, c_acctbal FROM customer"
-           " WHERE substring(c_phone from 1 for 2) IN ('13', '31', '23')"
-           " AND c_acctbal > (SELECT avg(c_acctbal) FROM customer WHERE c_acctbal > 0.00)"
-           " AND NOT EXISTS (SELECT * FROM orders WHERE o_custkey = c_custkey)) AS custsale GROUP BY cntrycode",
+    " (SELECT substring(c_phone from 1 for 2) AS cntrycode, c_acctbal FROM customer"
+    " WHERE substring(c_phone from 1 for 2) IN ('13', '31', '23')"
+    " AND c_acctbal > (SELECT avg(c_acctbal) FROM customer WHERE c_acctbal > 0.00)"
+    " AND NOT EXISTS (SELECT * FROM orders WHERE o_custkey = c_custkey)) AS custsale GROUP BY cntrycode",
 }
 EXAMPLES = int(os.environ.get("PGT_CHAIN_EXAMPLES", "10"))
 """Examples per query (raise it to hunt for mismatches: ``PGT_CHAIN_EXAMPLES=200``)."""
@@ -188,7 +222,7 @@ def states(draw: st.DrawFn) -> dict[str, tuple[list[tuple], list[tuple], list[tu
                 if draw(st.booleans()):  # an update
                     fresh = draw(row)
                     column = draw(st.integers(0, len(pre[index]) - 1))
-                    inserted.append(pre[index][:column] + (fresh[column],) + pre[index][column + 1:])
+                    inserted.append(pre[index][:column] + (fresh[column],) + pre[index][column + 1 :])
             inserted += draw(st.lists(row, max_size=3))
         out[name] = (pre, deleted, inserted)
     return out
@@ -236,13 +270,19 @@ def build_hidden(db: Database, result: DeltaPlan, reads: At) -> None:
             value = compile_ir(node, At("pre" if pre else "post"), dialect="postgres", column_types=TYPES)
             inner = values[pre] = value.consolidated().sql()
             assert db.scalar(f"SELECT count(*) FROM ({inner}) c WHERE c.__pgt_w < 0") == 0
-            db.sql(f"CREATE TABLE {target[0]}.{target[1]} AS SELECT {cols} FROM ({inner}) c"
-                   " CROSS JOIN LATERAL generate_series(1, c.__pgt_w)")
+            db.sql(
+                f"CREATE TABLE {target[0]}.{target[1]} AS SELECT {cols} FROM ({inner}) c"
+                " CROSS JOIN LATERAL generate_series(1, c.__pgt_w)"
+            )
         target = reads.materialized(ir.Materialized(node, change=True))
-        both = (f"SELECT c.*, c.__pgt_w AS __pgt_d FROM ({values[False]}) c"
-                f" UNION ALL SELECT c.*, -c.__pgt_w FROM ({values[True]}) c")
-        db.sql(f"CREATE TABLE {target[0]}.{target[1]} AS SELECT {cols}, sum(c.__pgt_d)::bigint AS __pgt_w"
-               f" FROM ({both}) c GROUP BY {cols} HAVING sum(c.__pgt_d) <> 0")
+        both = (
+            f"SELECT c.*, c.__pgt_w AS __pgt_d FROM ({values[False]}) c"
+            f" UNION ALL SELECT c.*, -c.__pgt_w FROM ({values[True]}) c"
+        )
+        db.sql(
+            f"CREATE TABLE {target[0]}.{target[1]} AS SELECT {cols}, sum(c.__pgt_d)::bigint AS __pgt_w"
+            f" FROM ({both}) c GROUP BY {cols} HAVING sum(c.__pgt_d) <> 0"
+        )
 
 
 def expected_change(db: Database, sql: str) -> Counter:
@@ -251,8 +291,10 @@ def expected_change(db: Database, sql: str) -> Counter:
         db.sql(f"CREATE TABLE m.result_{state} AS {in_schema(sql, state)}")
     width = len(db.conn.execute("SELECT * FROM m.result_pre LIMIT 0").description or [])
     cols = ", ".join(f"c{i}" for i in range(width))
-    rows = db.sql(f"SELECT {cols}, sum(w)::bigint FROM (SELECT r.*, 1 FROM m.result_post r UNION ALL"
-                  f" SELECT r.*, -1 FROM m.result_pre r) z({cols}, w) GROUP BY {cols} HAVING sum(w) <> 0")
+    rows = db.sql(
+        f"SELECT {cols}, sum(w)::bigint FROM (SELECT r.*, 1 FROM m.result_post r UNION ALL"
+        f" SELECT r.*, -1 FROM m.result_pre r) z({cols}, w) GROUP BY {cols} HAVING sum(w) <> 0"
+    )
     return Counter({tuple(r[:width]): r[-1] for r in rows})
 
 
@@ -265,15 +307,17 @@ def plan_change(db: Database, result: DeltaPlan) -> Counter:
 def run_chain(db: Database, name: str, data: dict) -> tuple[DeltaPlan, Counter, frozenset[str]]:  # type: ignore[type-arg]
     changed = load(db, data)
     reads = At("post")
-    result = plan_delta(in_schema(QUERIES[name], "tp"), SCHEMA, TYPES, {f"tp.{t}" for t in changed}, "postgres",
-                        reads=reads)
+    result = plan_delta(
+        in_schema(QUERIES[name], "tp"), SCHEMA, TYPES, {f"tp.{t}" for t in changed}, "postgres", reads=reads
+    )
     if result.plan is not None:
         build_hidden(db, result, reads)
     got = plan_change(db, result)
     expected = expected_change(db, QUERIES[name])
     assert got == expected, (
         f"{name}: plan {dict(got)} != PostgreSQL {dict(expected)}\n"
-        f"data {data}\n{result.compiled.sql(pretty=True) if result.compiled else '(no plan)'}")
+        f"data {data}\n{result.compiled.sql(pretty=True) if result.compiled else '(no plan)'}"
+    )
     return result, got, changed
 
 
@@ -298,17 +342,25 @@ def test_spark_dialect_agrees_with_postgres(db: Database, spark, name: str) -> N
         assume(result.plan is not None)
         # a fresh lowering: hidden tables are numbered in the compiler's (deterministic) read order
         views = SparkViews("post")
-        on_spark_plan = plan_delta(in_schema(QUERIES[name], "tp"), SCHEMA, TYPES, {f"tp.{t}" for t in changed},
-                                   "spark", reads=views)
+        on_spark_plan = plan_delta(
+            in_schema(QUERIES[name], "tp"), SCHEMA, TYPES, {f"tp.{t}" for t in changed}, "spark", reads=views
+        )
         tables = [("pre", t) for t in TABLES] + [("post", t) for t in TABLES] + [("d", t) for t in TABLES]
         tables += [("m", r[0]) for r in db.sql("SELECT tablename FROM pg_tables WHERE schemaname = 'm'")]
         for schema, table in tables:
-            (spark.read.format("jdbc").options(**target.options()).option("dbtable", f"{schema}.{table}").load()
-             .createOrReplaceTempView(f"{schema}_{table}"))
+            (
+                spark.read.format("jdbc")
+                .options(**target.options())
+                .option("dbtable", f"{schema}.{table}")
+                .load()
+                .createOrReplaceTempView(f"{schema}_{table}")
+            )
         assert on_spark_plan.compiled is not None
         from pgtrickle.spark.numeric import ensure_functions
 
-        ensure_functions(spark, on_spark_plan.compiled.sql())  # numeric quotients call pgtrickle's row function
+        ensure_functions(
+            spark, on_spark_plan.compiled.sql()
+        )  # numeric quotients call pgtrickle's row function
         rows = spark.sql(on_spark_plan.compiled.sql()).collect()
         on_spark = Counter({tuple(r[:-1]): r[-1] for r in rows})
         assert on_spark == on_postgres, on_spark_plan.compiled.sql(pretty=True)
@@ -320,7 +372,8 @@ def test_spark_dialect_agrees_with_postgres(db: Database, spark, name: str) -> N
 
 
 KEPT_QUERIES = tuple(
-    name for name in sorted(QUERIES)
+    name
+    for name in sorted(QUERIES)
     if materialize.decide(lower(parse_query(in_schema(QUERIES[name], "tp")), SCHEMA))
 )
 
@@ -340,17 +393,27 @@ def test_kept_state_plan_reads_hidden_tables_as_stored(db: Database, name: str) 
     def check(data: dict) -> None:  # type: ignore[type-arg]
         changed = load(db, data)
         reads = At("post")
-        result = plan_delta(in_schema(QUERIES[name], "tp"), SCHEMA, TYPES, {f"tp.{t}" for t in changed},
-                            "postgres", reads=reads, keep_state=True)
+        result = plan_delta(
+            in_schema(QUERIES[name], "tp"),
+            SCHEMA,
+            TYPES,
+            {f"tp.{t}" for t in changed},
+            "postgres",
+            reads=reads,
+            keep_state=True,
+        )
         assert result.full_refresh_reason is None
         assert {node for node, _ in result.state_changes} == set(result.materialized)
         if result.plan is not None:
             assert not any(
-                isinstance(n, ir.Materialized) and not n.pre and not n.change for n in ir.walk(result.plan))
+                isinstance(n, ir.Materialized) and not n.pre and not n.change for n in ir.walk(result.plan)
+            )
             build_hidden(db, result, reads)
         assert plan_change(db, result) == expected_change(db, QUERIES[name])
         for node, change in result.state_changes:
-            got = Counter() if change is None else Counter({tuple(r[:-1]): r[-1] for r in db.sql(change.sql())})
+            got = (
+                Counter() if change is None else Counter({tuple(r[:-1]): r[-1] for r in db.sql(change.sql())})
+            )
             post, pre = node_value(db, node, "post"), node_value(db, node, "pre")
             post.subtract(pre)
             assert got == Counter({k: v for k, v in post.items() if v}), name

@@ -15,13 +15,18 @@ def _setup(db) -> None:  # type: ignore[no-untyped-def]
     db.sql("CREATE TABLE orders (id int PRIMARY KEY, cust int, region text, amount numeric(10,2), qty int)")
     db.sql("CREATE TABLE customers (id int PRIMARY KEY, name text, tier int)")
     db.sql("INSERT INTO customers SELECT g, 'c' || g, g % 3 FROM generate_series(1, 20) g")
-    db.sql("INSERT INTO orders SELECT g, 1 + g % 25, (ARRAY['n','s','e',NULL])[1 + g % 4], g * 1.5, g % 7"
-           " FROM generate_series(1, 200) g")
+    db.sql(
+        "INSERT INTO orders SELECT g, 1 + g % 25, (ARRAY['n','s','e',NULL])[1 + g % 4], g * 1.5, g % 7"
+        " FROM generate_series(1, 200) g"
+    )
 
 
 def _churn(db, base: int = 200) -> None:  # type: ignore[no-untyped-def]
-    db.sql("INSERT INTO orders SELECT g, 1 + g %% 25, (ARRAY['n','w',NULL])[1 + g %% 3], g %% 1000, NULL"
-           " FROM generate_series(%s::int, %s::int) g", (base + 1, base + 30))
+    db.sql(
+        "INSERT INTO orders SELECT g, 1 + g %% 25, (ARRAY['n','w',NULL])[1 + g %% 3], g %% 1000, NULL"
+        " FROM generate_series(%s::int, %s::int) g",
+        (base + 1, base + 30),
+    )
     db.sql("UPDATE orders SET amount = amount + 1, region = 'e' WHERE id % 11 = 0")
     db.sql("UPDATE orders SET id = id + 1000 WHERE id % 37 = 0")
     db.sql("DELETE FROM orders WHERE id % 13 = 0")
@@ -66,8 +71,11 @@ def test_differential_shapes(db, shape) -> None:  # type: ignore[no-untyped-def]
 
 
 def _history(db, name: str) -> list[tuple]:  # type: ignore[no-untyped-def]
-    return db.sql("SELECT action, was_full_fallback, mode_reason FROM pgtrickle.get_refresh_history(%s, 50)"
-                  " ORDER BY refresh_id", (name,))
+    return db.sql(
+        "SELECT action, was_full_fallback, mode_reason FROM pgtrickle.get_refresh_history(%s, 50)"
+        " ORDER BY refresh_id",
+        (name,),
+    )
 
 
 def test_top_k_keeps_its_input_and_refreshes_differential(db) -> None:  # type: ignore[no-untyped-def]
@@ -75,8 +83,12 @@ def test_top_k_keeps_its_input_and_refreshes_differential(db) -> None:  # type: 
     first refresh (FULL) fills it, later ones are DIFFERENTIAL and exact, and explain / the history
     say so (AUTO refreshes it FULL: tests/integration/test_differential_properties.py)."""
     _setup(db)
-    create_st(db, "st_first", "SELECT o.id, o.amount FROM orders o ORDER BY o.amount DESC, o.id LIMIT 5",
-              refresh_mode="DIFFERENTIAL")
+    create_st(
+        db,
+        "st_first",
+        "SELECT o.id, o.amount FROM orders o ORDER BY o.amount DESC, o.id LIMIT 5",
+        refresh_mode="DIFFERENTIAL",
+    )
     refresh(db)
     [(table, reason)] = db.sql("SELECT relid::regclass::text, reason FROM pgtrickle.pgt_state_tables")
     assert table.startswith("pgtrickle_changes.state_") and "TopK" in reason
@@ -85,7 +97,9 @@ def test_top_k_keeps_its_input_and_refreshes_differential(db) -> None:  # type: 
         [outcome] = refresh(db)
         assert outcome.action.value == "DIFFERENTIAL", outcome.reason
         assert_oracle(db)
-    mode = db.sql("SELECT configured_mode, effective_mode, reason FROM pgtrickle.explain_refresh_mode('st_first')")
+    mode = db.sql(
+        "SELECT configured_mode, effective_mode, reason FROM pgtrickle.explain_refresh_mode('st_first')"
+    )
     assert mode[0][:2] == ("DIFFERENTIAL", "DIFFERENTIAL") and "TopK" in mode[0][2]
     info = db.sql("SELECT effective_mode FROM pgtrickle.stream_tables_info")
     assert info[0][0] == "DIFFERENTIAL"
@@ -119,8 +133,12 @@ def test_differential_mode_on_unsupported_query_is_an_error_naming_the_construct
 
     _setup(db)
     # ORDER BY ... LIMIT used to be refused here; it keeps its input in a hidden state table now
-    create_st(db, "st_first", "SELECT cust, count(*) AS n FROM orders GROUP BY ROLLUP (cust)",
-              refresh_mode="DIFFERENTIAL")
+    create_st(
+        db,
+        "st_first",
+        "SELECT cust, count(*) AS n FROM orders GROUP BY ROLLUP (cust)",
+        refresh_mode="DIFFERENTIAL",
+    )
     with pytest.raises(PgTrickleError, match="ROLLUP"):
         refresh(db)
     status, error = db.sql("SELECT status, last_error FROM pgtrickle.pgt_stream_tables")[0]
@@ -184,7 +202,9 @@ def test_truncated_source_forces_full(db) -> None:  # type: ignore[no-untyped-de
 
 def test_stream_table_over_stream_table_is_differential_at_both_levels(db) -> None:  # type: ignore[no-untyped-def]
     _setup(db)
-    create_st(db, "lvl1", "SELECT o.id, o.cust, c.tier, o.amount FROM orders o JOIN customers c ON c.id = o.cust")
+    create_st(
+        db, "lvl1", "SELECT o.id, o.cust, c.tier, o.amount FROM orders o JOIN customers c ON c.id = o.cust"
+    )
     create_st(db, "lvl2", "SELECT tier, count(*) AS n, sum(amount) AS total FROM lvl1 GROUP BY tier")
     create_st(db, "lvl3", "SELECT DISTINCT tier FROM lvl2 WHERE n > 10")
     refresh(db)
@@ -193,7 +213,10 @@ def test_stream_table_over_stream_table_is_differential_at_both_levels(db) -> No
         _churn(db, 10000 * (i + 1))
         outcomes = refresh(db)
         assert {o.st.name: o.action.value for o in outcomes} == {
-            "lvl1": "DIFFERENTIAL", "lvl2": "DIFFERENTIAL", "lvl3": "DIFFERENTIAL"}, [o.reason for o in outcomes]
+            "lvl1": "DIFFERENTIAL",
+            "lvl2": "DIFFERENTIAL",
+            "lvl3": "DIFFERENTIAL",
+        }, [o.reason for o in outcomes]
         assert_oracle(db)
 
 
@@ -208,8 +231,9 @@ def test_wal_capture_feeds_differential_refresh(db) -> None:  # type: ignore[no-
         scheduler.tick()  # initial population, then the move to WAL capture
     finally:
         scheduler.close()
-    assert {r[0] for r in db.sql("SELECT cdc_mode FROM pgtrickle.pgt_change_sources WHERE source_kind = 'TABLE'")} \
-        == {"wal"}
+    assert {
+        r[0] for r in db.sql("SELECT cdc_mode FROM pgtrickle.pgt_change_sources WHERE source_kind = 'TABLE'")
+    } == {"wal"}
     _churn(db)
     [outcome] = refresh(db)
     assert outcome.action.value == "DIFFERENTIAL", outcome.reason
@@ -242,13 +266,23 @@ def test_aggregates_over_joins_recompute_their_touched_groups(db) -> None:  # ty
     db.sql("INSERT INTO lines SELECT g, 1 + g % 20000, g % 37, g % 5 FROM generate_series(1, 60000) g")
     db.sql("CREATE INDEX ON lines (ord)")
     db.sql("ANALYZE ords, lines")
-    create_st(db, "per_customer", "SELECT o.customer, count(DISTINCT l.product) AS products, max(l.qty) AS top "
-                                  "FROM lines l JOIN ords o ON o.id = l.ord GROUP BY o.customer")
+    create_st(
+        db,
+        "per_customer",
+        "SELECT o.customer, count(DISTINCT l.product) AS products, max(l.qty) AS top "
+        "FROM lines l JOIN ords o ON o.id = l.ord GROUP BY o.customer",
+    )
     # a self-join must not get one occurrence's key filter applied to the other
-    create_st(db, "same_bucket", "SELECT x.customer, max(y.id) AS last_id FROM ords x JOIN ords y "
-                                 "ON y.customer % 7 = x.customer % 7 AND y.id < 300 GROUP BY x.customer")
+    create_st(
+        db,
+        "same_bucket",
+        "SELECT x.customer, max(y.id) AS last_id FROM ords x JOIN ords y "
+        "ON y.customer % 7 = x.customer % 7 AND y.id < 300 GROUP BY x.customer",
+    )
     # INTERSECT: each branch is read for the touched row values only
-    create_st(db, "busy", "SELECT customer AS c FROM ords INTERSECT ALL SELECT qty FROM lines WHERE product < 30")
+    create_st(
+        db, "busy", "SELECT customer AS c FROM ords INTERSECT ALL SELECT qty FROM lines WHERE product < 30"
+    )
     refresh(db)
     db.sql("UPDATE lines SET qty = 9 WHERE id IN (5, 6)")
     db.sql("DELETE FROM lines WHERE id = 7")
@@ -275,7 +309,9 @@ def test_user_trigger_on_stream_table_sees_old_and_new(db) -> None:  # type: ign
                                           coalesce(NEW.region, OLD.region));
                 RETURN NULL;
               END $$""")
-    db.sql("CREATE TRIGGER a AFTER INSERT OR UPDATE OR DELETE ON st_agg FOR EACH ROW EXECUTE FUNCTION audit_fn()")
+    db.sql(
+        "CREATE TRIGGER a AFTER INSERT OR UPDATE OR DELETE ON st_agg FOR EACH ROW EXECUTE FUNCTION audit_fn()"
+    )
     before = dict(db.sql("SELECT region, n FROM st_agg WHERE region IS NOT NULL"))
     db.sql("INSERT INTO orders VALUES (5000, 1, 'n', 1, 1), (5001, 1, 'zz', 1, 1)")
     [outcome] = refresh(db)
@@ -310,8 +346,10 @@ def test_history_records_differential_refreshes(db) -> None:  # type: ignore[no-
     db.sql("UPDATE orders SET amount = amount + 100 WHERE id IN (1, 2, 3)")
     db.sql("DELETE FROM orders WHERE id = 150")
     refresh(db)
-    history = db.sql("SELECT action, status, rows_inserted, rows_deleted, delta_row_count, was_full_fallback"
-                     " FROM pgtrickle.get_refresh_history('st_f') ORDER BY refresh_id")
+    history = db.sql(
+        "SELECT action, status, rows_inserted, rows_deleted, delta_row_count, was_full_fallback"
+        " FROM pgtrickle.get_refresh_history('st_f') ORDER BY refresh_id"
+    )
     assert history[0][:2] == ("FULL", "COMPLETED")
     # ids 1..3 move above the filter's threshold (3 in, updated rows of ids > 13 would be 3 out + 3 in), 150 goes
     assert history[1][:2] == ("DIFFERENTIAL", "COMPLETED") and history[1][4] == 4 and history[1][5] is False
@@ -324,8 +362,13 @@ def test_a_stored_sum_over_an_expression_stays_exact(db) -> None:
     precedence slip once made it v + w)."""
     db.sql("CREATE TABLE src (id int PRIMARY KEY, grp int NOT NULL, v int NOT NULL)")
     db.sql("INSERT INTO src SELECT g, g % 5, g FROM generate_series(1, 300) g")
-    create_st(db, "sums", "SELECT grp, sum(v + 1) AS total, sum(2 * v - 3) AS other, count(*) AS n "
-                          "FROM src WHERE id % 4 <> 0 GROUP BY grp", refresh_mode="DIFFERENTIAL")
+    create_st(
+        db,
+        "sums",
+        "SELECT grp, sum(v + 1) AS total, sum(2 * v - 3) AS other, count(*) AS n "
+        "FROM src WHERE id % 4 <> 0 GROUP BY grp",
+        refresh_mode="DIFFERENTIAL",
+    )
     refresh(db, "sums")
     for statement in (
         "UPDATE src SET v = v - 5, grp = (grp + 1) % 7 WHERE id % 37 = 10",

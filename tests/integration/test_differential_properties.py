@@ -60,13 +60,15 @@ SHAPES: dict[str, str] = {
     "in_subquery": "SELECT id FROM a WHERE k IN (SELECT k FROM b WHERE name IS NOT NULL)",
     "scalar_correlated": "SELECT id, (SELECT count(*) FROM b WHERE b.k = a.k) AS nb FROM a",
     "scalar_correlated_where": "SELECT id, v FROM a WHERE n < (SELECT max(w) FROM b WHERE b.k = a.k)",
-    "scalar_correlated_filtered": ("SELECT id, (SELECT min(name) FROM b WHERE b.k = a.k AND b.w > 1) AS first_name "
-                                   "FROM a WHERE v > 5"),
+    "scalar_correlated_filtered": (
+        "SELECT id, (SELECT min(name) FROM b WHERE b.k = a.k AND b.w > 1) AS first_name FROM a WHERE v > 5"
+    ),
     # union all
     "union_all": "SELECT id, g AS label FROM a UNION ALL SELECT id, name FROM b",
     "union_all_filtered": "SELECT k FROM a WHERE n > 1 UNION ALL SELECT k FROM b WHERE w > 1 UNION ALL SELECT 7",
-    "union_all_in_join": ("SELECT u.k, c.x FROM (SELECT k, id FROM a UNION ALL SELECT k, id FROM b) u "
-                          "JOIN c ON c.a_id = u.id"),
+    "union_all_in_join": (
+        "SELECT u.k, c.x FROM (SELECT k, id FROM a UNION ALL SELECT k, id FROM b) u JOIN c ON c.a_id = u.id"
+    ),
     # aggregates, algebraic
     "agg_count": "SELECT k, count(*) AS n FROM a GROUP BY k",
     "agg_sum_avg": "SELECT g, sum(v) AS s, avg(v) AS av, count(v) AS cv FROM a GROUP BY g",
@@ -79,8 +81,10 @@ SHAPES: dict[str, str] = {
     "agg_scalar": "SELECT count(*) AS n, sum(v) AS s, avg(n) AS an FROM a",
     "agg_scalar_filtered": "SELECT count(*) AS n FROM a WHERE k > 10",
     "agg_join": "SELECT b.name, count(*) AS n, sum(a.v) AS s FROM a JOIN b ON a.k = b.k GROUP BY b.name",
-    "agg_join_three": ("SELECT b.k, count(c.x) AS cx, sum(c.x) AS sx FROM a JOIN b ON a.k = b.k "
-                       "JOIN c ON c.a_id = a.id GROUP BY b.k"),
+    "agg_join_three": (
+        "SELECT b.k, count(c.x) AS cx, sum(c.x) AS sx FROM a JOIN b ON a.k = b.k "
+        "JOIN c ON c.a_id = a.id GROUP BY b.k"
+    ),
     "agg_over_union_all": "SELECT u.k, count(*) AS n FROM (SELECT k FROM a UNION ALL SELECT k FROM b) u GROUP BY u.k",
     # aggregates, rescanned groups
     "agg_min_max": "SELECT k, min(v) AS lo, max(v) AS hi FROM a GROUP BY k",
@@ -98,8 +102,9 @@ SHAPES: dict[str, str] = {
     "window_rank": "SELECT id, k, rank() OVER (PARTITION BY k ORDER BY v, id) AS r FROM a",
     "window_running_sum": "SELECT id, g, sum(n) OVER (PARTITION BY g ORDER BY id) AS running FROM a",
     "window_hidden_key": "SELECT id, row_number() OVER (PARTITION BY k ORDER BY id) AS rn FROM a WHERE v > 5",
-    "window_join": ("SELECT a.id, b.name, count(*) OVER (PARTITION BY b.name) AS per_name "
-                    "FROM a JOIN b ON a.k = b.k"),
+    "window_join": (
+        "SELECT a.id, b.name, count(*) OVER (PARTITION BY b.name) AS per_name FROM a JOIN b ON a.k = b.k"
+    ),
     # distinct, union
     "distinct": "SELECT DISTINCT k, g FROM a",
     "distinct_join": "SELECT DISTINCT b.name FROM a JOIN b ON a.k = b.k",
@@ -110,8 +115,9 @@ SHAPES: dict[str, str] = {
     "top_k": "SELECT id, v FROM a ORDER BY v DESC NULLS LAST, id LIMIT 5",
     "top_k_offset": "SELECT id, k FROM a ORDER BY id LIMIT 4 OFFSET 2",
     "window_unpartitioned": "SELECT id, row_number() OVER (ORDER BY id) AS rn, sum(n) OVER () AS total FROM a",
-    "window_two_partitions": ("SELECT id, count(*) OVER (PARTITION BY k) AS nk, "
-                              "count(*) OVER (PARTITION BY g) AS ng FROM a"),
+    "window_two_partitions": (
+        "SELECT id, count(*) OVER (PARTITION BY k) AS nk, count(*) OVER (PARTITION BY g) AS ng FROM a"
+    ),
     "intersect": "SELECT k FROM a INTERSECT SELECT k FROM b",
     "intersect_all": "SELECT k, g FROM a INTERSECT ALL SELECT k, name FROM b",
     "except": "SELECT k FROM a EXCEPT SELECT k FROM b",
@@ -147,9 +153,13 @@ def _create_sources(db) -> None:  # type: ignore[no-untyped-def]
 
 maybe = st.one_of(st.none(), st.integers(0, 4))
 # floats are halves: their sums are exact in any order, so FULL and the oracle agree too
-a_row = st.tuples(maybe, st.sampled_from(["x", "y", "z", "xy", None]),
-                  st.one_of(st.none(), st.decimals(0, 99, places=2, allow_nan=False)), maybe,
-                  st.one_of(st.none(), st.integers(-200, 200).map(lambda x: x / 2)))
+a_row = st.tuples(
+    maybe,
+    st.sampled_from(["x", "y", "z", "xy", None]),
+    st.one_of(st.none(), st.decimals(0, 99, places=2, allow_nan=False)),
+    maybe,
+    st.one_of(st.none(), st.integers(-200, 200).map(lambda x: x / 2)),
+)
 b_row = st.tuples(maybe, st.sampled_from(["n1", "n2", "n3", None]), maybe)
 c_row = st.tuples(st.integers(0, 40), maybe)
 
@@ -164,8 +174,11 @@ op = st.one_of(
     st.tuples(st.just("delete_b"), st.tuples(st.integers(3, 5), st.integers(0, 4))),
     st.tuples(st.just("delete_c"), st.tuples(st.integers(2, 4), st.integers(0, 3))),
 )
-initial = st.tuples(st.lists(a_row, min_size=0, max_size=25), st.lists(b_row, min_size=0, max_size=8),
-                    st.lists(c_row, min_size=0, max_size=15))
+initial = st.tuples(
+    st.lists(a_row, min_size=0, max_size=25),
+    st.lists(b_row, min_size=0, max_size=8),
+    st.lists(c_row, min_size=0, max_size=15),
+)
 batches = st.lists(st.lists(op, min_size=1, max_size=4), min_size=1, max_size=3)
 
 
@@ -191,8 +204,11 @@ def _apply(db, operation, ids: _Ids) -> None:  # type: ignore[no-untyped-def]
         _insert(db, kind[-1], arg, ids)
     elif kind == "update_a":
         m, r, k = arg
-        db.sql("UPDATE a SET k = %s, v = coalesce(v, 0) + 7, n = coalesce(n, 1) * 2, "
-               "g = CASE WHEN g = 'x' THEN NULL ELSE 'x' END, f = f * 2 WHERE id %% %s = %s", (k, m, r % m))
+        db.sql(
+            "UPDATE a SET k = %s, v = coalesce(v, 0) + 7, n = coalesce(n, 1) * 2, "
+            "g = CASE WHEN g = 'x' THEN NULL ELSE 'x' END, f = f * 2 WHERE id %% %s = %s",
+            (k, m, r % m),
+        )
     elif kind == "update_b":
         m, r, k = arg
         db.sql("UPDATE b SET k = %s, w = coalesce(w, 0) + 1 WHERE id %% %s = %s", (k, m, r % m))
@@ -210,11 +226,18 @@ def test_differential_equals_query_after_random_changes(db, shape: str) -> None:
     query = SHAPES[shape]
     _create_sources(db)
 
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
     @given(data=initial, changes=batches)
     def run(data, changes) -> None:  # type: ignore[no-untyped-def]
-        db.sql("SELECT pgtrickle.drop_stream_table('prop') FROM pgtrickle.stream_tables_info WHERE table_name = 'prop'")
+        db.sql(
+            "SELECT pgtrickle.drop_stream_table('prop') FROM pgtrickle.stream_tables_info WHERE table_name = 'prop'"
+        )
         for table in ("a", "b", "c"):
             db.sql(f"DELETE FROM {table}")
         ids = _Ids()
@@ -258,8 +281,12 @@ def test_kept_shape_refreshes_differential_with_its_hidden_table(db, shape: str)
     assert kept and all(n == "diff" and KEPT[shape] in r for n, r in kept), kept
     mode, reason = db.sql("SELECT effective_mode, reason FROM pgtrickle.explain_refresh_mode('auto')")[0]
     assert mode == "FULL" and AUTO_KEEPS_NO_STATE in reason and KEPT[shape] in reason, reason
-    for operation in (("insert_a", [(1, "x", 90, 4, 1.5), (3, "y", 1, 1, 0.5)]), ("update_b", (2, 0, 1)),
-                      ("update_a", (2, 1, 3)), ("delete_a", (3, 0))):
+    for operation in (
+        ("insert_a", [(1, "x", 90, 4, 1.5), (3, "y", 1, 1, 0.5)]),
+        ("update_b", (2, 0, 1)),
+        ("update_a", (2, 1, 3)),
+        ("delete_a", (3, 0)),
+    ):
         _apply(db, operation, ids)
         outcomes = {o.st.name: o for o in refresh(db, "auto", "diff")}
         assert outcomes["diff"].action.value in ("DIFFERENTIAL", "NO_DATA"), outcomes["diff"].reason
@@ -269,4 +296,3 @@ def test_kept_shape_refreshes_differential_with_its_hidden_table(db, shape: str)
 
 def test_at_least_fifty_shapes() -> None:
     assert len(SHAPES) >= 50
-

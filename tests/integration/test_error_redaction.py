@@ -43,8 +43,9 @@ def fail_refresh(db: Database, name: str) -> str:
     return str(failure.value)
 
 
-def test_a_failed_cast_shows_no_value(db: Database, listener: psycopg.Connection,
-                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failed_cast_shows_no_value(
+    db: Database, listener: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
     db.sql("CREATE TABLE people (id int PRIMARY KEY, ssn text)")
     db.sql("INSERT INTO people VALUES (1, '12'), (2, %s)", (SECRET,))
     create_st(db, "ids", "SELECT id, ssn::int AS n FROM people", schedule="1h", initialize=False)
@@ -57,7 +58,9 @@ def test_a_failed_cast_shows_no_value(db: Database, listener: psycopg.Connection
     assert SECRET in caplog.text, "the daemon's log keeps the full text for the operator"
 
 
-def test_a_unique_violation_shows_the_constraint_but_not_the_key(db: Database, listener: psycopg.Connection) -> None:
+def test_a_unique_violation_shows_the_constraint_but_not_the_key(
+    db: Database, listener: psycopg.Connection
+) -> None:
     db.sql("CREATE TABLE src (id int PRIMARY KEY, n int)")
     db.sql("INSERT INTO src VALUES (1, 1)")
     create_st(db, "uniq", "SELECT id, n FROM src", schedule="1h", refresh_mode="FULL")
@@ -78,8 +81,10 @@ def test_a_trigger_message_quoting_a_row_is_withheld(db: Database, listener: psy
     create_st(db, "checked", "SELECT id, n FROM src", schedule="1h", refresh_mode="FULL")
     refresh(db, "checked")
     db.sql("SELECT pgtrickle.set_user_triggers('checked', 'on')")
-    db.sql("CREATE FUNCTION no_big() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
-           " IF NEW.n > 1000 THEN RAISE EXCEPTION 'row % has n = %', NEW.id, NEW.n; END IF; RETURN NEW; END $$")
+    db.sql(
+        "CREATE FUNCTION no_big() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF NEW.n > 1000 THEN RAISE EXCEPTION 'row % has n = %', NEW.id, NEW.n; END IF; RETURN NEW; END $$"
+    )
     db.sql("CREATE TRIGGER no_big BEFORE INSERT ON checked FOR EACH ROW EXECUTE FUNCTION no_big()")
     db.sql(f"INSERT INTO src VALUES (2, {SECRET_NUMBER})")
     fail_refresh(db, "checked")
@@ -112,4 +117,5 @@ def test_real_postgres_messages_redact(db: Database) -> None:
     with pytest.raises(psycopg.Error) as err:
         db.sql("INSERT INTO t VALUES (777001, 'b')")
     assert redact_message(" ".join(str(err.value).splitlines())).startswith(
-        'duplicate key value violates unique constraint "t_pkey" DETAIL:  Key (id)=(***) already exists')
+        'duplicate key value violates unique constraint "t_pkey" DETAIL:  Key (id)=(***) already exists'
+    )

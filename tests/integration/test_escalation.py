@@ -45,9 +45,13 @@ def attacker(db: Database) -> Iterator[Database]:
     db.sql(f"SET ROLE {ANALYST}")
     db.sql("CREATE TABLE a.log (who name)")
     db.sql("GRANT INSERT ON a.log TO PUBLIC")
-    db.sql(f"CREATE FUNCTION a.evil(v int) RETURNS boolean LANGUAGE plpgsql AS $${EVIL_BODY} RETURN true; END $$")
-    db.sql("CREATE FUNCTION a.evil_trigger() RETURNS trigger LANGUAGE plpgsql AS "
-           f"$${EVIL_BODY} RETURN NEW; END $$")
+    db.sql(
+        f"CREATE FUNCTION a.evil(v int) RETURNS boolean LANGUAGE plpgsql AS $${EVIL_BODY} RETURN true; END $$"
+    )
+    db.sql(
+        "CREATE FUNCTION a.evil_trigger() RETURNS trigger LANGUAGE plpgsql AS "
+        f"$${EVIL_BODY} RETURN NEW; END $$"
+    )
     db.sql("RESET ROLE")
     try:
         yield db
@@ -79,9 +83,11 @@ def test_a_domain_check_never_runs_with_the_daemons_rights(attacker: Database, s
     as_analyst(db, "INSERT INTO a.t VALUES (1000, NULL)")
     as_analyst(db, "SELECT pgtrickle.create_stream_table('a.st_dom', 'SELECT id, v FROM a.t')")
     # The stream table stores the domain's base type: writing it runs no CHECK.
-    types = db.sql("SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
-                   " WHERE attrelid = 'a.st_dom'::regclass AND attnum > 0 AND NOT attisdropped"
-                   " AND attname NOT LIKE '\\_\\_pgt%%' ORDER BY attnum")
+    types = db.sql(
+        "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute"
+        " WHERE attrelid = 'a.st_dom'::regclass AND attnum > 0 AND NOT attisdropped"
+        " AND attname NOT LIKE '\\_\\_pgt%%' ORDER BY attnum"
+    )
     assert types == [("id", "integer"), ("v", "integer")]
     refresh_and_check(db, "a.st_dom")
     as_analyst(db, "INSERT INTO a.t VALUES (300, 3)")
@@ -97,9 +103,13 @@ def test_a_composite_type_with_a_domain_inside_is_refused(attacker: Database) ->
     as_analyst(db, "CREATE DOMAIN a.dom AS int CHECK (a.evil(VALUE))")
     as_analyst(db, "CREATE TYPE a.pair AS (x int, y a.dom)")
     as_analyst(db, "CREATE TABLE a.t (id int PRIMARY KEY, p a.pair, w a.dom[])")
-    with pytest.raises(psycopg.errors.FeatureNotSupported, match="column p has type a.pair, which contains domain"):
+    with pytest.raises(
+        psycopg.errors.FeatureNotSupported, match="column p has type a.pair, which contains domain"
+    ):
         as_analyst(db, "SELECT pgtrickle.create_stream_table('a.st_pair', 'SELECT id, p FROM a.t')")
-    with pytest.raises(psycopg.errors.FeatureNotSupported, match=r"column w has type a.dom\[\], which contains"):
+    with pytest.raises(
+        psycopg.errors.FeatureNotSupported, match=r"column w has type a.dom\[\], which contains"
+    ):
         as_analyst(db, "SELECT pgtrickle.create_stream_table('a.st_pair', 'SELECT id, w FROM a.t')")
     assert db.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables") == 0
     assert db.scalar("SELECT to_regclass('a.st_pair')") is None
@@ -112,34 +122,51 @@ def test_a_source_renamed_and_replaced_by_a_view_is_not_read(attacker: Database,
     as_analyst(db, "INSERT INTO a.src SELECT g, g FROM generate_series(1, 200) g")
     as_analyst(db, "SELECT pgtrickle.create_stream_table('a.st_src', 'SELECT id, v FROM a.src')")
     refresh_and_check(db, "a.st_src")
-    as_analyst(db, "CREATE FUNCTION a.f_evil() RETURNS TABLE (id int, v int) LANGUAGE plpgsql AS "
-                   f"$${EVIL_BODY} RETURN QUERY SELECT 99999, 99; END $$")
+    as_analyst(
+        db,
+        "CREATE FUNCTION a.f_evil() RETURNS TABLE (id int, v int) LANGUAGE plpgsql AS "
+        f"$${EVIL_BODY} RETURN QUERY SELECT 99999, 99; END $$",
+    )
     as_analyst(db, "ALTER TABLE a.src RENAME TO src_old")
     as_analyst(db, "CREATE VIEW a.src AS SELECT * FROM a.f_evil()")
     as_analyst(db, "INSERT INTO a.src_old VALUES (1006, 6)")
     [outcome] = refresh_and_check(db, "a.st_src")  # follows the OID to a.src_old
     assert outcome.action.name == "DIFFERENTIAL"
     assert db.scalar("SELECT count(*) FROM a.st_src WHERE id = 99999") == 0
-    assert db.scalar("SELECT source_name FROM pgtrickle.pgt_change_sources WHERE source_kind = 'TABLE'") == "src_old"
+    assert (
+        db.scalar("SELECT source_name FROM pgtrickle.pgt_change_sources WHERE source_kind = 'TABLE'")
+        == "src_old"
+    )
     assert_not_escalated(db)
 
 
-def test_a_schema_renamed_under_a_stream_table_leaves_the_impostor_untouched(attacker: Database, spark) -> None:  # type: ignore[no-untyped-def]
+def test_a_schema_renamed_under_a_stream_table_leaves_the_impostor_untouched(
+    attacker: Database, spark
+) -> None:  # type: ignore[no-untyped-def]
     db = attacker
     as_analyst(db, "CREATE TABLE a.src (id int PRIMARY KEY, v int)")
     as_analyst(db, "INSERT INTO a.src SELECT g, g FROM generate_series(1, 5) g")
-    as_analyst(db, "SELECT pgtrickle.create_stream_table('a.st_full', 'SELECT id, v FROM a.src', "
-                   "refresh_mode => 'FULL')")
+    as_analyst(
+        db,
+        "SELECT pgtrickle.create_stream_table('a.st_full', 'SELECT id, v FROM a.src', "
+        "refresh_mode => 'FULL')",
+    )
     refresh_and_check(db, "a.st_full")
     as_analyst(db, "ALTER SCHEMA a RENAME TO a_old")
     as_analyst(db, "CREATE SCHEMA a")
     as_analyst(db, "CREATE TABLE a.log (who name)")
     as_analyst(db, "GRANT INSERT ON a.log TO PUBLIC")
-    as_analyst(db, "CREATE FUNCTION a.evil_trigger() RETURNS trigger LANGUAGE plpgsql AS "
-                   f"$${EVIL_BODY.replace('a.log', 'a.log')} RETURN NEW; END $$")
+    as_analyst(
+        db,
+        "CREATE FUNCTION a.evil_trigger() RETURNS trigger LANGUAGE plpgsql AS "
+        f"$${EVIL_BODY.replace('a.log', 'a.log')} RETURN NEW; END $$",
+    )
     as_analyst(db, "CREATE TABLE a.st_full (id int, v int, __pgt_row_id bigint)")
-    as_analyst(db, "CREATE TRIGGER t BEFORE INSERT OR DELETE OR UPDATE OR TRUNCATE ON a.st_full "
-                   "FOR EACH STATEMENT EXECUTE FUNCTION a.evil_trigger()")
+    as_analyst(
+        db,
+        "CREATE TRIGGER t BEFORE INSERT OR DELETE OR UPDATE OR TRUNCATE ON a.st_full "
+        "FOR EACH STATEMENT EXECUTE FUNCTION a.evil_trigger()",
+    )
     as_analyst(db, "INSERT INTO a_old.src VALUES (6, 6)")
     [outcome] = refresh_and_check(db, "a_old.st_full")
     assert outcome.action.name == "FULL"
@@ -162,8 +189,12 @@ def test_row_level_security_that_applies_to_the_owner_is_refused(attacker: Datab
     db.sql(f"SET ROLE {ANALYST}")
     assert db.scalar("SELECT count(*) FROM public.docs") == 1
     db.sql("RESET ROLE")
-    with pytest.raises(psycopg.errors.FeatureNotSupported, match="row-level security that applies to its owner"):
-        as_analyst(db, "SELECT pgtrickle.create_stream_table('a.st_docs', 'SELECT id, body FROM public.docs')")
+    with pytest.raises(
+        psycopg.errors.FeatureNotSupported, match="row-level security that applies to its owner"
+    ):
+        as_analyst(
+            db, "SELECT pgtrickle.create_stream_table('a.st_docs', 'SELECT id, body FROM public.docs')"
+        )
     assert db.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables") == 0
     # Security enabled after creation stops the refreshes (contents unchanged) until it no longer applies.
     db.sql("ALTER TABLE public.docs DISABLE ROW LEVEL SECURITY")
@@ -183,8 +214,11 @@ def test_renames_of_sources_schemas_and_stream_tables_are_followed(attacker: Dat
     db = attacker
     as_analyst(db, "CREATE TABLE a.src (id int PRIMARY KEY, g int, v int)")
     as_analyst(db, "INSERT INTO a.src SELECT i, i % 3, i FROM generate_series(1, 300) i")
-    as_analyst(db, "SELECT pgtrickle.create_stream_table('a.totals', "
-                   "'SELECT g, sum(v) AS total, count(*) AS n FROM a.src GROUP BY g')")
+    as_analyst(
+        db,
+        "SELECT pgtrickle.create_stream_table('a.totals', "
+        "'SELECT g, sum(v) AS total, count(*) AS n FROM a.src GROUP BY g')",
+    )
     refresh_and_check(db, "a.totals")
     as_analyst(db, "ALTER TABLE a.src RENAME TO source2")
     as_analyst(db, "INSERT INTO a.source2 VALUES (1000, 1, 10)")
@@ -207,9 +241,18 @@ def test_a_pinned_relation_cannot_be_renamed_or_moved_until_the_transaction_ends
     db.sql("CREATE SCHEMA p")
     db.sql("CREATE TABLE p.t (id int)")
     relid = int(db.scalar("SELECT 'p.t'::regclass::oid::bigint"))  # type: ignore[arg-type]
-    for mode, blocked in ((identity.READ, ("ALTER SCHEMA p RENAME TO q", "DROP SCHEMA p CASCADE")),
-                          (identity.WRITE, ("ALTER SCHEMA p RENAME TO q", "ALTER TABLE p.t RENAME TO u",
-                                            "ALTER TABLE p.t SET SCHEMA public", "DROP SCHEMA p CASCADE"))):
+    for mode, blocked in (
+        (identity.READ, ("ALTER SCHEMA p RENAME TO q", "DROP SCHEMA p CASCADE")),
+        (
+            identity.WRITE,
+            (
+                "ALTER SCHEMA p RENAME TO q",
+                "ALTER TABLE p.t RENAME TO u",
+                "ALTER TABLE p.t SET SCHEMA public",
+                "DROP SCHEMA p CASCADE",
+            ),
+        ),
+    ):
         with psycopg.connect(db.dsn) as holder:
             identity.pin(holder, [identity.Pin(relid, "p", "t")], mode)
             with psycopg.connect(db.dsn, autocommit=True) as other:
@@ -249,13 +292,19 @@ def test_a_pinned_relation_cannot_be_renamed_or_moved_until_the_transaction_ends
             identity.pin(conn, [identity.Pin(relid, "p", "u")], identity.WRITE)
 
 
-def test_a_schema_rename_waits_for_a_running_refresh_to_end(attacker: Database, spark,  # type: ignore[no-untyped-def]
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_schema_rename_waits_for_a_running_refresh_to_end(
+    attacker: Database,
+    spark,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The window between pinning a source and Spark's connections parsing its name is closed."""
     db = attacker
     as_analyst(db, "CREATE TABLE a.src (id int PRIMARY KEY, v int)")
     as_analyst(db, "INSERT INTO a.src SELECT g, g FROM generate_series(1, 50) g")
-    as_analyst(db, "SELECT pgtrickle.create_stream_table('a.st_src', 'SELECT id, v FROM a.src', refresh_mode => 'FULL')")
+    as_analyst(
+        db,
+        "SELECT pgtrickle.create_stream_table('a.st_src', 'SELECT id, v FROM a.src', refresh_mode => 'FULL')",
+    )
     from pgtrickle import faults
 
     entered, release = threading.Event(), threading.Event()
@@ -303,8 +352,10 @@ def test_upgrade_stores_existing_domain_columns_as_their_base_types(attacker: Da
     relid = db.scalar("SELECT 'a.t'::regclass::oid::bigint")
     # What an older version left: the domain type in the stream table and in the change buffer.
     db.sql(f"DROP VIEW pgtrickle_changes.changes_{relid}")
-    db.sql(f"ALTER TABLE pgtrickle_changes.changes_{relid}_rows ALTER COLUMN new_v TYPE a.dom, "
-           "ALTER COLUMN old_v TYPE a.dom")
+    db.sql(
+        f"ALTER TABLE pgtrickle_changes.changes_{relid}_rows ALTER COLUMN new_v TYPE a.dom, "
+        "ALTER COLUMN old_v TYPE a.dom"
+    )
     db.sql(f"ALTER TABLE pgtrickle_changes.changes_{relid}_batches ALTER COLUMN v_v TYPE a.dom[]")
     db.sql(f"SELECT pgtrickle._build_buffer_view({relid})")
     db.sql("ALTER TABLE a.st_dom ALTER COLUMN v TYPE a.dom")
@@ -312,14 +363,20 @@ def test_upgrade_stores_existing_domain_columns_as_their_base_types(attacker: Da
         refresh(db, "a.st_dom")
     db.sql("DELETE FROM pgtrickle.pgt_schema_version WHERE version = 12")
     install(db.conn)
-    types = {r[0]: r[1] for r in db.sql(
-        "SELECT attrelid::regclass::text || '.' || attname, format_type(atttypid, atttypmod) FROM pg_attribute"
-        f" WHERE attrelid IN ('a.st_dom'::regclass, 'pgtrickle_changes.changes_{relid}_rows'::regclass,"
-        f" 'pgtrickle_changes.changes_{relid}_batches'::regclass) AND attname IN ('v', 'new_v', 'old_v', 'v_v')")}
-    assert types == {"a.st_dom.v": "character varying(20)",
-                     f"pgtrickle_changes.changes_{relid}_rows.new_v": "character varying(20)",
-                     f"pgtrickle_changes.changes_{relid}_rows.old_v": "character varying(20)",
-                     f"pgtrickle_changes.changes_{relid}_batches.v_v": "character varying(20)[]"}
+    types = {
+        r[0]: r[1]
+        for r in db.sql(
+            "SELECT attrelid::regclass::text || '.' || attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+            f" WHERE attrelid IN ('a.st_dom'::regclass, 'pgtrickle_changes.changes_{relid}_rows'::regclass,"
+            f" 'pgtrickle_changes.changes_{relid}_batches'::regclass) AND attname IN ('v', 'new_v', 'old_v', 'v_v')"
+        )
+    }
+    assert types == {
+        "a.st_dom.v": "character varying(20)",
+        f"pgtrickle_changes.changes_{relid}_rows.new_v": "character varying(20)",
+        f"pgtrickle_changes.changes_{relid}_rows.old_v": "character varying(20)",
+        f"pgtrickle_changes.changes_{relid}_batches.v_v": "character varying(20)[]",
+    }
     refresh_and_check(db, "a.st_dom")
     as_analyst(db, "INSERT INTO a.t VALUES (500, 'new')")
     as_analyst(db, "UPDATE a.t SET v = 'changed' WHERE id = 3")
@@ -333,8 +390,11 @@ def test_a_cast_of_the_roles_own_type_never_runs_with_the_daemons_rights(attacke
     the type's owner created must not run there (the trigger and the daemon have pgtrickle's rights)."""
     db = attacker
     as_analyst(db, "CREATE TYPE a.ct AS (x int, y text)")
-    as_analyst(db, f"CREATE FUNCTION a.ct_to_text(a.ct) RETURNS text LANGUAGE plpgsql AS $${EVIL_BODY} "
-                   "RETURN 'hijacked'; END $$")
+    as_analyst(
+        db,
+        f"CREATE FUNCTION a.ct_to_text(a.ct) RETURNS text LANGUAGE plpgsql AS $${EVIL_BODY} "
+        "RETURN 'hijacked'; END $$",
+    )
     as_analyst(db, "CREATE CAST (a.ct AS text) WITH FUNCTION a.ct_to_text(a.ct)")
     as_analyst(db, "CREATE TABLE a.t (id int PRIMARY KEY, p a.ct)")
     as_analyst(db, "INSERT INTO a.t SELECT g, ROW(g, 'y' || g)::a.ct FROM generate_series(1, 100) g")
@@ -348,8 +408,11 @@ def test_a_cast_of_the_roles_own_type_never_runs_with_the_daemons_rights(attacke
     assert db.scalar("SELECT count(*) FROM a.st_ct WHERE (p).y = 'five'") == 1
     assert_not_escalated(db)
     # A cast *from* text would run when pgtrickle reads the buffer: refused.
-    as_analyst(db, f"CREATE FUNCTION a.text_to_ct(text) RETURNS a.ct LANGUAGE plpgsql AS $${EVIL_BODY} "
-                   "RETURN NULL; END $$")
+    as_analyst(
+        db,
+        f"CREATE FUNCTION a.text_to_ct(text) RETURNS a.ct LANGUAGE plpgsql AS $${EVIL_BODY} "
+        "RETURN NULL; END $$",
+    )
     as_analyst(db, "CREATE CAST (text AS a.ct) WITH FUNCTION a.text_to_ct(text)")
     as_analyst(db, "CREATE TABLE a.u (id int PRIMARY KEY, p a.ct)")
     with pytest.raises(psycopg.errors.FeatureNotSupported, match="has a cast from text by a.text_to_ct"):

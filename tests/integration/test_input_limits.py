@@ -47,12 +47,17 @@ ACCEPTED = {
 # ... or refused with a clear error (PostgreSQL's limits, or pgtrickle's refusal of shapes its lexer
 # takes quadratic time over).
 REFUSED = {
-    "deeply nested parentheses": ("SELECT " + "(" * (MB // 2 - 20) + "1" + ")" * (MB // 2 - 20) + " AS x FROM orders",
-                                  "42601"),
+    "deeply nested parentheses": (
+        "SELECT " + "(" * (MB // 2 - 20) + "1" + ")" * (MB // 2 - 20) + " AS x FROM orders",
+        "42601",
+    ),
     "deeply nested comments": (_pad("SELECT id FROM orders ", "/*", "*/" * 10), "54000"),
     "operator run": (_pad("SELECT id FROM orders WHERE id = 1 ", "+"), "54000"),
     "a second statement after padding": (_pad("SELECT id FROM orders;", " ", "DROP TABLE orders"), "42601"),
-    "a second statement after comments": (_pad("SELECT id FROM orders", "/* ; */", ";DROP TABLE orders"), "42601"),
+    "a second statement after comments": (
+        _pad("SELECT id FROM orders", "/* ; */", ";DROP TABLE orders"),
+        "42601",
+    ),
     "hex literal": (_pad("SELECT id, 0x", "f", " AS x FROM orders"), "54000"),
 }
 
@@ -83,10 +88,12 @@ def test_a_one_megabyte_query_is_refused_quickly(shop: Database, name: str) -> N
 
 
 def test_a_second_statement_never_runs(shop: Database) -> None:
-    for query in ("SELECT id FROM orders; DROP TABLE orders",
-                  "SELECT id FROM orders; CREATE TABLE zz (a int); INSERT INTO zz VALUES (1)",
-                  "SELECT id FROM orders /* ; */; DELETE FROM orders",
-                  "SELECT id FROM orders; SELECT * FROM nowhere"):
+    for query in (
+        "SELECT id FROM orders; DROP TABLE orders",
+        "SELECT id FROM orders; CREATE TABLE zz (a int); INSERT INTO zz VALUES (1)",
+        "SELECT id FROM orders /* ; */; DELETE FROM orders",
+        "SELECT id FROM orders; SELECT * FROM nowhere",
+    ):
         with pytest.raises(psycopg.Error):
             create_st(shop, "two", query, initialize=False)
     assert shop.scalar("SELECT count(*) FROM orders") == 10
@@ -107,7 +114,11 @@ def test_max_query_length_is_a_setting(shop: Database) -> None:
     assert "1048577 bytes, the limit is 1048576 bytes (setting max_query_length)" in str(err)
     assert catalog_fingerprint(shop) == before
     shop.sql("UPDATE pgtrickle.pgt_settings SET value = '2048' WHERE name = 'max_query_length'")
-    err = _error(shop, "SELECT pgtrickle.create_stream_table('over', %s)", (_pad("SELECT id FROM orders", " ", size=2049),))
+    err = _error(
+        shop,
+        "SELECT pgtrickle.create_stream_table('over', %s)",
+        (_pad("SELECT id FROM orders", " ", size=2049),),
+    )
     assert "the limit is 2048 bytes" in str(err)
     create_st(shop, "fits", _pad("SELECT id FROM orders", " ", size=2048), initialize=False)
 
@@ -122,7 +133,12 @@ def _error(db: Database, statement: str, params: object = None) -> psycopg.Error
 
 ALTER_BOUNDS = [
     # (argument, SQL type, accepted edge values, refused values just past them)
-    ("circuit_breaker_ceiling", "bigint", ["1", "1000000000000000"], ["0", "1000000000000001", "9223372036854775807"]),
+    (
+        "circuit_breaker_ceiling",
+        "bigint",
+        ["1", "1000000000000000"],
+        ["0", "1000000000000001", "9223372036854775807"],
+    ),
     ("circuit_breaker_max_ratio", "float8", ["1e-9", "1000"], ["0", "1000.0001", "NaN", "Infinity", "-1"]),
     ("circuit_breaker_sensitivity", "float8", ["1e-9", "100"], ["0", "100.0001", "NaN", "Infinity"]),
     ("circuit_breaker_window", "int", ["2", "10000"], ["1", "10001"]),
@@ -131,7 +147,9 @@ ALTER_BOUNDS = [
 
 
 @pytest.mark.parametrize(("arg", "sqltype", "ok", "bad"), ALTER_BOUNDS)
-def test_alter_stream_table_bounds(shop: Database, arg: str, sqltype: str, ok: list[str], bad: list[str]) -> None:
+def test_alter_stream_table_bounds(
+    shop: Database, arg: str, sqltype: str, ok: list[str], bad: list[str]
+) -> None:
     create_st(shop, "st", "SELECT id FROM orders", initialize=False)
     for value in bad:
         before = catalog_fingerprint(shop)
@@ -148,11 +166,19 @@ def test_watermark_group_interval_bounds(shop: Database) -> None:
     shop.sql("CREATE TABLE feed_b (id int)")
     for arg in ("tolerance", "stale_after"):
         for value in ("-1 second", "366 days 1 second", "infinity"):
-            err = _error(shop, f"SELECT pgtrickle.create_watermark_group('g', ARRAY['feed_a', 'feed_b'], {arg} => %s::interval)",
-                         (value,))
-            assert err.sqlstate == "22023" and f"{arg} of watermark group 'g' must be between 0 and 366 days" in str(err)
+            err = _error(
+                shop,
+                f"SELECT pgtrickle.create_watermark_group('g', ARRAY['feed_a', 'feed_b'], {arg} => %s::interval)",
+                (value,),
+            )
+            assert (
+                err.sqlstate == "22023"
+                and f"{arg} of watermark group 'g' must be between 0 and 366 days" in str(err)
+            )
         assert shop.scalar("SELECT count(*) FROM pgtrickle.pgt_watermark_groups") == 0
-    shop.sql("SELECT pgtrickle.create_watermark_group('g', ARRAY['feed_a', 'feed_b'], tolerance => '0', stale_after => '366 days')")
+    shop.sql(
+        "SELECT pgtrickle.create_watermark_group('g', ARRAY['feed_a', 'feed_b'], tolerance => '0', stale_after => '366 days')"
+    )
     shop.sql("SELECT pgtrickle.alter_watermark_group('g', tolerance => '366 days', stale_after => '0')")
     err = _error(shop, "SELECT pgtrickle.alter_watermark_group('g', tolerance => '367 days')")
     assert err.sqlstate == "22023"
@@ -161,7 +187,10 @@ def test_watermark_group_interval_bounds(shop: Database) -> None:
 def test_max_rows_bounds(shop: Database) -> None:
     create_st(shop, "st", "SELECT id FROM orders", initialize=False)
     shop.sql("CREATE TABLE feed (id int)")
-    for call in ("SELECT * FROM pgtrickle.get_refresh_history('st', %s)", "SELECT * FROM pgtrickle.watermark_history('feed', %s)"):
+    for call in (
+        "SELECT * FROM pgtrickle.get_refresh_history('st', %s)",
+        "SELECT * FROM pgtrickle.watermark_history('feed', %s)",
+    ):
         for value in (1, 1_000_000):
             shop.sql(call, (value,))
         for value in (0, 1_000_001, None):
@@ -174,8 +203,16 @@ def test_max_rows_bounds(shop: Database) -> None:
 SETTING_BOUNDS = [
     # (setting, accepted edge values, refused values)
     ("max_query_length", ["1024", "104857600"], ["1023", "104857601", "1e9", "10.5", "big"]),
-    ("slot_lag_alert_bytes", ["-1", "1000000000000000"], ["-2", "1000000000000001", "9223372036854775807", "1e30"]),
-    ("circuit_breaker_cold_start_ceiling", ["1", "1000000000000000"], ["0", "1000000000000001", "9223372036854775807"]),
+    (
+        "slot_lag_alert_bytes",
+        ["-1", "1000000000000000"],
+        ["-2", "1000000000000001", "9223372036854775807", "1e30"],
+    ),
+    (
+        "circuit_breaker_cold_start_ceiling",
+        ["1", "1000000000000000"],
+        ["0", "1000000000000001", "9223372036854775807"],
+    ),
     ("auto_suspend_after", ["0", "1000"], ["-1", "1001", "2.5", "NaN"]),
     ("stale_data_factor", ["0", "1000", "0.5"], ["-0.1", "1000.1", "NaN", "Infinity"]),
     ("differential_fallback_ratio", ["0.000001", "1000"], ["0", "1000.01", "NaN", "-1"]),

@@ -5,7 +5,13 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from pgtrickle.catalog.install import install, installed_version, latest_version, migrations, require_installed
+from pgtrickle.catalog.install import (
+    install,
+    installed_version,
+    latest_version,
+    migrations,
+    require_installed,
+)
 from pgtrickle.errors import CatalogError
 
 pytestmark = pytest.mark.integration
@@ -40,31 +46,43 @@ def test_upgrade_from_version_1_keeps_catalog_rows_and_buffers(empty_db: psycopg
     # What version 1 left behind: a captured source with its buffer (no captured_at yet).
     empty_db.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
     relid = empty_db.execute("SELECT 't'::regclass::oid::bigint").fetchone()[0]  # type: ignore[index]
-    empty_db.execute(f"CREATE TABLE pgtrickle_changes.changes_{relid} (change_id bigint GENERATED ALWAYS "
-                     "AS IDENTITY, xid xid8 NOT NULL, action \"char\" NOT NULL, new_id int, old_id int)")
-    empty_db.execute(f"INSERT INTO pgtrickle_changes.changes_{relid} (xid, action, new_id) "
-                     "VALUES (pg_current_xact_id(), 'I', 1)")
-    empty_db.execute("INSERT INTO pgtrickle.pgt_change_sources (source_relid, source_schema, source_name, "
-                     "source_kind, buffer_name, columns) VALUES (%s, 'public', 't', 'TABLE', %s, "
-                     "'[{\"attnum\": 1, \"name\": \"id\", \"type\": \"integer\", \"buf\": \"id\"}]')",
-                     (relid, f"changes_{relid}"))
+    empty_db.execute(
+        f"CREATE TABLE pgtrickle_changes.changes_{relid} (change_id bigint GENERATED ALWAYS "
+        'AS IDENTITY, xid xid8 NOT NULL, action "char" NOT NULL, new_id int, old_id int)'
+    )
+    empty_db.execute(
+        f"INSERT INTO pgtrickle_changes.changes_{relid} (xid, action, new_id) "
+        "VALUES (pg_current_xact_id(), 'I', 1)"
+    )
+    empty_db.execute(
+        "INSERT INTO pgtrickle.pgt_change_sources (source_relid, source_schema, source_name, "
+        "source_kind, buffer_name, columns) VALUES (%s, 'public', 't', 'TABLE', %s, "
+        '\'[{"attnum": 1, "name": "id", "type": "integer", "buf": "id"}]\')',
+        (relid, f"changes_{relid}"),
+    )
     with pytest.raises(CatalogError, match="upgrade"):
         require_installed(empty_db)
     result = install(empty_db)
     assert [a[:3] for a in result.applied] == [f"{m.version:03d}" for m in migrations()[1:]]
-    rows = empty_db.execute(f"SELECT new_id, captured_at IS NOT NULL FROM pgtrickle_changes.changes_{relid}"
-                            ).fetchall()
+    rows = empty_db.execute(
+        f"SELECT new_id, captured_at IS NOT NULL FROM pgtrickle_changes.changes_{relid}"
+    ).fetchall()
     assert rows == [(1, True)]
     # Since version 11 the buffer is a view over its rows and (for tables) packed batches;
     # the old table became the rows part and the triggers write batches.
-    assert empty_db.execute(f"SELECT relkind FROM pg_class WHERE oid = 'pgtrickle_changes.changes_{relid}'::regclass"
-                            ).fetchone() == ("v",)
+    assert empty_db.execute(
+        f"SELECT relkind FROM pg_class WHERE oid = 'pgtrickle_changes.changes_{relid}'::regclass"
+    ).fetchone() == ("v",)
     empty_db.execute("INSERT INTO t VALUES (2, 20), (3, 30)")
-    assert empty_db.execute(f"SELECT action, new_id FROM pgtrickle_changes.changes_{relid} ORDER BY change_id"
-                            ).fetchall() == [("I", 1), ("I", 2), ("I", 3)]
-    assert empty_db.execute(f"SELECT n_changes FROM pgtrickle_changes.changes_{relid}_batches").fetchall() == [(2,)]
-    assert empty_db.execute("SELECT cdc_mode, cdc_mode_setting FROM pgtrickle.pgt_change_sources"
-                            ).fetchall() == [("trigger", "default")]
+    assert empty_db.execute(
+        f"SELECT action, new_id FROM pgtrickle_changes.changes_{relid} ORDER BY change_id"
+    ).fetchall() == [("I", 1), ("I", 2), ("I", 3)]
+    assert empty_db.execute(
+        f"SELECT n_changes FROM pgtrickle_changes.changes_{relid}_batches"
+    ).fetchall() == [(2,)]
+    assert empty_db.execute(
+        "SELECT cdc_mode, cdc_mode_setting FROM pgtrickle.pgt_change_sources"
+    ).fetchall() == [("trigger", "default")]
     require_installed(empty_db)
 
 
@@ -73,4 +91,3 @@ def test_newer_catalog_than_this_pgtrickle_is_refused(empty_db: psycopg.Connecti
     empty_db.execute("INSERT INTO pgtrickle.pgt_schema_version (version, name) VALUES (999, 'future')")
     with pytest.raises(CatalogError, match="newer than this"):
         install(empty_db)
-

@@ -67,8 +67,9 @@ def test_every_metric_the_dashboard_and_alerts_use_is_served(db: Database) -> No
 
     scheduler = Scheduler(db.settings.with_overrides(metrics_port=0), db.dsn)
     try:
-        thread = threading.Thread(target=scheduler.run,
-                                  kwargs={"max_ticks": 1, "install_signal_handlers": False})
+        thread = threading.Thread(
+            target=scheduler.run, kwargs={"max_ticks": 1, "install_signal_handlers": False}
+        )
         thread.start()
         thread.join(timeout=180)
         assert not thread.is_alive()
@@ -82,14 +83,18 @@ def test_every_metric_the_dashboard_and_alerts_use_is_served(db: Database) -> No
         db.sql("SELECT pgtrickle.refresh_stream_table('nums')")
         scheduler.tick()
         db.sql("DELETE FROM src WHERE id = 100")  # a circuit breaker skip
-        db.sql("SELECT pgtrickle.alter_stream_table('nums', circuit_breaker => 'fixed', "
-               "circuit_breaker_ceiling => 1)")
+        db.sql(
+            "SELECT pgtrickle.alter_stream_table('nums', circuit_breaker => 'fixed', "
+            "circuit_breaker_ceiling => 1)"
+        )
         db.sql("UPDATE src SET s = '8' WHERE id <= 5")
         db.sql("SELECT pgtrickle.refresh_stream_table('nums')")
         scheduler.tick()
         advance(db, "wa", T0 + timedelta(minutes=10), "INSERT INTO wa VALUES (11)")  # a watermark skip
-        db.sql("UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() - interval '2h', "
-               "last_attempt_at = now() - interval '2h' WHERE pgt_name = 'joined'")
+        db.sql(
+            "UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() - interval '2h', "
+            "last_attempt_at = now() - interval '2h' WHERE pgt_name = 'joined'"
+        )
         db.sql("INSERT INTO wsrc VALUES (21, 21)")  # WAL for the slot to retain
         scheduler.tick()
         scheduler._maintenance(force=True)  # refresh the state series now

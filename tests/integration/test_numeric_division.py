@@ -264,3 +264,24 @@ def test_random_numerics_and_changes_are_exact_or_refused(db: Database, case: tu
                         refresh(db, name)
                     assert err.value.sqlstate == "22003"
                     assert _contents(db, name) == before
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stored_avg_over_unconstrained_numeric_is_exact_or_refused(db: Database, mode: str) -> None:
+    """AVG over an unconstrained numeric: the values reach Spark as decimal(38,18), so neither a
+    FULL refresh nor a stored aggregate's hidden sum knows their display scale. An average that
+    ends within 16 digits is the same at every scale (exact); one that does not is refused."""
+    db.sql("CREATE TABLE u (id int PRIMARY KEY, g int NOT NULL, x numeric)")
+    db.sql("INSERT INTO u VALUES (1, 0, 1), (2, 0, 0.5), (3, 1, 0.25), (4, 1, 2)")
+    create_st(db, "st", "SELECT g, avg(x) AS av, count(*) AS n FROM u GROUP BY g", refresh_mode=mode)
+    refresh_and_check(db, "st")
+    db.sql("INSERT INTO u VALUES (5, 0, 2.5), (6, 1, 0.75)")  # 4/3 -> no; 4/4 and 3/3: terminate
+    db.sql("DELETE FROM u WHERE id = 1")
+    _check(db, mode, ["st"])
+    # (0.5 + 2.5 + 2) / 3 = 1.6666666666666667 at display scale 1 but 1.666666666666666667 at 18
+    db.sql("INSERT INTO u VALUES (7, 0, 2)")
+    _assert_refused(db, "st", "AVG(x)", "display scale")
+    db.sql("UPDATE u SET x = 1 WHERE id = 7")  # 4 / 3 ... still repeating: still refused
+    _assert_refused(db, "st", "AVG(x)")
+    db.sql("UPDATE u SET x = 3 WHERE id = 7")  # 6 / 3 = 2: exact again
+    _check(db, mode, ["st"])

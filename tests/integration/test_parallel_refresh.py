@@ -29,16 +29,23 @@ def build_fan(db: Database, schedule: str = "1h") -> list[str]:
     db.sql("INSERT INTO src SELECT g, g % 5, g FROM generate_series(1, 300) g")
     names = []
     for j in range(1, BRANCHES + 1):
-        create_st(db, f"b1_{j}", f"SELECT grp, sum(v + {j}) AS total, count(*) AS n FROM src "
-                                 f"WHERE id % {BRANCHES} <> {j - 1} GROUP BY grp", schedule=schedule)
+        create_st(
+            db,
+            f"b1_{j}",
+            f"SELECT grp, sum(v + {j}) AS total, count(*) AS n FROM src "
+            f"WHERE id % {BRANCHES} <> {j - 1} GROUP BY grp",
+            schedule=schedule,
+        )
         create_st(db, f"b2_{j}", f"SELECT grp, total * 2 AS twice FROM b1_{j} WHERE n > 0", schedule=schedule)
         names += [f"b1_{j}", f"b2_{j}"]
     return names
 
 
 def time_passes(db: Database) -> None:
-    db.sql("UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = last_refresh_at - interval '2 hours', "
-           "last_attempt_at = last_attempt_at - interval '2 hours'")
+    db.sql(
+        "UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = last_refresh_at - interval '2 hours', "
+        "last_attempt_at = last_attempt_at - interval '2 hours'"
+    )
 
 
 @contextmanager
@@ -71,21 +78,32 @@ def test_a_fan_refreshed_in_parallel_stays_exact_under_random_dml(db: Database) 
         assert sorted(o.st.name for o in report.refreshed) == sorted(names), report.failed
         assert len(scheduler.pool.workers) == 3, "the tick ran on the worker pool"
         positions = {o.st.name: i for i, o in enumerate(report.refreshed)}
-        assert all(positions[f"b1_{j}"] < positions[f"b2_{j}"] for j in range(1, BRANCHES + 1)), \
+        assert all(positions[f"b1_{j}"] < positions[f"b2_{j}"] for j in range(1, BRANCHES + 1)), (
             "the report lists upstreams first"
+        )
         assert_oracle(db)
         next_id = [1000]
 
         @settings(max_examples=examples(3), deadline=None, suppress_health_check=list(HealthCheck))
-        @given(st.lists(st.tuples(st.sampled_from(["insert", "update", "delete"]), st.integers(1, 400),
-                                  st.integers(-50, 50)), min_size=1, max_size=8))
+        @given(
+            st.lists(
+                st.tuples(
+                    st.sampled_from(["insert", "update", "delete"]), st.integers(1, 400), st.integers(-50, 50)
+                ),
+                min_size=1,
+                max_size=8,
+            )
+        )
         def round_of(dml: list[tuple[str, int, int]]) -> None:
             for kind, key, value in dml:
                 if kind == "insert":
                     next_id[0] += 1
                     db.sql("INSERT INTO src VALUES (%s, %s, %s)", (next_id[0], key % 7, value))
                 elif kind == "update":
-                    db.sql("UPDATE src SET v = v + %s, grp = (grp + 1) %% 7 WHERE id %% 37 = %s", (value, key % 37))
+                    db.sql(
+                        "UPDATE src SET v = v + %s, grp = (grp + 1) %% 7 WHERE id %% 37 = %s",
+                        (value, key % 37),
+                    )
                 else:
                     db.sql("DELETE FROM src WHERE id %% 53 = %s", (key % 53,))
             time_passes(db)
@@ -110,11 +128,17 @@ def test_a_failed_refresh_leaves_the_others_refreshed(db: Database) -> None:
         report = scheduler.tick()
         assert [f[0].name for f in report.failed] == ["fragile"]
         assert sorted(o.st.name for o in report.refreshed) == sorted(names)
-        assert all(o.action is not Action.NO_DATA for o in report.refreshed if o.st.name.startswith("b1_")), \
+        assert all(o.action is not Action.NO_DATA for o in report.refreshed if o.st.name.startswith("b1_")), (
             "every first-level branch applied the new row"
+        )
         assert_oracle(db, *names)
-        assert db.scalar("SELECT h.status FROM pgtrickle.pgt_refresh_history h JOIN pgtrickle.pgt_stream_tables s "
-                         "USING (pgt_id) WHERE s.pgt_name = 'fragile' ORDER BY h.refresh_id DESC LIMIT 1") == "FAILED"
+        assert (
+            db.scalar(
+                "SELECT h.status FROM pgtrickle.pgt_refresh_history h JOIN pgtrickle.pgt_stream_tables s "
+                "USING (pgt_id) WHERE s.pgt_name = 'fragile' ORDER BY h.refresh_id DESC LIMIT 1"
+            )
+            == "FAILED"
+        )
     finally:
         scheduler.close()
 
@@ -124,8 +148,14 @@ def test_two_parallel_daemons_never_refresh_one_stream_table_at_once(db: Databas
     parallel = db.settings.with_overrides(max_parallel_refreshes=2, tick_seconds=0.1)
     first, second = Scheduler(parallel, db.dsn), Scheduler(parallel, db.dsn)
     with running(first, db.dsn), running(second, db.dsn):
-        wait_for(lambda: db.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables WHERE frontier IS NOT NULL")
-                 == len(names), 300, "the daemons to populate the fan")
+        wait_for(
+            lambda: (
+                db.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables WHERE frontier IS NOT NULL")
+                == len(names)
+            ),
+            300,
+            "the daemons to populate the fan",
+        )
         deadline = time.monotonic() + 8
         k = 0
         while time.monotonic() < deadline:
@@ -158,7 +188,9 @@ def test_two_parallel_daemons_never_refresh_one_stream_table_at_once(db: Databas
     assert_oracle(db)
 
 
-def test_a_downstream_refreshes_in_the_same_tick_as_its_upstream_once_its_schedule_allows(db: Database) -> None:
+def test_a_downstream_refreshes_in_the_same_tick_as_its_upstream_once_its_schedule_allows(
+    db: Database,
+) -> None:
     db.sql("CREATE TABLE src (id int PRIMARY KEY, v int)")
     db.sql("INSERT INTO src SELECT g, g FROM generate_series(1, 100) g")
     create_st(db, "up", "SELECT id, v * 2 AS v2 FROM src", schedule="1s")
@@ -168,20 +200,28 @@ def test_a_downstream_refreshes_in_the_same_tick_as_its_upstream_once_its_schedu
         scheduler.tick()
         db.sql("INSERT INTO src VALUES (500, 500)")
         # up is due; down refreshed 0.98 s ago: not due when the tick starts, due once up has committed.
-        db.sql("UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() - interval '10 s', "
-               "last_attempt_at = NULL WHERE pgt_name = 'up'")
-        db.sql("UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() - interval '980 ms', "
-               "last_attempt_at = NULL WHERE pgt_name = 'down'")
+        db.sql(
+            "UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() - interval '10 s', "
+            "last_attempt_at = NULL WHERE pgt_name = 'up'"
+        )
+        db.sql(
+            "UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() - interval '980 ms', "
+            "last_attempt_at = NULL WHERE pgt_name = 'down'"
+        )
         report = scheduler.tick()
         assert [o.st.name for o in report.refreshed] == ["up", "down"]
         assert [o.action for o in report.refreshed] != [Action.NO_DATA, Action.NO_DATA]
         assert_oracle(db)
         # Not due yet (1s schedule): it is pending, and the daemon wakes when it falls due.
         db.sql("INSERT INTO src VALUES (501, 501)")
-        db.sql("UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() - interval '10 s', "
-               "last_attempt_at = NULL WHERE pgt_name = 'up'")
-        db.sql("UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() + interval '20 s' "
-               "WHERE pgt_name = 'down'")
+        db.sql(
+            "UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() - interval '10 s', "
+            "last_attempt_at = NULL WHERE pgt_name = 'up'"
+        )
+        db.sql(
+            "UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() + interval '20 s' "
+            "WHERE pgt_name = 'down'"
+        )
         report = scheduler.tick()
         assert [o.st.name for o in report.refreshed] == ["up"]
         down = db.scalar("SELECT pgt_id FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'down'")
@@ -198,12 +238,16 @@ def test_an_insert_into_an_idle_source_wakes_the_daemon_before_its_tick(db: Data
     tick = 60.0
     scheduler = Scheduler(db.settings.with_overrides(tick_seconds=tick), db.dsn)
     with running(scheduler, db.dsn):
-        wait_for(lambda: db.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables WHERE frontier IS NOT NULL")
-                 == 2, 300, "the daemon to populate the stream tables")
+        wait_for(
+            lambda: (
+                db.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables WHERE frontier IS NOT NULL") == 2
+            ),
+            300,
+            "the daemon to populate the stream tables",
+        )
         time.sleep(2.5)  # idle: past the schedules, waiting for its 60 s tick
         db.sql("INSERT INTO src VALUES (1000, 7)")
-        latency = wait_for(lambda: db.scalar("SELECT n FROM st2") == 101, tick / 2,
-                           "the change to reach st2")
+        latency = wait_for(lambda: db.scalar("SELECT n FROM st2") == 101, tick / 2, "the change to reach st2")
     assert latency < tick / 2
     print(f"commit -> downstream of the idle source: {latency:.2f}s with a {tick:.0f}s tick")
     assert_oracle(db)

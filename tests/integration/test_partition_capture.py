@@ -34,8 +34,9 @@ def _actions(outcomes) -> dict[str, tuple[Action, str]]:  # type: ignore[no-unty
 
 
 def _pending(db: Database, table: str) -> int:
-    buf = db.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_relid = %s::regclass",
-                    (table,))
+    buf = db.scalar(
+        "SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_relid = %s::regclass", (table,)
+    )
     return int(db.scalar(f"SELECT count(*) FROM pgtrickle_changes.{buf}"))  # type: ignore[arg-type]
 
 
@@ -94,13 +95,15 @@ def test_sub_partitions_and_a_leaf_with_another_column_order(db: Database) -> No
     # A sub-partition created after the stream table.
     db.sql("CREATE TABLE pt_top PARTITION OF pt FOR VALUES FROM (200) TO (300) PARTITION BY LIST (grp)")
     db.sql("CREATE TABLE pt_top_all PARTITION OF pt_top DEFAULT")
-    for stmt in ["UPDATE pt_hi_b SET v = v || '!' WHERE id % 2 = 0",
-                 "DELETE FROM pt_hi_a WHERE id < 150",
-                 "INSERT INTO pt_hi_b (id, grp, v) VALUES (1000 - 850, 3, 'new')",
-                 "UPDATE pt_hi SET v = 'via intermediate' WHERE id > 190",
-                 "INSERT INTO pt_top_all VALUES (250, 9, 'deep'), (251, 9, 'deeper')",
-                 "INSERT INTO pt VALUES (260, 1, 'through root')",
-                 "DELETE FROM pt_top WHERE id = 251"]:
+    for stmt in [
+        "UPDATE pt_hi_b SET v = v || '!' WHERE id % 2 = 0",
+        "DELETE FROM pt_hi_a WHERE id < 150",
+        "INSERT INTO pt_hi_b (id, grp, v) VALUES (1000 - 850, 3, 'new')",
+        "UPDATE pt_hi SET v = 'via intermediate' WHERE id > 190",
+        "INSERT INTO pt_top_all VALUES (250, 9, 'deep'), (251, 9, 'deeper')",
+        "INSERT INTO pt VALUES (260, 1, 'through root')",
+        "DELETE FROM pt_top WHERE id = 251",
+    ]:
         db.sql(stmt)
         _differential(db, "agg", "flat")
 
@@ -114,8 +117,10 @@ def test_attach_with_rows_and_detach_reinitialize_and_detach_removes_capture(par
     for name in ("agg", "flat"):
         action, reason = outcomes[name]
         assert action is Action.FULL and "pt_3" in reason and "attach" in reason.lower(), outcomes[name]
-    alerts = db.sql("SELECT payload->>'reason' FROM pgtrickle.alerts WHERE event = 'reinitialize_needed'"
-                    " AND payload->>'reason' LIKE '%%pt_3%%'")
+    alerts = db.sql(
+        "SELECT payload->>'reason' FROM pgtrickle.alerts WHERE event = 'reinitialize_needed'"
+        " AND payload->>'reason' LIKE '%%pt_3%%'"
+    )
     assert len(alerts) == 2, alerts  # one per stream table
     db.sql("UPDATE pt_3 SET v = 0 WHERE id < 210")
     _differential(db, "agg", "flat")
@@ -145,8 +150,12 @@ def inherited(db: Database) -> Database:
     db.sql("CREATE TABLE dogs (good boolean DEFAULT true) INHERITS (animals)")
     db.sql("INSERT INTO animals SELECT g, 'a' || (g % 3), g % 5 FROM generate_series(1, 50) g")
     db.sql("INSERT INTO dogs SELECT g, 'dog', 4 FROM generate_series(100, 120) g")
-    create_st(db, "per_kind", "SELECT kind, count(*) AS n, sum(legs) AS legs FROM animals GROUP BY kind",
-              schedule="1h")
+    create_st(
+        db,
+        "per_kind",
+        "SELECT kind, count(*) AS n, sum(legs) AS legs FROM animals GROUP BY kind",
+        schedule="1h",
+    )
     create_st(db, "all_animals", "SELECT id, kind, legs FROM animals", schedule="1h")
     refresh_and_check(db, "per_kind", "all_animals")
     return db
@@ -186,7 +195,9 @@ def test_inheritance_children_joining_and_leaving(inherited: Database) -> None:
 def test_check_cdc_health_reports_a_member_without_capture(partitioned: Database) -> None:
     db = partitioned
     assert db.sql("SELECT problems FROM pgtrickle.check_cdc_health() WHERE source = 'public.pt'") == [([],)]
-    for (tgname,) in db.sql("SELECT tgname FROM pg_trigger WHERE tgrelid = 'pt_2'::regclass AND NOT tgisinternal"):
+    for (tgname,) in db.sql(
+        "SELECT tgname FROM pg_trigger WHERE tgrelid = 'pt_2'::regclass AND NOT tgisinternal"
+    ):
         db.sql(f'DROP TRIGGER "{tgname}" ON pt_2')
     [(problems,)] = db.sql("SELECT problems FROM pgtrickle.check_cdc_health() WHERE source = 'public.pt'")
     assert any("pt_2" in p for p in problems), problems
@@ -215,7 +226,10 @@ def test_a_source_that_is_a_partition_sees_writes_through_its_parents(partitione
     _differential(db, *names)
     # DETACH of the source itself: it keeps its rows, and statements naming pt no longer reach it.
     db.sql("ALTER TABLE pt DETACH PARTITION pt_1")
-    assert db.sql("SELECT tgname FROM pg_trigger WHERE tgrelid = 'pt'::regclass AND tgname LIKE 'pgt_ancestor%'") == []
+    assert (
+        db.sql("SELECT tgname FROM pg_trigger WHERE tgrelid = 'pt'::regclass AND tgname LIKE 'pgt_ancestor%'")
+        == []
+    )
     db.sql("UPDATE pt_1 SET v = 1 WHERE id = 6")
     outcomes = _actions(refresh_and_check(db, *names))
     assert outcomes["part_1"][0] is Action.DIFFERENTIAL and outcomes["agg"][0] is Action.FULL, outcomes
@@ -242,8 +256,12 @@ PART_TARGETS = ["ev", "ev_s", "ev_n", "ev_s_lo", "ev_s_hi", "ev_w"]
 INH_TARGETS = ["zoo", "zoo_c", "zoo_cc"]
 _op = st.one_of(
     st.tuples(st.just("insert"), st.sampled_from(PART_TARGETS + INH_TARGETS), st.integers(1, 4)),
-    st.tuples(st.just("update"), st.sampled_from(PART_TARGETS + INH_TARGETS), st.integers(2, 4), st.integers(0, 3)),
-    st.tuples(st.just("delete"), st.sampled_from(PART_TARGETS + INH_TARGETS), st.integers(2, 5), st.integers(0, 4)),
+    st.tuples(
+        st.just("update"), st.sampled_from(PART_TARGETS + INH_TARGETS), st.integers(2, 4), st.integers(0, 3)
+    ),
+    st.tuples(
+        st.just("delete"), st.sampled_from(PART_TARGETS + INH_TARGETS), st.integers(2, 5), st.integers(0, 4)
+    ),
     st.tuples(st.just("move"), st.sampled_from(["n", "s", "w", "e"]), st.integers(2, 4), st.integers(0, 3)),
     st.tuples(st.just("rekey"), st.just("ev_s"), st.integers(2, 4), st.integers(0, 3)),
 )
@@ -264,8 +282,10 @@ class _Ids:
 
 
 def _hierarchies(db: Database) -> None:
-    db.sql("CREATE TABLE ev (id int NOT NULL, region text NOT NULL, amt int, PRIMARY KEY (id, region))"
-           " PARTITION BY LIST (region)")
+    db.sql(
+        "CREATE TABLE ev (id int NOT NULL, region text NOT NULL, amt int, PRIMARY KEY (id, region))"
+        " PARTITION BY LIST (region)"
+    )
     db.sql("CREATE TABLE ev_n (amt int, id int NOT NULL, region text NOT NULL)")  # another column order
     db.sql("ALTER TABLE ev ATTACH PARTITION ev_n FOR VALUES IN ('n')")
     db.sql("CREATE TABLE ev_s PARTITION OF ev FOR VALUES IN ('s') PARTITION BY RANGE (id)")
@@ -302,19 +322,32 @@ def _apply(db: Database, op: tuple, ids: _Ids) -> None:  # type: ignore[type-arg
 def test_random_dml_over_parents_and_leaves_stays_exact(db: Database) -> None:
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     _hierarchies(db)
-    queries = {"ev_agg": "SELECT region, count(*) AS n, sum(amt) AS s FROM ev GROUP BY region",
-               "ev_flat": "SELECT id, region, amt FROM ev WHERE amt % 3 <> 0",
-               "zoo_agg": "SELECT amt, count(*) AS n, min(id) AS first FROM zoo GROUP BY amt"}
+    queries = {
+        "ev_agg": "SELECT region, count(*) AS n, sum(amt) AS s FROM ev GROUP BY region",
+        "ev_flat": "SELECT id, region, amt FROM ev WHERE amt % 3 <> 0",
+        "zoo_agg": "SELECT amt, count(*) AS n, min(id) AS first FROM zoo GROUP BY amt",
+    }
 
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-    @given(initial=st.lists(st.tuples(st.sampled_from(PART_TARGETS + INH_TARGETS), st.integers(1, 4)),
-                            max_size=6),
-           changes=_batches)
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(
+        initial=st.lists(
+            st.tuples(st.sampled_from(PART_TARGETS + INH_TARGETS), st.integers(1, 4)), max_size=6
+        ),
+        changes=_batches,
+    )
     def run(initial, changes) -> None:  # type: ignore[no-untyped-def]
         for name in queries:
-            db.sql("SELECT pgtrickle.drop_stream_table(%s) FROM pgtrickle.stream_tables_info"
-                   " WHERE table_name = %s", (name, name))
+            db.sql(
+                "SELECT pgtrickle.drop_stream_table(%s) FROM pgtrickle.stream_tables_info"
+                " WHERE table_name = %s",
+                (name, name),
+            )
         db.sql("DELETE FROM ev")
         db.sql("DELETE FROM zoo")
         ids = _Ids()
@@ -333,7 +366,9 @@ def test_random_dml_over_parents_and_leaves_stays_exact(db: Database) -> None:
     run()
 
 
-def test_wal_capture_is_refused_for_a_partitioned_source_and_auto_stays_on_triggers(partitioned: Database) -> None:
+def test_wal_capture_is_refused_for_a_partitioned_source_and_auto_stays_on_triggers(
+    partitioned: Database,
+) -> None:
     from pgtrickle.cdc.modes import CaptureManager
 
     db = partitioned
@@ -346,7 +381,9 @@ def test_wal_capture_is_refused_for_a_partitioned_source_and_auto_stays_on_trigg
     db.sql("SELECT pgtrickle.set_cdc_mode('pt', 'auto')")
     started: list[bool] = []
     CaptureManager(db.conn, lambda: started.append(True)).reconcile()
-    [(mode, reason)] = db.sql("SELECT cdc_mode, reason FROM pgtrickle.check_cdc_health() WHERE source = 'public.pt'")
+    [(mode, reason)] = db.sql(
+        "SELECT cdc_mode, reason FROM pgtrickle.check_cdc_health() WHERE source = 'public.pt'"
+    )
     assert mode == "trigger" and "partition" in reason and not started, (mode, reason, started)
     assert db.scalar("SELECT count(*) FROM pg_replication_slots") == 0
     db.sql("DELETE FROM pt_1 WHERE id < 10")
@@ -372,7 +409,9 @@ def test_from_only_parent_never_shows_childrens_rows(inherited: Database) -> Non
     with pytest.raises(UnsupportedQueryError, match="FROM ONLY"):
         refresh(db, "only_parent")
     assert db.scalar("SELECT count(*) FROM only_parent") == 0
-    assert db.scalar("SELECT frontier IS NULL FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'only_parent'")
+    assert db.scalar(
+        "SELECT frontier IS NULL FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'only_parent'"
+    )
 
 
 def test_a_partition_attached_during_a_refresh_is_not_forgotten(partitioned: Database, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -429,8 +468,12 @@ def test_a_wal_source_that_gains_a_child_goes_back_to_triggers(db: Database) -> 
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '20 seconds' WHERE name = 'wal_transition_timeout'")
     db.sql("CREATE TABLE animals (id int PRIMARY KEY, kind text, legs int)")
     db.sql("INSERT INTO animals SELECT g, 'a' || (g % 3), g % 5 FROM generate_series(1, 30) g")
-    create_st(db, "per_kind", "SELECT kind, count(*) AS n, sum(legs) AS legs FROM animals GROUP BY kind",
-              schedule="1h")
+    create_st(
+        db,
+        "per_kind",
+        "SELECT kind, count(*) AS n, sum(legs) AS legs FROM animals GROUP BY kind",
+        schedule="1h",
+    )
     refresh_and_check(db, "per_kind")
     db.sql("SELECT pgtrickle.set_cdc_mode('animals', 'wal')")
     threads: list[DecoderThread] = []
@@ -442,7 +485,10 @@ def test_a_wal_source_that_gains_a_child_goes_back_to_triggers(db: Database) -> 
 
     try:
         CaptureManager(db.conn, start_decoder).reconcile()
-        assert db.scalar("SELECT cdc_mode FROM pgtrickle.pgt_change_sources WHERE source_name = 'animals'") == "wal"
+        assert (
+            db.scalar("SELECT cdc_mode FROM pgtrickle.pgt_change_sources WHERE source_name = 'animals'")
+            == "wal"
+        )
         db.sql("INSERT INTO animals VALUES (31, 'a0', 4)")
         _differential(db, "per_kind")
         db.sql("CREATE TABLE birds (id int NOT NULL, kind text, legs int)")

@@ -85,16 +85,20 @@ def hold_apply(db: Database, table: str, daemon: DaemonProcess) -> psycopg.Conne
     blocker.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")  # readers pass, the apply's writes wait
 
     def waiting() -> bool:
-        return bool(db.scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgtrickle-refresh'"
-            " AND wait_event_type = 'Lock' AND state = 'active'"))
+        return bool(
+            db.scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgtrickle-refresh'"
+                " AND wait_event_type = 'Lock' AND state = 'active'"
+            )
+        )
 
     poll(waiting, f"the daemon's apply into {table} to wait on the lock", 120, daemon.check_alive)
     return blocker
 
 
-def test_daemon_rides_through_fast_and_immediate_restarts(own_server: EmbeddedPostgres, restart_db: Database,
-                                                          tmp_path: Path) -> None:
+def test_daemon_rides_through_fast_and_immediate_restarts(
+    own_server: EmbeddedPostgres, restart_db: Database, tmp_path: Path
+) -> None:
     db = restart_db
     names = create_workload(db)
     writers = Writers(db.dsn, seed=88, reconnect=True)
@@ -108,14 +112,20 @@ def test_daemon_rides_through_fast_and_immediate_restarts(own_server: EmbeddedPo
     try:
         daemon.start()
         writers.start()
-        poll(lambda: "public.big_events: DIFFERENTIAL" in daemon.output(100_000),
-             "the daemon to refresh big_events differentially", 180, daemon.check_alive)
+        poll(
+            lambda: "public.big_events: DIFFERENTIAL" in daemon.output(100_000),
+            "the daemon to refresh big_events differentially",
+            180,
+            daemon.check_alive,
+        )
         pid = daemon.proc.pid if daemon.proc else None
         for number, (mode, cut_apply) in enumerate(cycles, 1):
             flushed = db.scalar("SELECT flushed_lsn FROM pgtrickle.pgt_decoder_state")
-            abandoned = db.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_history h JOIN "
-                                  "pgtrickle.pgt_stream_tables s USING (pgt_id) WHERE s.pgt_name = 'big_events'"
-                                  " AND h.status = 'ABANDONED'")
+            abandoned = db.scalar(
+                "SELECT count(*) FROM pgtrickle.pgt_refresh_history h JOIN "
+                "pgtrickle.pgt_stream_tables s USING (pgt_id) WHERE s.pgt_name = 'big_events'"
+                " AND h.status = 'ABANDONED'"
+            )
             if cut_apply:
                 blocker = hold_apply(db, "big_events", daemon)
             else:
@@ -124,24 +134,38 @@ def test_daemon_rides_through_fast_and_immediate_restarts(own_server: EmbeddedPo
             if cut_apply:
                 blocker.close()
             reopen(db)
-            poll(lambda n=number: daemon.output(1_000_000).count("reconnected to PostgreSQL") >= n,
-                 f"the daemon to reconnect after restart {number} ({mode})", 120, daemon.check_alive)
+            poll(
+                lambda n=number: daemon.output(1_000_000).count("reconnected to PostgreSQL") >= n,
+                f"the daemon to reconnect after restart {number} ({mode})",
+                120,
+                daemon.check_alive,
+            )
             assert daemon.proc is not None and daemon.proc.pid == pid
             writers.pause()
             wait_caught_up(db, names, 180, daemon.check_alive)
             assert_oracle(db, *names)
             assert_windows_consumed_once(db)
             # The decoder resumed from its slot: it streams again past where it was before the restart.
-            assert db.scalar("SELECT flushed_lsn > %s::pg_lsn FROM pgtrickle.pgt_decoder_state", (str(flushed),))
+            assert db.scalar(
+                "SELECT flushed_lsn > %s::pg_lsn FROM pgtrickle.pgt_decoder_state", (str(flushed),)
+            )
             # ... and the daemon's decoder thread is attached to the slot again (after its own backoff;
             # meanwhile a refresh decodes what it needs itself).
-            poll(lambda: db.scalar("SELECT active FROM pg_replication_slots WHERE slot_name LIKE 'pgtrickle_%'")
-                 is True, "the decoder thread to attach to the slot again", 90, daemon.check_alive)
+            poll(
+                lambda: (
+                    db.scalar("SELECT active FROM pg_replication_slots WHERE slot_name LIKE 'pgtrickle_%'")
+                    is True
+                ),
+                "the decoder thread to attach to the slot again",
+                90,
+                daemon.check_alive,
+            )
             if cut_apply:
                 cut += 1
                 now_abandoned = db.scalar(
                     "SELECT count(*) FROM pgtrickle.pgt_refresh_history h JOIN pgtrickle.pgt_stream_tables s"
-                    " USING (pgt_id) WHERE s.pgt_name = 'big_events' AND h.status = 'ABANDONED'")
+                    " USING (pgt_id) WHERE s.pgt_name = 'big_events' AND h.status = 'ABANDONED'"
+                )
                 assert now_abandoned == abandoned + 1, "the refresh cut off in its apply is not ABANDONED"
             writers.resume()
         daemon.check_alive()
@@ -151,7 +175,11 @@ def test_daemon_rides_through_fast_and_immediate_restarts(own_server: EmbeddedPo
             daemon.kill()
     writers.check()
     log = daemon.output(1_000_000)
-    assert "lost the connection to PostgreSQL" in log and "reconnecting in 0.5s (attempt 1)" in log, log[-4000:]
-    print(f"\n{len(cycles)} restarts survived ({cut} with a refresh cut off in its apply), "
-          f"{writers.committed} writer transactions committed, {writers.reconnects} writer reconnects, "
-          f"{time.monotonic() - started:.0f}s")
+    assert "lost the connection to PostgreSQL" in log and "reconnecting in 0.5s (attempt 1)" in log, log[
+        -4000:
+    ]
+    print(
+        f"\n{len(cycles)} restarts survived ({cut} with a refresh cut off in its apply), "
+        f"{writers.committed} writer transactions committed, {writers.reconnects} writer reconnects, "
+        f"{time.monotonic() - started:.0f}s"
+    )

@@ -37,17 +37,27 @@ class Subscriber:
 
     def contents(self, table: str) -> list[tuple]:
         """The table's rows as pgoutput sends them (text, every column in attribute order)."""
-        cols = [r[0] for r in self.db.sql(
-            "SELECT attname::text FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
-            " AND NOT attisdropped ORDER BY attnum", (table,))]
+        cols = [
+            r[0]
+            for r in self.db.sql(
+                "SELECT attname::text FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
+                " AND NOT attisdropped ORDER BY attnum",
+                (table,),
+            )
+        ]
         query = sql.SQL("SELECT {} FROM {}").format(
-            sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in cols), sql.Identifier(table))
+            sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in cols),
+            sql.Identifier(table),
+        )
         return [tuple(r) for r in self.db.conn.execute(query).fetchall()]
 
     def consume(self) -> list[tuple[str, str]]:
         """Apply the changes pending in the slot; returns (table, kind) of each, in order."""
-        rows = self.db.sql("SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL,"
-                           " 'proto_version', '1', 'publication_names', 'pgt_pub')", (SLOT,))
+        rows = self.db.sql(
+            "SELECT data FROM pg_logical_slot_get_binary_changes(%s, NULL, NULL,"
+            " 'proto_version', '1', 'publication_names', 'pgt_pub')",
+            (SLOT,),
+        )
         events = []
         for (data,) in rows:
             msg = decode_message(bytes(data))
@@ -98,10 +108,12 @@ def published(db: Database) -> Database:
 
 def test_publish_sets_replica_identity_full_and_publication(published: Database) -> None:
     db = published
-    assert db.sql("SELECT relname::text, relreplident::text FROM pg_class WHERE relname IN ('lin', 'agg')"
-                  " ORDER BY 1") == [("agg", "f"), ("lin", "f")]
-    assert db.sql("SELECT tablename::text FROM pg_publication_tables WHERE pubname = 'pgt_pub' ORDER BY 1") == [
-        ("agg",), ("lin",)]
+    assert db.sql(
+        "SELECT relname::text, relreplident::text FROM pg_class WHERE relname IN ('lin', 'agg') ORDER BY 1"
+    ) == [("agg", "f"), ("lin", "f")]
+    assert db.sql(
+        "SELECT tablename::text FROM pg_publication_tables WHERE pubname = 'pgt_pub' ORDER BY 1"
+    ) == [("agg",), ("lin",)]
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="publication name"):
         db.sql("SELECT pgtrickle.publish_stream_table('lin', '')")
     with pytest.raises(psycopg.errors.UndefinedObject):
@@ -116,8 +128,8 @@ def test_published_stream_tables_stream_their_changes(published: Database) -> No
 
     # DIFFERENTIAL: one of several equal rows goes (a duplicate), a group changes, a group appears.
     assert db.scalar("SELECT count(*) FROM lin WHERE grp = 'g1' AND v = 2") > 1
-    db.sql("DELETE FROM src WHERE id = 1")               # g1, v 2: one duplicate of several
-    db.sql("UPDATE src SET v = 7 WHERE id = 2")          # g2: v 1 -> 7
+    db.sql("DELETE FROM src WHERE id = 1")  # g1, v 2: one duplicate of several
+    db.sql("UPDATE src SET v = 7 WHERE id = 2")  # g2: v 1 -> 7
     db.sql("INSERT INTO src VALUES (100, 'new', 5)")
     outcomes = refresh(db)
     assert {o.st.name: o.action.value for o in outcomes} == {"lin": "DIFFERENTIAL", "agg": "DIFFERENTIAL"}
@@ -143,7 +155,8 @@ def test_published_stream_tables_stream_their_changes(published: Database) -> No
     assert_oracle(db)
     events = sub.consume()
     assert events[0] == ("lin", "TRUNCATE") and Counter(events)[("lin", "INSERT")] == db.scalar(
-        "SELECT count(*) FROM lin")
+        "SELECT count(*) FROM lin"
+    )
     assert ("agg", "TRUNCATE") in events
     assert sub.matches("lin") and sub.matches("agg")
 

@@ -38,13 +38,13 @@ def _actions(outcomes) -> list[Action]:  # type: ignore[no-untyped-def]
 
 NESTED_WITH = {
     "with_in_subquery": "WITH b AS (SELECT * FROM base_b) SELECT v.i, v.j FROM (WITH a AS (SELECT * FROM base_a) "
-                        "SELECT a.i, a.j FROM a, b WHERE a.i = b.i) v",
+    "SELECT a.i, a.j FROM a, b WHERE a.i = b.i) v",
     "with_in_cte": "WITH b AS (WITH a AS (SELECT * FROM base_a WHERE j > 30) SELECT a.i, a.j FROM a) "
-                   "SELECT b.i, b.j, c.j AS k FROM b JOIN base_b c ON c.i = b.i",
+    "SELECT b.i, b.j, c.j AS k FROM b JOIN base_b c ON c.i = b.i",
     "shadowed_name": "WITH a AS (SELECT i, j FROM base_b) SELECT x.i, a.j FROM (WITH a AS (SELECT i FROM base_a) "
-                     "SELECT a.i FROM a) x JOIN a ON a.i = x.i",
+    "SELECT a.i FROM a) x JOIN a ON a.i = x.i",
     "nested_grouped": "SELECT w.i % 3 AS g, count(*) AS n, sum(w.j) AS s FROM (WITH a AS (SELECT * FROM base_a) "
-                      "SELECT a.i, a.j FROM a) w GROUP BY w.i % 3",
+    "SELECT a.i, a.j FROM a) w GROUP BY w.i % 3",
 }
 
 
@@ -127,14 +127,25 @@ def test_type_compared_by_code_of_an_ordinary_role_is_refused(udt: Database) -> 
 
 REFUSED_IN_EVERY_MODE = {
     "srf_in_from": ("SELECT i FROM base_a, generate_series(1, 10)", "generate_series() in FROM"),
-    "srf_in_select": ("SELECT i, generate_series(1, i) AS k FROM base_a", "set-returning function generate_series()"),
-    "srf_in_subquery": ("SELECT i FROM base_a WHERE i IN (SELECT generate_series(1, 3))",
-                        "set-returning function generate_series()"),
+    "srf_in_select": (
+        "SELECT i, generate_series(1, i) AS k FROM base_a",
+        "set-returning function generate_series()",
+    ),
+    "srf_in_subquery": (
+        "SELECT i FROM base_a WHERE i IN (SELECT generate_series(1, 3))",
+        "set-returning function generate_series()",
+    ),
     "function_in_from": ("SELECT i, u FROM base_a, upper('x') u", "upper() in FROM"),
-    "recursive_cte": ("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) "
-                      "SELECT i, n FROM base_a, r", "WITH RECURSIVE"),
-    "nested_recursive_cte": ("SELECT v.i FROM (WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r "
-                             "WHERE n < 3) SELECT i FROM base_a, r) v", "WITH RECURSIVE"),
+    "recursive_cte": (
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) "
+        "SELECT i, n FROM base_a, r",
+        "WITH RECURSIVE",
+    ),
+    "nested_recursive_cte": (
+        "SELECT v.i FROM (WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r "
+        "WHERE n < 3) SELECT i FROM base_a, r) v",
+        "WITH RECURSIVE",
+    ),
     "sequence": ("SELECT i, nextval('seq'::text) AS k FROM base_a", "nextval()"),
 }
 
@@ -187,7 +198,9 @@ def test_differential_without_delta_rule_is_refused_at_creation(bases: Database,
     create_st(db, "st", query)  # AUTO accepts it, and runs it FULL
     with pytest.raises(psycopg.errors.FeatureNotSupported):
         db.sql("SELECT pgtrickle.alter_stream_table('st', refresh_mode => 'DIFFERENTIAL')")
-    assert db.sql("SELECT refresh_mode FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'st'")[0][0] == "AUTO"
+    assert (
+        db.sql("SELECT refresh_mode FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'st'")[0][0] == "AUTO"
+    )
 
 
 def test_auto_records_why_it_chose_full(bases: Database) -> None:
@@ -203,8 +216,9 @@ def test_auto_records_why_it_chose_full(bases: Database) -> None:
 
 
 @pytest.mark.parametrize("mode", ["AUTO", "DIFFERENTIAL"])
-def test_differential_plan_spark_refuses_falls_back_to_full_in_auto(bases: Database, mode: str,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_differential_plan_spark_refuses_falls_back_to_full_in_auto(
+    bases: Database, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A delta query that cannot run (as the nested WITH's once could not) never leaves AUTO stale."""
     from pgtrickle.errors import UnsupportedQueryError
     from pgtrickle.refresh.differential import DifferentialRun
@@ -225,8 +239,9 @@ def test_differential_plan_spark_refuses_falls_back_to_full_in_auto(bases: Datab
             refresh_and_check(db, "st")
         return
     assert _actions(refresh_and_check(db, "st")) == [Action.FULL]
-    history = db.sql("SELECT action, was_full_fallback, mode_reason FROM pgtrickle.pgt_refresh_history "
-                     "ORDER BY refresh_id")
+    history = db.sql(
+        "SELECT action, was_full_fallback, mode_reason FROM pgtrickle.pgt_refresh_history ORDER BY refresh_id"
+    )
     assert history[-1][:2] == ("FULL", True) and "differential plan" in history[-1][2]
     mode_now, reason = db.sql("SELECT effective_mode, reason FROM pgtrickle.explain_refresh_mode('st')")[0]
     assert mode_now == "FULL" and "synthetic" in reason

@@ -80,7 +80,11 @@ ACCEPTED: list[tuple[str, str, Schedule]] = [
     ("* * * * *", "* * * * *", cron()),
     ("0 0 * * MON-FRI", "0 0 * * mon-fri", cron(minute=[0], hour=[0], day_of_week=range(1, 6))),
     ("0 12 1 JAN *", "0 12 1 jan *", cron(minute=[0], hour=[12], day_of_month=[1], month=[1])),
-    ("0,30 9-17 * * 1-5", "0,30 9-17 * * 1-5", cron(minute=[0, 30], hour=range(9, 18), day_of_week=range(1, 6))),
+    (
+        "0,30 9-17 * * 1-5",
+        "0,30 9-17 * * 1-5",
+        cron(minute=[0, 30], hour=range(9, 18), day_of_week=range(1, 6)),
+    ),
     ("5/20 * * * *", "5/20 * * * *", cron(minute=[5, 25, 45])),
     ("0 9-17/4 * * *", "0 9-17/4 * * *", cron(minute=[0], hour=[9, 13, 17])),
     ("0 0 * * 7", "0 0 * * 7", cron(minute=[0], hour=[0], day_of_week=[0])),
@@ -88,12 +92,17 @@ ACCEPTED: list[tuple[str, str, Schedule]] = [
     ("0 0 * * FRI-sat", "0 0 * * fri-sat", cron(minute=[0], hour=[0], day_of_week=[5, 6])),
     ("59,1,1 * * * *", "59,1,1 * * * *", cron(minute=[1, 59])),
     ("0 0 29 2 *", "0 0 29 2 *", cron(minute=[0], hour=[0], day_of_month=[29], month=[2])),
-    ("0 0 31 4 mon", "0 0 31 4 mon",
-     cron(minute=[0], hour=[0], day_of_month=[31], month=[4], day_of_week=[1], day_or=True)),
-    ("0 0 13 * fri", "0 0 13 * fri",
-     cron(minute=[0], hour=[0], day_of_month=[13], day_of_week=[5], day_or=True)),
-    ("0 0 30 2 */1", "0 0 30 2 */1",
-     cron(minute=[0], hour=[0], day_of_month=[30], month=[2], day_or=True)),
+    (
+        "0 0 31 4 mon",
+        "0 0 31 4 mon",
+        cron(minute=[0], hour=[0], day_of_month=[31], month=[4], day_of_week=[1], day_or=True),
+    ),
+    (
+        "0 0 13 * fri",
+        "0 0 13 * fri",
+        cron(minute=[0], hour=[0], day_of_month=[13], day_of_week=[5], day_or=True),
+    ),
+    ("0 0 30 2 */1", "0 0 30 2 */1", cron(minute=[0], hour=[0], day_of_month=[30], month=[2], day_or=True)),
     ("@hourly", "@hourly", cron(minute=[0])),
     ("@daily", "@daily", cron(minute=[0], hour=[0])),
     (" @DAILY ", "@daily", cron(minute=[0], hour=[0])),
@@ -153,9 +162,26 @@ REJECTED: list[tuple[str, str]] = [
 
 # Hostile text: quotes, SQL, control characters, long strings, non-ASCII.
 HOSTILE = [
-    "'", '"', ";", "\\", "1m; DROP TABLE x", "'; DROP TABLE pgtrickle.pgt_stream_tables; --",
-    "5m' OR '1'='1", "* * * * *; SELECT 1", "* * * * ;", "interval '5 minutes'", "calculated; DROP TABLE x",
-    "$$ 5m $$", "\x01", "\u0663\u0660s", "３０s", "30s\u00a0", "5m\u200b", "\U0001f600", "x" * 300, "é" * 5000,
+    "'",
+    '"',
+    ";",
+    "\\",
+    "1m; DROP TABLE x",
+    "'; DROP TABLE pgtrickle.pgt_stream_tables; --",
+    "5m' OR '1'='1",
+    "* * * * *; SELECT 1",
+    "* * * * ;",
+    "interval '5 minutes'",
+    "calculated; DROP TABLE x",
+    "$$ 5m $$",
+    "\x01",
+    "\u0663\u0660s",
+    "３０s",
+    "30s\u00a0",
+    "5m\u200b",
+    "\U0001f600",
+    "x" * 300,
+    "é" * 5000,
 ]
 
 
@@ -220,15 +246,18 @@ def test_create_alter_and_the_daemon_agree_on_every_accepted_form(db: Database) 
     db.sql("CREATE TABLE src (id int PRIMARY KEY, v int)")
     for i, (text, canonical, meaning) in enumerate(ACCEPTED[::4]):
         create_st(db, f"c{i}", "SELECT id, v FROM src", schedule=text, initialize=False)
-        stored, parsed = db.sql("SELECT schedule, schedule_parsed FROM pgtrickle.pgt_stream_tables"
-                                " WHERE pgt_name = %s", (f"c{i}",))[0]
+        stored, parsed = db.sql(
+            "SELECT schedule, schedule_parsed FROM pgtrickle.pgt_stream_tables WHERE pgt_name = %s",
+            (f"c{i}",),
+        )[0]
         assert (stored, parsed) == (canonical, parse(db.conn, text))
         assert _daemon_view(db, f"c{i}") == meaning
     create_st(db, "a", "SELECT id, v FROM src", schedule="1m", initialize=False)
     for text, canonical, meaning in ACCEPTED:
         db.sql("SELECT pgtrickle.alter_stream_table('a', schedule => %s)", (text,))
-        assert db.sql("SELECT schedule, schedule_parsed FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'a'"
-                      ) == [(canonical, parse(db.conn, text))], text
+        assert db.sql(
+            "SELECT schedule, schedule_parsed FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'a'"
+        ) == [(canonical, parse(db.conn, text))], text
         assert _daemon_view(db, "a") == meaning, text
 
 
@@ -265,7 +294,10 @@ def test_a_direct_write_of_the_catalog_is_parsed_like_the_api(db: Database) -> N
     assert _daemon_view(db, "a") == cron(minute=[0], hour=[0], day_of_week=range(1, 6))
     # Only a write of the schedule parses it: a refresh's catalog updates do not pay for it.
     db.sql("UPDATE pgtrickle.pgt_stream_tables SET last_error = 'x' WHERE pgt_name = 'a'")
-    assert db.scalar("SELECT schedule_parsed ->> 'schedule' FROM pgtrickle.pgt_stream_tables") == "0 0 * * mon-fri"
+    assert (
+        db.scalar("SELECT schedule_parsed ->> 'schedule' FROM pgtrickle.pgt_stream_tables")
+        == "0 0 * * mon-fri"
+    )
 
 
 def test_the_default_schedule_setting_is_what_the_daemon_uses(db: Database) -> None:
@@ -273,7 +305,9 @@ def test_the_default_schedule_setting_is_what_the_daemon_uses(db: Database) -> N
     try:
         assert scheduler.default_schedule() == IntervalSchedule(60)
         db.sql("UPDATE pgtrickle.pgt_settings SET value = ' @HOURLY ' WHERE name = 'default_schedule'")
-        assert db.scalar("SELECT value FROM pgtrickle.pgt_settings WHERE name = 'default_schedule'") == "@hourly"
+        assert (
+            db.scalar("SELECT value FROM pgtrickle.pgt_settings WHERE name = 'default_schedule'") == "@hourly"
+        )
         assert scheduler.default_schedule() == cron(minute=[0])
         # 'calculated' cannot resolve a calculated stream table: 1m stands in for it.
         db.sql("UPDATE pgtrickle.pgt_settings SET value = 'calculated' WHERE name = 'default_schedule'")
@@ -290,15 +324,53 @@ def test_the_default_schedule_setting_is_what_the_daemon_uses(db: Database) -> N
 
 WS = [" ", "  ", "\t", "\n", "\r", "\f", "\v", ""]
 UNITS = ["w", "d", "h", "m", "s", "ms", "W", "MS", "x", "sec", "y"]
-CRON_ATOMS = ["*", "0", "1", "5", "7", "12", "13", "23", "24", "29", "30", "31", "32", "59", "60", "007",
-              "jan", "FEB", "apr", "dec", "sun", "Mon", "sat", "L", "?", "#", "H", "", "99999999999"]
+CRON_ATOMS = [
+    "*",
+    "0",
+    "1",
+    "5",
+    "7",
+    "12",
+    "13",
+    "23",
+    "24",
+    "29",
+    "30",
+    "31",
+    "32",
+    "59",
+    "60",
+    "007",
+    "jan",
+    "FEB",
+    "apr",
+    "dec",
+    "sun",
+    "Mon",
+    "sat",
+    "L",
+    "?",
+    "#",
+    "H",
+    "",
+    "99999999999",
+]
 
 
 @st.composite
 def durations(draw: st.DrawFn) -> str:
-    parts = draw(st.lists(st.tuples(st.integers(0, 10**6).map(str) | st.sampled_from(["0", "007", "1" * 12]),
-                                    st.sampled_from(WS), st.sampled_from(UNITS), st.sampled_from(WS)),
-                          min_size=1, max_size=4))
+    parts = draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, 10**6).map(str) | st.sampled_from(["0", "007", "1" * 12]),
+                st.sampled_from(WS),
+                st.sampled_from(UNITS),
+                st.sampled_from(WS),
+            ),
+            min_size=1,
+            max_size=4,
+        )
+    )
     return draw(st.sampled_from(WS)) + "".join("".join(p) for p in parts)
 
 
@@ -314,13 +386,16 @@ def cron_items(draw: st.DrawFn) -> str:
 
 @st.composite
 def crons(draw: st.DrawFn) -> str:
-    fields = draw(st.lists(st.lists(cron_items(), min_size=1, max_size=3).map(",".join), min_size=4, max_size=6))
+    fields = draw(
+        st.lists(st.lists(cron_items(), min_size=1, max_size=3).map(",".join), min_size=4, max_size=6)
+    )
     seps = [draw(st.sampled_from(WS[:-1])) for _ in fields]
     return "".join(f + s for f, s in zip(fields, seps, strict=True)).rstrip(draw(st.sampled_from(["", " "])))
 
 
 schedules = st.one_of(
-    durations(), crons(),
+    durations(),
+    crons(),
     st.sampled_from([t for t, _, _ in ACCEPTED] + [t for t, _ in REJECTED] + HOSTILE),
     st.text(alphabet="0123456789smhdwSMHDW@*/,- \t;'", max_size=30),
     st.text(max_size=20).filter(lambda t: "\x00" not in t),
@@ -331,7 +406,9 @@ TIMES = [datetime(2024, 2, 28, 23, 59, 30, tzinfo=UTC), datetime(2027, 12, 31, 2
 # 300 examples in `make test` (each is a round trip to the server's parser: ~0.1 s under load); the
 # thorough profile (`make stress`) tries 3,000.
 @pytest.mark.stress
-@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(text=schedules)
 @example("0 0 30 2 *")
 @example("1" * 250 + "s")
@@ -354,9 +431,13 @@ def test_any_text_is_refused_with_22023_or_parsed_to_a_form_the_daemon_reads(db:
 
 # A cron field built from items whose values are known: (low, high, step) ranges, shown as text in
 # the ways the grammar allows ('*', 'n', 'a-b', with '/step', names, any case).
-FIELDS = [("minute", 0, 59, None), ("hour", 0, 23, None), ("day_of_month", 1, 31, None),
-          ("month", 1, 12, ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]),
-          ("day_of_week", 0, 7, ["sun", "mon", "tue", "wed", "thu", "fri", "sat"])]
+FIELDS = [
+    ("minute", 0, 59, None),
+    ("hour", 0, 23, None),
+    ("day_of_month", 1, 31, None),
+    ("month", 1, 12, ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]),
+    ("day_of_week", 0, 7, ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]),
+]
 
 
 @st.composite
@@ -392,9 +473,13 @@ def cron_expressions(draw: st.DrawFn) -> tuple[str, dict[str, set[int]]]:
     return " ".join(texts), sets
 
 
-@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(case=cron_expressions())
-def test_each_cron_field_means_the_values_its_items_name(db: Database, case: tuple[str, dict[str, set[int]]]) -> None:
+def test_each_cron_field_means_the_values_its_items_name(
+    db: Database, case: tuple[str, dict[str, set[int]]]
+) -> None:
     text, sets = case
     try:
         with db.conn.transaction():
@@ -419,11 +504,17 @@ def test_install_stores_the_parsed_form_of_every_stored_schedule(db: Database) -
     store_unparsed_schedule(db, "0 0 31 4 *", "b")
     with db.conn.transaction():  # a stale form (an older version's parser): derived again
         db.sql("ALTER TABLE pgtrickle.pgt_stream_tables DISABLE TRIGGER parse_schedule")
-        db.sql("UPDATE pgtrickle.pgt_stream_tables SET schedule_parsed = '{\"kind\": \"old\"}' WHERE pgt_name = 'c'")
+        db.sql(
+            "UPDATE pgtrickle.pgt_stream_tables SET schedule_parsed = '{\"kind\": \"old\"}' WHERE pgt_name = 'c'"
+        )
         db.sql("ALTER TABLE pgtrickle.pgt_stream_tables ENABLE TRIGGER parse_schedule")
     install(db.conn)
     rows = db.sql("SELECT pgt_name, schedule, schedule_parsed FROM pgtrickle.pgt_stream_tables ORDER BY 1")
-    assert rows == [("a", "90m", parse(db.conn, "90m")), ("b", "0 0 31 4 *", None), ("c", "1m", parse(db.conn, "1m"))]
+    assert rows == [
+        ("a", "90m", parse(db.conn, "90m")),
+        ("b", "0 0 31 4 *", None),
+        ("c", "1m", parse(db.conn, "1m")),
+    ]
     sts = {st.name: st for st in load_stream_tables(db.conn).values()}
     assert schedule_from_parsed(sts["a"].schedule_parsed) == IntervalSchedule(5400)
     assert sts["b"].schedule_parsed is not None and sts["b"].schedule_parsed["kind"] == "invalid"
@@ -439,13 +530,17 @@ def test_a_stored_schedule_the_grammar_refuses_stops_only_its_table(db: Database
     try:
         report = scheduler.tick()
         assert [o.st.name for o in report.refreshed] == ["good"]
-        status, error = db.sql("SELECT status, last_error FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'bad'")[0]
+        status, error = db.sql(
+            "SELECT status, last_error FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'bad'"
+        )[0]
         assert status == "ERROR"
         assert "invalid schedule '0 0 31 4 *'" in error and "never fires" in error
         assert_oracle(db, "good")
         db.sql("INSERT INTO src VALUES (100, 100)")
-        db.sql("UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = last_refresh_at - interval '1 hour', "
-               "last_attempt_at = last_attempt_at - interval '1 hour'")
+        db.sql(
+            "UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = last_refresh_at - interval '1 hour', "
+            "last_attempt_at = last_attempt_at - interval '1 hour'"
+        )
         assert [o.st.name for o in scheduler.tick().refreshed] == ["good"]
         assert_oracle(db, "good")
         # Fixed through the API: refreshed again.

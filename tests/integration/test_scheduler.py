@@ -25,19 +25,27 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
 def chain(db: Database) -> Database:
     db.sql("CREATE TABLE src (id int PRIMARY KEY, grp int, v int)")
     db.sql("INSERT INTO src SELECT g, g % 10, g FROM generate_series(1, 200) g")
-    db.sql("SELECT pgtrickle.create_stream_table('a', 'SELECT grp, sum(v) AS total FROM src GROUP BY grp', "
-           "schedule => '1h')")
-    db.sql("SELECT pgtrickle.create_stream_table('b', 'SELECT grp, total * 2 AS twice FROM a', "
-           "schedule => '1h')")
-    db.sql("SELECT pgtrickle.create_stream_table('c', 'SELECT count(*) AS n, sum(twice) AS s FROM b', "
-           "schedule => '1h')")
+    db.sql(
+        "SELECT pgtrickle.create_stream_table('a', 'SELECT grp, sum(v) AS total FROM src GROUP BY grp', "
+        "schedule => '1h')"
+    )
+    db.sql(
+        "SELECT pgtrickle.create_stream_table('b', 'SELECT grp, total * 2 AS twice FROM a', schedule => '1h')"
+    )
+    db.sql(
+        "SELECT pgtrickle.create_stream_table('c', 'SELECT count(*) AS n, sum(twice) AS s FROM b', "
+        "schedule => '1h')"
+    )
     return db
 
 
-def time_passes(db: Database, interval: str = '2 hours') -> None:
+def time_passes(db: Database, interval: str = "2 hours") -> None:
     """Move every stream table's last refresh into the past (deterministic schedules)."""
-    db.sql("UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = last_refresh_at - %s::interval, "
-           "last_attempt_at = last_attempt_at - %s::interval", (interval, interval))
+    db.sql(
+        "UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = last_refresh_at - %s::interval, "
+        "last_attempt_at = last_attempt_at - %s::interval",
+        (interval, interval),
+    )
 
 
 def names(report) -> list[str]:  # type: ignore[no-untyped-def]
@@ -107,7 +115,12 @@ def test_refresh_request_wakes_the_daemon_promptly(chain: Database) -> None:
         chain.sql("INSERT INTO src VALUES (2000, 3, 3)")
         chain.sql("SELECT pgtrickle.refresh_stream_table('a')")
         asked = time.monotonic()
-        while chain.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_history WHERE initiated_by = 'MANUAL' AND status = 'COMPLETED'") < 1:
+        while (
+            chain.scalar(
+                "SELECT count(*) FROM pgtrickle.pgt_refresh_history WHERE initiated_by = 'MANUAL' AND status = 'COMPLETED'"
+            )
+            < 1
+        ):
             assert time.monotonic() - asked < 20, "the NOTIFY did not wake the daemon (tick is 30 s)"
             time.sleep(0.1)
         assert_oracle(chain, "a")
@@ -122,16 +135,18 @@ def test_refresh_request_wakes_the_daemon_promptly(chain: Database) -> None:
 def test_calculated_schedule_follows_its_downstream(db: Database) -> None:
     db.sql("CREATE TABLE src (id int, v int)")
     db.sql("INSERT INTO src VALUES (1, 1)")
-    db.sql("SELECT pgtrickle.create_stream_table('up', 'SELECT sum(v) AS s FROM src', schedule => 'calculated')")
+    db.sql(
+        "SELECT pgtrickle.create_stream_table('up', 'SELECT sum(v) AS s FROM src', schedule => 'calculated')"
+    )
     db.sql("SELECT pgtrickle.create_stream_table('down', 'SELECT s + 1 AS s1 FROM up', schedule => '1h')")
     scheduler = Scheduler(db.settings, db.dsn)
     try:
         assert names(scheduler.tick()) == ["up", "down"]
         assert names(scheduler.tick()) == []
         db.sql("INSERT INTO src VALUES (2, 2)")
-        time_passes(db, '59 minutes')
+        time_passes(db, "59 minutes")
         assert names(scheduler.tick()) == []
-        time_passes(db, '2 minutes')
+        time_passes(db, "2 minutes")
         assert names(scheduler.tick()) == ["up", "down"]
         assert db.scalar("SELECT s1 FROM down") == 4
         assert_oracle(db)
@@ -147,15 +162,19 @@ def test_unparseable_stored_schedule_puts_the_table_in_error(chain: Database) ->
         assert names(scheduler.tick()) == ["a", "b"]
     finally:
         scheduler.close()
-    status, error = chain.sql("SELECT status, last_error FROM pgtrickle.pgt_stream_tables "
-                              "WHERE pgt_name = 'c'")[0]
+    status, error = chain.sql(
+        "SELECT status, last_error FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'c'"
+    )[0]
     assert status == "ERROR" and "0 0 31 2 *" in error
 
 
 def test_stale_running_history_is_marked_abandoned(chain: Database) -> None:
     a_id = chain.scalar("SELECT pgt_id FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'a'")
-    chain.sql("INSERT INTO pgtrickle.pgt_refresh_history (pgt_id, action, status, initiated_by) "
-              "VALUES (%s, 'FULL', 'RUNNING', 'SCHEDULER')", (a_id,))
+    chain.sql(
+        "INSERT INTO pgtrickle.pgt_refresh_history (pgt_id, action, status, initiated_by) "
+        "VALUES (%s, 'FULL', 'RUNNING', 'SCHEDULER')",
+        (a_id,),
+    )
     scheduler = Scheduler(chain.settings, chain.dsn)
     try:
         assert scheduler.abandon_stale_history() == 1
@@ -165,10 +184,20 @@ def test_stale_running_history_is_marked_abandoned(chain: Database) -> None:
 
 
 def test_sigterm_lets_the_daemon_finish_and_exit(chain: Database, tmp_path: Path) -> None:
-    env = dict(os.environ, PGTRICKLE_DSN=chain.dsn, PGTRICKLE_DATA_DIR=str(tmp_path),
-               PGTRICKLE_SPARK_MASTER="local[1]", PGTRICKLE_TICK_SECONDS="0.5")
-    proc = subprocess.Popen([sys.executable, "-m", "pgtrickle", "run"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = dict(
+        os.environ,
+        PGTRICKLE_DSN=chain.dsn,
+        PGTRICKLE_DATA_DIR=str(tmp_path),
+        PGTRICKLE_SPARK_MASTER="local[1]",
+        PGTRICKLE_TICK_SECONDS="0.5",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pgtrickle", "run"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         # A JVM start and the first jobs of a fresh process: minutes on a loaded 2-core machine.
         deadline = time.monotonic() + 300

@@ -66,7 +66,9 @@ def acting_as(db: Database, role: str) -> Iterator[None]:
         db.sql("RESET ROLE")
 
 
-def _denied(db: Database, role: str, query: str, params: object = None) -> psycopg.errors.InsufficientPrivilege:
+def _denied(
+    db: Database, role: str, query: str, params: object = None
+) -> psycopg.errors.InsufficientPrivilege:
     with acting_as(db, role), pytest.raises(psycopg.errors.InsufficientPrivilege) as info:
         db.sql(query, params)
     return info.value
@@ -81,7 +83,8 @@ def test_every_pgtrickle_function_runs_with_a_fixed_search_path(shop: Database) 
     rows = shop.sql(
         "SELECT n.nspname || '.' || p.proname, p.proconfig, p.prosqlbody IS NOT NULL, p.prosecdef"
         "  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-        " WHERE n.nspname = 'pgtrickle'")
+        " WHERE n.nspname = 'pgtrickle'"
+    )
     assert len(rows) > 60
     unsafe = []
     for name, config, atomic, _ in rows:
@@ -92,18 +95,33 @@ def test_every_pgtrickle_function_runs_with_a_fixed_search_path(shop: Database) 
             unsafe.append(name)
             continue
         parts = [p.strip() for p in paths[0].split(",")]
-        if parts[0] != "pg_catalog" or parts[-1] != "pg_temp" or not set(parts) <= {"pg_catalog", "pgtrickle",
-                                                                                        "pg_temp"}:
+        if (
+            parts[0] != "pg_catalog"
+            or parts[-1] != "pg_temp"
+            or not set(parts) <= {"pg_catalog", "pgtrickle", "pg_temp"}
+        ):
             unsafe.append(f"{name}: {paths[0]}")
     assert unsafe == []
     # Every SECURITY DEFINER function is one of the checked API implementations.
     definers = sorted(name for name, _, _, secdef in rows if secdef)
-    assert definers and all(n.startswith("pgtrickle._api_") or n in (
-        "pgtrickle.advance_watermark", "pgtrickle.check_cdc_health", "pgtrickle.drop_watermark_group",
-        "pgtrickle._on_sql_drop", "pgtrickle._on_ddl_end", "pgtrickle._on_rename") for n in definers), definers
+    assert definers and all(
+        n.startswith("pgtrickle._api_")
+        or n
+        in (
+            "pgtrickle.advance_watermark",
+            "pgtrickle.check_cdc_health",
+            "pgtrickle.drop_watermark_group",
+            "pgtrickle._on_sql_drop",
+            "pgtrickle._on_ddl_end",
+            "pgtrickle._on_rename",
+        )
+        for n in definers
+    ), definers
     # The capture trigger functions write the buffers for any writer: definer rights, fixed path.
     create_st(shop, "s", "SELECT id FROM orders")
-    capture = shop.sql("SELECT prosecdef, proconfig FROM pg_proc WHERE pronamespace = 'pgtrickle_changes'::regnamespace")
+    capture = shop.sql(
+        "SELECT prosecdef, proconfig FROM pg_proc WHERE pronamespace = 'pgtrickle_changes'::regnamespace"
+    )
     assert capture == [(True, ["search_path=pg_catalog, pg_temp", "work_mem=128MB"])]
 
 
@@ -111,26 +129,49 @@ def _plant_hostile_objects(db: Database) -> None:
     """Functions, an operator and tables that stand in for what the API uses, in a schema searched
     before pg_catalog, and temporary tables shadowing catalog tables (pg_temp is searched first)."""
     db.sql("CREATE SCHEMA evil")
-    for fn, args in (("lower", "text"), ("upper", "text"), ("btrim", "text"), ("quote_ident", "text"),
-                     ("quote_literal", "text"), ("to_regclass", "text"), ("now", ""),
-                     ("current_schema", ""), ("nextval", "regclass"), ("pg_notify", "text, text"),
-                     ("parse_ident", "text, boolean"), ("has_table_privilege", "oid, text")):
-        ret = {"now": "timestamptz", "to_regclass": "regclass", "nextval": "bigint", "pg_notify": "void",
-               "parse_ident": "text[]", "has_table_privilege": "boolean", "current_schema": "name"}.get(fn, "text")
-        db.sql(f"CREATE FUNCTION evil.{fn}({args}) RETURNS {ret} LANGUAGE plpgsql AS "
-               f"$$BEGIN RAISE EXCEPTION 'hijacked: {fn}'; END$$")
-    db.sql("CREATE FUNCTION evil.text_eq(text, text) RETURNS boolean LANGUAGE plpgsql AS "
-           "$$BEGIN RAISE EXCEPTION 'hijacked: text = text'; END$$")
+    for fn, args in (
+        ("lower", "text"),
+        ("upper", "text"),
+        ("btrim", "text"),
+        ("quote_ident", "text"),
+        ("quote_literal", "text"),
+        ("to_regclass", "text"),
+        ("now", ""),
+        ("current_schema", ""),
+        ("nextval", "regclass"),
+        ("pg_notify", "text, text"),
+        ("parse_ident", "text, boolean"),
+        ("has_table_privilege", "oid, text"),
+    ):
+        ret = {
+            "now": "timestamptz",
+            "to_regclass": "regclass",
+            "nextval": "bigint",
+            "pg_notify": "void",
+            "parse_ident": "text[]",
+            "has_table_privilege": "boolean",
+            "current_schema": "name",
+        }.get(fn, "text")
+        db.sql(
+            f"CREATE FUNCTION evil.{fn}({args}) RETURNS {ret} LANGUAGE plpgsql AS "
+            f"$$BEGIN RAISE EXCEPTION 'hijacked: {fn}'; END$$"
+        )
+    db.sql(
+        "CREATE FUNCTION evil.text_eq(text, text) RETURNS boolean LANGUAGE plpgsql AS "
+        "$$BEGIN RAISE EXCEPTION 'hijacked: text = text'; END$$"
+    )
     db.sql("CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.text_eq)")
-    db.sql("CREATE FUNCTION evil.bigint_eq(bigint, bigint) RETURNS boolean LANGUAGE plpgsql AS "
-           "$$BEGIN RAISE EXCEPTION 'hijacked: bigint = bigint'; END$$")
+    db.sql(
+        "CREATE FUNCTION evil.bigint_eq(bigint, bigint) RETURNS boolean LANGUAGE plpgsql AS "
+        "$$BEGIN RAISE EXCEPTION 'hijacked: bigint = bigint'; END$$"
+    )
     db.sql("CREATE OPERATOR evil.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = evil.bigint_eq)")
     db.sql("CREATE TABLE evil.pgt_stream_tables (pgt_id bigint)")
     _plant_temp_tables(db)
 
 
 def _plant_temp_tables(db: Database) -> None:
-    db.sql("CREATE TEMP TABLE pg_class (oid oid, relname name, relnamespace oid, relkind \"char\")")
+    db.sql('CREATE TEMP TABLE pg_class (oid oid, relname name, relnamespace oid, relkind "char")')
     db.sql("CREATE TEMP TABLE pg_namespace (oid oid, nspname name)")
     db.sql("CREATE TEMP TABLE pg_attribute (attrelid oid, attname name, attnum int2)")
     db.sql("CREATE TEMP TABLE pg_trigger (tgrelid oid, tgname name)")
@@ -142,19 +183,32 @@ def test_hostile_functions_operators_and_tables_do_not_hijack_the_api(shop: Data
     _plant_hostile_objects(shop)
     shop.sql("SET search_path = public, evil, pg_catalog")
     # The hostile objects are live: unprotected SQL in this session would run them.
-    for probe, what in (("SELECT lower('X')", "lower"), ("SELECT 'a'::text = 'a'::text", "text = text"),
-                        ("SELECT 1::bigint = 1::bigint", "bigint = bigint"), ("SELECT now()", "now")):
+    for probe, what in (
+        ("SELECT lower('X')", "lower"),
+        ("SELECT 'a'::text = 'a'::text", "text = text"),
+        ("SELECT 1::bigint = 1::bigint", "bigint = bigint"),
+        ("SELECT now()", "now"),
+    ):
         with pytest.raises(psycopg.errors.RaiseException, match=f"hijacked: {what}"):
             shop.sql(probe)
     assert shop.scalar("SELECT count(*) FROM pg_class") == 0  # the temp table, not the catalog
     # The API is unaffected: every call below goes through names, operators and catalog tables.
-    create_st(shop, "by_customer", "SELECT customer, count(*) AS n, sum(amount) AS total "
-                                   "FROM orders GROUP BY customer", schedule="1m", refresh_mode="DIFFERENTIAL")
+    create_st(
+        shop,
+        "by_customer",
+        "SELECT customer, count(*) AS n, sum(amount) AS total FROM orders GROUP BY customer",
+        schedule="1m",
+        refresh_mode="DIFFERENTIAL",
+    )
     create_st(shop, "public.big", "SELECT id, amount FROM orders WHERE amount > 5", refresh_mode="FULL")
-    shop.sql("SELECT pgtrickle.alter_stream_table('by_customer', schedule => '2m', circuit_breaker => 'none')")
+    shop.sql(
+        "SELECT pgtrickle.alter_stream_table('by_customer', schedule => '2m', circuit_breaker => 'none')"
+    )
     shop.sql("SELECT pgtrickle.refresh_stream_table('big')")
     shop.sql("SELECT pgtrickle.set_user_triggers('big', 'off')")
-    assert shop.sql("SELECT configured_mode FROM pgtrickle.explain_refresh_mode('by_customer')") == [("DIFFERENTIAL",)]
+    assert shop.sql("SELECT configured_mode FROM pgtrickle.explain_refresh_mode('by_customer')") == [
+        ("DIFFERENTIAL",)
+    ]
     assert shop.sql("SELECT * FROM pgtrickle.get_refresh_history('big')") == []
     assert shop.scalar("SELECT pgtrickle.get_staleness('big') IS NULL")
     shop.sql("SELECT pgtrickle.advance_watermark('loads', '2026-01-01 00:00+00')")
@@ -172,7 +226,9 @@ def test_hostile_functions_operators_and_tables_do_not_hijack_the_api(shop: Data
     assert len(shop.sql("SELECT * FROM pgtrickle.check_cdc_health()")) == 1
     assert len(shop.sql("SELECT * FROM pgtrickle.circuit_breaker_status()")) == 2
     assert shop.sql("SELECT name, schedule FROM pgtrickle.stream_tables_info ORDER BY 1") == [
-        ("public.big", "1m"), ("public.by_customer", "2m")]
+        ("public.big", "1m"),
+        ("public.by_customer", "2m"),
+    ]
     # Capture triggers and refreshes work from this session too.
     shop.sql("INSERT INTO orders VALUES (11, 'c9', 11)")
     shop.sql("UPDATE orders SET amount = amount + 1 WHERE id <= 3")
@@ -213,11 +269,16 @@ def test_hostile_identifiers_are_quoted_end_to_end(shop: Database, spark) -> Non
     shop.sql(f'CREATE TABLE {src} ("Id" int PRIMARY KEY, "v"";--" int, "Group Name" text)')
     shop.sql(f"INSERT INTO {src} SELECT g, g * 10, 'g' || (g % 2) FROM generate_series(1, 6) g")
     st = '"s.""; DROP SCHEMA public CASCADE; --"."Sum ""; TRUNCATE orders; --"'
-    create_st(shop, st, f'SELECT "Group Name", count(*) AS "n;", sum("v"";--") AS "Total ""v""" FROM {src} '
-                        'GROUP BY "Group Name"', refresh_mode="DIFFERENTIAL")
+    create_st(
+        shop,
+        st,
+        f'SELECT "Group Name", count(*) AS "n;", sum("v"";--") AS "Total ""v""" FROM {src} '
+        'GROUP BY "Group Name"',
+        refresh_mode="DIFFERENTIAL",
+    )
     refresh_and_check(shop, st)
-    shop.sql(f"UPDATE {src} SET \"v\"\";--\" = 0 WHERE \"Id\" = 1")
-    shop.sql(f"DELETE FROM {src} WHERE \"Id\" = 2")
+    shop.sql(f'UPDATE {src} SET "v"";--" = 0 WHERE "Id" = 1')
+    shop.sql(f'DELETE FROM {src} WHERE "Id" = 2')
     refresh_and_check(shop, st)
     shop.sql("SELECT pgtrickle.drop_stream_table(%s)", (st,))
     assert shop.scalar("SELECT count(*) FROM orders") == 10
@@ -234,12 +295,15 @@ def test_install_creates_the_nologin_roles(shop: Database) -> None:
     # Nobody else may touch pgtrickle's schemas.
     # Anyone may look up the API (each function checks its caller); the tables and buffers are another matter.
     assert shop.scalar("SELECT has_schema_privilege('public', 'pgtrickle', 'USAGE')") is True
-    assert shop.scalar("SELECT has_table_privilege('public', 'pgtrickle.pgt_stream_tables', 'SELECT')") is False
+    assert (
+        shop.scalar("SELECT has_table_privilege('public', 'pgtrickle.pgt_stream_tables', 'SELECT')") is False
+    )
     assert shop.scalar("SELECT has_schema_privilege('public', 'pgtrickle_changes', 'USAGE')") is False
 
 
 def test_a_pgtrickle_user_owns_its_stream_table_and_reading_follows_grants(
-        shop: Database, roles: dict[str, str], spark) -> None:  # type: ignore[no-untyped-def]
+    shop: Database, roles: dict[str, str], spark
+) -> None:  # type: ignore[no-untyped-def]
     alice, bob = roles["alice"], roles["bob"]
     with acting_as(shop, alice):
         create_st(shop, "alice_totals", "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer")
@@ -249,12 +313,16 @@ def test_a_pgtrickle_user_owns_its_stream_table_and_reading_follows_grants(
     assert shop.sql("SELECT tableowner FROM pg_tables WHERE tablename = 'alice_totals'") == [("postgres",)]
     shop.sql(f"GRANT CREATE ON SCHEMA public TO {alice}")
     with acting_as(shop, alice):
-        shop.sql("CREATE FUNCTION public.alices_trigger() RETURNS trigger LANGUAGE plpgsql AS"
-                 " $$BEGIN RAISE NOTICE 'running as %', current_user; RETURN NULL; END$$")
-    for ddl in ("CREATE TRIGGER t AFTER INSERT ON alice_totals FOR EACH ROW EXECUTE FUNCTION public.alices_trigger()",
-                "CREATE INDEX ON alice_totals ((customer || 'x'))",
-                "CREATE RULE r AS ON INSERT TO alice_totals DO ALSO NOTIFY x",
-                "ALTER TABLE alice_totals ADD CHECK (total > 0)"):
+        shop.sql(
+            "CREATE FUNCTION public.alices_trigger() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$BEGIN RAISE NOTICE 'running as %', current_user; RETURN NULL; END$$"
+        )
+    for ddl in (
+        "CREATE TRIGGER t AFTER INSERT ON alice_totals FOR EACH ROW EXECUTE FUNCTION public.alices_trigger()",
+        "CREATE INDEX ON alice_totals ((customer || 'x'))",
+        "CREATE RULE r AS ON INSERT TO alice_totals DO ALSO NOTIFY x",
+        "ALTER TABLE alice_totals ADD CHECK (total > 0)",
+    ):
         _denied(shop, alice, ddl)
     refresh_and_check(shop, "alice_totals")  # the daemon maintains it
     with acting_as(shop, alice):
@@ -269,8 +337,12 @@ def test_a_pgtrickle_user_owns_its_stream_table_and_reading_follows_grants(
     with acting_as(shop, bob):
         assert len(shop.sql("SELECT * FROM alice_totals")) == 3
     # Neither PUBLIC nor bob got anything else.
-    assert shop.scalar(f"SELECT has_table_privilege('{bob}', 'alice_totals', 'INSERT, UPDATE, DELETE, TRUNCATE')") \
+    assert (
+        shop.scalar(
+            f"SELECT has_table_privilege('{bob}', 'alice_totals', 'INSERT, UPDATE, DELETE, TRUNCATE')"
+        )
         is False
+    )
 
 
 def test_only_the_owner_or_an_admin_may_change_a_stream_table(shop: Database, roles: dict[str, str]) -> None:
@@ -278,25 +350,31 @@ def test_only_the_owner_or_an_admin_may_change_a_stream_table(shop: Database, ro
     with acting_as(shop, alice):
         create_st(shop, "mine", "SELECT id, amount FROM orders")
     before = catalog_fingerprint(shop)
-    for call, what in (("SELECT pgtrickle.alter_stream_table('mine', schedule => '5m')", "alter"),
-                       ("SELECT pgtrickle.refresh_stream_table('mine')", "refresh"),
-                       ("SELECT pgtrickle.drop_stream_table('mine')", "drop"),
-                       ("SELECT pgtrickle.resume_stream_table('mine')", "resume"),
-                       ("SELECT pgtrickle.reset_circuit_breaker('mine')", "reset the circuit breaker of"),
-                       ("SELECT * FROM pgtrickle.inspect_circuit_breaker('mine')", "inspect the circuit breaker of"),
-                       ("SELECT pgtrickle.set_user_triggers('mine', 'on')", "change the user triggers of"),
-                       ("SELECT pgtrickle.publish_stream_table('mine', 'p')", "publish")):
+    for call, what in (
+        ("SELECT pgtrickle.alter_stream_table('mine', schedule => '5m')", "alter"),
+        ("SELECT pgtrickle.refresh_stream_table('mine')", "refresh"),
+        ("SELECT pgtrickle.drop_stream_table('mine')", "drop"),
+        ("SELECT pgtrickle.resume_stream_table('mine')", "resume"),
+        ("SELECT pgtrickle.reset_circuit_breaker('mine')", "reset the circuit breaker of"),
+        ("SELECT * FROM pgtrickle.inspect_circuit_breaker('mine')", "inspect the circuit breaker of"),
+        ("SELECT pgtrickle.set_user_triggers('mine', 'on')", "change the user triggers of"),
+        ("SELECT pgtrickle.publish_stream_table('mine', 'p')", "publish"),
+    ):
         err = _denied(shop, bob, call)
-        assert f"role {bob} may not {what} stream table public.mine, which is owned by {alice}" in str(err), call
+        assert f"role {bob} may not {what} stream table public.mine, which is owned by {alice}" in str(err), (
+            call
+        )
         assert "pgtrickle_admin" in (err.diag.message_hint or "")
         assert catalog_fingerprint(shop) == before, call
     # Nor behind the API's back: the catalog and the change buffers are pgtrickle's own.
-    for sql in ("UPDATE pgtrickle.pgt_stream_tables SET schedule = '1s'",
-                "DELETE FROM pgtrickle.pgt_refresh_requests",
-                "INSERT INTO pgtrickle.pgt_refresh_requests (pgt_id, kind) VALUES (1, 'REFRESH')",
-                "SELECT * FROM pgtrickle.pgt_quarantine",
-                "SELECT * FROM pgtrickle_changes.changes_" + str(shop.scalar("SELECT 'orders'::regclass::oid")),
-                f"SELECT * FROM {shop.scalar('SELECT def_view::regclass::text FROM pgtrickle.pgt_stream_tables')}"):
+    for sql in (
+        "UPDATE pgtrickle.pgt_stream_tables SET schedule = '1s'",
+        "DELETE FROM pgtrickle.pgt_refresh_requests",
+        "INSERT INTO pgtrickle.pgt_refresh_requests (pgt_id, kind) VALUES (1, 'REFRESH')",
+        "SELECT * FROM pgtrickle.pgt_quarantine",
+        "SELECT * FROM pgtrickle_changes.changes_" + str(shop.scalar("SELECT 'orders'::regclass::oid")),
+        f"SELECT * FROM {shop.scalar('SELECT def_view::regclass::text FROM pgtrickle.pgt_stream_tables')}",
+    ):
         _denied(shop, alice, sql)
     assert catalog_fingerprint(shop) == before
     # The owner may; so may an admin, who owns nothing.
@@ -326,7 +404,9 @@ def test_drop_cascade_follows_postgresql(shop: Database, roles: dict[str, str]) 
     assert shop.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables") == 0
 
 
-def test_creating_needs_pgtrickle_user_select_and_create_in_the_schema(shop: Database, roles: dict[str, str]) -> None:
+def test_creating_needs_pgtrickle_user_select_and_create_in_the_schema(
+    shop: Database, roles: dict[str, str]
+) -> None:
     carol, bob = roles["carol"], roles["bob"]
     before = catalog_fingerprint(shop)
     err = _denied(shop, carol, "SELECT pgtrickle.create_stream_table('c', 'SELECT id FROM orders')")
@@ -340,7 +420,9 @@ def test_creating_needs_pgtrickle_user_select_and_create_in_the_schema(shop: Dat
     shop.sql(f"GRANT CREATE ON SCHEMA public TO {bob}")
     with acting_as(shop, bob):
         shop.sql("CREATE FUNCTION public.bobs_fn(int) RETURNS int LANGUAGE sql AS 'SELECT $1 + 1'")
-    err = _denied(shop, bob, "SELECT pgtrickle.create_stream_table('b', 'SELECT public.bobs_fn(id) AS x FROM orders')")
+    err = _denied(
+        shop, bob, "SELECT pgtrickle.create_stream_table('b', 'SELECT public.bobs_fn(id) AS x FROM orders')"
+    )
     assert "calls public.bobs_fn(integer), which is owned by" in str(err)
     assert catalog_fingerprint(shop)[0] == before[0]
 
@@ -352,9 +434,13 @@ def test_configuration_needs_pgtrickle_admin(shop: Database, roles: dict[str, st
     shop.sql(f"GRANT SELECT ON feed_a, feed_b TO {bob}")
     err = _denied(shop, bob, "UPDATE pgtrickle.pgt_settings SET value = '5s' WHERE name = 'default_schedule'")
     assert "permission denied for table pgt_settings" in str(err)
-    for call, what in (("SELECT pgtrickle.create_watermark_group('g', ARRAY['feed_a', 'feed_b'])",
-                        "create watermark groups"),
-                       ("SELECT pgtrickle.set_cdc_mode('orders', 'wal')", "change the change capture mode")):
+    for call, what in (
+        (
+            "SELECT pgtrickle.create_watermark_group('g', ARRAY['feed_a', 'feed_b'])",
+            "create watermark groups",
+        ),
+        ("SELECT pgtrickle.set_cdc_mode('orders', 'wal')", "change the change capture mode"),
+    ):
         err = _denied(shop, bob, call)
         assert f"only members of pgtrickle_admin may {what}" in str(err), call
         assert f"GRANT pgtrickle_admin TO {bob};" in (err.diag.message_hint or "")
@@ -376,7 +462,8 @@ def test_configuration_needs_pgtrickle_admin(shop: Database, roles: dict[str, st
 
 
 def test_a_writer_without_pgtrickle_rights_is_still_captured(
-        shop: Database, roles: dict[str, str], pg_server) -> None:  # type: ignore[no-untyped-def]
+    shop: Database, roles: dict[str, str], pg_server
+) -> None:  # type: ignore[no-untyped-def]
     """The capture trigger writes the change buffer with pgtrickle's rights: a role that may only write
     the source (logged in as itself, not through SET ROLE) needs nothing of pgtrickle."""
     wally = roles["wally"]
@@ -389,9 +476,13 @@ def test_a_writer_without_pgtrickle_rights_is_still_captured(
         conn.execute("UPDATE orders SET amount = 2 WHERE id = 42")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("SELECT pgtrickle.refresh_stream_table('s')")
-    buffer = shop.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_relid = 'orders'::regclass")
+    buffer = shop.scalar(
+        "SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_relid = 'orders'::regclass"
+    )
     assert shop.sql(f"SELECT action, new_id FROM pgtrickle_changes.{buffer} ORDER BY change_id") == [
-        ("I", 42), ("U", 42)]
+        ("I", 42),
+        ("U", 42),
+    ]
 
 
 # ------------------------------------------------------------------ passwords
@@ -399,11 +490,23 @@ def test_a_writer_without_pgtrickle_rights_is_still_captured(
 
 def _cli(dsn: str, *args: str, tmp: str) -> subprocess.CompletedProcess[str]:
     """``pgtrickle`` in a process of its own, so its stderr includes the Spark JVM's."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
-           "PGTRICKLE_DATA_DIR": tmp, "PGTRICKLE_SPARK_MASTER": "local[1]", "COLUMNS": "250"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
+        "PGTRICKLE_DATA_DIR": tmp,
+        "PGTRICKLE_SPARK_MASTER": "local[1]",
+        "COLUMNS": "250",
+    }
     env.pop("PGTRICKLE_DSN", None)
-    return subprocess.run([sys.executable, "-m", "pgtrickle", "--verbose", "--dsn", dsn, *args],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "pgtrickle", "--verbose", "--dsn", dsn, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp,
+        check=False,
+    )
 
 
 def test_passwords_never_appear_in_output_logs_errors_or_the_catalog(shop: Database, tmp_path: Path) -> None:
@@ -419,7 +522,9 @@ def test_passwords_never_appear_in_output_logs_errors_or_the_catalog(shop: Datab
     # 2. A DSN that reaches PostgreSQL (hostaddr) while Spark's JDBC connection fails (host does not
     #    resolve): the failure travels through the JVM, Py4J, the refresh engine, the catalog, the logs.
     create_st(shop, "s", "SELECT id, amount FROM orders")
-    jdbc_breaking = make_conninfo("", **{**params, "host": "pgtrickle-no-such-host.invalid", "hostaddr": "127.0.0.1"})
+    jdbc_breaking = make_conninfo(
+        "", **{**params, "host": "pgtrickle-no-such-host.invalid", "hostaddr": "127.0.0.1"}
+    )
     result = _cli(jdbc_breaking, "refresh", "s", tmp=str(tmp_path))
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
@@ -429,9 +534,11 @@ def test_passwords_never_appear_in_output_logs_errors_or_the_catalog(shop: Datab
     status = _cli(jdbc_breaking, "status", tmp=str(tmp_path))
     assert status.returncode == 0 and "public.s" in status.stdout
     assert password not in status.stdout + status.stderr
-    recorded = shop.sql("SELECT coalesce(last_error, '') FROM pgtrickle.pgt_stream_tables"
-                        " UNION ALL SELECT coalesce(error_message, '') FROM pgtrickle.pgt_refresh_history"
-                        " UNION ALL SELECT payload::text FROM pgtrickle.alerts")
+    recorded = shop.sql(
+        "SELECT coalesce(last_error, '') FROM pgtrickle.pgt_stream_tables"
+        " UNION ALL SELECT coalesce(error_message, '') FROM pgtrickle.pgt_refresh_history"
+        " UNION ALL SELECT payload::text FROM pgtrickle.alerts"
+    )
     assert any(r[0] for r in recorded)
     assert all(password not in r[0] for r in recorded)
     # Spark's own work files and logs in the data directory do not hold it either.
@@ -441,7 +548,8 @@ def test_passwords_never_appear_in_output_logs_errors_or_the_catalog(shop: Datab
 
 
 def test_a_source_owner_without_catalog_rights_can_still_alter_and_drop_its_table(
-        shop: Database, roles: dict[str, str]) -> None:
+    shop: Database, roles: dict[str, str]
+) -> None:
     """DDL on a source fires pgtrickle's event triggers, which keep the catalog in step with pgtrickle's rights."""
     alice = roles["alice"]
     with acting_as(shop, alice):
@@ -459,7 +567,8 @@ def test_a_source_owner_without_catalog_rights_can_still_alter_and_drop_its_tabl
 
 
 def test_a_revoked_source_stops_the_refreshes_until_granted_again(
-        shop: Database, roles: dict[str, str], spark) -> None:  # type: ignore[no-untyped-def]
+    shop: Database, roles: dict[str, str], spark
+) -> None:  # type: ignore[no-untyped-def]
     """The daemon's rights never become the owner's: losing SELECT on a source after creation fails the
     refresh (as REFRESH MATERIALIZED VIEW would) instead of showing the owner new rows it may not read."""
     alice = roles["alice"]
@@ -469,8 +578,11 @@ def test_a_revoked_source_stops_the_refreshes_until_granted_again(
     before = shop.sql("SELECT * FROM alice_totals ORDER BY 1")
     shop.sql(f"REVOKE SELECT ON orders FROM {alice}")
     shop.sql("INSERT INTO orders VALUES (100, 'c9', 1000)")
-    with pytest.raises(PgTrickleError, match=f"{alice}, the owner of stream table public.alice_totals, may no "
-                                             "longer read public.orders; GRANT SELECT ON public.orders"):
+    with pytest.raises(
+        PgTrickleError,
+        match=f"{alice}, the owner of stream table public.alice_totals, may no "
+        "longer read public.orders; GRANT SELECT ON public.orders",
+    ):
         refresh(shop, "alice_totals")
     assert shop.sql("SELECT * FROM alice_totals ORDER BY 1") == before
     assert shop.scalar("SELECT consecutive_errors FROM pgtrickle.pgt_stream_tables") == 1
@@ -495,7 +607,8 @@ WHOLE_ROW_QUERIES = [
 
 @pytest.mark.parametrize("query", WHOLE_ROW_QUERIES)
 def test_a_whole_row_reference_needs_select_on_every_column(
-        shop: Database, roles: dict[str, str], query: str) -> None:
+    shop: Database, roles: dict[str, str], query: str
+) -> None:
     """Column privileges: a whole-row reference (or a system column) reads columns beyond those named."""
     bob = roles["bob"]
     shop.sql(f"REVOKE SELECT ON orders FROM {bob}")
@@ -508,13 +621,20 @@ def test_a_whole_row_reference_needs_select_on_every_column(
     _denied(shop, bob, query)
 
 
-def test_column_privileges_still_allow_the_columns_granted(shop: Database, roles: dict[str, str], spark) -> None:  # type: ignore[no-untyped-def]
+def test_column_privileges_still_allow_the_columns_granted(
+    shop: Database, roles: dict[str, str], spark
+) -> None:  # type: ignore[no-untyped-def]
     bob = roles["bob"]
     shop.sql(f"REVOKE SELECT ON orders FROM {bob}")
     shop.sql(f"GRANT SELECT (id, customer) ON orders TO {bob}")
     with acting_as(shop, bob):
         create_st(shop, "mine", "SELECT o.id, o.customer FROM orders o WHERE o.id > 2", schedule="1m")
-        create_st(shop, "per_customer", "SELECT customer, count(*) AS n FROM orders GROUP BY customer", schedule="1m")
+        create_st(
+            shop,
+            "per_customer",
+            "SELECT customer, count(*) AS n FROM orders GROUP BY customer",
+            schedule="1m",
+        )
     refresh_and_check(shop, "mine", "per_customer")
     # Once bob may read every column, a whole-row reference is his to make.
     shop.sql(f"GRANT SELECT (amount) ON orders TO {bob}")
@@ -523,12 +643,15 @@ def test_column_privileges_still_allow_the_columns_granted(shop: Database, roles
 
 
 def test_revoking_a_column_stops_the_refreshes_of_a_whole_row_reader(
-        shop: Database, roles: dict[str, str], spark) -> None:  # type: ignore[no-untyped-def]
+    shop: Database, roles: dict[str, str], spark
+) -> None:  # type: ignore[no-untyped-def]
     bob = roles["bob"]
     with acting_as(shop, bob):
         create_st(shop, "rows", "SELECT o.id, o::text AS r FROM orders o", schedule="1m", initialize=False)
     shop.sql(f"REVOKE SELECT ON orders FROM {bob}")
     shop.sql(f"GRANT SELECT (id, customer) ON orders TO {bob}")
     shop.sql("UPDATE orders SET amount = amount + 1 WHERE id = 1")
-    with pytest.raises(PgTrickleError, match=f"{bob}, the owner of stream table public.rows, may no longer read"):
+    with pytest.raises(
+        PgTrickleError, match=f"{bob}, the owner of stream table public.rows, may no longer read"
+    ):
         refresh(shop, "rows")

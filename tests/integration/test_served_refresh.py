@@ -134,10 +134,13 @@ def test_served_refresh_prints_what_an_inline_one_prints(three: Database, daemon
     assert_oracle(db)
 
     # The daemon recorded what it ran as a manual refresh, like the command line does.
-    assert db.scalar(
-        "SELECT count(*) FROM pgtrickle.pgt_refresh_history h JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)"
-        " WHERE s.pgt_name = 'good' AND h.initiated_by = 'MANUAL' AND h.status = 'COMPLETED'"
-    ) == 6
+    assert (
+        db.scalar(
+            "SELECT count(*) FROM pgtrickle.pgt_refresh_history h JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)"
+            " WHERE s.pgt_name = 'good' AND h.initiated_by = 'MANUAL' AND h.status = 'COMPLETED'"
+        )
+        == 6
+    )
     assert db.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_commands") == 0  # collected
 
 
@@ -156,8 +159,10 @@ def test_served_failure_and_refusal_print_what_inline_ones_print(three: Database
 
     # A refused command (the circuit breaker is open): the same error, nothing refreshed, exit 1.
     db.sql("UPDATE src SET s = '1' WHERE id = 1")
-    db.sql("UPDATE pgtrickle.pgt_stream_tables SET cb_mode = 'fixed', cb_state = 'open', cb_trip_reason = 'test trip'"
-           " WHERE pgt_name = 'good'")
+    db.sql(
+        "UPDATE pgtrickle.pgt_stream_tables SET cb_mode = 'fixed', cb_state = 'open', cb_trip_reason = 'test trip'"
+        " WHERE pgt_name = 'good'"
+    )
     history = db.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_history")
     served, inline = _both(db, daemon, "SELECT 1", "good")
     assert served.exit_code == 1
@@ -167,7 +172,9 @@ def test_served_failure_and_refusal_print_what_inline_ones_print(three: Database
 
     # With --all a gated stream table is skipped and reported, the others refresh.
     assert invoke(db, "refresh", "--inline", "bad", "bad_down").exit_code == 0
-    served, inline = _both(db, daemon, "INSERT INTO other SELECT max(id) + 1, 0 FROM other", "--all", "--json")
+    served, inline = _both(
+        db, daemon, "INSERT INTO other SELECT max(id) + 1, 0 FROM other", "--all", "--json"
+    )
     assert served.exit_code == 0
     doc = _same_json(served.stdout)
     _assert_same_json(served.stdout, inline.stdout)
@@ -179,7 +186,9 @@ def test_served_failure_and_refusal_print_what_inline_ones_print(three: Database
     inline = invoke(db, "refresh", "--inline", "nope")
     assert served.exit_code == inline.exit_code == 1
     assert served.stderr == inline.stderr and "nope" in served.stderr
-    db.sql("UPDATE pgtrickle.pgt_stream_tables SET cb_mode = 'default', cb_state = 'closed', cb_trip_reason = NULL")
+    db.sql(
+        "UPDATE pgtrickle.pgt_stream_tables SET cb_mode = 'default', cb_state = 'closed', cb_trip_reason = NULL"
+    )
     assert invoke(db, "refresh", "--all").exit_code == 0
     assert_oracle(db)
 
@@ -238,8 +247,10 @@ def test_a_daemon_that_dies_while_refreshing_is_replaced_by_the_command_line(thr
     def claim_then_die() -> None:
         _wait(lambda: db.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_commands") == 1, "no command")
         with psycopg.connect(db.dsn, autocommit=True) as conn:
-            conn.execute("UPDATE pgtrickle.pgt_refresh_commands SET claimed_by = %s, claimed_at = now()",
-                         (fake.info.backend_pid,))
+            conn.execute(
+                "UPDATE pgtrickle.pgt_refresh_commands SET claimed_by = %s, claimed_at = now()",
+                (fake.info.backend_pid,),
+            )
         time.sleep(0.3)
         fake.close()
 
@@ -297,7 +308,9 @@ def test_timeout_and_interrupt(three: Database) -> None:
             assert queued.value.withdrawn and "nothing was refreshed" in str(queued.value)
 
             command = submit(conn, ["good"], False)
-            conn.execute("UPDATE pgtrickle.pgt_refresh_commands SET claimed_by = %s", (fake.info.backend_pid,))
+            conn.execute(
+                "UPDATE pgtrickle.pgt_refresh_commands SET claimed_by = %s", (fake.info.backend_pid,)
+            )
 
             def ctrl_c(pid: int) -> None:
                 raise KeyboardInterrupt

@@ -64,41 +64,58 @@ def cdb(db: Database, connect_url: str) -> Database:
 def _orders(db: Database, rows: int = 300) -> None:
     db.sql("CREATE TABLE customers (id int PRIMARY KEY, region text)")
     db.sql("INSERT INTO customers SELECT g, 'r' || (g % 5) FROM generate_series(1, 40) g")
-    db.sql("CREATE TABLE orders (id bigint PRIMARY KEY, customer int, amount numeric(12,2), "
-           "placed timestamptz NOT NULL DEFAULT '2026-01-01 00:00:00+00')")
-    db.sql("INSERT INTO orders SELECT g, 1 + g % 45, (g * 7 % 1000) / 10.0, "
-           f"'2026-01-01 00:00:00+00'::timestamptz + g * interval '1 hour' FROM generate_series(1, {rows}) g")
+    db.sql(
+        "CREATE TABLE orders (id bigint PRIMARY KEY, customer int, amount numeric(12,2), "
+        "placed timestamptz NOT NULL DEFAULT '2026-01-01 00:00:00+00')"
+    )
+    db.sql(
+        "INSERT INTO orders SELECT g, 1 + g % 45, (g * 7 % 1000) / 10.0, "
+        f"'2026-01-01 00:00:00+00'::timestamptz + g * interval '1 hour' FROM generate_series(1, {rows}) g"
+    )
 
 
 def _random_dml(db: Database, rng: random.Random, next_id: int) -> int:
     for _ in range(rng.randint(1, 4)):
-        db.sql("INSERT INTO orders VALUES (%s, %s, %s)",
-               (next_id, rng.randint(1, 45), rng.randint(0, 9999) / 100))
+        db.sql(
+            "INSERT INTO orders VALUES (%s, %s, %s)",
+            (next_id, rng.randint(1, 45), rng.randint(0, 9999) / 100),
+        )
         next_id += 1
-    db.sql("UPDATE orders SET amount = amount + 1, customer = %s WHERE id = %s",
-           (rng.randint(1, 45), rng.randint(1, next_id)))
+    db.sql(
+        "UPDATE orders SET amount = amount + 1, customer = %s WHERE id = %s",
+        (rng.randint(1, 45), rng.randint(1, next_id)),
+    )
     db.sql("DELETE FROM orders WHERE id IN (%s, %s)", (rng.randint(1, next_id), rng.randint(1, next_id)))
     if rng.random() < 0.5:
-        db.sql("UPDATE customers SET region = %s WHERE id = %s",
-               (f"r{rng.randint(0, 6)}", rng.randint(1, 40)))
+        db.sql(
+            "UPDATE customers SET region = %s WHERE id = %s", (f"r{rng.randint(0, 6)}", rng.randint(1, 40))
+        )
     return next_id
 
 
 QUERIES = {
     # aggregate (algebraic: SUM / COUNT / AVG from the delta)
-    "by_customer": ("SELECT customer, sum(amount) AS total, count(*) AS n, avg(amount) AS mean "
-                    "FROM orders GROUP BY customer"),
+    "by_customer": (
+        "SELECT customer, sum(amount) AS total, count(*) AS n, avg(amount) AS mean "
+        "FROM orders GROUP BY customer"
+    ),
     # aggregate over a join, MIN / MAX (a rescan of the touched groups)
-    "by_region": ("SELECT c.region, max(o.amount) AS top, min(o.placed) AS first FROM orders o "
-                  "JOIN customers c ON c.id = o.customer GROUP BY c.region"),
+    "by_region": (
+        "SELECT c.region, max(o.amount) AS top, min(o.placed) AS first FROM orders o "
+        "JOIN customers c ON c.id = o.customer GROUP BY c.region"
+    ),
     # inner join (the telescoping join rule)
     "joined": "SELECT o.id, o.amount, c.region, o.placed FROM orders o JOIN customers c ON c.id = o.customer",
     # outer join
-    "with_customers": ("SELECT c.id AS cid, c.region, o.id AS oid, o.amount FROM customers c "
-                       "LEFT JOIN orders o ON o.customer = c.id"),
+    "with_customers": (
+        "SELECT c.id AS cid, c.region, o.id AS oid, o.amount FROM customers c "
+        "LEFT JOIN orders o ON o.customer = c.id"
+    ),
     # set operation
-    "ids": ("SELECT customer AS id FROM orders WHERE amount > 50 "
-            "EXCEPT SELECT id FROM customers WHERE region = 'r1'"),
+    "ids": (
+        "SELECT customer AS id FROM orders WHERE amount > 50 "
+        "EXCEPT SELECT id FROM customers WHERE region = 'r1'"
+    ),
 }
 
 
@@ -121,12 +138,16 @@ def test_full_and_differential_refreshes_through_spark_connect(cdb: Database) ->
         actions = {o.st.name: o.action for o in outcomes}
         assert actions["by_customer"] is Action.DIFFERENTIAL, actions
         assert actions["joined"] is Action.DIFFERENTIAL, actions
-    history = db.sql("SELECT count(*) FILTER (WHERE action = 'DIFFERENTIAL'), "
-                     "count(*) FILTER (WHERE status <> 'COMPLETED') FROM pgtrickle.pgt_refresh_history")
+    history = db.sql(
+        "SELECT count(*) FILTER (WHERE action = 'DIFFERENTIAL'), "
+        "count(*) FILTER (WHERE status <> 'COMPLETED') FROM pgtrickle.pgt_refresh_history"
+    )
     assert history[0][0] >= 6 and history[0][1] == 0, history
     # A Spark Connect client cannot count the server's jobs: NULL, never a wrong number (spark/jobs.py).
-    counted = db.sql("SELECT count(*) FILTER (WHERE spark_jobs IS NOT NULL), count(*) FILTER (WHERE"
-                     " action IN ('FULL', 'DIFFERENTIAL')) FROM pgtrickle.pgt_refresh_history")
+    counted = db.sql(
+        "SELECT count(*) FILTER (WHERE spark_jobs IS NOT NULL), count(*) FILTER (WHERE"
+        " action IN ('FULL', 'DIFFERENTIAL')) FROM pgtrickle.pgt_refresh_history"
+    )
     assert counted[0][0] == 0 and counted[0][1] >= 6, counted
     assert all(o.spark_jobs is None for o in outcomes if o.action in (Action.FULL, Action.DIFFERENTIAL))
 
@@ -157,10 +178,18 @@ def test_atomic_group_and_daemon_through_spark_connect(cdb: Database) -> None:
     """A diamond (one snapshot for three members) refreshed by the daemon's scheduler on Spark Connect."""
     db = cdb
     _orders(db, rows=100)
-    create_st(db, "totals", "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer",
-              refresh_mode="DIFFERENTIAL")
-    create_st(db, "counts", "SELECT customer, count(*) AS n FROM orders GROUP BY customer",
-              refresh_mode="DIFFERENTIAL")
+    create_st(
+        db,
+        "totals",
+        "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer",
+        refresh_mode="DIFFERENTIAL",
+    )
+    create_st(
+        db,
+        "counts",
+        "SELECT customer, count(*) AS n FROM orders GROUP BY customer",
+        refresh_mode="DIFFERENTIAL",
+    )
     create_st(db, "report", "SELECT a.customer, a.total, b.n FROM totals a JOIN counts b USING (customer)")
     scheduler = Scheduler(db.settings, db.dsn)
     try:
@@ -185,15 +214,19 @@ def test_cli_refresh_and_run_with_spark_remote(db: Database, connect_url: str) -
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     _orders(db, rows=50)
     create_st(db, "by_customer", QUERIES["by_customer"])
-    result = runner.invoke(app, ["--dsn", db.dsn, "refresh", "--spark-remote", connect_url, "by_customer"],
-                           catch_exceptions=False)
+    result = runner.invoke(
+        app,
+        ["--dsn", db.dsn, "refresh", "--spark-remote", connect_url, "by_customer"],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     assert "FULL" in result.output
     assert_oracle(db)
     db.sql("UPDATE orders SET amount = amount * 2 WHERE id < 10")
     db.sql("SELECT pgtrickle.refresh_stream_table('by_customer')")
-    result = runner.invoke(app, ["--dsn", db.dsn, "run", "--once", "--spark-remote", connect_url],
-                           catch_exceptions=False)
+    result = runner.invoke(
+        app, ["--dsn", db.dsn, "run", "--once", "--spark-remote", connect_url], catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
     assert "Spark Connect server sc://127.0.0.1:" in result.output and "DIFFERENTIAL" in result.output
     assert_oracle(db)
@@ -205,16 +238,20 @@ def test_an_unreachable_server_is_a_clear_error_and_changes_nothing(cdb: Databas
     create_st(db, "by_customer", QUERIES["by_customer"])
     refresh(db)
     db.sql("INSERT INTO orders VALUES (9001, 1, 5)")
-    before = db.sql("SELECT frontier::text FROM pgtrickle.pgt_stream_tables"), db.sql(
-        "SELECT * FROM by_customer ORDER BY 1")
+    before = (
+        db.sql("SELECT frontier::text FROM pgtrickle.pgt_stream_tables"),
+        db.sql("SELECT * FROM by_customer ORDER BY 1"),
+    )
     url = f"sc://127.0.0.1:{_free_port()}"
     with pytest.raises(SparkConnectUnreachableError) as caught:
         get_spark(replace(db.settings, spark_remote=url))
     assert caught.value.url == url and url in str(caught.value)
     with pytest.raises(SparkConnectUnreachableError):
         refresh(replace(db, settings=replace(db.settings, spark_remote=url)), "by_customer")
-    after = db.sql("SELECT frontier::text FROM pgtrickle.pgt_stream_tables"), db.sql(
-        "SELECT * FROM by_customer ORDER BY 1")
+    after = (
+        db.sql("SELECT frontier::text FROM pgtrickle.pgt_stream_tables"),
+        db.sql("SELECT * FROM by_customer ORDER BY 1"),
+    )
     assert after == before, "a refresh that could not reach Spark changed nothing"
     # The daemon says so before it starts, naming the URL (a token in the URL is not shown).
     result = runner.invoke(app, ["--dsn", db.dsn, "run", "--once", "--spark-remote", f"{url}/;token=s3cret"])
@@ -260,7 +297,8 @@ def test_a_cancelled_refresh_on_spark_connect_is_abandoned(cdb: Database) -> Non
     finally:
         refresher.close()
     assert db.sql("SELECT status FROM pgtrickle.pgt_refresh_history ORDER BY refresh_id DESC LIMIT 1") == [
-        ("ABANDONED",)]
+        ("ABANDONED",)
+    ]
     assert db.sql("SELECT * FROM joined ORDER BY 1") == before
     refresh_and_check(db, "joined")
 
@@ -271,8 +309,13 @@ def test_the_client_needs_no_java(db: Database, connect_url: str, tmp_path: Path
     create_st(db, "joined", QUERIES["joined"], refresh_mode="DIFFERENTIAL")
     bin_dir = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_", "PGTRICKLE_"))}
-    env.update(PATH=bin_dir, JAVA_HOME=str(tmp_path / "no-java"), HOME=str(tmp_path),
-               PYTHONPATH=str(Path(pgtrickle.__file__).parents[1]), PGTRICKLE_DATA_DIR=str(tmp_path / "data"))
+    env.update(
+        PATH=bin_dir,
+        JAVA_HOME=str(tmp_path / "no-java"),
+        HOME=str(tmp_path),
+        PYTHONPATH=str(Path(pgtrickle.__file__).parents[1]),
+        PGTRICKLE_DATA_DIR=str(tmp_path / "data"),
+    )
     assert shutil.which("java", path=bin_dir) is None
     program = (
         "import json, os, sys\n"
@@ -290,8 +333,14 @@ def test_the_client_needs_no_java(db: Database, connect_url: str, tmp_path: Path
         "gateway = SparkContext._gateway is not None\n"
         "print(json.dumps({'codes': codes, 'children': children, 'gateway': gateway}))\n"
     )
-    first = subprocess.run([sys.executable, "-c", program, db.dsn, connect_url, "joined"], env=env,
-                           capture_output=True, text=True, timeout=600, check=False)
+    first = subprocess.run(
+        [sys.executable, "-c", program, db.dsn, connect_url, "joined"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     report = json.loads(first.stdout.strip().splitlines()[-1])
     assert report["codes"] in ([0], [None]), (report, first.stdout[-2000:])
@@ -299,8 +348,14 @@ def test_the_client_needs_no_java(db: Database, connect_url: str, tmp_path: Path
     assert_oracle(db)
     db.sql("INSERT INTO orders VALUES (7001, 2, 1.5), (7002, 99, 2.5)")
     db.sql("UPDATE customers SET region = 'moved' WHERE id = 2")
-    second = subprocess.run([sys.executable, "-c", program, db.dsn, connect_url, "joined"], env=env,
-                            capture_output=True, text=True, timeout=600, check=False)
+    second = subprocess.run(
+        [sys.executable, "-c", program, db.dsn, connect_url, "joined"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     assert_oracle(db)
     last = db.sql("SELECT action, status FROM pgtrickle.pgt_refresh_history ORDER BY refresh_id DESC LIMIT 1")

@@ -41,10 +41,15 @@ SPARK_HOME = str(Path(__import__("pyspark").__file__).parent)
 
 
 def _history(db: Database, name: str, after: int) -> list[tuple[int, str, str | None]]:
-    return [(int(r[0]), str(r[1]), r[2]) for r in db.sql(
-        "SELECT h.refresh_id, h.status, h.error_message FROM pgtrickle.pgt_refresh_history h"
-        " JOIN pgtrickle.pgt_stream_tables s USING (pgt_id) WHERE s.pgt_name = %s AND h.refresh_id > %s"
-        " ORDER BY h.refresh_id", (name, after))]
+    return [
+        (int(r[0]), str(r[1]), r[2])
+        for r in db.sql(
+            "SELECT h.refresh_id, h.status, h.error_message FROM pgtrickle.pgt_refresh_history h"
+            " JOIN pgtrickle.pgt_stream_tables s USING (pgt_id) WHERE s.pgt_name = %s AND h.refresh_id > %s"
+            " ORDER BY h.refresh_id",
+            (name, after),
+        )
+    ]
 
 
 def _last_refresh_id(db: Database) -> int:
@@ -57,9 +62,14 @@ def _active_reads(db: Database, since: float) -> int:
     A read fetches 10,000 rows at a time: between fetches its backend is ``idle in transaction``
     with the read's query, while the executor works on the rows.
     """
-    return int(db.scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgtrickle-spark'"
-        " AND state IN ('active', 'idle in transaction') AND query LIKE '%%big%%' AND query NOT LIKE '%%1=0%%' AND backend_start > to_timestamp(%s)", (since,)) or 0)
+    return int(
+        db.scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgtrickle-spark'"
+            " AND state IN ('active', 'idle in transaction') AND query LIKE '%%big%%' AND query NOT LIKE '%%1=0%%' AND backend_start > to_timestamp(%s)",
+            (since,),
+        )
+        or 0
+    )
 
 
 def _executors(daemon: DaemonProcess) -> list[int]:
@@ -70,30 +80,55 @@ def _kill_an_executor_while_reading(db: Database, daemon: DaemonProcess) -> None
     """Request a refresh and SIGKILL one executor JVM while a JDBC read of the refresh runs."""
     since = time.time() - 1
     db.sql("SELECT pgtrickle.refresh_stream_table('per_k')")
-    poll(lambda: _active_reads(db, since) >= 1, "an executor's JDBC read", 300, daemon.check_alive, interval=0.02)
+    poll(
+        lambda: _active_reads(db, since) >= 1,
+        "an executor's JDBC read",
+        300,
+        daemon.check_alive,
+        interval=0.02,
+    )
     executors = _executors(daemon)
     assert executors, "no executor JVM below the daemon"
     os.kill(executors[0], signal.SIGKILL)
 
 
 def test_executor_lost_mid_job_is_retried_and_a_failed_job_is_recorded_then_retried(
-        db: Database, tmp_path: Path) -> None:
+    db: Database, tmp_path: Path
+) -> None:
     # Wide enough that each JDBC partition takes a while to read: the kills land mid-read.
     db.sql("CREATE TABLE big (id int PRIMARY KEY, k int NOT NULL, v int NOT NULL, pad text NOT NULL)")
-    db.sql("INSERT INTO big SELECT g, g % 50, g % 1000, repeat(md5(g::text), 4) FROM generate_series(1, 600000) g")
+    db.sql(
+        "INSERT INTO big SELECT g, g % 50, g % 1000, repeat(md5(g::text), 4) FROM generate_series(1, 600000) g"
+    )
     db.sql("ANALYZE big")
-    create_st(db, "per_k", "SELECT k, count(*) AS n, sum(v) AS total, max(pad) AS top, "
-                           "sum(1000 / (v + 1)) AS inv FROM big GROUP BY k", schedule="1h", refresh_mode="FULL")
+    create_st(
+        db,
+        "per_k",
+        "SELECT k, count(*) AS n, sum(v) AS total, max(pad) AS top, "
+        "sum(1000 / (v + 1)) AS inv FROM big GROUP BY k",
+        schedule="1h",
+        refresh_mode="FULL",
+    )
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '0' WHERE name = 'auto_suspend_after'")
-    daemon = DaemonProcess(db.dsn, tmp_path, PGTRICKLE_SPARK_MASTER="local-cluster[2,1,1024]",
-                           PGTRICKLE_JDBC_PARTITION_ROWS="150000", SPARK_HOME=SPARK_HOME,
-                           PGTRICKLE_SPARK_CONF=f"{FAST_JVM_CONF},spark.executor.memory=512m",
-                           PGTRICKLE_JDBC_JAR=db.settings.jdbc_jar)
+    daemon = DaemonProcess(
+        db.dsn,
+        tmp_path,
+        PGTRICKLE_SPARK_MASTER="local-cluster[2,1,1024]",
+        PGTRICKLE_JDBC_PARTITION_ROWS="150000",
+        SPARK_HOME=SPARK_HOME,
+        PGTRICKLE_SPARK_CONF=f"{FAST_JVM_CONF},spark.executor.memory=512m",
+        PGTRICKLE_JDBC_JAR=db.settings.jdbc_jar,
+    )
     started = time.monotonic()
     try:
         daemon.start()
-        poll(lambda: db.scalar("SELECT frontier IS NOT NULL FROM pgtrickle.pgt_stream_tables") is True,
-             "the initial refresh on the cluster", 300, daemon.check_alive, interval=0.5)
+        poll(
+            lambda: db.scalar("SELECT frontier IS NOT NULL FROM pgtrickle.pgt_stream_tables") is True,
+            "the initial refresh on the cluster",
+            300,
+            daemon.check_alive,
+            interval=0.5,
+        )
         assert_oracle(db, "per_k")
         poll(lambda: len(_executors(daemon)) == 2, "two executor JVMs", 120, daemon.check_alive)
 
@@ -101,9 +136,16 @@ def test_executor_lost_mid_job_is_retried_and_a_failed_job_is_recorded_then_retr
         db.sql("UPDATE big SET v = v + 1 WHERE id % 10 = 0")
         before = _last_refresh_id(db)
         _kill_an_executor_while_reading(db, daemon)
-        poll(lambda: any(s != "RUNNING" for _, s, _ in _history(db, "per_k", before)),
-             "the refresh to end", 300, daemon.check_alive, interval=0.5)
-        assert [s for _, s, _ in _history(db, "per_k", before)] == ["COMPLETED"], _history(db, "per_k", before)
+        poll(
+            lambda: any(s != "RUNNING" for _, s, _ in _history(db, "per_k", before)),
+            "the refresh to end",
+            300,
+            daemon.check_alive,
+            interval=0.5,
+        )
+        assert [s for _, s, _ in _history(db, "per_k", before)] == ["COMPLETED"], _history(
+            db, "per_k", before
+        )
         assert_oracle(db, "per_k")
 
         # 2. A job that fails (a task's division by zero, on an executor): recorded FAILED, nothing
@@ -112,12 +154,22 @@ def test_executor_lost_mid_job_is_retried_and_a_failed_job_is_recorded_then_retr
         contents = sorted(db.sql("SELECT k, n, total, top, inv FROM per_k"))
         before = _last_refresh_id(db)
         db.sql("SELECT pgtrickle.refresh_stream_table('per_k')")
-        poll(lambda: "FAILED" in [s for _, s, _ in _history(db, "per_k", before)], "the refresh to fail", 300,
-             daemon.check_alive, interval=0.5)
+        poll(
+            lambda: "FAILED" in [s for _, s, _ in _history(db, "per_k", before)],
+            "the refresh to fail",
+            300,
+            daemon.check_alive,
+            interval=0.5,
+        )
         assert sorted(db.sql("SELECT k, n, total, top, inv FROM per_k")) == contents
         db.sql("UPDATE big SET v = 5 WHERE id = 7")
-        poll(lambda: "COMPLETED" in [s for _, s, _ in _history(db, "per_k", before)],
-             "the retried refresh to complete", 300, daemon.check_alive, interval=0.5)
+        poll(
+            lambda: "COMPLETED" in [s for _, s, _ in _history(db, "per_k", before)],
+            "the retried refresh to complete",
+            300,
+            daemon.check_alive,
+            interval=0.5,
+        )
         history = _history(db, "per_k", before)
         statuses = [s for _, s, _ in history]
         assert statuses[-1] == "COMPLETED" and set(statuses[:-1]) == {"FAILED"}, history
@@ -129,8 +181,10 @@ def test_executor_lost_mid_job_is_retried_and_a_failed_job_is_recorded_then_retr
     finally:
         if daemon.proc is not None and daemon.alive():
             daemon.kill()
-    print(f"\nexecutor loss: retried by Spark; job failure: recorded FAILED ({len(statuses) - 1}x) and retried; "
-          f"{time.monotonic() - started:.0f}s")
+    print(
+        f"\nexecutor loss: retried by Spark; job failure: recorded FAILED ({len(statuses) - 1}x) and retried; "
+        f"{time.monotonic() - started:.0f}s"
+    )
 
 
 def _closed_port() -> int:
@@ -148,19 +202,36 @@ def test_a_spark_that_cannot_start_is_a_clear_error_and_changes_nothing(db: Data
     catalog = db.sql("SELECT status, consecutive_errors, frontier::text FROM pgtrickle.pgt_stream_tables")
     history = _last_refresh_id(db)
     # COLUMNS: the console does not wrap a long temporary path (an xdist worker's is longer) mid-word.
-    env = dict(os.environ, COLUMNS="1000", PYTHONPATH=SRC, PGTRICKLE_DSN=db.dsn,
-               PGTRICKLE_DATA_DIR=str(tmp_path / "data"),
-               PGTRICKLE_JDBC_JAR=db.settings.jdbc_jar)
+    env = dict(
+        os.environ,
+        COLUMNS="1000",
+        PYTHONPATH=SRC,
+        PGTRICKLE_DSN=db.dsn,
+        PGTRICKLE_DATA_DIR=str(tmp_path / "data"),
+        PGTRICKLE_JDBC_JAR=db.settings.jdbc_jar,
+    )
     no_java = Path(tmp_path / "jdk")
     no_java.mkdir()
     cases = [
-        ({"PGTRICKLE_SPARK_MASTER": "local[two]"}, "'local[two]' is not a Spark master URL; use local, local[N]"),
-        ({"PGTRICKLE_SPARK_MASTER": f"spark://127.0.0.1:{_closed_port()}"}, "no Spark master answers at spark://"),
+        (
+            {"PGTRICKLE_SPARK_MASTER": "local[two]"},
+            "'local[two]' is not a Spark master URL; use local, local[N]",
+        ),
+        (
+            {"PGTRICKLE_SPARK_MASTER": f"spark://127.0.0.1:{_closed_port()}"},
+            "no Spark master answers at spark://",
+        ),
         ({"JAVA_HOME": str(no_java)}, f"JAVA_HOME={no_java} has no bin/java"),
     ]
+
     def pgtrickle(command: list[str], extra: dict[str, str]) -> str:
-        done = subprocess.run([sys.executable, "-m", "pgtrickle", *command], env={**env, **extra},
-                              capture_output=True, text=True, timeout=180)
+        done = subprocess.run(
+            [sys.executable, "-m", "pgtrickle", *command],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         output = " ".join((done.stdout + done.stderr).split())
         assert done.returncode == 1 and "Traceback" not in output, (command, extra, output[-2000:])
         return output
@@ -169,7 +240,10 @@ def test_a_spark_that_cannot_start_is_a_clear_error_and_changes_nothing(db: Data
     for extra, message in cases:
         assert message in pgtrickle(["run"], extra)
     assert _history(db, "st", history) == []
-    assert db.sql("SELECT status, consecutive_errors, frontier::text FROM pgtrickle.pgt_stream_tables") == catalog
+    assert (
+        db.sql("SELECT status, consecutive_errors, frontier::text FROM pgtrickle.pgt_stream_tables")
+        == catalog
+    )
     # `pgtrickle refresh` says the same, and the failed attempt is in the history; nothing applied.
     for extra, message in cases[:2]:
         assert message in pgtrickle(["refresh", "st"], extra)

@@ -51,8 +51,12 @@ def _check_figures(row: dict) -> None:
 @pytest.mark.usefixtures("spark")
 def test_full_differential_and_no_change_refreshes_record_their_spark_jobs(orders: Database) -> None:
     db = orders
-    create_st(db, "per_region", "SELECT c.region, sum(o.amount) AS total, count(*) AS n"
-              " FROM orders o JOIN customers c ON c.id = o.customer GROUP BY c.region")
+    create_st(
+        db,
+        "per_region",
+        "SELECT c.region, sum(o.amount) AS total, count(*) AS n"
+        " FROM orders o JOIN customers c ON c.id = o.customer GROUP BY c.region",
+    )
     [initial] = refresh_and_check(db, "per_region")
     assert initial.action is Action.FULL and initial.spark_jobs is not None and initial.spark_jobs >= 1
     db.sql("INSERT INTO orders VALUES (1001, 3, 10), (1002, 7, 20)")
@@ -72,12 +76,15 @@ def test_full_differential_and_no_change_refreshes_record_their_spark_jobs(order
     result = runner.invoke(app, ["--dsn", db.dsn, "history", "per_region"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "jobs" in result.output and "NO_DATA" in result.output and "DIFFERENTIAL" in result.output
-    result = runner.invoke(app, ["--dsn", db.dsn, "history", "--json", "-n", "2", "per_region"],
-                           catch_exceptions=False)
+    result = runner.invoke(
+        app, ["--dsn", db.dsn, "history", "--json", "-n", "2", "per_region"], catch_exceptions=False
+    )
     doc = json.loads(result.stdout)
     assert doc["name"] == "public.per_region" and len(doc["refreshes"]) == 2
     assert [(r["action"], r["spark_jobs"]) for r in doc["refreshes"]] == [
-        ("NO_DATA", 0), ("DIFFERENTIAL", diff.spark_jobs)]
+        ("NO_DATA", 0),
+        ("DIFFERENTIAL", diff.spark_jobs),
+    ]
     result = runner.invoke(app, ["--dsn", db.dsn, "history", "-n", "0", "per_region"])
     assert result.exit_code == 1 and "max_rows must be between 1 and 1000000" in result.output
 
@@ -169,7 +176,9 @@ def test_each_member_of_an_atomic_group_records_its_own_jobs(db: Database) -> No
     db.sql("INSERT INTO sales SELECT g, 'r' || (g % 4), g FROM generate_series(1, 200) g")
     create_st(db, "by_region", "SELECT region, sum(amount) AS total FROM sales GROUP BY region")
     create_st(db, "by_region_n", "SELECT region, count(*) AS n FROM sales GROUP BY region")
-    create_st(db, "report", "SELECT a.region, a.total, b.n FROM by_region a JOIN by_region_n b USING (region)")
+    create_st(
+        db, "report", "SELECT a.region, a.total, b.n FROM by_region a JOIN by_region_n b USING (region)"
+    )
     refresh_and_check(db)
     db.sql("INSERT INTO sales VALUES (1001, 'r1', 5), (1002, 'r9', 7)")
     outcomes = refresh_and_check(db, "report")  # the whole group runs
@@ -180,7 +189,8 @@ def test_each_member_of_an_atomic_group_records_its_own_jobs(db: Database) -> No
         _check_figures(row)
     assert "atomic group" in history(db, "report")[0]["mode_reason"]
     assert {o.st.name: o.spark_jobs for o in outcomes} == {
-        name: history(db, name)[0]["spark_jobs"] for name in ("by_region", "by_region_n", "report")}
+        name: history(db, name)[0]["spark_jobs"] for name in ("by_region", "by_region_n", "report")
+    }
 
 
 # ------------------------------------------------------------------------------------------ explain
@@ -202,23 +212,31 @@ def walk(node: dict) -> list[dict]:
 
 def test_explain_shows_the_operator_tree_of_a_join_under_an_aggregate(orders: Database) -> None:
     db = orders
-    create_st(db, "per_region", "SELECT c.region, sum(o.amount) AS total"
-              " FROM orders o JOIN customers c ON c.id = o.customer GROUP BY c.region")
+    create_st(
+        db,
+        "per_region",
+        "SELECT c.region, sum(o.amount) AS total"
+        " FROM orders o JOIN customers c ON c.id = o.customer GROUP BY c.region",
+    )
     result = explain(db, "per_region")
     assert result.exit_code == 0, result.output
     text = result.output
     assert "operator tree:" in text
-    lines = text[text.index("operator tree:"):].splitlines()[1:]
+    lines = text[text.index("operator tree:") :].splitlines()[1:]
     assert lines[0].startswith("  Project ") and "[delta: linear]" in lines[0]
     assert lines[1].startswith("    Aggregate group by ") and "touched groups" in lines[1]
-    assert any(line.startswith("      Join INNER on ") and "telescoping join: 2 terms" in line for line in lines)
+    assert any(
+        line.startswith("      Join INNER on ") and "telescoping join: 2 terms" in line for line in lines
+    )
     assert any("Scan public.orders" in line and "change buffer" in line for line in lines)
     assert "materialized" not in text and "Traceback" not in text
     doc = explain_json(db, "per_region")
     tree = doc["operator_tree"]
     assert tree["error"] is None and tree["full_refresh_reason"] is None
     root = tree["root"]
-    assert root["operator"] == "Project" and root["rule"] == "linear" and root["columns"] == ["region", "total"]
+    assert (
+        root["operator"] == "Project" and root["rule"] == "linear" and root["columns"] == ["region", "total"]
+    )
     operators = [n["operator"] for n in walk(root)]
     assert operators[:3] == ["Project", "Aggregate", "Join"] and operators.count("Scan") == 2
     assert all(n["materialized"] is None and n["shared"] is False for n in walk(root))
@@ -227,8 +245,11 @@ def test_explain_shows_the_operator_tree_of_a_join_under_an_aggregate(orders: Da
 
 def test_explain_left_join(orders: Database) -> None:
     db = orders
-    create_st(db, "with_orders", "SELECT c.id, c.region, o.amount FROM customers c"
-              " LEFT JOIN orders o ON o.customer = c.id")
+    create_st(
+        db,
+        "with_orders",
+        "SELECT c.id, c.region, o.amount FROM customers c LEFT JOIN orders o ON o.customer = c.id",
+    )
     result = explain(db, "with_orders")
     assert result.exit_code == 0, result.output
     join = next(line for line in result.output.splitlines() if "Join LEFT" in line)
@@ -241,9 +262,13 @@ def test_explain_left_join(orders: Database) -> None:
 
 def test_explain_names_a_kept_node_and_its_hidden_state_table(orders: Database) -> None:
     db = orders
-    create_st(db, "spread", "SELECT x.n, count(*) AS customers FROM"
-              " (SELECT customer, count(*) AS n FROM orders GROUP BY customer) x GROUP BY x.n",
-              refresh_mode="DIFFERENTIAL")
+    create_st(
+        db,
+        "spread",
+        "SELECT x.n, count(*) AS customers FROM"
+        " (SELECT customer, count(*) AS n FROM orders GROUP BY customer) x GROUP BY x.n",
+        refresh_mode="DIFFERENTIAL",
+    )
     before = explain(db, "spread")
     assert before.exit_code == 0, before.output
     assert "(not made yet: the next refresh makes and fills it): Aggregate" in before.output
@@ -262,7 +287,8 @@ def test_explain_names_a_kept_node_and_its_hidden_state_table(orders: Database) 
     assert inner["operator"] == "Aggregate" and inner["materialized"] == materialize.AGGREGATE_OF_AGGREGATE
     assert doc["operator_tree"]["full_refresh_reason"] is None
     assert doc["operator_tree"]["state_tables"] == [
-        {"position": 0, "table": table, "operator": "Aggregate", "reason": materialize.AGGREGATE_OF_AGGREGATE}]
+        {"position": 0, "table": table, "operator": "Aggregate", "reason": materialize.AGGREGATE_OF_AGGREGATE}
+    ]
 
 
 def test_explain_of_a_query_without_a_delta_rule_says_why(orders: Database) -> None:

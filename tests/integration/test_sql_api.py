@@ -26,18 +26,26 @@ def shop(db: Database) -> Database:
     return db
 
 
-
-
 def test_create_records_catalog_storage_and_capture(shop: Database) -> None:
-    create_st(shop, "order_summary", "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer",
-           schedule="30s")
-    info = shop.sql("SELECT name, status, refresh_mode, schedule, needs_reinit FROM pgtrickle.stream_tables_info")
+    create_st(
+        shop,
+        "order_summary",
+        "SELECT customer, sum(amount) AS total FROM orders GROUP BY customer",
+        schedule="30s",
+    )
+    info = shop.sql(
+        "SELECT name, status, refresh_mode, schedule, needs_reinit FROM pgtrickle.stream_tables_info"
+    )
     assert info == [("public.order_summary", "INITIALIZING", "AUTO", "30s", True)]
-    cols = shop.sql("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-                    "WHERE attrelid = 'order_summary'::regclass AND attnum > 0 ORDER BY attnum")
+    cols = shop.sql(
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = 'order_summary'::regclass AND attnum > 0 ORDER BY attnum"
+    )
     assert cols == [("customer", "text"), ("total", "numeric"), ("__pgt_row_id", "bigint")]
-    deps = shop.sql("SELECT c.source_name, c.source_kind, d.columns_used FROM pgtrickle.pgt_dependencies d "
-                    "JOIN pgtrickle.pgt_change_sources c USING (source_relid)")
+    deps = shop.sql(
+        "SELECT c.source_name, c.source_kind, d.columns_used FROM pgtrickle.pgt_dependencies d "
+        "JOIN pgtrickle.pgt_change_sources c USING (source_relid)"
+    )
     assert deps == [("orders", "TABLE", ["amount", "customer"])]
     triggers = {r[0] for r in shop.sql("SELECT tgname FROM pg_trigger WHERE tgrelid = 'orders'::regclass")}
     assert triggers == {"pgt_capture_ins", "pgt_capture_upd", "pgt_capture_del", "pgt_capture_trunc"}
@@ -52,8 +60,10 @@ def test_capture_records_inserts_updates_deletes_truncate_with_xids(shop: Databa
     shop.sql("UPDATE orders SET id = 200 WHERE id = 101")  # key change: a delete and an insert
     shop.sql("DELETE FROM orders WHERE id = 1")
     shop.sql("TRUNCATE orders")
-    rows = shop.sql(f"SELECT action, new_id, old_id, new_amount, old_amount, xid::text::bigint "
-                    f"FROM pgtrickle_changes.{buffer} ORDER BY change_id")
+    rows = shop.sql(
+        f"SELECT action, new_id, old_id, new_amount, old_amount, xid::text::bigint "
+        f"FROM pgtrickle_changes.{buffer} ORDER BY change_id"
+    )
     actions = [(r[0], r[1], r[2]) for r in rows]
     assert actions[:2] == [("I", 100, None), ("I", 101, None)]
     assert actions[2] == ("U", 100, 100)
@@ -68,8 +78,12 @@ def test_schema_qualified_and_quoted_names(shop: Database) -> None:
     shop.sql('CREATE SCHEMA "Weird Schema"')
     shop.sql('CREATE TABLE "Weird Schema"."Odd ""Table"" ; --" ("Col; DROP" int, "MiXeD" text)')
     name = '"Weird Schema"."Summary; DROP TABLE orders; --"'
-    create_st(shop, name, 'SELECT "MiXeD", count(*) AS n, sum("Col; DROP") AS s '
-                       'FROM "Weird Schema"."Odd ""Table"" ; --" GROUP BY "MiXeD"')
+    create_st(
+        shop,
+        name,
+        'SELECT "MiXeD", count(*) AS n, sum("Col; DROP") AS s '
+        'FROM "Weird Schema"."Odd ""Table"" ; --" GROUP BY "MiXeD"',
+    )
     assert shop.scalar("SELECT name FROM pgtrickle.stream_tables_info") == name
     assert shop.scalar("SELECT to_regclass('orders') IS NOT NULL")
     shop.sql("SELECT pgtrickle.alter_stream_table(%s, schedule => '5m')", (name,))
@@ -82,7 +96,8 @@ def test_alter_changes_schedule_mode_status(shop: Database) -> None:
     shop.sql("SELECT pgtrickle.alter_stream_table('s', schedule => '*/5 * * * *', refresh_mode => 'full')")
     shop.sql("SELECT pgtrickle.alter_stream_table('s', status => 'suspended')")
     assert shop.sql("SELECT schedule, refresh_mode, status FROM pgtrickle.pgt_stream_tables") == [
-        ("*/5 * * * *", "FULL", "SUSPENDED")]
+        ("*/5 * * * *", "FULL", "SUSPENDED")
+    ]
     shop.sql("SELECT pgtrickle.alter_stream_table('s', status => 'ACTIVE')")
     assert shop.scalar("SELECT status FROM pgtrickle.pgt_stream_tables") == "INITIALIZING"
 
@@ -95,8 +110,13 @@ def test_drop_removes_capture_only_when_unused(shop: Database) -> None:
     shop.sql("SELECT pgtrickle.drop_stream_table('b')")
     assert shop.scalar("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'orders'::regclass") == 0
     assert shop.scalar("SELECT count(*) FROM pgtrickle.pgt_change_sources") == 0
-    assert shop.scalar("SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                       "WHERE n.nspname = 'pgtrickle_changes'") == 0
+    assert (
+        shop.scalar(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'pgtrickle_changes'"
+        )
+        == 0
+    )
 
 
 def test_drop_refuses_with_dependents_unless_cascade(shop: Database) -> None:
@@ -128,8 +148,11 @@ def test_creating_needs_select_on_every_source(shop: Database) -> None:
         shop.sql(f"GRANT TRIGGER, REFERENCES ON secret TO {role}")
         shop.sql(f"GRANT SELECT (id) ON secret TO {role}")
         before = catalog_fingerprint(shop)
-        for query, column in (("SELECT id, pin FROM secret", "pin"), ("SELECT count(*) AS n FROM secret", None),
-                              ("SELECT o.id FROM orders o JOIN secret s ON s.id = o.id WHERE s.pin = '0000'", "pin")):
+        for query, column in (
+            ("SELECT id, pin FROM secret", "pin"),
+            ("SELECT count(*) AS n FROM secret", None),
+            ("SELECT o.id FROM orders o JOIN secret s ON s.id = o.id WHERE s.pin = '0000'", "pin"),
+        ):
             shop.sql(f"SET ROLE {role}")
             try:
                 with pytest.raises(psycopg.errors.InsufficientPrivilege) as info:
@@ -178,41 +201,85 @@ BAD_CREATES = [
     ("s", "", {}, psycopg.errors.InvalidParameterValue, "must not be NULL or empty"),
     ("s", "DELETE FROM orders RETURNING id", {}, psycopg.errors.SyntaxError, "invalid defining query"),
     ("s", "SELECT 1 AS x FROM orders; DROP TABLE orders", {}, psycopg.errors.SyntaxError, "single SELECT"),
-    ("s", "SELECT 1 AS x FROM orders; -- ok\n; DELETE FROM orders", {}, psycopg.errors.SyntaxError,
-     "single SELECT"),
-    ("s", "WITH d AS (DELETE FROM orders RETURNING id) SELECT id FROM d", {},
-     psycopg.errors.FeatureNotSupported, "data-modifying"),
+    (
+        "s",
+        "SELECT 1 AS x FROM orders; -- ok\n; DELETE FROM orders",
+        {},
+        psycopg.errors.SyntaxError,
+        "single SELECT",
+    ),
+    (
+        "s",
+        "WITH d AS (DELETE FROM orders RETURNING id) SELECT id FROM d",
+        {},
+        psycopg.errors.FeatureNotSupported,
+        "data-modifying",
+    ),
     ("s", "SELECT customer, customer FROM orders", {}, psycopg.errors.DuplicateColumn, "customer"),
     ("s", "SELECT amount + 1 FROM orders", {}, psycopg.errors.InvalidColumnReference, "needs a name"),
     ("s", "SELECT 1 AS one", {}, psycopg.errors.InvalidParameterValue, "reads no table"),
     ("s", "SELECT * FROM s", {}, psycopg.errors.InvalidRecursion, "itself"),
     ("orders", "SELECT id FROM orders", {}, psycopg.errors.DuplicateTable, "already exists"),
-    ("s", "SELECT id FROM orders", {"schedule": "5 minutes"}, psycopg.errors.InvalidParameterValue,
-     "invalid schedule"),
+    (
+        "s",
+        "SELECT id FROM orders",
+        {"schedule": "5 minutes"},
+        psycopg.errors.InvalidParameterValue,
+        "invalid schedule",
+    ),
     ("s", "SELECT id FROM orders", {"schedule": "0s"}, psycopg.errors.InvalidParameterValue, "out of range"),
-    ("s", "SELECT id FROM orders", {"schedule": "61 * * * *"}, psycopg.errors.InvalidParameterValue,
-     "invalid schedule"),
-    ("s", "SELECT id FROM orders", {"schedule": "1m'; DROP TABLE orders; --"},
-     psycopg.errors.InvalidParameterValue, "invalid schedule"),
-    ("s", "SELECT id FROM orders", {"refresh_mode": "SOMETIMES"}, psycopg.errors.InvalidParameterValue,
-     "invalid refresh_mode"),
+    (
+        "s",
+        "SELECT id FROM orders",
+        {"schedule": "61 * * * *"},
+        psycopg.errors.InvalidParameterValue,
+        "invalid schedule",
+    ),
+    (
+        "s",
+        "SELECT id FROM orders",
+        {"schedule": "1m'; DROP TABLE orders; --"},
+        psycopg.errors.InvalidParameterValue,
+        "invalid schedule",
+    ),
+    (
+        "s",
+        "SELECT id FROM orders",
+        {"refresh_mode": "SOMETIMES"},
+        psycopg.errors.InvalidParameterValue,
+        "invalid refresh_mode",
+    ),
     ("nosuchschema.s", "SELECT id FROM orders", {}, psycopg.errors.InvalidSchemaName, "does not exist"),
     ("a.b.c", "SELECT id FROM orders", {}, psycopg.errors.InvalidName, "schema.name"),
     ('"unterminated', "SELECT id FROM orders", {}, psycopg.errors.InvalidName, "invalid stream table name"),
     ("x" * 64, "SELECT id FROM orders", {}, psycopg.errors.NameTooLong, "too long"),
     ("pgtrickle.s", "SELECT id FROM orders", {}, psycopg.errors.InvalidSchemaName, "cannot be created"),
-    ("s", "SELECT id, __pgt_row_id FROM (SELECT id, 1 AS __pgt_row_id FROM orders) q", {},
-     psycopg.errors.InvalidColumnReference, "reserved"),
-    ("s", "SELECT * FROM pgtrickle.pgt_stream_tables", {}, psycopg.errors.FeatureNotSupported,
-     "pgtrickle's own"),
+    (
+        "s",
+        "SELECT id, __pgt_row_id FROM (SELECT id, 1 AS __pgt_row_id FROM orders) q",
+        {},
+        psycopg.errors.InvalidColumnReference,
+        "reserved",
+    ),
+    (
+        "s",
+        "SELECT * FROM pgtrickle.pgt_stream_tables",
+        {},
+        psycopg.errors.FeatureNotSupported,
+        "pgtrickle's own",
+    ),
     ("s", "SELECT * FROM v", {}, psycopg.errors.FeatureNotSupported, "is a view"),
 ]
 
 
-@pytest.mark.parametrize(("name", "query", "extra", "error", "fragment"), BAD_CREATES,
-                         ids=[f"{i}:{c[1][:30]}" for i, c in enumerate(BAD_CREATES)])
-def test_bad_create_is_refused_and_changes_nothing(shop: Database, name: str, query: str, extra: dict,
-                                                   error: type, fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "query", "extra", "error", "fragment"),
+    BAD_CREATES,
+    ids=[f"{i}:{c[1][:30]}" for i, c in enumerate(BAD_CREATES)],
+)
+def test_bad_create_is_refused_and_changes_nothing(
+    shop: Database, name: str, query: str, extra: dict, error: type, fragment: str
+) -> None:
     shop.sql("CREATE VIEW v AS SELECT id FROM orders")
     before = catalog_fingerprint(shop)
     with pytest.raises(error) as info:
@@ -231,19 +298,22 @@ def test_duplicate_name_is_refused(shop: Database) -> None:
     assert catalog_fingerprint(shop) == before
 
 
-@pytest.mark.parametrize("call", [
-    "SELECT pgtrickle.alter_stream_table('s', schedule => 'often')",
-    "SELECT pgtrickle.alter_stream_table('s', refresh_mode => 'x')",
-    "SELECT pgtrickle.alter_stream_table('s', status => 'ERROR')",
-    "SELECT pgtrickle.alter_stream_table('nope', schedule => '1m')",
-    "SELECT pgtrickle.alter_stream_table(NULL, schedule => '1m')",
-    "SELECT pgtrickle.drop_stream_table('nope')",
-    "SELECT pgtrickle.drop_stream_table('s', cascade => NULL)",
-    "SELECT pgtrickle.refresh_stream_table('nope')",
-    "SELECT pgtrickle.refresh_stream_table(NULL)",
-    "SELECT * FROM pgtrickle.get_refresh_history('s', 0)",
-    "SELECT * FROM pgtrickle.get_refresh_history('nope')",
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT pgtrickle.alter_stream_table('s', schedule => 'often')",
+        "SELECT pgtrickle.alter_stream_table('s', refresh_mode => 'x')",
+        "SELECT pgtrickle.alter_stream_table('s', status => 'ERROR')",
+        "SELECT pgtrickle.alter_stream_table('nope', schedule => '1m')",
+        "SELECT pgtrickle.alter_stream_table(NULL, schedule => '1m')",
+        "SELECT pgtrickle.drop_stream_table('nope')",
+        "SELECT pgtrickle.drop_stream_table('s', cascade => NULL)",
+        "SELECT pgtrickle.refresh_stream_table('nope')",
+        "SELECT pgtrickle.refresh_stream_table(NULL)",
+        "SELECT * FROM pgtrickle.get_refresh_history('s', 0)",
+        "SELECT * FROM pgtrickle.get_refresh_history('nope')",
+    ],
+)
 def test_bad_alter_drop_refresh_change_nothing(shop: Database, call: str) -> None:
     create_st(shop, "s", "SELECT id FROM orders")
     before = catalog_fingerprint(shop)

@@ -15,10 +15,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
 
 def counts(db: Database) -> tuple[int, int, int, int]:
     """(history rows, refresh_failed alerts, auto_suspended alerts, queued requests) of 'nums'."""
-    return (int(db.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_history")),
-            int(db.scalar("SELECT count(*) FROM pgtrickle.alerts WHERE event = 'refresh_failed'")),
-            int(db.scalar("SELECT count(*) FROM pgtrickle.alerts WHERE event = 'auto_suspended'")),
-            int(db.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_requests")))
+    return (
+        int(db.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_history")),
+        int(db.scalar("SELECT count(*) FROM pgtrickle.alerts WHERE event = 'refresh_failed'")),
+        int(db.scalar("SELECT count(*) FROM pgtrickle.alerts WHERE event = 'auto_suspended'")),
+        int(db.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_requests")),
+    )
 
 
 def test_a_suspended_initialization_is_not_retried_until_resumed(db: Database) -> None:
@@ -29,7 +31,9 @@ def test_a_suspended_initialization_is_not_retried_until_resumed(db: Database) -
     try:
         for _ in range(3):  # the queued initialization fails three times
             assert len(scheduler.tick().failed) == 1
-        assert db.sql("SELECT status, consecutive_errors FROM pgtrickle.pgt_stream_tables") == [("SUSPENDED", 3)]
+        assert db.sql("SELECT status, consecutive_errors FROM pgtrickle.pgt_stream_tables") == [
+            ("SUSPENDED", 3)
+        ]
         assert counts(db) == (3, 3, 1, 0), "suspending drops the queued initialization"
 
         for _ in range(4):  # suspended: nothing is attempted, no Spark job, no history, no alert

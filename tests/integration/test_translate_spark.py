@@ -23,13 +23,91 @@ from tests.unit.test_translate import COLUMN_TYPES, spark_sql
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 ORDERS_ROWS = [
-    (1, "alice", "open", Decimal("25.50"), 3, Decimal("1.5"), "2024-01-15 10:30:00", date(2024, 1, 15), True, 2.5, 7, 1),
-    (2, "bob", "closed", Decimal("5.00"), 7, Decimal("0.333"), "2024-01-16 23:59:59.5", date(2024, 1, 16), False, 3.5, -7, 2),
-    (3, "alice", "open", Decimal("12.25"), -7, Decimal("2"), "2024-02-01 00:00:00", date(2024, 2, 1), None, -2.5, 10, 3),
+    (
+        1,
+        "alice",
+        "open",
+        Decimal("25.50"),
+        3,
+        Decimal("1.5"),
+        "2024-01-15 10:30:00",
+        date(2024, 1, 15),
+        True,
+        2.5,
+        7,
+        1,
+    ),
+    (
+        2,
+        "bob",
+        "closed",
+        Decimal("5.00"),
+        7,
+        Decimal("0.333"),
+        "2024-01-16 23:59:59.5",
+        date(2024, 1, 16),
+        False,
+        3.5,
+        -7,
+        2,
+    ),
+    (
+        3,
+        "alice",
+        "open",
+        Decimal("12.25"),
+        -7,
+        Decimal("2"),
+        "2024-02-01 00:00:00",
+        date(2024, 2, 1),
+        None,
+        -2.5,
+        10,
+        3,
+    ),
     (4, None, "open", None, 2, None, None, None, True, None, None, None),
-    (5, "carol", None, Decimal("100.00"), None, Decimal("10.125"), "2024-03-10 12:00:00", date(2024, 3, 10), False, 0.1, 3, -5),
-    (6, "bob", "closed", Decimal("5.00"), 7, Decimal("0.333"), "2024-01-16 23:59:59.5", date(2024, 1, 16), False, 3.5, -7, 2),
-    (7, "Dave", "open", Decimal("-3.75"), 4, Decimal("-1.25"), "2023-12-31 23:00:00", date(2023, 12, 31), True, 1e20, 9000000000, 0),
+    (
+        5,
+        "carol",
+        None,
+        Decimal("100.00"),
+        None,
+        Decimal("10.125"),
+        "2024-03-10 12:00:00",
+        date(2024, 3, 10),
+        False,
+        0.1,
+        3,
+        -5,
+    ),
+    (
+        6,
+        "bob",
+        "closed",
+        Decimal("5.00"),
+        7,
+        Decimal("0.333"),
+        "2024-01-16 23:59:59.5",
+        date(2024, 1, 16),
+        False,
+        3.5,
+        -7,
+        2,
+    ),
+    (
+        7,
+        "Dave",
+        "open",
+        Decimal("-3.75"),
+        4,
+        Decimal("-1.25"),
+        "2023-12-31 23:00:00",
+        date(2023, 12, 31),
+        True,
+        1e20,
+        9000000000,
+        0,
+    ),
 ]
 ORDERS_SCHEMA = (
     "id INT, customer STRING, status STRING, amount DECIMAL(10,2), qty INT, price DECIMAL(38,18), ts STRING,"
@@ -98,7 +176,14 @@ SPARK_CASES: list[tuple[str, str, list[tuple[Any, ...]], bool]] = [
     id / 2 / 2 AS n
    FROM public.orders
   WHERE qty <> 0;""",
-        [(1, 0, -3, 0, 0), (2, 0, -3, 1, 0), (3, 0, -3, -1, 0), (4, 2, -3, 2, 1), (6, 0, -3, 1, 1), (7, 1, -3, 1, 1)],
+        [
+            (1, 0, -3, 0, 0),
+            (2, 0, -3, 1, 0),
+            (3, 0, -3, -1, 0),
+            (4, 2, -3, 2, 1),
+            (6, 0, -3, 1, 1),
+            (7, 1, -3, 1, 1),
+        ],
         False,
     ),
     (
@@ -108,7 +193,13 @@ SPARK_CASES: list[tuple[str, str, list[tuple[Any, ...]], bool]] = [
     sum(amount) / 2::numeric AS half
    FROM public.orders
   GROUP BY customer;""",
-        [(None, 2, None), ("bob", 7, D("5")), ("carol", None, D("50")), ("Dave", 4, D("-1.875")), ("alice", -2, D("18.875"))],
+        [
+            (None, 2, None),
+            ("bob", 7, D("5")),
+            ("carol", None, D("50")),
+            ("Dave", 4, D("-1.875")),
+            ("alice", -2, D("18.875")),
+        ],
         False,
     ),
     (
@@ -119,7 +210,11 @@ SPARK_CASES: list[tuple[str, str, list[tuple[Any, ...]], bool]] = [
     price * amount AS c
    FROM public.orders
   WHERE amount > 10::numeric;""",
-        [(1, D("76.50"), D("25.505"), D("38.250")), (3, D("-85.75"), D("12.255"), D("24.50")), (5, None, D("100.005"), D("1012.5"))],
+        [
+            (1, D("76.50"), D("25.505"), D("38.250")),
+            (3, D("-85.75"), D("12.255"), D("24.50")),
+            (5, None, D("100.005"), D("1012.5")),
+        ],
         False,
     ),
     (
@@ -133,7 +228,11 @@ SPARK_CASES: list[tuple[str, str, list[tuple[Any, ...]], bool]] = [
     '12.5'::numeric AS n
    FROM public.orders
   WHERE id < 4;""",
-        [(1, 26, 2, 2.0, "ali", "1#", D("12.5")), (2, 5, 4, 4.0, "bob", "2#", D("12.5")), (3, 12, -2, -2.0, "ali", "3#", D("12.5"))],
+        [
+            (1, 26, 2, 2.0, "ali", "1#", D("12.5")),
+            (2, 5, 4, 4.0, "bob", "2#", D("12.5")),
+            (3, 12, -2, -2.0, "ali", "3#", D("12.5")),
+        ],
         False,
     ),
     (
@@ -144,7 +243,11 @@ SPARK_CASES: list[tuple[str, str, list[tuple[Any, ...]], bool]] = [
     concat_ws('/'::text, customer, id) AS c
    FROM public.orders
   WHERE id = ANY (ARRAY[1, 4, 5]);""",
-        [(1, "alice-open", "alice-opent", "alice/1"), (4, None, "-opent", "4"), (5, None, "carol-f", "carol/5")],
+        [
+            (1, "alice-open", "alice-opent", "alice/1"),
+            (4, None, "-opent", "4"),
+            (5, None, "carol-f", "carol/5"),
+        ],
         False,
     ),
     (
@@ -320,7 +423,15 @@ UNION
     sum(qty) OVER (ORDER BY id) AS run,
     lag(id) OVER (ORDER BY id) AS prev
    FROM public.orders;""",
-        [(7, 1, 16, 6), (3, 1, 3, 2), (1, 2, 3, None), (2, 1, 10, 1), (6, 2, 12, 5), (5, 1, 5, 4), (4, 1, 5, 3)],
+        [
+            (7, 1, 16, 6),
+            (3, 1, 3, 2),
+            (1, 2, 3, None),
+            (2, 1, 10, 1),
+            (6, 2, 12, 5),
+            (5, 1, 5, 4),
+            (4, 1, 5, 3),
+        ],
         False,
     ),
     (
@@ -353,7 +464,13 @@ UNION
     amount
    FROM public.orders
   ORDER BY customer, amount DESC NULLS LAST, id DESC;""",
-        [("Dave", 7, D("-3.75")), ("alice", 1, D("25.50")), ("bob", 6, D("5.00")), ("carol", 5, D("100.00")), (None, 4, None)],
+        [
+            ("Dave", 7, D("-3.75")),
+            ("alice", 1, D("25.50")),
+            ("bob", 6, D("5.00")),
+            ("carol", 5, D("100.00")),
+            (None, 4, None),
+        ],
         False,
     ),
     (
@@ -410,7 +527,9 @@ def _same_rows(actual: list[tuple[Any, ...]], expected: list[tuple[Any, ...]], o
 
 
 @pytest.mark.parametrize("with_types", [False, True], ids=["untyped", "typed"])
-@pytest.mark.parametrize(("name", "pg_sql", "expected", "ordered"), SPARK_CASES, ids=[c[0] for c in SPARK_CASES])
+@pytest.mark.parametrize(
+    ("name", "pg_sql", "expected", "ordered"), SPARK_CASES, ids=[c[0] for c in SPARK_CASES]
+)
 def test_spark_returns_postgresql_rows(
     views: Any, name: str, pg_sql: str, expected: list[tuple[Any, ...]], ordered: bool, with_types: bool
 ) -> None:
@@ -419,7 +538,11 @@ def test_spark_returns_postgresql_rows(
 
 
 def test_spark_integer_division_keeps_integer_type_with_column_types(views: Any) -> None:
-    rows = run_on_spark(views, " SELECT id / qty AS q,\n    big / 2 AS b\n   FROM public.orders\n  WHERE id = 2;", COLUMN_TYPES)
+    rows = run_on_spark(
+        views,
+        " SELECT id / qty AS q,\n    big / 2 AS b\n   FROM public.orders\n  WHERE id = 2;",
+        COLUMN_TYPES,
+    )
     assert rows == [(0, -3)]
     assert all(isinstance(value, int) for value in rows[0])
 

@@ -43,8 +43,10 @@ def sts(db: Database) -> Database:
                 RETURN NULL;
               END $$""")
     for name in ("lin", "agg"):
-        db.sql(f"CREATE TRIGGER audit_{name} AFTER INSERT OR UPDATE OR DELETE ON {name}"
-               " FOR EACH ROW EXECUTE FUNCTION audit_fn()")
+        db.sql(
+            f"CREATE TRIGGER audit_{name} AFTER INSERT OR UPDATE OR DELETE ON {name}"
+            " FOR EACH ROW EXECUTE FUNCTION audit_fn()"
+        )
     return db
 
 
@@ -57,7 +59,9 @@ def listener(db: Database):  # type: ignore[no-untyped-def]
 
 
 def received(listener: psycopg.Connection, timeout: float = 1.0) -> list[dict]:
-    return [json.loads(n.payload) for n in listener.notifies(timeout=timeout) if n.channel == "pg_trickle_refresh"]
+    return [
+        json.loads(n.payload) for n in listener.notifies(timeout=timeout) if n.channel == "pg_trickle_refresh"
+    ]
 
 
 def _visible(row: dict | None) -> dict | None:
@@ -66,8 +70,10 @@ def _visible(row: dict | None) -> dict | None:
 
 def audit(db: Database, table: str | None = None) -> list[tuple]:
     """(table, op, OLD, NEW) logged since the last call (visible columns only), then clears the log."""
-    rows = db.sql("SELECT tbl, op, old, new FROM audit WHERE %(t)s::text IS NULL OR tbl = %(t)s ORDER BY seq",
-                  {"t": table})
+    rows = db.sql(
+        "SELECT tbl, op, old, new FROM audit WHERE %(t)s::text IS NULL OR tbl = %(t)s ORDER BY seq",
+        {"t": table},
+    )
     db.sql("TRUNCATE audit")
     return [(t, op, _visible(old), _visible(new)) for t, op, old, new in rows]
 
@@ -87,19 +93,27 @@ def actions(outcomes) -> dict[str, str]:  # type: ignore[no-untyped-def]
 def test_differential_refresh_fires_with_correct_old_and_new(sts: Database, listener) -> None:  # type: ignore[no-untyped-def]
     db = sts
     before = {g: (t, n) for g, t, n in db.sql("SELECT grp, total, n FROM agg")}
-    db.sql("UPDATE src SET v = 100 WHERE id = 4")          # g0: total +96, lin row 4 changes
-    db.sql("DELETE FROM src WHERE id = 5")                 # g1: total -5, n -1, lin row 5 goes
-    db.sql("INSERT INTO src VALUES (21, 'new', 7)")        # a new group, a new lin row
-    db.sql("DELETE FROM src WHERE grp = 'g3'")             # group g3 vanishes, 5 lin rows go
+    db.sql("UPDATE src SET v = 100 WHERE id = 4")  # g0: total +96, lin row 4 changes
+    db.sql("DELETE FROM src WHERE id = 5")  # g1: total -5, n -1, lin row 5 goes
+    db.sql("INSERT INTO src VALUES (21, 'new', 7)")  # a new group, a new lin row
+    db.sql("DELETE FROM src WHERE grp = 'g3'")  # group g3 vanishes, 5 lin rows go
     outcomes = refresh(db)
     assert actions(outcomes) == {"lin": "DIFFERENTIAL", "agg": "DIFFERENTIAL", "down": "DIFFERENTIAL"}
     assert_oracle(db)
     agg = audit(db, "agg")
     assert Counter(op for _, op, _, _ in agg) == {"UPDATE": 2, "INSERT": 1, "DELETE": 1}
-    assert ("agg", "UPDATE", {"grp": "g0", "total": before["g0"][0], "n": before["g0"][1]},
-            {"grp": "g0", "total": before["g0"][0] + 96, "n": before["g0"][1]}) in agg
-    assert ("agg", "UPDATE", {"grp": "g1", "total": before["g1"][0], "n": before["g1"][1]},
-            {"grp": "g1", "total": before["g1"][0] - 5, "n": before["g1"][1] - 1}) in agg
+    assert (
+        "agg",
+        "UPDATE",
+        {"grp": "g0", "total": before["g0"][0], "n": before["g0"][1]},
+        {"grp": "g0", "total": before["g0"][0] + 96, "n": before["g0"][1]},
+    ) in agg
+    assert (
+        "agg",
+        "UPDATE",
+        {"grp": "g1", "total": before["g1"][0], "n": before["g1"][1]},
+        {"grp": "g1", "total": before["g1"][0] - 5, "n": before["g1"][1] - 1},
+    ) in agg
     assert ("agg", "INSERT", None, {"grp": "new", "total": 7, "n": 1}) in agg
     assert ("agg", "DELETE", {"grp": "g3", "total": before["g3"][0], "n": before["g3"][1]}, None) in agg
     db.sql("TRUNCATE audit")
@@ -110,7 +124,8 @@ def test_differential_refresh_fires_with_correct_old_and_new(sts: Database, list
     # A changed row of a linear stream table is its old row deleted and its new row inserted.
     assert sorted(lin, key=lambda r: r[1]) == [
         ("lin", "DELETE", {"id": 8, "grp": "g0", "v": 8}, None),
-        ("lin", "INSERT", None, {"id": 8, "grp": "g0", "v": 200})]
+        ("lin", "INSERT", None, {"id": 8, "grp": "g0", "v": 200}),
+    ]
     assert received(listener, 0.5) == []  # auto: DIFFERENTIAL refreshes send no pg_trickle_refresh
 
 
@@ -132,8 +147,10 @@ def test_auto_full_refresh_does_not_fire_and_notifies(sts: Database, listener) -
     assert notes["lin"]["rows"] == lin_rows == notes["lin"]["rows_inserted"] == notes["lin"]["rows_deleted"]
     assert notes["lin"]["triggers_suppressed"] == ["audit_lin"]
     assert notes["agg"]["triggers_suppressed"] == [] and notes["down"]["triggers_suppressed"] == []
-    history = db.scalar("SELECT max(refresh_id) FROM pgtrickle.pgt_refresh_history h"
-                        " JOIN pgtrickle.pgt_stream_tables s USING (pgt_id) WHERE s.pgt_name = 'lin'")
+    history = db.scalar(
+        "SELECT max(refresh_id) FROM pgtrickle.pgt_refresh_history h"
+        " JOIN pgtrickle.pgt_stream_tables s USING (pgt_id) WHERE s.pgt_name = 'lin'"
+    )
     assert notes["lin"]["refresh_id"] == history
     # The user's own ENABLE ALWAYS mode is restored as it was.
     db.sql("ALTER TABLE lin ENABLE ALWAYS TRIGGER audit_lin")
@@ -163,7 +180,11 @@ def test_on_full_refresh_fires_triggers(sts: Database, listener) -> None:  # typ
     assert_oracle(db, "lin")
     # lin picks up ids 1 (changed before the FULL refresh of agg) and 2.
     assert sorted((op, (old or new)["id"]) for _, op, old, new in audit(db)) == [
-        ("DELETE", 1), ("DELETE", 2), ("INSERT", 1), ("INSERT", 2)]
+        ("DELETE", 1),
+        ("DELETE", 2),
+        ("INSERT", 1),
+        ("INSERT", 2),
+    ]
 
 
 def test_off_never_fires_and_every_refresh_notifies(sts: Database, listener) -> None:  # type: ignore[no-untyped-def]

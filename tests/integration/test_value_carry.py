@@ -31,8 +31,13 @@ def contents(db: Database, name: str) -> list[str]:
     return [r[0] for r in db.sql(f"SELECT t::text FROM {name} t ORDER BY 1")]
 
 
-def start(db: Database, column_type: str, mode: str, query: str = "SELECT id, v FROM src",
-          first: tuple[str, ...] = ()) -> None:
+def start(
+    db: Database,
+    column_type: str,
+    mode: str,
+    query: str = "SELECT id, v FROM src",
+    first: tuple[str, ...] = (),
+) -> None:
     """A source with column ``v`` of ``column_type``, a stream table over it, refreshed once."""
     db.sql(f"CREATE TABLE src (id int PRIMARY KEY, g int NOT NULL DEFAULT 0, v {column_type})")
     for i, value in enumerate(first):
@@ -60,8 +65,9 @@ def assert_refused(db: Database, sqlstate: str, *words: str) -> None:
     for word in words:
         assert word in str(err.value), str(err.value)
     assert contents(db, "st") == before, "a refused refresh must change nothing"
-    last = db.sql("SELECT status, error_message FROM pgtrickle.pgt_refresh_history"
-                  " ORDER BY refresh_id DESC LIMIT 1")
+    last = db.sql(
+        "SELECT status, error_message FROM pgtrickle.pgt_refresh_history ORDER BY refresh_id DESC LIMIT 1"
+    )
     assert last[0][0] == "FAILED" and words[0] in last[0][1], last
 
 
@@ -76,8 +82,10 @@ def test_unconstrained_numeric_within_decimal_38_18_is_exact(db: Database, mode:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("value", ["0.1234567890123456789012345", "1e-20", "123456789012345678901234.5",
-                                   "NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize(
+    "value",
+    ["0.1234567890123456789012345", "1e-20", "123456789012345678901234.5", "NaN", "Infinity", "-Infinity"],
+)
 def test_unconstrained_numeric_beyond_decimal_38_18_is_refused(db: Database, mode: str, value: str) -> None:
     start(db, "numeric", mode, first=("1.5",))
     add(db, value)
@@ -163,17 +171,29 @@ def test_time_as_a_group_key(db: Database, mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize(("column_type", "value"), [
-    ("timestamptz", "infinity"), ("timestamptz", "-infinity"), ("timestamptz", "12000-01-01 00:00:00+00"),
-    ("timestamptz", "0044-03-15 12:00:00 BC"), ("timestamp", "infinity"),
-    ("timestamp", "0044-03-15 12:00 BC"),
-    ("timestamp", "12000-01-01"), ("date", "infinity"), ("date", "-infinity"), ("date", "0044-03-15 BC"),
-    ("date", "12000-01-01"),
-    # Java's calendar skips these ten days: the driver would move them ten days on.
-    ("date", "1582-10-10"), ("timestamp", "1582-10-05 00:00"), ("timestamptz", "1582-10-14 23:00+00"),
-])
-def test_infinite_and_out_of_range_datetimes_are_refused(db: Database, mode: str, column_type: str,
-                                                         value: str) -> None:
+@pytest.mark.parametrize(
+    ("column_type", "value"),
+    [
+        ("timestamptz", "infinity"),
+        ("timestamptz", "-infinity"),
+        ("timestamptz", "12000-01-01 00:00:00+00"),
+        ("timestamptz", "0044-03-15 12:00:00 BC"),
+        ("timestamp", "infinity"),
+        ("timestamp", "0044-03-15 12:00 BC"),
+        ("timestamp", "12000-01-01"),
+        ("date", "infinity"),
+        ("date", "-infinity"),
+        ("date", "0044-03-15 BC"),
+        ("date", "12000-01-01"),
+        # Java's calendar skips these ten days: the driver would move them ten days on.
+        ("date", "1582-10-10"),
+        ("timestamp", "1582-10-05 00:00"),
+        ("timestamptz", "1582-10-14 23:00+00"),
+    ],
+)
+def test_infinite_and_out_of_range_datetimes_are_refused(
+    db: Database, mode: str, column_type: str, value: str
+) -> None:
     start(db, column_type, mode, first=("2024-02-29",))
     add(db, "2024-02-29 23:59:59.999999" if column_type != "date" else "0001-01-01")
     check(db, mode)
@@ -186,8 +206,15 @@ def test_infinite_and_out_of_range_datetimes_are_refused(db: Database, mode: str
 @pytest.mark.parametrize("mode", MODES)
 def test_timestamps_at_the_edges_of_the_range_are_exact(db: Database, mode: str) -> None:
     start(db, "timestamptz", mode, first=("2024-02-29 12:00+00",))
-    add(db, "0001-01-02 00:00:00+00", "9999-12-30 23:59:59.999999+00", "1582-10-03 10:00:00.000001+00",
-        "1582-10-16 00:00+00", "1000-02-28 00:00+00", "0200-03-01 00:00+00")
+    add(
+        db,
+        "0001-01-02 00:00:00+00",
+        "9999-12-30 23:59:59.999999+00",
+        "1582-10-03 10:00:00.000001+00",
+        "1582-10-16 00:00+00",
+        "1000-02-28 00:00+00",
+        "0200-03-01 00:00+00",
+    )
     check(db, mode)
 
 

@@ -71,14 +71,23 @@ def numeric_fits(value: str, precision: int | None, scale: int | None) -> bool:
 
 times = st.one_of(
     st.integers(0, 86_400_000_000 - 1).map(
-        lambda us: (datetime(2000, 1, 1) + timedelta(microseconds=us)).time().isoformat()),
+        lambda us: (datetime(2000, 1, 1) + timedelta(microseconds=us)).time().isoformat()
+    ),
     st.just("24:00:00"),
 )
 instants = st.one_of(
-    st.integers(int((FIRST - EPOCH).total_seconds() * 1e6), int((LAST - EPOCH).total_seconds() * 1e6))
-    .map(lambda us: (EPOCH + timedelta(microseconds=us)).isoformat()),
-    st.sampled_from(["infinity", "-infinity", "10000-01-01 00:00:00+00", "0001-01-01 00:00:00+00",
-                     "1582-10-10T12:00:00.000001+00:00"]),
+    st.integers(int((FIRST - EPOCH).total_seconds() * 1e6), int((LAST - EPOCH).total_seconds() * 1e6)).map(
+        lambda us: (EPOCH + timedelta(microseconds=us)).isoformat()
+    ),
+    st.sampled_from(
+        [
+            "infinity",
+            "-infinity",
+            "10000-01-01 00:00:00+00",
+            "0001-01-01 00:00:00+00",
+            "1582-10-10T12:00:00.000001+00:00",
+        ]
+    ),
 )
 
 
@@ -108,8 +117,10 @@ def test_risky_values_cross_exactly_or_are_refused(db: Database, case: tuple) ->
     precision, scale, rows = case
     declared = "numeric" if precision is None else f"numeric({precision},{scale})"
     for name in ("st_full", "st_diff"):
-        db.sql(f"SELECT pgtrickle.drop_stream_table('{name}') FROM pgtrickle.stream_tables_info"
-               f" WHERE table_name = '{name}'")
+        db.sql(
+            f"SELECT pgtrickle.drop_stream_table('{name}') FROM pgtrickle.stream_tables_info"
+            f" WHERE table_name = '{name}'"
+        )
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     db.sql("DROP TABLE IF EXISTS src")
     db.sql(f"CREATE TABLE src (id int PRIMARY KEY, n {declared}, t time, ts timestamptz)")
@@ -120,8 +131,9 @@ def test_risky_values_cross_exactly_or_are_refused(db: Database, case: tuple) ->
     assert_oracle(db, "st_full", "st_diff")
     for i, (n, t, ts) in enumerate(rows, start=1):
         db.sql("INSERT INTO src VALUES (%s, %s::numeric, %s::time, %s::timestamptz)", (i, n, t, ts))
-    fits = all(numeric_fits(n, precision, scale) and t != "24:00:00" and instant_fits(ts)
-               for n, t, ts in rows)
+    fits = all(
+        numeric_fits(n, precision, scale) and t != "24:00:00" and instant_fits(ts) for n, t, ts in rows
+    )
     for name in ("st_full", "st_diff"):
         before = contents(db, name)
         if fits:

@@ -24,16 +24,22 @@ def auto_db(db: Database) -> Database:
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '20 seconds' WHERE name = 'wal_transition_timeout'")
     db.sql("CREATE TABLE orders (id int PRIMARY KEY, customer text, amount numeric(10,2), note text)")
     db.sql("INSERT INTO orders SELECT g, 'c' || (g % 4), g, repeat('x', 10) FROM generate_series(1, 100) g")
-    db.sql("SELECT pgtrickle.create_stream_table('per_customer', 'SELECT customer, count(*) AS n, "
-           "sum(amount) AS total FROM orders GROUP BY customer', schedule => '1h')")
-    db.sql("SELECT pgtrickle.create_stream_table('big_orders', 'SELECT id, amount, note FROM orders "
-           "WHERE amount > 50', schedule => '1h')")
+    db.sql(
+        "SELECT pgtrickle.create_stream_table('per_customer', 'SELECT customer, count(*) AS n, "
+        "sum(amount) AS total FROM orders GROUP BY customer', schedule => '1h')"
+    )
+    db.sql(
+        "SELECT pgtrickle.create_stream_table('big_orders', 'SELECT id, amount, note FROM orders "
+        "WHERE amount > 50', schedule => '1h')"
+    )
     return db
 
 
 def source_state(db: Database) -> tuple:
-    return db.sql("SELECT cdc_mode, cdc_reason IS NOT NULL FROM pgtrickle.pgt_change_sources "
-                  "WHERE source_name = 'orders'")[0]
+    return db.sql(
+        "SELECT cdc_mode, cdc_reason IS NOT NULL FROM pgtrickle.pgt_change_sources "
+        "WHERE source_name = 'orders'"
+    )[0]
 
 
 def test_auto_moves_to_wal_after_first_refresh_and_captures_exactly(auto_db: Database) -> None:
@@ -46,8 +52,13 @@ def test_auto_moves_to_wal_after_first_refresh_and_captures_exactly(auto_db: Dat
         assert source_state(auto_db) == ("wal", True)
         assert auto_db.scalar("SELECT count(*) FROM pg_trigger WHERE tgrelid = 'orders'::regclass") == 0
         assert auto_db.scalar("SELECT relreplident FROM pg_class WHERE oid = 'orders'::regclass") == "f"
-        assert auto_db.scalar("SELECT count(*) FROM pg_publication_tables WHERE pubname = 'pgtrickle_pub' "
-                              "AND tablename = 'orders'") == 1
+        assert (
+            auto_db.scalar(
+                "SELECT count(*) FROM pg_publication_tables WHERE pubname = 'pgtrickle_pub' "
+                "AND tablename = 'orders'"
+            )
+            == 1
+        )
         notes = [json.loads(n.payload) for n in listener.notifies(timeout=2, stop_after=1)]
         assert notes and notes[0]["from"] == "trigger" and notes[0]["to"] == "wal"
 
@@ -60,13 +71,19 @@ def test_auto_moves_to_wal_after_first_refresh_and_captures_exactly(auto_db: Dat
             aborted.rollback()
         auto_db.sql("UPDATE orders SET customer = 'toast' WHERE id = 1")  # note is TOASTed and unchanged
         wait_for_decoder(auto_db.conn, auto_db.dsn)
-        buffer = auto_db.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'")
-        actions = auto_db.sql(f"SELECT action, count(*) FROM pgtrickle_changes.{buffer} "
-                              "WHERE xid >= (SELECT pg_snapshot_xmin(min(frontier::text)::pg_snapshot) "
-                              "FROM pgtrickle.pgt_stream_tables) GROUP BY action ORDER BY action")
+        buffer = auto_db.scalar(
+            "SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'"
+        )
+        actions = auto_db.sql(
+            f"SELECT action, count(*) FROM pgtrickle_changes.{buffer} "
+            "WHERE xid >= (SELECT pg_snapshot_xmin(min(frontier::text)::pg_snapshot) "
+            "FROM pgtrickle.pgt_stream_tables) GROUP BY action ORDER BY action"
+        )
         assert dict(actions) == {"D": 3, "I": 2, "U": 7}
-        toast_row = auto_db.sql(f"SELECT new_customer, length(new_note), length(old_note) "
-                                f"FROM pgtrickle_changes.{buffer} WHERE new_customer = 'toast'")
+        toast_row = auto_db.sql(
+            f"SELECT new_customer, length(new_note), length(old_note) "
+            f"FROM pgtrickle_changes.{buffer} WHERE new_customer = 'toast'"
+        )
         assert toast_row == [("toast", 5000, 5000)]
         outcomes = refresh(auto_db)
         assert [o.action for o in outcomes] == [Action.DIFFERENTIAL, Action.DIFFERENTIAL], outcomes
@@ -129,10 +146,14 @@ def test_decoder_restart_neither_loses_nor_duplicates(auto_db: Database) -> None
     finally:
         scheduler.close()
     slot = slot_name_for(auto_db.dsn.rsplit("/", 1)[1])
-    buffer = auto_db.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'")
+    buffer = auto_db.scalar(
+        "SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'"
+    )
     for i in range(3):
-        auto_db.sql("INSERT INTO orders SELECT g, 'r', 1, 'x' FROM generate_series(%s::int, %s::int) g",
-                    (10_000 + i * 1000, 10_000 + i * 1000 + 499))
+        auto_db.sql(
+            "INSERT INTO orders SELECT g, 'r', 1, 'x' FROM generate_series(%s::int, %s::int) g",
+            (10_000 + i * 1000, 10_000 + i * 1000 + 499),
+        )
         decoder = WalDecoder(auto_db.dsn, slot)
         # stop after the first flush, before confirming to the server: the next run re-reads it all
         original = decoder.flush
@@ -145,8 +166,10 @@ def test_decoder_restart_neither_loses_nor_duplicates(auto_db: Database) -> None
         with pytest.raises(KeyboardInterrupt):
             decoder.run(timeout=30)
     wait_for_decoder(auto_db.conn, auto_db.dsn)  # no decoder attached: decodes here until caught up
-    dupes = auto_db.sql(f"SELECT new_id, count(*) FROM pgtrickle_changes.{buffer} WHERE action = 'I' "
-                        "GROUP BY new_id HAVING count(*) <> 1")
+    dupes = auto_db.sql(
+        f"SELECT new_id, count(*) FROM pgtrickle_changes.{buffer} WHERE action = 'I' "
+        "GROUP BY new_id HAVING count(*) <> 1"
+    )
     assert dupes == []
     assert auto_db.scalar(f"SELECT count(*) FROM pgtrickle_changes.{buffer} WHERE action = 'I'") == 1500
     refresh(auto_db)
@@ -163,9 +186,12 @@ def test_schema_changes_on_a_wal_source_keep_capture_exact(auto_db: Database) ->
         auto_db.sql("ALTER TABLE orders ADD COLUMN extra int")
         auto_db.sql("INSERT INTO orders VALUES (701, 'after', 2, 'y', 5)")
         wait_for_decoder(auto_db.conn, auto_db.dsn)
-        buffer = auto_db.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'")
-        rows = auto_db.sql(f"SELECT new_id, new_customer FROM pgtrickle_changes.{buffer} "
-                           "WHERE new_id >= 700 ORDER BY new_id")
+        buffer = auto_db.scalar(
+            "SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'"
+        )
+        rows = auto_db.sql(
+            f"SELECT new_id, new_customer FROM pgtrickle_changes.{buffer} WHERE new_id >= 700 ORDER BY new_id"
+        )
         assert rows == [(700, "before"), (701, "after")]
         refresh(auto_db)
         assert_oracle(auto_db)
@@ -187,7 +213,11 @@ def test_slot_lag_alert_is_sent_once(auto_db: Database) -> None:
         alerts = [json.loads(n.payload) for n in listener.notifies(timeout=2)]
         lag = [a for a in alerts if a["event"] == "slot_lag_warning"]
         assert len(lag) == 1
-        assert lag[0]["lag_bytes"] > 1 and lag[0]["threshold_bytes"] == 1 and lag[0]["slot"].startswith("pgtrickle_")
+        assert (
+            lag[0]["lag_bytes"] > 1
+            and lag[0]["threshold_bytes"] == 1
+            and lag[0]["slot"].startswith("pgtrickle_")
+        )
         health = auto_db.sql("SELECT problems FROM pgtrickle.check_cdc_health()")[0][0]
         assert any("retains" in p for p in health)
     finally:
@@ -205,9 +235,13 @@ def test_wal_capture_keeps_awkward_text_exactly(auto_db: Database) -> None:
             auto_db.sql("INSERT INTO orders VALUES (%s, %s, 1, %s)", (900 + i, text, text))
         auto_db.sql("INSERT INTO orders VALUES (999, NULL, NULL, NULL)")
         wait_for_decoder(auto_db.conn, auto_db.dsn)
-        buffer = auto_db.scalar("SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'")
-        rows = auto_db.sql(f"SELECT new_id, new_customer, new_note, new_amount FROM pgtrickle_changes.{buffer} "
-                           "WHERE new_id >= 900 ORDER BY new_id")
+        buffer = auto_db.scalar(
+            "SELECT buffer_name FROM pgtrickle.pgt_change_sources WHERE source_name = 'orders'"
+        )
+        rows = auto_db.sql(
+            f"SELECT new_id, new_customer, new_note, new_amount FROM pgtrickle_changes.{buffer} "
+            "WHERE new_id >= 900 ORDER BY new_id"
+        )
         assert rows[:-1] == [(900 + i, t, t, 1) for i, t in enumerate(awkward)]
         assert rows[-1] == (999, None, None, None)
         refresh(auto_db)
@@ -218,8 +252,32 @@ def test_wal_capture_keeps_awkward_text_exactly(auto_db: Database) -> None:
 
 # ------------------------------------------------------------- binary and text decoding
 
-TYPED_COLUMNS = ["i2", "i4", "i8", "num", "f8", "f4", "txt", "vc", "by", "bo", "d", "ts", "tstz", "iv", "u",
-                 "jb", "js", "arr", "tarr", "mood", "moods", "dom", "pair", "rng"]
+TYPED_COLUMNS = [
+    "i2",
+    "i4",
+    "i8",
+    "num",
+    "f8",
+    "f4",
+    "txt",
+    "vc",
+    "by",
+    "bo",
+    "d",
+    "ts",
+    "tstz",
+    "iv",
+    "u",
+    "jb",
+    "js",
+    "arr",
+    "tarr",
+    "mood",
+    "moods",
+    "dom",
+    "pair",
+    "rng",
+]
 
 
 def typed_source(db: Database, *, extra: str = "") -> str:
@@ -227,13 +285,18 @@ def typed_source(db: Database, *, extra: str = "") -> str:
     db.sql("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')")
     db.sql("CREATE DOMAIN posint AS int CHECK (VALUE > 0)")
     db.sql("CREATE TYPE pair AS (a int, b text)")
-    db.sql("CREATE TABLE typed (id int PRIMARY KEY, i2 int2, i4 int4, i8 int8, num numeric, f8 float8, f4 real,"
-           " txt text, vc varchar(10), by bytea, bo bool, d date, ts timestamp, tstz timestamptz, iv interval,"
-           f" u uuid, jb jsonb, js json, arr int[], tarr text[], mood mood, moods mood[], dom posint, pair pair,"
-           f" rng int4range{extra})")
+    db.sql(
+        "CREATE TABLE typed (id int PRIMARY KEY, i2 int2, i4 int4, i8 int8, num numeric, f8 float8, f4 real,"
+        " txt text, vc varchar(10), by bytea, bo bool, d date, ts timestamp, tstz timestamptz, iv interval,"
+        f" u uuid, jb jsonb, js json, arr int[], tarr text[], mood mood, moods mood[], dom posint, pair pair,"
+        f" rng int4range{extra})"
+    )
     columns = ", ".join(["id", *TYPED_COLUMNS])
-    db.sql("SELECT pgtrickle.create_stream_table('typed_st', %s, schedule => '1h', refresh_mode => 'FULL',"
-           " initialize => false)", (f"SELECT {columns} FROM typed",))
+    db.sql(
+        "SELECT pgtrickle.create_stream_table('typed_st', %s, schedule => '1h', refresh_mode => 'FULL',"
+        " initialize => false)",
+        (f"SELECT {columns} FROM typed",),
+    )
     db.sql("SELECT pgtrickle.set_cdc_mode('typed', 'wal')")
     threads: list[DecoderThread] = []
 
@@ -277,9 +340,12 @@ def differences(db: Database, buffer: str, action: str, prefix: str, expected_ta
     buf = {c["name"]: c["buf"] for c in cols}  # type: ignore[union-attr]
     src = ", ".join(f"s.{c}::text" for c in TYPED_COLUMNS)
     got = ", ".join(f"b.{prefix}_{buf[c]}::text" for c in TYPED_COLUMNS)
-    return db.sql(f"SELECT s.id, b.{prefix}_{buf['id']} FROM {expected_table} s"
-                  f" FULL JOIN (SELECT * FROM pgtrickle_changes.{buffer} WHERE action = %s) b"
-                  f" ON b.{prefix}_{buf['id']} = s.id WHERE ROW({src}) IS DISTINCT FROM ROW({got})", (action,))
+    return db.sql(
+        f"SELECT s.id, b.{prefix}_{buf['id']} FROM {expected_table} s"
+        f" FULL JOIN (SELECT * FROM pgtrickle_changes.{buffer} WHERE action = %s) b"
+        f" ON b.{prefix}_{buf['id']} = s.id WHERE ROW({src}) IS DISTINCT FROM ROW({got})",
+        (action,),
+    )
 
 
 def decode(db: Database, binary: bool | None) -> WalDecoder:
@@ -315,10 +381,20 @@ def test_wal_capture_round_trips_many_types_exactly(db: Database, binary: bool |
     db.sql("DELETE FROM typed")
     decode(db, binary)
     assert differences(db, buffer, "D", "old", "typed_before") == []
-    assert db.scalar(f"SELECT count(*) FROM pgtrickle_changes.{buffer} WHERE action = 'D'"
-                     " AND num_nonnulls(" + ", ".join(f"new_{c['buf']}" for c in db.scalar(
-                         "SELECT columns FROM pgtrickle.pgt_change_sources WHERE source_name = 'typed'")) + ") > 0"
-                     ) == 0  # type: ignore[union-attr]
+    assert (
+        db.scalar(
+            f"SELECT count(*) FROM pgtrickle_changes.{buffer} WHERE action = 'D'"
+            " AND num_nonnulls("
+            + ", ".join(
+                f"new_{c['buf']}"
+                for c in db.scalar(
+                    "SELECT columns FROM pgtrickle.pgt_change_sources WHERE source_name = 'typed'"
+                )
+            )
+            + ") > 0"
+        )
+        == 0
+    )  # type: ignore[union-attr]
 
 
 def test_a_type_without_binary_io_decodes_in_text_mode(db: Database) -> None:
@@ -335,30 +411,38 @@ def test_binary_stream_restarts_in_text_mode_exactly_once(db: Database) -> None:
     thread = DecoderThread(db.dsn, slot)
     thread.start()
     try:
-        db.sql("INSERT INTO typed (id, i4, txt) SELECT g, g, 'before ' || g FROM generate_series(100, 2099) g")
+        db.sql(
+            "INSERT INTO typed (id, i4, txt) SELECT g, g, 'before ' || g FROM generate_series(100, 2099) g"
+        )
         wait_for_decoder(db.conn, db.dsn)
         assert thread.decoder.binary
         # A column whose type has no binary I/O: the decoder meets it inside this transaction,
         # drops the transaction's rows, commits what came before and restarts in text mode.
         with psycopg.connect(db.dsn) as writer:
-            writer.execute("INSERT INTO typed (id, i4, txt) SELECT g, g, 'mid ' || g"
-                           " FROM generate_series(3000, 3999) g")
+            writer.execute(
+                "INSERT INTO typed (id, i4, txt) SELECT g, g, 'mid ' || g FROM generate_series(3000, 3999) g"
+            )
             writer.execute("ALTER TABLE typed ADD COLUMN acl aclitem")
-            writer.execute("INSERT INTO typed (id, i4, txt, acl) SELECT g, g, 'after', 'postgres=r/postgres'"
-                           " FROM generate_series(4000, 4999) g")
+            writer.execute(
+                "INSERT INTO typed (id, i4, txt, acl) SELECT g, g, 'after', 'postgres=r/postgres'"
+                " FROM generate_series(4000, 4999) g"
+            )
         db.sql("UPDATE typed SET txt = txt || '!' WHERE id % 2 = 0")
         wait_for_decoder(db.conn, db.dsn)
         assert not thread.decoder.binary and "binary send/receive" in str(thread.decoder.text_reason)
     finally:
         thread.stop()
-    dupes = db.sql(f"SELECT new_id, action, count(*) FROM pgtrickle_changes.{buffer}"
-                   " GROUP BY 1, 2 HAVING count(*) <> 1")
+    dupes = db.sql(
+        f"SELECT new_id, action, count(*) FROM pgtrickle_changes.{buffer} GROUP BY 1, 2 HAVING count(*) <> 1"
+    )
     assert dupes == []
     counts = dict(db.sql(f"SELECT action, count(*) FROM pgtrickle_changes.{buffer} GROUP BY 1"))
     assert counts == {"I": 4000, "U": 2000}
     cols = db.scalar("SELECT columns FROM pgtrickle.pgt_change_sources WHERE source_name = 'typed'")
     buf = {c["name"]: c["buf"] for c in cols}  # type: ignore[union-attr]
-    wrong = db.sql(f"SELECT s.id FROM typed s JOIN pgtrickle_changes.{buffer} b ON b.action = 'U'"
-                   f" AND b.new_{buf['id']} = s.id WHERE (s.i4, s.txt) IS DISTINCT FROM"
-                   f" (b.new_{buf['i4']}, b.new_{buf['txt']})")
+    wrong = db.sql(
+        f"SELECT s.id FROM typed s JOIN pgtrickle_changes.{buffer} b ON b.action = 'U'"
+        f" AND b.new_{buf['id']} = s.id WHERE (s.i4, s.txt) IS DISTINCT FROM"
+        f" (b.new_{buf['i4']}, b.new_{buf['txt']})"
+    )
     assert wrong == []

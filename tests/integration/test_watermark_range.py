@@ -26,8 +26,10 @@ NOON = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
 def time_passes(db: Database) -> None:
     """Move every stream table's last refresh into the past (deterministic schedules)."""
-    db.sql("UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = last_refresh_at - interval '2 hours', "
-           "last_attempt_at = last_attempt_at - interval '2 hours'")
+    db.sql(
+        "UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = last_refresh_at - interval '2 hours', "
+        "last_attempt_at = last_attempt_at - interval '2 hours'"
+    )
 
 
 @pytest.fixture
@@ -41,17 +43,29 @@ def loaded(db: Database) -> Database:
     db.sql("SELECT pgtrickle.create_watermark_group('pipe', ARRAY['orders', 'lines'])")
     db.sql("SELECT pgtrickle.advance_watermark('orders', %s)", (NOON,))
     db.sql("SELECT pgtrickle.advance_watermark('lines', %s)", (NOON,))
-    create_st(db, "report",
-              "SELECT o.id, o.amount, l.qty FROM orders o LEFT JOIN lines l ON l.order_id = o.id",
-              schedule="1h")
+    create_st(
+        db,
+        "report",
+        "SELECT o.id, o.amount, l.qty FROM orders o LEFT JOIN lines l ON l.order_id = o.id",
+        schedule="1h",
+    )
     create_st(db, "plain", "SELECT id FROM other", schedule="1h")
     refresh(db)
     assert_oracle(db)
     return db
 
 
-@pytest.mark.parametrize("value", ["12000-01-01 00:00:00+00", "10000-01-01 00:00:00+00", "infinity",
-                                   "-infinity", "0044-03-15 00:00:00+00 BC", "294276-01-01 00:00:00+00"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "12000-01-01 00:00:00+00",
+        "10000-01-01 00:00:00+00",
+        "infinity",
+        "-infinity",
+        "0044-03-15 00:00:00+00 BC",
+        "294276-01-01 00:00:00+00",
+    ],
+)
 def test_advance_watermark_refuses_values_beyond_years_1_to_9999(loaded: Database, value: str) -> None:
     before = loaded.sql("SELECT * FROM pgtrickle.pgt_watermarks ORDER BY 1")
     with pytest.raises(psycopg.errors.InvalidParameterValue) as err:
@@ -74,15 +88,23 @@ def test_the_last_days_of_9999_are_accepted(loaded: Database) -> None:
     assert_oracle(loaded)
 
 
-@pytest.mark.parametrize("value", ["12000-01-01 00:00:00+00", "infinity", "-infinity",
-                                   "0044-03-15 00:00:00+00 BC"])
+@pytest.mark.parametrize(
+    "value", ["12000-01-01 00:00:00+00", "infinity", "-infinity", "0044-03-15 00:00:00+00 BC"]
+)
 def test_daemon_survives_a_watermark_beyond_range_in_the_catalog_and_the_api_undoes_it(
-        loaded: Database, value: str) -> None:
+    loaded: Database, value: str
+) -> None:
     # As an older version (or a hand-written UPDATE) left it: bypass the API's check.
-    loaded.sql("UPDATE pgtrickle.pgt_watermarks SET watermark = %s::timestamptz"
-               " WHERE source_relid = 'orders'::regclass", (value,))
-    loaded.sql("UPDATE pgtrickle.pgt_watermark_history SET watermark = %s::timestamptz"
-               " WHERE source_relid = 'orders'::regclass", (value,))
+    loaded.sql(
+        "UPDATE pgtrickle.pgt_watermarks SET watermark = %s::timestamptz"
+        " WHERE source_relid = 'orders'::regclass",
+        (value,),
+    )
+    loaded.sql(
+        "UPDATE pgtrickle.pgt_watermark_history SET watermark = %s::timestamptz"
+        " WHERE source_relid = 'orders'::regclass",
+        (value,),
+    )
     loaded.sql("UPDATE pgtrickle.pgt_watermark_groups SET effective_watermark = %s::timestamptz", (value,))
     loaded.sql("UPDATE pgtrickle.pgt_stream_tables SET effective_watermark = %s::timestamptz", (value,))
     loaded.sql("INSERT INTO other VALUES (2)")
@@ -105,8 +127,9 @@ def test_daemon_survives_a_watermark_beyond_range_in_the_catalog_and_the_api_und
         # The API replaces the bad value, even with an earlier watermark.
         loaded.sql("SELECT pgtrickle.advance_watermark('orders', %s)", (NOON + timedelta(minutes=5),))
         loaded.sql("SELECT pgtrickle.advance_watermark('lines', %s)", (NOON + timedelta(minutes=5),))
-        assert loaded.scalar("SELECT watermark FROM pgtrickle.watermarks() WHERE source = 'public.orders'") \
-            == NOON + timedelta(minutes=5)
+        assert loaded.scalar(
+            "SELECT watermark FROM pgtrickle.watermarks() WHERE source = 'public.orders'"
+        ) == NOON + timedelta(minutes=5)
         loaded.sql("INSERT INTO other VALUES (3)")
         time_passes(loaded)
         report = scheduler.tick()

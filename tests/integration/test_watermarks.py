@@ -41,7 +41,9 @@ def reasons(outcomes) -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {o.st.name: o.reason for o in outcomes}
 
 
-def load(db: Database, statements: list[str], source: str | None = None, watermark: datetime | None = None) -> None:
+def load(
+    db: Database, statements: list[str], source: str | None = None, watermark: datetime | None = None
+) -> None:
     """One loader transaction: the statements, then advance_watermark (committed together)."""
     with psycopg.connect(db.dsn) as conn:
         for statement in statements:
@@ -51,12 +53,16 @@ def load(db: Database, statements: list[str], source: str | None = None, waterma
 
 
 def add_orders(first: int, last: int, minute: float) -> str:
-    return (f"INSERT INTO orders SELECT g, 'c' || (g % 5), g, TIMESTAMPTZ '{t(minute).isoformat()}' "
-            f"FROM generate_series({first}, {last}) g")
+    return (
+        f"INSERT INTO orders SELECT g, 'c' || (g % 5), g, TIMESTAMPTZ '{t(minute).isoformat()}' "
+        f"FROM generate_series({first}, {last}) g"
+    )
 
 
 def add_lines(first: int, last: int) -> str:
-    return f"INSERT INTO order_lines SELECT g, 'p' || (g % 3), 1 + g % 4 FROM generate_series({first}, {last}) g"
+    return (
+        f"INSERT INTO order_lines SELECT g, 'p' || (g % 3), 1 + g % 4 FROM generate_series({first}, {last}) g"
+    )
 
 
 def copy_table(db: Database, table: str, name: str) -> None:
@@ -66,9 +72,14 @@ def copy_table(db: Database, table: str, name: str) -> None:
 
 def assert_equals_query(db: Database, st_name: str, query: str) -> None:
     """Two-way EXCEPT ALL between a stream table (visible columns) and any query."""
-    cols = [r[0] for r in db.sql(
-        "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped"
-        " AND attname NOT LIKE '\\_\\_pgt\\_%%' ORDER BY attnum", (st_name,))]
+    cols = [
+        r[0]
+        for r in db.sql(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped"
+            " AND attname NOT LIKE '\\_\\_pgt\\_%%' ORDER BY attnum",
+            (st_name,),
+        )
+    ]
     col_list = ", ".join(f'"{c}"' for c in cols)
     st_rows = f"SELECT {col_list} FROM {st_name}"
     missing = db.scalar(f"SELECT count(*) FROM (({query}) EXCEPT ALL {st_rows}) d")
@@ -77,8 +88,11 @@ def assert_equals_query(db: Database, st_name: str, query: str) -> None:
 
 
 def info(db: Database, name: str) -> tuple:
-    return db.sql("SELECT watermark_gating, watermark_gating_origin, effective_watermark, watermark_groups "
-                  "FROM pgtrickle.stream_tables_info WHERE table_name = %s", (name,))[0]
+    return db.sql(
+        "SELECT watermark_gating, watermark_gating_origin, effective_watermark, watermark_groups "
+        "FROM pgtrickle.stream_tables_info WHERE table_name = %s",
+        (name,),
+    )[0]
 
 
 def alerts(listener: psycopg.Connection) -> list[dict]:
@@ -87,14 +101,18 @@ def alerts(listener: psycopg.Connection) -> list[dict]:
 
 ORDER_SUMMARY = "SELECT id, customer, amount FROM orders WHERE amount > 0"
 LINE_SUMMARY = "SELECT order_id, sum(qty) AS qty, count(*) AS lines FROM order_lines GROUP BY order_id"
-ORDER_REPORT = ("SELECT os.customer, count(*) AS orders, sum(ls.qty) AS qty, count(ls.order_id) AS with_lines "
-                "FROM order_summary os LEFT JOIN line_summary ls ON ls.order_id = os.id GROUP BY os.customer")
+ORDER_REPORT = (
+    "SELECT os.customer, count(*) AS orders, sum(ls.qty) AS qty, count(ls.order_id) AS with_lines "
+    "FROM order_summary os LEFT JOIN line_summary ls ON ls.order_id = os.id GROUP BY os.customer"
+)
 
 
 @pytest.fixture
 def shop(db: Database) -> Database:
     """The seed's §1 pipeline, loaded and aligned at 11:55."""
-    db.sql("CREATE TABLE orders (id int PRIMARY KEY, customer text, amount numeric(10,2), placed_at timestamptz)")
+    db.sql(
+        "CREATE TABLE orders (id int PRIMARY KEY, customer text, amount numeric(10,2), placed_at timestamptz)"
+    )
     db.sql("CREATE TABLE order_lines (order_id int, product text, qty int)")
     db.sql("SELECT pgtrickle.create_watermark_group('order_pipeline', ARRAY['orders', 'order_lines'])")
     load(db, [add_orders(1, 100, -10)], "orders", t(-5))
@@ -119,11 +137,15 @@ def test_advance_watermark_monotonic_idempotent_and_recorded(shop: Database) -> 
             conn.execute("SELECT pgtrickle.advance_watermark('orders', %s)", (t(0),))
     message = str(err.value)
     assert "cannot go backwards" in message and "12:00:00" in message and "12:05:00" in message
-    rows = shop.sql("SELECT watermark, advanced_by, application_name, advancements FROM pgtrickle.watermarks() "
-                    "WHERE source = 'public.orders'")
+    rows = shop.sql(
+        "SELECT watermark, advanced_by, application_name, advancements FROM pgtrickle.watermarks() "
+        "WHERE source = 'public.orders'"
+    )
     assert rows == [(t(5), "postgres", "orders-loader", 2)]
-    history = shop.sql("SELECT watermark, previous_watermark, xid IS NOT NULL, snapshot IS NOT NULL "
-                       "FROM pgtrickle.watermark_history('orders')")
+    history = shop.sql(
+        "SELECT watermark, previous_watermark, xid IS NOT NULL, snapshot IS NOT NULL "
+        "FROM pgtrickle.watermark_history('orders')"
+    )
     assert history == [(t(5), t(-5), True, True), (t(-5), None, True, True)]
 
 
@@ -133,8 +155,9 @@ def test_watermark_transactional_commit_and_rollback(shop: Database) -> None:
     loader = psycopg.connect(shop.dsn)
     loader.execute(add_orders(101, 110, 0))
     loader.execute("SELECT pgtrickle.advance_watermark('orders', %s)", (t(5),))
-    assert shop.scalar("SELECT watermark FROM pgtrickle.watermarks() WHERE source = 'public.orders'") == t(-5), \
-        "not visible before the load commits"
+    assert shop.scalar("SELECT watermark FROM pgtrickle.watermarks() WHERE source = 'public.orders'") == t(
+        -5
+    ), "not visible before the load commits"
     assert not list(listener.notifies(timeout=0.3)), "no wake-up before commit"
     loader.rollback()
     assert shop.scalar("SELECT watermark FROM pgtrickle.watermarks() WHERE source = 'public.orders'") == t(-5)
@@ -159,19 +182,31 @@ def test_seed_scenario_order_report_gated_until_lines_catch_up(shop: Database) -
     # 12:10: orders loaded to 12:05, order lines still at 11:55.
     load(shop, [add_orders(101, 150, 2)], "orders", t(5))
     outcomes = refresh(shop)
-    assert actions(outcomes) == {"order_summary": Action.FULL, "line_summary": Action.NO_DATA,
-                                 "order_report": Action.SKIP}
+    assert actions(outcomes) == {
+        "order_summary": Action.FULL,
+        "line_summary": Action.NO_DATA,
+        "order_report": Action.SKIP,
+    }
     assert "order_pipeline is misaligned" in reasons(outcomes)["order_report"]
     assert_oracle(shop, "order_summary", "line_summary")
     assert_equals_query(shop, "order_report", "SELECT customer, orders, qty, with_lines FROM report_aligned")
     assert not assert_fails_oracle(shop, "order_report"), "the live query already differs"
     history = shop.sql("SELECT action, skip_reason FROM pgtrickle.get_refresh_history('order_report', 1)")
     assert history[0][0] == "SKIP" and "lag 00:10:00 > tolerance 00:00:00" in history[0][1]
-    status = shop.sql("SELECT state, aligned, lag, effective_watermark, lagging_sources, stream_tables "
-                      "FROM pgtrickle.watermark_status()")
-    assert status == [("misaligned", False, timedelta(minutes=10), t(-5), ["public.order_lines"],
-                       ["public.order_summary (none)", "public.line_summary (none)",
-                        "public.order_report (gate)"])]
+    status = shop.sql(
+        "SELECT state, aligned, lag, effective_watermark, lagging_sources, stream_tables "
+        "FROM pgtrickle.watermark_status()"
+    )
+    assert status == [
+        (
+            "misaligned",
+            False,
+            timedelta(minutes=10),
+            t(-5),
+            ["public.order_lines"],
+            ["public.order_summary (none)", "public.line_summary (none)", "public.order_report (gate)"],
+        )
+    ]
     # A manual refresh is refused unless forced.
     with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="watermark"):
         shop.sql("SELECT pgtrickle.refresh_stream_table('order_report')")
@@ -207,13 +242,18 @@ def test_watermark_intermediate_refreshes_freely_and_scheduler_skips(shop: Datab
     load(shop, [add_orders(101, 150, 2)], "orders", t(5))
     scheduler = Scheduler(shop.settings, shop.dsn)
     try:
-        shop.sql("UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() - interval '2h', "
-                 "last_attempt_at = now() - interval '2h'")
+        shop.sql(
+            "UPDATE pgtrickle.pgt_stream_tables SET last_refresh_at = now() - interval '2h', "
+            "last_attempt_at = now() - interval '2h'"
+        )
         report = scheduler.tick()
     finally:
         scheduler.close()
-    assert actions(report.refreshed) == {"order_summary": Action.FULL, "line_summary": Action.NO_DATA,
-                                         "order_report": Action.SKIP}
+    assert actions(report.refreshed) == {
+        "order_summary": Action.FULL,
+        "line_summary": Action.NO_DATA,
+        "order_report": Action.SKIP,
+    }
     assert_oracle(shop, "order_summary", "line_summary")
 
 
@@ -225,8 +265,9 @@ def test_watermark_tolerance(shop: Database) -> None:
     load(shop, [add_orders(121, 140, 3)], "orders", t(5))  # 10 minutes ahead: beyond
     assert actions(refresh(shop))["order_report"] is Action.SKIP
     shop.sql("SELECT pgtrickle.alter_watermark_group('order_pipeline', tolerance => '10 minutes')")
-    assert actions(refresh(shop))["order_report"] in (Action.FULL, Action.DIFFERENTIAL), \
+    assert actions(refresh(shop))["order_report"] in (Action.FULL, Action.DIFFERENTIAL), (
         "a wider tolerance applies from the next tick"
+    )
     assert_oracle(shop)
 
 
@@ -247,8 +288,9 @@ def test_transitive_gating_through_two_levels_and_sql_agrees_with_python(shop: D
         assert check is not None
         sql_mode = info(shop, st.name)[:2]
         assert (check.mode, check.origin) == sql_mode, st.name
-        sql_gate = shop.scalar("SELECT watermark_gate FROM pgtrickle.stream_tables_info WHERE table_name = %s",
-                               (st.name,))
+        sql_gate = shop.scalar(
+            "SELECT watermark_gate FROM pgtrickle.stream_tables_info WHERE table_name = %s", (st.name,)
+        )
         assert (sql_gate is not None) == (check.blocked is not None), st.name
     assert info(shop, "line_summary")[:2] == ("gate", "set")
     shop.sql("SELECT pgtrickle.alter_stream_table('line_summary', watermark_gating => 'inferred')")
@@ -271,8 +313,14 @@ def test_watermark_hold_back_reflects_only_orders_up_to_the_effective_watermark(
     assert info(shop, "order_summary")[:3] == ("hold_back", "set", t(-5))
     assert actions(outcomes)["order_report"] is Action.NO_DATA, "nothing reached the report"
     # A load in progress for 12:15 (not advanced yet), and order lines reaching 12:05.
-    load(shop, [add_orders(151, 170, 8), "UPDATE orders SET amount = amount + 1000 WHERE id <= 10",
-                "DELETE FROM orders WHERE id BETWEEN 101 AND 105"])
+    load(
+        shop,
+        [
+            add_orders(151, 170, 8),
+            "UPDATE orders SET amount = amount + 1000 WHERE id <= 10",
+            "DELETE FROM orders WHERE id BETWEEN 101 AND 105",
+        ],
+    )
     assert actions(refresh(shop))["order_summary"] is Action.NO_DATA, "nothing new up to the watermark"
     assert_equals_query(shop, "order_summary", ORDER_SUMMARY.replace("orders", "orders_at_1155"))
     load(shop, [add_lines(101, 150)], "order_lines", t(5))
@@ -296,12 +344,16 @@ def test_hold_back_at_every_level_reflects_one_point_in_time(shop: Database) -> 
     load(shop, [add_lines(101, 130)])  # order lines for 12:05 partly loaded, not advanced
     copy_table(shop, "orders", "orders_at_1205")
     outcomes = refresh(shop)
-    assert actions(outcomes) == {"order_summary": Action.NO_DATA, "line_summary": Action.NO_DATA,
-                                 "order_report": Action.NO_DATA}, "all of them are at 11:55 already"
+    assert actions(outcomes) == {
+        "order_summary": Action.NO_DATA,
+        "line_summary": Action.NO_DATA,
+        "order_report": Action.NO_DATA,
+    }, "all of them are at 11:55 already"
     copy_table(shop, "order_lines", "lines_at_1155")
     shop.sql("DELETE FROM lines_at_1155 WHERE order_id > 100")
-    aligned_report = (ORDER_REPORT.replace("order_summary os", f"({ORDER_SUMMARY.replace('orders', 'orders_at_1155')}) os")
-                      .replace("line_summary ls", f"({LINE_SUMMARY.replace('order_lines', 'lines_at_1155')}) ls"))
+    aligned_report = ORDER_REPORT.replace(
+        "order_summary os", f"({ORDER_SUMMARY.replace('orders', 'orders_at_1155')}) os"
+    ).replace("line_summary ls", f"({LINE_SUMMARY.replace('order_lines', 'lines_at_1155')}) ls")
     copy_table(shop, "orders", "orders_at_1155")
     shop.sql("DELETE FROM orders_at_1155 WHERE id > 100")
     assert_equals_query(shop, "order_report", aligned_report)
@@ -311,9 +363,13 @@ def test_hold_back_at_every_level_reflects_one_point_in_time(shop: Database) -> 
     copy_table(shop, "order_lines", "lines_at_1205")
     load(shop, [add_orders(151, 160, 7)])  # beyond the watermark
     refresh(shop)
-    assert_equals_query(shop, "order_report", ORDER_REPORT
-                        .replace("order_summary os", f"({ORDER_SUMMARY.replace('orders', 'orders_at_1205')}) os")
-                        .replace("line_summary ls", f"({LINE_SUMMARY.replace('order_lines', 'lines_at_1205')}) ls"))
+    assert_equals_query(
+        shop,
+        "order_report",
+        ORDER_REPORT.replace(
+            "order_summary os", f"({ORDER_SUMMARY.replace('orders', 'orders_at_1205')}) os"
+        ).replace("line_summary ls", f"({LINE_SUMMARY.replace('order_lines', 'lines_at_1205')}) ls"),
+    )
     assert {info(shop, n)[2] for n in ("order_summary", "line_summary", "order_report")} == {t(5)}
 
 
@@ -328,15 +384,23 @@ def test_hold_back_needs_held_back_upstream(shop: Database) -> None:
 
 def test_hold_back_goes_back_to_the_aligned_point(db: Database) -> None:
     """A stream table that refreshed past the cap while the group bootstrapped is taken back to it."""
-    db.sql("CREATE TABLE orders (id int PRIMARY KEY, customer text, amount numeric(10,2), placed_at timestamptz)")
+    db.sql(
+        "CREATE TABLE orders (id int PRIMARY KEY, customer text, amount numeric(10,2), placed_at timestamptz)"
+    )
     db.sql("CREATE TABLE order_lines (order_id int, product text, qty int)")
     db.sql("SELECT pgtrickle.create_watermark_group('order_pipeline', ARRAY['orders', 'order_lines'])")
     create_st(db, "order_summary", ORDER_SUMMARY, schedule="1h")
     db.sql("SELECT pgtrickle.alter_stream_table('order_summary', watermark_gating => 'hold_back')")
     load(db, [add_orders(1, 50, -10)], "orders", t(-5))
     copy_table(db, "orders", "orders_at_1155")
-    load(db, [add_orders(51, 80, 0), "UPDATE orders SET customer = 'moved' WHERE id <= 5",
-              "DELETE FROM orders WHERE id BETWEEN 6 AND 8"])
+    load(
+        db,
+        [
+            add_orders(51, 80, 0),
+            "UPDATE orders SET customer = 'moved' WHERE id <= 5",
+            "DELETE FROM orders WHERE id BETWEEN 6 AND 8",
+        ],
+    )
     refresh(db)  # bootstrapping (order_lines has no watermark): reads orders as they are
     assert_oracle(db)
     assert db.scalar("SELECT state FROM pgtrickle.watermark_status()") == "bootstrapping"
@@ -349,7 +413,9 @@ def test_hold_back_goes_back_to_the_aligned_point(db: Database) -> None:
 def test_hold_back_refuses_what_it_cannot_rebuild(db: Database) -> None:
     from pgtrickle.cdc.buffers import cleanup_buffers
 
-    db.sql("CREATE TABLE orders (id int PRIMARY KEY, customer text, amount numeric(10,2), placed_at timestamptz)")
+    db.sql(
+        "CREATE TABLE orders (id int PRIMARY KEY, customer text, amount numeric(10,2), placed_at timestamptz)"
+    )
     db.sql("CREATE TABLE order_lines (order_id int, product text, qty int)")
     db.sql("SELECT pgtrickle.create_watermark_group('order_pipeline', ARRAY['orders', 'order_lines'])")
     create_st(db, "order_summary", ORDER_SUMMARY, schedule="1h")
@@ -377,7 +443,10 @@ def test_hold_back_refuses_what_it_cannot_rebuild(db: Database) -> None:
     # A TRUNCATE after the cap cannot be undone: refused; force reads the source as it is.
     load(db, ["TRUNCATE orders", add_orders(1, 10, 9)])
     outcomes = refresh(db)
-    assert actions(outcomes)["order_summary"] is Action.SKIP and "truncated" in reasons(outcomes)["order_summary"]
+    assert (
+        actions(outcomes)["order_summary"] is Action.SKIP
+        and "truncated" in reasons(outcomes)["order_summary"]
+    )
     from pgtrickle.daemon.manual import refresh_sync
 
     [forced] = refresh_sync(db.settings, db.dsn, ["order_summary"], force=True)
@@ -389,8 +458,13 @@ def test_watermark_multiple_groups_and_a_source_in_two_groups(shop: Database) ->
     shop.sql("CREATE TABLE audit_log (order_id int, checked boolean)")
     load(shop, ["INSERT INTO audit_log SELECT g, true FROM generate_series(1, 100) g"], "audit_log", t(-5))
     shop.sql("SELECT pgtrickle.create_watermark_group('audit_pipeline', ARRAY['orders', 'audit_log'])")
-    create_st(shop, "audited", "SELECT o.customer, count(*) AS n FROM orders o JOIN audit_log a "
-                               "ON a.order_id = o.id GROUP BY o.customer", schedule="1h")
+    create_st(
+        shop,
+        "audited",
+        "SELECT o.customer, count(*) AS n FROM orders o JOIN audit_log a "
+        "ON a.order_id = o.id GROUP BY o.customer",
+        schedule="1h",
+    )
     shop.sql("SELECT pgtrickle.alter_stream_table('order_summary', watermark_gating => 'hold_back')")
     refresh(shop)
     assert_oracle(shop)
@@ -423,11 +497,18 @@ def test_watermark_multiple_groups_and_a_source_in_two_groups(shop: Database) ->
 
 
 def test_use_case_a_nightly_batch(db: Database) -> None:
-    db.sql("CREATE TABLE orders (id int PRIMARY KEY, customer text, amount numeric(10,2), placed_at timestamptz)")
+    db.sql(
+        "CREATE TABLE orders (id int PRIMARY KEY, customer text, amount numeric(10,2), placed_at timestamptz)"
+    )
     db.sql("CREATE TABLE order_lines (order_id int, product text, qty int)")
     db.sql("SELECT pgtrickle.create_watermark_group('order_pipeline', ARRAY['orders', 'order_lines'])")
-    create_st(db, "order_report", "SELECT o.customer, sum(l.qty) AS qty, count(*) AS lines FROM orders o "
-                                  "JOIN order_lines l ON l.order_id = o.id GROUP BY o.customer", schedule="1h")
+    create_st(
+        db,
+        "order_report",
+        "SELECT o.customer, sum(l.qty) AS qty, count(*) AS lines FROM orders o "
+        "JOIN order_lines l ON l.order_id = o.id GROUP BY o.customer",
+        schedule="1h",
+    )
     refresh(db)
     assert_oracle(db)
 
@@ -455,18 +536,33 @@ def test_use_case_a_nightly_batch(db: Database) -> None:
 def test_use_case_b_streaming_micro_batches_with_tolerance(db: Database) -> None:
     db.sql("CREATE TABLE trades (id int PRIMARY KEY, sym text, qty int)")
     db.sql("CREATE TABLE quotes (sym text, bid numeric(10,2), at int)")
-    db.sql("SELECT pgtrickle.create_watermark_group('realtime_pipeline', ARRAY['trades', 'quotes'], "
-           "tolerance => '5 seconds')")
-    create_st(db, "positions", "SELECT t.sym, sum(t.qty) AS qty, max(q.bid) AS best_bid FROM trades t "
-                               "JOIN quotes q ON q.sym = t.sym GROUP BY t.sym", schedule="1h")
+    db.sql(
+        "SELECT pgtrickle.create_watermark_group('realtime_pipeline', ARRAY['trades', 'quotes'], "
+        "tolerance => '5 seconds')"
+    )
+    create_st(
+        db,
+        "positions",
+        "SELECT t.sym, sum(t.qty) AS qty, max(q.bid) AS best_bid FROM trades t "
+        "JOIN quotes q ON q.sym = t.sym GROUP BY t.sym",
+        schedule="1h",
+    )
     second = NOON.replace(second=0)
     batch = 0
     for trades_at, quotes_at, expect in ((5, 2, "refresh"), (9, 2, "skip"), (12, 10, "refresh")):
         batch += 1
-        load(db, [f"INSERT INTO trades SELECT {batch} * 100 + g, 's' || (g % 3), g FROM generate_series(1, 20) g"],
-             "trades", second + timedelta(seconds=trades_at))
-        load(db, [f"INSERT INTO quotes SELECT 's' || (g % 3), g, {batch} FROM generate_series(1, 6) g"],
-             "quotes", second + timedelta(seconds=quotes_at))
+        load(
+            db,
+            [f"INSERT INTO trades SELECT {batch} * 100 + g, 's' || (g % 3), g FROM generate_series(1, 20) g"],
+            "trades",
+            second + timedelta(seconds=trades_at),
+        )
+        load(
+            db,
+            [f"INSERT INTO quotes SELECT 's' || (g % 3), g, {batch} FROM generate_series(1, 6) g"],
+            "quotes",
+            second + timedelta(seconds=quotes_at),
+        )
         action = actions(refresh(db))["positions"]
         if expect == "refresh":
             assert action in (Action.FULL, Action.DIFFERENTIAL), (trades_at, quotes_at)
@@ -478,13 +574,30 @@ def test_use_case_b_streaming_micro_batches_with_tolerance(db: Database) -> None
 def test_use_case_c_independent_pipelines(shop: Database) -> None:
     shop.sql("CREATE TABLE stock_levels (product text, qty int)")
     shop.sql("CREATE TABLE warehouses (product text, site text)")
-    shop.sql("SELECT pgtrickle.create_watermark_group('inventory_pipeline', ARRAY['stock_levels', 'warehouses'])")
-    load(shop, ["INSERT INTO stock_levels SELECT 'p' || g, 10 * g FROM generate_series(0, 2) g"], "stock_levels", t(-5))
-    load(shop, ["INSERT INTO warehouses SELECT 'p' || g, 'w' || g FROM generate_series(0, 2) g"], "warehouses", t(-30))
-    create_st(shop, "fulfilment", "SELECT l.product, sum(l.qty) AS ordered, max(s.qty) AS stock, max(w.site) AS site "
-                                  "FROM order_lines l JOIN orders o ON o.id = l.order_id "
-                                  "JOIN stock_levels s ON s.product = l.product "
-                                  "JOIN warehouses w ON w.product = l.product GROUP BY l.product", schedule="1h")
+    shop.sql(
+        "SELECT pgtrickle.create_watermark_group('inventory_pipeline', ARRAY['stock_levels', 'warehouses'])"
+    )
+    load(
+        shop,
+        ["INSERT INTO stock_levels SELECT 'p' || g, 10 * g FROM generate_series(0, 2) g"],
+        "stock_levels",
+        t(-5),
+    )
+    load(
+        shop,
+        ["INSERT INTO warehouses SELECT 'p' || g, 'w' || g FROM generate_series(0, 2) g"],
+        "warehouses",
+        t(-30),
+    )
+    create_st(
+        shop,
+        "fulfilment",
+        "SELECT l.product, sum(l.qty) AS ordered, max(s.qty) AS stock, max(w.site) AS site "
+        "FROM order_lines l JOIN orders o ON o.id = l.order_id "
+        "JOIN stock_levels s ON s.product = l.product "
+        "JOIN warehouses w ON w.product = l.product GROUP BY l.product",
+        schedule="1h",
+    )
     outcomes = refresh(shop)
     assert actions(outcomes)["fulfilment"] is Action.SKIP, "inventory misaligned from the start"
     assert "inventory_pipeline" in reasons(outcomes)["fulfilment"]
@@ -494,7 +607,9 @@ def test_use_case_c_independent_pipelines(shop: Database) -> None:
     assert_oracle(shop)
     load(shop, [add_orders(101, 150, 2)], "orders", t(5))
     outcomes = refresh(shop)
-    assert actions(outcomes)["fulfilment"] is Action.SKIP and "order_pipeline" in reasons(outcomes)["fulfilment"]
+    assert (
+        actions(outcomes)["fulfilment"] is Action.SKIP and "order_pipeline" in reasons(outcomes)["fulfilment"]
+    )
     load(shop, [add_lines(101, 150)], "order_lines", t(5))
     assert actions(refresh(shop))["fulfilment"] in (Action.FULL, Action.DIFFERENTIAL)
     assert_oracle(shop)
@@ -506,11 +621,15 @@ def test_use_case_d_mixed_internal_and_external_sources(db: Database) -> None:
     db.sql("CREATE TABLE fx_rates (currency text PRIMARY KEY, rate numeric(10,4))")
     db.sql("CREATE TABLE fx_holidays (currency text, day date)")
     db.sql("SELECT pgtrickle.create_watermark_group('fx_feed', ARRAY['fx_rates', 'fx_holidays'])")
-    db.sql("INSERT INTO orders SELECT g, (ARRAY['EUR','GBP','JPY'])[1 + g % 3], g FROM generate_series(1, 60) g")
+    db.sql(
+        "INSERT INTO orders SELECT g, (ARRAY['EUR','GBP','JPY'])[1 + g % 3], g FROM generate_series(1, 60) g"
+    )
     load(db, ["INSERT INTO fx_rates VALUES ('EUR', 1.08), ('GBP', 1.27), ('JPY', 0.0067)"], "fx_rates", t(0))
     load(db, ["INSERT INTO fx_holidays VALUES ('JPY', '2026-03-03')"], "fx_holidays", t(0))
-    query = ("SELECT o.id, o.amount * fx.rate AS amount_usd FROM orders o "
-             "JOIN fx_rates fx ON o.currency = fx.currency")
+    query = (
+        "SELECT o.id, o.amount * fx.rate AS amount_usd FROM orders o "
+        "JOIN fx_rates fx ON o.currency = fx.currency"
+    )
     create_st(db, "order_totals_usd", query, schedule="1h")
     assert info(db, "order_totals_usd")[:2] == ("none", "inferred"), "one member of the group only"
     db.sql("SELECT pgtrickle.alter_stream_table('order_totals_usd', watermark_gating => 'hold_back')")
@@ -519,8 +638,13 @@ def test_use_case_d_mixed_internal_and_external_sources(db: Database) -> None:
     copy_table(db, "fx_rates", "fx_at_1200")
     # The FX loader updates rates for 12:05 but the holidays feed is still at 12:00; orders keep coming.
     load(db, ["UPDATE fx_rates SET rate = rate * 2"], "fx_rates", t(5))
-    load(db, ["INSERT INTO orders SELECT g, 'EUR', g FROM generate_series(61, 80) g",
-              "DELETE FROM orders WHERE id <= 5"])
+    load(
+        db,
+        [
+            "INSERT INTO orders SELECT g, 'EUR', g FROM generate_series(61, 80) g",
+            "DELETE FROM orders WHERE id <= 5",
+        ],
+    )
     outcomes = refresh(db)
     assert actions(outcomes)["order_totals_usd"] is Action.FULL
     assert_equals_query(db, "order_totals_usd", query.replace("fx_rates fx", "fx_at_1200 fx"))
@@ -535,8 +659,15 @@ def test_use_case_d_mixed_internal_and_external_sources(db: Database) -> None:
 
 
 def fingerprint(db: Database) -> tuple:
-    watermark_tables = tuple(tuple(map(str, db.sql(f"SELECT * FROM pgtrickle.{t} ORDER BY 1"))) for t in (
-        "pgt_watermarks", "pgt_watermark_history", "pgt_watermark_groups", "pgt_watermark_group_sources"))
+    watermark_tables = tuple(
+        tuple(map(str, db.sql(f"SELECT * FROM pgtrickle.{t} ORDER BY 1")))
+        for t in (
+            "pgt_watermarks",
+            "pgt_watermark_history",
+            "pgt_watermark_groups",
+            "pgt_watermark_group_sources",
+        )
+    )
     return catalog_fingerprint(db), watermark_tables
 
 
@@ -547,38 +678,63 @@ BAD_CALLS = [
     ("SELECT pgtrickle.advance_watermark(NULL::text, now())", "must not be NULL"),
     ("SELECT pgtrickle.advance_watermark('orders', NULL)", "must not be NULL"),
     ("SELECT pgtrickle.advance_watermark('orders', 'infinity')", "finite"),
-    ("SELECT pgtrickle.advance_watermark('orders', '2026-03-01 11:00+00')",
-     "cannot go backwards: 2026-03-01 11:00:00+00 is before its current watermark 2026-03-01 11:55:00+00"),
+    (
+        "SELECT pgtrickle.advance_watermark('orders', '2026-03-01 11:00+00')",
+        "cannot go backwards: 2026-03-01 11:00:00+00 is before its current watermark 2026-03-01 11:55:00+00",
+    ),
     ("SELECT pgtrickle.advance_watermark('order_summary', now())", "is a stream table"),
     ("SELECT pgtrickle.advance_watermark('pg_class', now())", "not a table an external process loads"),
     ("SELECT pgtrickle.create_watermark_group('g', ARRAY['orders'])", "at least two sources"),
     ("SELECT pgtrickle.create_watermark_group('g', ARRAY['orders', 'orders'])", "listed twice"),
     ("SELECT pgtrickle.create_watermark_group('g', ARRAY['orders', 'nope'])", "does not exist"),
-    ("SELECT pgtrickle.create_watermark_group('g', ARRAY['orders', 'x''); DROP TABLE orders; --'])",
-     "does not exist"),
+    (
+        "SELECT pgtrickle.create_watermark_group('g', ARRAY['orders', 'x''); DROP TABLE orders; --'])",
+        "does not exist",
+    ),
     ("SELECT pgtrickle.create_watermark_group('g', ARRAY['orders', NULL])", "must not contain NULL"),
     ("SELECT pgtrickle.create_watermark_group('g', NULL)", "needs its sources"),
-    ("SELECT pgtrickle.create_watermark_group('g', ARRAY['orders', 'order_lines'], tolerance => '-1 second')",
-     "must be between 0 and 366 days"),
-    ("SELECT pgtrickle.create_watermark_group('g', ARRAY['orders', 'order_lines'], tolerance => NULL)",
-     "must not be NULL"),
-    ("SELECT pgtrickle.create_watermark_group('g', ARRAY['orders', 'order_lines'], stale_after => '-5 min')",
-     "must be between 0 and 366 days"),
+    (
+        "SELECT pgtrickle.create_watermark_group('g', ARRAY['orders', 'order_lines'], tolerance => '-1 second')",
+        "must be between 0 and 366 days",
+    ),
+    (
+        "SELECT pgtrickle.create_watermark_group('g', ARRAY['orders', 'order_lines'], tolerance => NULL)",
+        "must not be NULL",
+    ),
+    (
+        "SELECT pgtrickle.create_watermark_group('g', ARRAY['orders', 'order_lines'], stale_after => '-5 min')",
+        "must be between 0 and 366 days",
+    ),
     ("SELECT pgtrickle.create_watermark_group(NULL, ARRAY['orders', 'order_lines'])", "must not be NULL"),
-    ("SELECT pgtrickle.create_watermark_group(' ', ARRAY['orders', 'order_lines'])", "must not be NULL or empty"),
+    (
+        "SELECT pgtrickle.create_watermark_group(' ', ARRAY['orders', 'order_lines'])",
+        "must not be NULL or empty",
+    ),
     ("SELECT pgtrickle.create_watermark_group(repeat('x', 64), ARRAY['orders', 'order_lines'])", "too long"),
-    ("SELECT pgtrickle.create_watermark_group('order_pipeline', ARRAY['orders', 'order_lines'])", "already exists"),
+    (
+        "SELECT pgtrickle.create_watermark_group('order_pipeline', ARRAY['orders', 'order_lines'])",
+        "already exists",
+    ),
     ("SELECT pgtrickle.alter_watermark_group('nope', tolerance => '1 min')", "does not exist"),
-    ("SELECT pgtrickle.alter_watermark_group('x''; DROP TABLE orders; --', tolerance => '1 min')",
-     "does not exist"),
+    (
+        "SELECT pgtrickle.alter_watermark_group('x''; DROP TABLE orders; --', tolerance => '1 min')",
+        "does not exist",
+    ),
     ("SELECT pgtrickle.alter_watermark_group('order_pipeline', sources => ARRAY['orders'])", "at least two"),
-    ("SELECT pgtrickle.alter_watermark_group('order_pipeline', tolerance => '-1 min')", "must be between 0 and 366 days"),
+    (
+        "SELECT pgtrickle.alter_watermark_group('order_pipeline', tolerance => '-1 min')",
+        "must be between 0 and 366 days",
+    ),
     ("SELECT pgtrickle.drop_watermark_group('nope')", "does not exist"),
     ("SELECT pgtrickle.drop_watermark_group(NULL)", "must not be NULL"),
-    ("SELECT pgtrickle.alter_stream_table('order_report', watermark_gating => 'sometimes')",
-     "invalid watermark_gating"),
-    ("SELECT pgtrickle.alter_stream_table('order_report', watermark_gating => 'gate''; DROP TABLE orders; --')",
-     "invalid watermark_gating"),
+    (
+        "SELECT pgtrickle.alter_stream_table('order_report', watermark_gating => 'sometimes')",
+        "invalid watermark_gating",
+    ),
+    (
+        "SELECT pgtrickle.alter_stream_table('order_report', watermark_gating => 'gate''; DROP TABLE orders; --')",
+        "invalid watermark_gating",
+    ),
     ("SELECT pgtrickle.watermark_history('nope')", "does not exist"),
 ]
 
@@ -595,7 +751,10 @@ def test_bad_watermark_input_is_refused_and_changes_nothing(shop: Database, call
 def test_group_names_are_data_not_sql(shop: Database) -> None:
     hostile = "x'); DROP TABLE orders; --"
     shop.sql("SELECT pgtrickle.create_watermark_group(%s, ARRAY['orders', 'order_lines'])", (hostile,))
-    assert shop.scalar("SELECT count(*) FROM pgtrickle.watermark_groups() WHERE group_name = %s", (hostile,)) == 1
+    assert (
+        shop.scalar("SELECT count(*) FROM pgtrickle.watermark_groups() WHERE group_name = %s", (hostile,))
+        == 1
+    )
     shop.sql("SELECT pgtrickle.drop_watermark_group(%s)", (hostile,))
     assert shop.scalar("SELECT count(*) FROM orders") == 100
 
@@ -604,18 +763,26 @@ def test_group_names_are_data_not_sql(shop: Database) -> None:
 
 
 def test_gate_and_circuit_breaker_must_both_pass(shop: Database) -> None:
-    create_st(shop, "lines_per_customer", "SELECT o.customer, sum(l.qty) AS qty FROM orders o "
-                                          "JOIN order_lines l ON l.order_id = o.id GROUP BY o.customer",
-              schedule="1h")
+    create_st(
+        shop,
+        "lines_per_customer",
+        "SELECT o.customer, sum(l.qty) AS qty FROM orders o "
+        "JOIN order_lines l ON l.order_id = o.id GROUP BY o.customer",
+        schedule="1h",
+    )
     refresh(shop)
     assert_oracle(shop)
-    shop.sql("SELECT pgtrickle.alter_stream_table('lines_per_customer', circuit_breaker => 'fixed', "
-             "circuit_breaker_ceiling => 30)")
+    shop.sql(
+        "SELECT pgtrickle.alter_stream_table('lines_per_customer', circuit_breaker => 'fixed', "
+        "circuit_breaker_ceiling => 30)"
+    )
     load(shop, [add_orders(101, 150, 2)], "orders", t(5))
     outcomes = refresh(shop)
     assert actions(outcomes)["lines_per_customer"] is Action.SKIP
     assert "watermark" in reasons(outcomes)["lines_per_customer"]
-    breaker = "SELECT state FROM pgtrickle.circuit_breaker_status() WHERE st_name = 'public.lines_per_customer'"
+    breaker = (
+        "SELECT state FROM pgtrickle.circuit_breaker_status() WHERE st_name = 'public.lines_per_customer'"
+    )
     assert shop.scalar(breaker) == "closed", "the watermark gate skipped it before the breaker looked"
     load(shop, [add_lines(101, 150)], "order_lines", t(5))
     outcomes = refresh(shop)
@@ -644,12 +811,15 @@ def test_stale_watermark_alerts_once_and_resumes(shop: Database) -> None:
         scheduler.tick()
         assert not [a for a in alerts(listener) if a["event"] == "watermark_stuck"], "once per stall"
         assert shop.sql("SELECT stuck_sources FROM pgtrickle.watermark_status()") == [
-            (["public.order_lines", "public.orders"],)]
+            (["public.order_lines", "public.orders"],)
+        ]
         load(shop, [], "orders", t(0))
         resumed = [a for a in alerts(listener) if a["event"] == "watermark_resumed"]
         assert [(a["source"], a["group"]) for a in resumed] == [("public.orders", "order_pipeline")]
         assert shop.sql("SELECT stuck_in FROM pgtrickle.watermarks() ORDER BY source") == [
-            (["order_pipeline"],), ([],)]
+            (["order_pipeline"],),
+            ([],),
+        ]
         shop.sql("SELECT pgtrickle.alter_watermark_group('order_pipeline', stale_after => '0 seconds')")
         time.sleep(1.2)
         scheduler.tick()

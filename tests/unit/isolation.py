@@ -35,8 +35,10 @@ DOORS: tuple[tuple[str, str, str], ...] = (
     ("pgtrickle.db.embedded", "EmbeddedPostgres.start", "start a PostgreSQL server"),
 )
 
-MOVE_HINT = "unit tests start no JVM and open no database; move this test (or its Spark/PostgreSQL part) " \
-            "to tests/integration"
+MOVE_HINT = (
+    "unit tests start no JVM and open no database; move this test (or its Spark/PostgreSQL part) "
+    "to tests/integration"
+)
 
 
 def _refusal(what: str, door: str, seen: list[str]) -> Callable[..., object]:

@@ -17,9 +17,20 @@ def spark(query: str) -> str:
     return " ".join(translate_to_spark(query, TABLES, TYPES).split())
 
 
-@pytest.mark.parametrize(("name", "width"), [("character(10)", 10), ("character(1)", 1), ("bpchar", 0),
-                                             ("character", 0), ('"char"', None), ("character varying(3)", None),
-                                             ("text", None), ("character(3)[]", None), (None, None)])
+@pytest.mark.parametrize(
+    ("name", "width"),
+    [
+        ("character(10)", 10),
+        ("character(1)", 1),
+        ("bpchar", 0),
+        ("character", 0),
+        ('"char"', None),
+        ("character varying(3)", None),
+        ("text", None),
+        ("character(3)[]", None),
+        (None, None),
+    ],
+)
 def test_width_from_type_name(name: str | None, width: int | None) -> None:
     assert width_from_type_name(name) == width
 
@@ -39,8 +50,10 @@ def test_literals_cast_to_bpchar_lose_trailing_blanks_only() -> None:
 
 
 def test_padding_sensitive_operations_see_the_padding() -> None:
-    out = spark("SELECT octet_length(c) AS o, concat(c, '|') AS cc, c || '|' AS cat, length(c) AS l "
-                "FROM public.t WHERE c ~~ 'a%' AND c ~ 'b $'")
+    out = spark(
+        "SELECT octet_length(c) AS o, concat(c, '|') AS cc, c || '|' AS cat, length(c) AS l "
+        "FROM public.t WHERE c ~~ 'a%' AND c ~ 'b $'"
+    )
     assert "OCTET_LENGTH(RPAD(c, 4, ' '))" in out and "CONCAT_WS('', RPAD(c, 4, ' '), '|')" in out
     assert "RPAD(c, 4, ' ') LIKE 'a%'" in out and "RPAD(c, 4, ' ') RLIKE" in out
     assert "c || '|' AS cat" in out and "LENGTH(c) AS l" in out  # text conversions drop the blanks

@@ -50,9 +50,14 @@ def test_summary_and_exit_status() -> None:
 
 
 def test_the_broken_capture_error_names_every_problem_and_the_repair() -> None:
-    message = broken_message([
-        BrokenCapture(1, "public.t", ("change buffer table pgtrickle_changes.changes_1_rows is missing",)),
-        BrokenCapture(2, "public.u", ("capture trigger(s) pgt_capture_ins on u missing", "x disabled"))])
+    message = broken_message(
+        [
+            BrokenCapture(
+                1, "public.t", ("change buffer table pgtrickle_changes.changes_1_rows is missing",)
+            ),
+            BrokenCapture(2, "public.u", ("capture trigger(s) pgt_capture_ins on u missing", "x disabled")),
+        ]
+    )
     assert "public.t is broken (change buffer table pgtrickle_changes.changes_1_rows is missing)" in message
     assert "public.u is broken (capture trigger(s) pgt_capture_ins on u missing; x disabled)" in message
     assert "changes may have been lost" in message and "run `pgtrickle install`" in message
@@ -68,9 +73,14 @@ def test_a_reinitialization_says_why_when_known() -> None:
 
 def test_the_broken_capture_metric() -> None:
     m = Metrics()
-    m._state.snapshot = CatalogSnapshot(capture=[("public.t", True), ("public.u", False)],  # noqa: SLF001
-                                        taken_at=1.0)
-    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
-           for f in text_string_to_metric_families(m.render().decode()) for s in f.samples}
+    m._state.snapshot = CatalogSnapshot(
+        capture=[("public.t", True), ("public.u", False)],  # noqa: SLF001
+        taken_at=1.0,
+    )
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(m.render().decode())
+        for s in f.samples
+    }
     assert got[("pgtrickle_change_capture_broken", (("source", "public.t"),))] == 1
     assert got[("pgtrickle_change_capture_broken", (("source", "public.u"),))] == 0

@@ -84,8 +84,9 @@ def test_time_is_read_as_a_timestamp_on_the_epoch_day() -> None:
 
 
 def test_select_list_reads_from_buffer_columns_under_source_names() -> None:
-    text = carry.select_list([("id", "integer"), ("b", "bit(3)")], "public.t",
-                             {"id": "new_c1", "b": "new_c2"}).as_string(None)
+    text = carry.select_list(
+        [("id", "integer"), ("b", "bit(3)")], "public.t", {"id": "new_c1", "b": "new_c2"}
+    ).as_string(None)
     assert text == '"new_c1" AS "id", "new_c2"::text AS "b"'
 
 
@@ -105,13 +106,16 @@ def test_refusal_in_ignores_other_errors() -> None:
     assert carry.refusal_in(RuntimeError("ERROR: column x holds 1, which Spark cannot carry")) is None
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("2026-03-01T12:00:00+00:00", datetime(2026, 3, 1, 12, tzinfo=timezone.utc)),
-    ("12000-01-01T00:00:00+00:00", FAR_FUTURE),
-    ("infinity", FAR_FUTURE),
-    ("-infinity", FAR_PAST),
-    ("0044-03-15T00:00:00+00:00 BC", FAR_PAST),
-    ("-0043-03-15T00:00:00+00:00", FAR_PAST),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-03-01T12:00:00+00:00", datetime(2026, 3, 1, 12, tzinfo=timezone.utc)),
+        ("12000-01-01T00:00:00+00:00", FAR_FUTURE),
+        ("infinity", FAR_FUTURE),
+        ("-infinity", FAR_PAST),
+        ("0044-03-15T00:00:00+00:00 BC", FAR_PAST),
+        ("-0043-03-15T00:00:00+00:00", FAR_PAST),
+    ],
+)
 def test_parse_instant_never_raises(text: str, expected: datetime) -> None:
     assert parse_instant(text) == expected

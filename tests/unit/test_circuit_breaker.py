@@ -127,10 +127,15 @@ def test_ewma_adapts_faster_to_a_legitimate_shift() -> None:
     assert ewma_base.mean > window_base.mean
 
 
-@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)), max_size=60),
-       st.integers(0, 10**7), st.integers(0, 10**7), st.sampled_from(["window", "ewma"]))
-def test_decision_is_total_and_explained(history: list[tuple[int, int]], total: int, deletes: int,
-                                         method: str) -> None:
+@given(
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)), max_size=60),
+    st.integers(0, 10**7),
+    st.integers(0, 10**7),
+    st.sampled_from(["window", "ewma"]),
+)
+def test_decision_is_total_and_explained(
+    history: list[tuple[int, int]], total: int, deletes: int, method: str
+) -> None:
     for mode in ("none", "fixed", "adaptive"):
         cfg = BreakerConfig(mode, ceiling=10**6, baseline=method)
         decision = should_trip(cfg, Volume(total, min(deletes, total)), history)

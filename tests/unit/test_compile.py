@@ -68,15 +68,24 @@ def test_one_select_statement_with_the_columns_then_the_weight(dialect: str) -> 
 
 def test_a_relation_read_by_several_terms_is_listed_once_with_its_uses() -> None:
     a2 = Scan("public.a", ("k", "x"), ("k2", "x2"))
-    telescoped = UnionAll((Join(JoinKind.INNER, Delta(A), UnionAll((B, Negate(Delta(B))), ("bk", "by")),
-                                e("ak = bk")),
-                           Join(JoinKind.INNER, A, Delta(B), e("ak = bk")),
-                           Project(Join(JoinKind.INNER, A, a2, e("ak = k2")), (("ak", e("ak")), ("ax", e("ax")),
-                                                                              ("bk", e("k2")), ("by", e("x2"))))),
-                          ("ak", "ax", "bk", "by"))
+    telescoped = UnionAll(
+        (
+            Join(JoinKind.INNER, Delta(A), UnionAll((B, Negate(Delta(B))), ("bk", "by")), e("ak = bk")),
+            Join(JoinKind.INNER, A, Delta(B), e("ak = bk")),
+            Project(
+                Join(JoinKind.INNER, A, a2, e("ak = k2")),
+                (("ak", e("ak")), ("ax", e("ax")), ("bk", e("k2")), ("by", e("x2"))),
+            ),
+        ),
+        ("ak", "ax", "bk", "by"),
+    )
     reads = [(r.kind, r.name, r.uses) for r in compiled(telescoped).reads]
-    assert reads == [(ReadKind.DELTA, "d_public.a", 1), (ReadKind.POST, "v_public.b", 1),
-                     (ReadKind.DELTA, "d_public.b", 2), (ReadKind.POST, "v_public.a", 3)]
+    assert reads == [
+        (ReadKind.DELTA, "d_public.a", 1),
+        (ReadKind.POST, "v_public.b", 1),
+        (ReadKind.DELTA, "d_public.b", 2),
+        (ReadKind.POST, "v_public.a", 3),
+    ]
     text = compiled(telescoped).sql()
     assert text.count('FROM "d_public.b"') == 2 and text.count('FROM "v_public.a"') == 2  # A is one object
 
@@ -110,22 +119,40 @@ def test_weights_per_node_kind() -> None:
 
 
 def test_aggregates_are_weighted_where_exact_and_expanded_otherwise() -> None:
-    weighted = compiled(Aggregate(A, (("g", e("ak")),), (("n", e("count(*)")), ("s", e("sum(ax)")),
-                                                         ("m", e("max(ax)"))))).sql()
+    weighted = compiled(
+        Aggregate(A, (("g", e("ak")),), (("n", e("count(*)")), ("s", e("sum(ax)")), ("m", e("max(ax)"))))
+    ).sql()
     assert "GENERATE_SERIES" not in weighted and 'SUM("ax" * "__pgt_w")' in weighted
     expanded = compiled(Aggregate(A, (), (("l", e("string_agg(ax::text, ',')")),)))
     assert "GENERATE_SERIES" in expanded.sql()
-    assert "EXPLODE(SEQUENCE(" in compile_ir(expanded_tree := Aggregate(A, (), (("l", e("stddev(ax)")),)), Views(),
-                                             dialect="spark", column_types=TYPES).sql()
+    assert (
+        "EXPLODE(SEQUENCE("
+        in compile_ir(
+            expanded_tree := Aggregate(A, (), (("l", e("stddev(ax)")),)),
+            Views(),
+            dialect="spark",
+            column_types=TYPES,
+        ).sql()
+    )
     assert expanded_tree.columns == ("l",)
 
 
-@pytest.mark.parametrize(("call", "dialect", "weighted"), [
-    ("count(*)", "spark", True), ("count(ax) FILTER (WHERE ax > 1)", "postgres", True),
-    ("sum(ax)", "spark", True), ("sum(by)", "postgres", True), ("sum(by)", "spark", False),
-    ("avg(ax)", "postgres", True), ("avg(ax)", "spark", False), ("sum(DISTINCT by)", "spark", True),
-    ("min(by)", "spark", True), ("string_agg(ax::text, ',')", "postgres", False), ("sum(unknown)", "postgres", False),
-])
+@pytest.mark.parametrize(
+    ("call", "dialect", "weighted"),
+    [
+        ("count(*)", "spark", True),
+        ("count(ax) FILTER (WHERE ax > 1)", "postgres", True),
+        ("sum(ax)", "spark", True),
+        ("sum(by)", "postgres", True),
+        ("sum(by)", "spark", False),
+        ("avg(ax)", "postgres", True),
+        ("avg(ax)", "spark", False),
+        ("sum(DISTINCT by)", "spark", True),
+        ("min(by)", "spark", True),
+        ("string_agg(ax::text, ',')", "postgres", False),
+        ("sum(unknown)", "postgres", False),
+    ],
+)
 def test_weighted_call_decisions(call: str, dialect: str, weighted: bool) -> None:
     types = {"ak": "int4", "ax": "int4", "by": "numeric", "unknown": None}
     assert (weighted_call(e(call), types, dialect) is not None) is weighted  # type: ignore[arg-type]
@@ -141,9 +168,14 @@ def test_statically_positive() -> None:
 
 
 def test_types_propagate_through_the_tree() -> None:
-    tree = Project(Aggregate(Join(JoinKind.INNER, A, B, e("ak = bk")), (("g", e("ak")),),
-                             (("s", e("sum(ax)")), ("t", e("sum(by)")), ("n", e("count(*)")))),
-                   (("q", e("s / n")), ("r", e("t / n")), ("g", e("g"))))
+    tree = Project(
+        Aggregate(
+            Join(JoinKind.INNER, A, B, e("ak = bk")),
+            (("g", e("ak")),),
+            (("s", e("sum(ax)")), ("t", e("sum(by)")), ("n", e("count(*)"))),
+        ),
+        (("q", e("s / n")), ("r", e("t / n")), ("g", e("g"))),
+    )
     assert node_types(tree, TYPES, {}) == {"q": "int8", "r": "numeric", "g": "int4"}
     mat = Materialized(Project(A, (("h", e("ax / 2")),)), name="m")
     assert node_types(mat, TYPES, {}) == {"h": "int4"}
@@ -156,9 +188,16 @@ def test_spark_translation_uses_the_propagated_types() -> None:
     assert "TYPEOF" in untyped.upper()
 
 
-@pytest.mark.parametrize(("name", "postgres", "spark"), [
-    ('a"b', '"a""b"', '`a"b`'), ("a`b", '"a`b"', "`a``b`"), ("x.y", '"x.y"', "`x.y`"),
-    ("two words", '"two words"', "`two words`"), ("Upper", '"Upper"', "`Upper`")])
+@pytest.mark.parametrize(
+    ("name", "postgres", "spark"),
+    [
+        ('a"b', '"a""b"', '`a"b`'),
+        ("a`b", '"a`b"', "`a``b`"),
+        ("x.y", '"x.y"', "`x.y`"),
+        ("two words", '"two words"', "`two words`"),
+        ("Upper", '"Upper"', "`Upper`"),
+    ],
+)
 def test_hostile_identifiers_are_quoted_in_both_dialects(name: str, postgres: str, spark: str) -> None:
     scan = Scan("t", (name,), (name,))
     tree = Filter(scan, exp.GT(this=exp.column(name, quoted=True), expression=exp.Literal.number(1)))
@@ -179,12 +218,16 @@ def test_consolidate_groups_by_every_column_and_drops_zero_weights() -> None:
 def test_every_node_type_compiles_in_both_dialects() -> None:
     ordered = tuple(sqlglot.parse_one("SELECT 1 ORDER BY ax DESC", read="postgres").args["order"].expressions)
     trees = [
-        Values(((e("1"), e("'x'")),), ("one", "two")), Values((), ("none",)),
-        Distinct(A), SetOp(SetOpKind.INTERSECT, True, A, B, ("p", "q")),
+        Values(((e("1"), e("'x'")),), ("one", "two")),
+        Values((), ("none",)),
+        Distinct(A),
+        SetOp(SetOpKind.INTERSECT, True, A, B, ("p", "q")),
         SetOp(SetOpKind.EXCEPT, False, A, B, ("p", "q")),
         Window(A, (("rn", e("row_number() OVER (PARTITION BY ak ORDER BY ax)")),)),
-        TopK(A, ordered, 3, 1), TopK(A, ordered, None, 2),
-        Join(JoinKind.RIGHT, A, B, e("ak = bk")), Join(JoinKind.FULL, A, B, e("ak = bk")),
+        TopK(A, ordered, 3, 1),
+        TopK(A, ordered, None, 2),
+        Join(JoinKind.RIGHT, A, B, e("ak = bk")),
+        Join(JoinKind.FULL, A, B, e("ak = bk")),
         Materialized(Distinct(A), pre=True, name="pgt_hidden_1"),
     ]
     for tree in trees:
@@ -195,18 +238,21 @@ def test_every_node_type_compiles_in_both_dialects() -> None:
     assert 'FROM "hidden"."pgt_hidden_1"' in compiled(trees[-1]).sql()
 
 
-@pytest.mark.parametrize(("tree", "message"), [
-    (Project(A, (("x", e("ak")), ("x", e("ax")))), "appears twice"),
-    (Project(A, (("__pgt_w", e("ak")),)), "reserved for the compiler"),
-    (Project(A, (("__pgt_n", e("ak")),)), "reserved for the compiler"),
-    (Join(JoinKind.INNER, A, A, e("true")), "appears twice"),
-    (Join(JoinKind.SEMI, A, A, e("true")), "both inputs have the columns"),
-    (UnionAll((A, Project(A, (("k", e("ak")),))), ("p", "q")), "widths"),
-    (SetOp(SetOpKind.EXCEPT, True, A, Project(A, (("k", e("ak")),)), ("p", "q")), "widths"),
-    (TopK(A, (), -1), "limit"),
-    (Values(((e("1"),),), ("a", "b")), "width"),
-    (Join(JoinKind.LEFT, A, B), "needs a condition"),
-])
+@pytest.mark.parametrize(
+    ("tree", "message"),
+    [
+        (Project(A, (("x", e("ak")), ("x", e("ax")))), "appears twice"),
+        (Project(A, (("__pgt_w", e("ak")),)), "reserved for the compiler"),
+        (Project(A, (("__pgt_n", e("ak")),)), "reserved for the compiler"),
+        (Join(JoinKind.INNER, A, A, e("true")), "appears twice"),
+        (Join(JoinKind.SEMI, A, A, e("true")), "both inputs have the columns"),
+        (UnionAll((A, Project(A, (("k", e("ak")),))), ("p", "q")), "widths"),
+        (SetOp(SetOpKind.EXCEPT, True, A, Project(A, (("k", e("ak")),)), ("p", "q")), "widths"),
+        (TopK(A, (), -1), "limit"),
+        (Values(((e("1"),),), ("a", "b")), "width"),
+        (Join(JoinKind.LEFT, A, B), "needs a condition"),
+    ],
+)
 def test_a_malformed_tree_is_refused_with_a_clear_error(tree, message: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InvalidPlanError, match=message):
         compiled(tree)

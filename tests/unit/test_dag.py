@@ -189,9 +189,7 @@ def test_random_dags_keep_their_edges_without_cycles(nodes: list[StreamTableNode
 
 @settings(max_examples=examples(100))
 @given(random_dags(), st.data())
-def test_random_back_edge_reports_a_real_cycle(
-    nodes: list[StreamTableNode], data: st.DataObject
-) -> None:
+def test_random_back_edge_reports_a_real_cycle(nodes: list[StreamTableNode], data: st.DataObject) -> None:
     with_ancestors = [n for n in nodes if upstream_closure(nodes, [n.pgt_id])]
     assume(with_ancestors)
     descendant = data.draw(st.sampled_from(with_ancestors))

@@ -59,6 +59,27 @@ def test_other_aggregates_recompute_their_touched_groups(sql: str) -> None:
     assert "touched groups, recompute" in m.rules
 
 
+def test_an_avg_whose_display_scale_is_unknown_is_not_stored() -> None:
+    """An unconstrained numeric reaches Spark as decimal(38,18): a hidden sum of it would have 18
+    fraction digits, and PostgreSQL's sum / count rounds by the sum's display scale. Such an AVG
+    recomputes its touched groups (exact or refused on Spark); a SUM of it is stored (a sum's
+    value does not depend on display scale), as is an AVG of numeric(p,s)."""
+    types = {"public.t": {"g": "integer", "raw": "numeric", "fixed": "numeric(10,2)"}}
+    schema = {"public.t": ["g", "raw", "fixed"]}
+
+    def decided(select: str):  # type: ignore[no-untyped-def]
+        return decide_mode(
+            f"SELECT t.g, {select} AS x FROM public.t t GROUP BY t.g", schema, types, ["g", "x"]
+        )
+
+    assert decided("avg(t.raw)").stored is None
+    assert "touched groups, recompute" in decided("avg(t.raw)").rules
+    assert decided("sum(t.raw)").stored is not None
+    assert decided("avg(t.raw + 1)").stored is None
+    for known in ("avg(t.fixed)", "avg(t.fixed * 2)", "avg(t.g)", "avg(t.raw::numeric(12,3))"):
+        assert decided(known).stored is not None, known
+
+
 def test_a_plan_needing_a_hidden_table_keeps_it() -> None:
     sql = "SELECT o.id FROM public.orders o ORDER BY o.qty LIMIT 3"
     m = mode(sql, ["id"])

@@ -23,8 +23,19 @@ def test_parse_name_nth_and_delay() -> None:
     assert faults.parse(" wal.after_flush:2:0.25 ") == faults.FaultSpec("wal.after_flush", 2, 0.25)
 
 
-@pytest.mark.parametrize("raw", ["", "nowhere", "refresh.apply:0", "refresh.apply:x", "refresh.apply:1:-1",
-                                 "refresh.apply:1:soon", "refresh.apply:1:2:3", "REFRESH.APPLY"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "",
+        "nowhere",
+        "refresh.apply:0",
+        "refresh.apply:x",
+        "refresh.apply:1:-1",
+        "refresh.apply:1:soon",
+        "refresh.apply:1:2:3",
+        "REFRESH.APPLY",
+    ],
+)
 def test_parse_refuses_what_would_never_fire(raw: str) -> None:
     with pytest.raises(ConfigError, match=faults.ENV):
         faults.parse(raw)
@@ -58,12 +69,19 @@ def test_a_malformed_setting_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> No
 
 def _child(spec: str, script: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=SRC, **{faults.ENV: spec})
-    return subprocess.run([sys.executable, "-c", "from pgtrickle import faults\n" + script], env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", "from pgtrickle import faults\n" + script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_the_nth_hit_kills_the_process_with_sigkill() -> None:
-    done = _child("refresh.apply:3", "for i in range(5):\n    print(i, flush=True)\n    faults.point('refresh.apply')")
+    done = _child(
+        "refresh.apply:3", "for i in range(5):\n    print(i, flush=True)\n    faults.point('refresh.apply')"
+    )
     assert done.returncode == -signal.SIGKILL
     assert done.stdout.split() == ["0", "1", "2"]
     assert "fault point refresh.apply reached (hit 3)" in done.stderr
@@ -71,9 +89,11 @@ def test_the_nth_hit_kills_the_process_with_sigkill() -> None:
 
 def test_a_delayed_kill_lets_the_following_work_run_first() -> None:
     started = time.monotonic()
-    done = _child("refresh.spark_job:1:0.5",
-                  "import time\nfaults.point('refresh.spark_job')\nprint('after the point', flush=True)\n"
-                  "time.sleep(30)\nprint('never')")
+    done = _child(
+        "refresh.spark_job:1:0.5",
+        "import time\nfaults.point('refresh.spark_job')\nprint('after the point', flush=True)\n"
+        "time.sleep(30)\nprint('never')",
+    )
     assert done.returncode == -signal.SIGKILL
     assert done.stdout.split("\n")[0] == "after the point" and "never" not in done.stdout
     assert 0.5 <= time.monotonic() - started < 20

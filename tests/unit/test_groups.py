@@ -74,13 +74,16 @@ def test_member_actions_roots_keep_their_plan_downstream_recompute() -> None:
     assert got == {1: Action.NO_DATA, 2: Action.NO_DATA, 3: Action.NO_DATA, 4: Action.FULL}
 
 
-@pytest.mark.parametrize("snapshot, xid, expected", [
-    ("100:105:100,102", 107, "100:108:100,102,105,106"),
-    ("100:100:", 100, "100:101:"),
-    ("100:100:", 103, "100:104:100,101,102"),
-    ("100:105:100,102", 102, "100:105:100"),   # already in progress in the snapshot: made visible
-    ("100:105:100,102", 101, "100:105:100,102"),  # already visible
-])
+@pytest.mark.parametrize(
+    "snapshot, xid, expected",
+    [
+        ("100:105:100,102", 107, "100:108:100,102,105,106"),
+        ("100:100:", 100, "100:101:"),
+        ("100:100:", 103, "100:104:100,101,102"),
+        ("100:105:100,102", 102, "100:105:100"),  # already in progress in the snapshot: made visible
+        ("100:105:100,102", 101, "100:105:100,102"),  # already visible
+    ],
+)
 def test_frontier_with_own_xid(snapshot: str, xid: int, expected: str) -> None:
     assert frontier_with_own_xid(snapshot, xid) == expected
 

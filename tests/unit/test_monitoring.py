@@ -32,8 +32,9 @@ def promtool() -> str:
 
 
 def test_committed_dashboard_is_what_the_generator_makes() -> None:
-    assert dashboard.JSON_PATH.read_text() == dashboard.render(), \
+    assert dashboard.JSON_PATH.read_text() == dashboard.render(), (
         "run: python -m integrations.monitoring.dashboard"
+    )
     assert dashboard.main(["--check"]) == 0
 
 
@@ -64,13 +65,22 @@ def test_dashboard_is_importable_grafana_json() -> None:
 def test_dashboard_covers_the_task() -> None:
     """Freshness, refresh durations and modes, breaker and watermark states, CDC lag and buffers, errors."""
     used = references.dashboard_uses(json.loads(dashboard.JSON_PATH.read_text()))
-    for name in ("pgtrickle_staleness_seconds", "pgtrickle_stream_table_status",
-                 "pgtrickle_refresh_duration_seconds_bucket", "pgtrickle_spark_job_seconds_bucket",
-                 "pgtrickle_refreshes_total", "pgtrickle_refresh_rows_total",
-                 "pgtrickle_circuit_breaker_open", "pgtrickle_refresh_skips_total",
-                 "pgtrickle_slot_lag_bytes", "pgtrickle_change_buffer_rows", "pgtrickle_change_buffer_bytes",
-                 "pgtrickle_refresh_failures_total", "pgtrickle_consecutive_errors",
-                 "pgtrickle_change_capture_broken"):
+    for name in (
+        "pgtrickle_staleness_seconds",
+        "pgtrickle_stream_table_status",
+        "pgtrickle_refresh_duration_seconds_bucket",
+        "pgtrickle_spark_job_seconds_bucket",
+        "pgtrickle_refreshes_total",
+        "pgtrickle_refresh_rows_total",
+        "pgtrickle_circuit_breaker_open",
+        "pgtrickle_refresh_skips_total",
+        "pgtrickle_slot_lag_bytes",
+        "pgtrickle_change_buffer_rows",
+        "pgtrickle_change_buffer_bytes",
+        "pgtrickle_refresh_failures_total",
+        "pgtrickle_consecutive_errors",
+        "pgtrickle_change_capture_broken",
+    ):
         assert name in used, name
     assert used["pgtrickle_refresh_duration_seconds_bucket"] >= {"st", "mode", "le"}
 
@@ -79,21 +89,30 @@ def test_dashboard_covers_the_task() -> None:
 
 
 def test_uses_reads_selectors_groupings_and_legends() -> None:
-    got = references.uses('histogram_quantile(0.95, sum by (st, mode, le) '
-                          '(rate(pgtrickle_refresh_duration_seconds_bucket{st=~"$st"}[$__rate_interval])))',
-                          "{{st}} {{mode}}")
+    got = references.uses(
+        "histogram_quantile(0.95, sum by (st, mode, le) "
+        '(rate(pgtrickle_refresh_duration_seconds_bucket{st=~"$st"}[$__rate_interval])))',
+        "{{st}} {{mode}}",
+    )
     assert got == {"pgtrickle_refresh_duration_seconds_bucket": {"st", "mode", "le"}}
-    got = references.uses('increase(pgtrickle_refresh_skips_total{reason="watermark"}[30m]) > 0 '
-                          'unless on (st) '
-                          'increase(pgtrickle_refreshes_total{action=~"FULL|NO_DATA"}[30m]) > 0',
-                          "{{ $labels.st }} is stuck")
-    assert got == {"pgtrickle_refresh_skips_total": {"reason", "st"},
-                   "pgtrickle_refreshes_total": {"action", "st"}}
+    got = references.uses(
+        'increase(pgtrickle_refresh_skips_total{reason="watermark"}[30m]) > 0 '
+        "unless on (st) "
+        'increase(pgtrickle_refreshes_total{action=~"FULL|NO_DATA"}[30m]) > 0',
+        "{{ $labels.st }} is stuck",
+    )
+    assert got == {
+        "pgtrickle_refresh_skips_total": {"reason", "st"},
+        "pgtrickle_refreshes_total": {"action", "st"},
+    }
     assert references.uses("max(pgtrickle_catalog_snapshot_age_seconds)") == {
-        "pgtrickle_catalog_snapshot_age_seconds": set()}
+        "pgtrickle_catalog_snapshot_age_seconds": set()
+    }
     # by (...) applies to what is aggregated, not to the other side of a comparison
     assert references.uses("sum by (st) (pgtrickle_a) > on () group_left max(pgtrickle_b)") == {
-        "pgtrickle_a": {"st"}, "pgtrickle_b": set()}
+        "pgtrickle_a": {"st"},
+        "pgtrickle_b": set(),
+    }
     assert references.uses("sum without (mode) (pgtrickle_a)", "{{st}}") == {"pgtrickle_a": {"st"}}
 
 
@@ -112,7 +131,9 @@ def test_missing_names_each_problem() -> None:
     served = {"pgtrickle_a": {"st"}, "pgtrickle_b": {"source"}}
     assert references.missing({"pgtrickle_a": {"st"}}, served) == []
     assert references.missing({"pgtrickle_a": {"st", "mode"}, "pgtrickle_c": set()}, served) == [
-        "pgtrickle_a: lacks label(s) ['mode'] (has ['st'])", "pgtrickle_c: not served"]
+        "pgtrickle_a: lacks label(s) ['mode'] (has ['st'])",
+        "pgtrickle_c: not served",
+    ]
 
 
 def test_rules_cover_the_task() -> None:
@@ -138,8 +159,9 @@ def test_promtool_checks_the_rules() -> None:
 
 
 def test_promtool_rule_tests_pass() -> None:
-    result = subprocess.run([promtool(), "test", "rules", str(RULE_TESTS)], capture_output=True, text=True,
-                            cwd=MONITORING)
+    result = subprocess.run(
+        [promtool(), "test", "rules", str(RULE_TESTS)], capture_output=True, text=True, cwd=MONITORING
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -158,11 +180,13 @@ def test_every_alert_has_a_firing_and_a_silent_case() -> None:
 
 def test_rule_tests_catch_a_broken_rule(tmp_path: Path) -> None:
     """The rule tests are not vacuous: loosen one threshold and they fail."""
-    broken = RULES.read_text().replace("pgtrickle_slot_lag_bytes > 1073741824",
-                                       "pgtrickle_slot_lag_bytes > 0")
+    broken = RULES.read_text().replace(
+        "pgtrickle_slot_lag_bytes > 1073741824", "pgtrickle_slot_lag_bytes > 0"
+    )
     assert broken != RULES.read_text()
     (tmp_path / RULES.name).write_text(broken)
     (tmp_path / RULE_TESTS.name).write_text(RULE_TESTS.read_text())
-    result = subprocess.run([promtool(), "test", "rules", RULE_TESTS.name], capture_output=True, text=True,
-                            cwd=tmp_path)
+    result = subprocess.run(
+        [promtool(), "test", "rules", RULE_TESTS.name], capture_output=True, text=True, cwd=tmp_path
+    )
     assert result.returncode != 0 and "PgTrickleReplicationSlotLag" in result.stdout + result.stderr

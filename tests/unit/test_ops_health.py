@@ -19,6 +19,7 @@ NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 # ------------------------------------------------------------ suspension
 
+
 @pytest.mark.parametrize("status", ["ACTIVE", "INITIALIZING"])
 def test_failures_below_the_threshold_only_alert_refresh_failed(status: str) -> None:
     for errors in (1, 2):
@@ -72,10 +73,17 @@ def test_only_an_unsupported_query_is_fatal() -> None:
 
 # ------------------------------------------------------------- staleness
 
+
 def check(**kw: object) -> health.StalenessVerdict:
-    args: dict[str, object] = dict(status="ACTIVE", data_timestamp=NOW - timedelta(seconds=100),
-                                   created_at=NOW - timedelta(days=1), period_seconds=60.0, factor=3.0,
-                                   alerted=False, now=NOW)
+    args: dict[str, object] = dict(
+        status="ACTIVE",
+        data_timestamp=NOW - timedelta(seconds=100),
+        created_at=NOW - timedelta(days=1),
+        period_seconds=60.0,
+        factor=3.0,
+        alerted=False,
+        now=NOW,
+    )
     args.update(kw)
     return health.staleness_check(**args)  # type: ignore[arg-type]
 
@@ -129,6 +137,7 @@ def test_skip_categories() -> None:
 
 # --------------------------------------------------------------- metrics
 
+
 @dataclass
 class _St:
     display: str
@@ -165,10 +174,19 @@ def test_metrics_record_outcomes_skips_and_failures() -> None:
     assert got[("pgtrickle_refreshes_total", (("action", "NO_DATA"), ("st", "public.a")))] == 1
     assert got[("pgtrickle_refresh_skips_total", (("reason", "circuit_breaker"), ("st", "public.a")))] == 1
     assert got[("pgtrickle_refresh_failures_total", (("st", "public.a"),))] == 1
-    assert got[("pgtrickle_refresh_rows_total",
-                (("change", "inserted"), ("mode", "FULL"), ("st", "public.a")))] == 10
-    assert got[("pgtrickle_refresh_rows_total",
-                (("change", "deleted"), ("mode", "DIFFERENTIAL"), ("st", "public.a")))] == 1
+    assert (
+        got[("pgtrickle_refresh_rows_total", (("change", "inserted"), ("mode", "FULL"), ("st", "public.a")))]
+        == 10
+    )
+    assert (
+        got[
+            (
+                "pgtrickle_refresh_rows_total",
+                (("change", "deleted"), ("mode", "DIFFERENTIAL"), ("st", "public.a")),
+            )
+        ]
+        == 1
+    )
     assert got[("pgtrickle_refresh_duration_seconds_sum", (("mode", "FULL"), ("st", "public.a")))] == 1.5
     assert got[("pgtrickle_spark_job_seconds_count", (("mode", "DIFFERENTIAL"), ("st", "public.a")))] == 1
 
@@ -176,8 +194,14 @@ def test_metrics_record_outcomes_skips_and_failures() -> None:
 def test_state_series_come_from_one_snapshot() -> None:
     m = Metrics()
     m._state.snapshot = CatalogSnapshot(  # noqa: SLF001 - what update_from_catalog publishes
-        stream_tables=[("public.a", "SUSPENDED", 12.5, True, 3), ("public.b", "INITIALIZING", None, False, 0)],
-        buffers=[("public.src", 7.0, 8192.0)], slots=[("pgtrickle_slot", 1024.0)], taken_at=1.0)
+        stream_tables=[
+            ("public.a", "SUSPENDED", 12.5, True, 3),
+            ("public.b", "INITIALIZING", None, False, 0),
+        ],
+        buffers=[("public.src", 7.0, 8192.0)],
+        slots=[("pgtrickle_slot", 1024.0)],
+        taken_at=1.0,
+    )
     got = samples(m)
     assert got[("pgtrickle_stream_table_status", (("st", "public.a"), ("status", "SUSPENDED")))] == 1
     assert got[("pgtrickle_stream_table_status", (("st", "public.a"), ("status", "ACTIVE")))] == 0
@@ -190,6 +214,7 @@ def test_state_series_come_from_one_snapshot() -> None:
 
 
 # ---------------------------------------------------------------- config
+
 
 def test_metrics_are_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PGTRICKLE_METRICS_PORT", raising=False)

@@ -22,8 +22,15 @@ from pgtrickle.scheduler.wake import changed_wake, parse_change, readers_of, wai
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
 # A fan: 1 -> 2 -> 3 and 4 -> 5 -> 6 (two independent branches), 7 reads 3 and 6.
-FAN = {1: frozenset(), 2: frozenset({1}), 3: frozenset({2}), 4: frozenset(), 5: frozenset({4}),
-       6: frozenset({5}), 7: frozenset({3, 6})}
+FAN = {
+    1: frozenset(),
+    2: frozenset({1}),
+    3: frozenset({2}),
+    4: frozenset(),
+    5: frozenset({4}),
+    6: frozenset({5}),
+    7: frozenset({3, 6}),
+}
 ORDER = [1, 4, 2, 5, 3, 6, 7]
 
 
@@ -103,8 +110,9 @@ def test_run_units_keeps_dependency_order_and_the_bound_on_random_dags(data: st.
     """Random DAGs, limits and skip decisions, on real threads: every unit runs once, after its
     upstreams, never more than ``limit`` at once."""
     n = data.draw(st.integers(1, 12))
-    upstream = {i: frozenset(data.draw(st.sets(st.integers(0, i - 1), max_size=3)) if i else set())
-                for i in range(n)}
+    upstream = {
+        i: frozenset(data.draw(st.sets(st.integers(0, i - 1), max_size=3)) if i else set()) for i in range(n)
+    }
     limit = data.draw(st.integers(1, 4))
     skipped = data.draw(st.sets(st.integers(0, n - 1)))
     units = plan_units(list(range(n)), [])
@@ -125,6 +133,7 @@ def test_run_units_keeps_dependency_order_and_the_bound_on_random_dags(data: st.
                 clock[0] += 1
                 finished_at[unit.key] = clock[0]
             return TickReport()
+
         return job
 
     def prepare(unit: Unit):
@@ -138,8 +147,10 @@ def test_run_units_keeps_dependency_order_and_the_bound_on_random_dags(data: st.
 
     done: list[int] = []
     with ThreadPoolExecutor(limit) as pool:
+
         def submit(job) -> Future[TickReport]:  # type: ignore[no-untyped-def]
             return pool.submit(job, None)
+
         run_units(ready, prepare, lambda unit, _r: done.append(unit.key), lambda: False, submit)
     assert sorted(done) == sorted(set(range(n)) - skipped)
     assert peak[0] <= limit
@@ -158,12 +169,18 @@ def test_run_units_raises_a_jobs_error_after_the_running_ones_finish() -> None:
             if unit.key == 1:
                 raise RuntimeError("connection lost")
             return TickReport()
+
         return job
 
     with ThreadPoolExecutor(2) as pool:
         with pytest.raises(RuntimeError, match="connection lost"):
-            run_units(ready, prepare, lambda u, _r: done.append(u.key), lambda: False,
-                      lambda job: pool.submit(job, None))
+            run_units(
+                ready,
+                prepare,
+                lambda u, _r: done.append(u.key),
+                lambda: False,
+                lambda job: pool.submit(job, None),
+            )
     assert done == [2], "2 ran beside 1; 3 (downstream of the failure) never started"
 
 
@@ -177,6 +194,7 @@ def test_stop_lets_running_units_finish_and_starts_nothing_more() -> None:
         def job(_w: object) -> TickReport:
             stop[0] = True
             return TickReport()
+
         return job
 
     def submit(job) -> Future[TickReport]:  # type: ignore[no-untyped-def]
@@ -282,5 +300,7 @@ def test_a_worker_gets_a_child_session_and_a_fair_pool_of_its_own(monkeypatch: p
     remote = _ConnectSession()
     monkeypatch.setattr(connect, "open_session", lambda settings, defaults: opened.append(defaults) or remote)
     assert child_session(_ConnectSession(), Settings(spark_remote="sc://spark:15002")) is remote
-    assert opened and opened[0]["spark.sql.caseSensitive"] == "true", "a Connect child gets pgtrickle's settings"
+    assert opened and opened[0]["spark.sql.caseSensitive"] == "true", (
+        "a Connect child gets pgtrickle's settings"
+    )
     assert use_pool(remote, "pgtrickle-0") is False, "no thread-local properties on Spark Connect"

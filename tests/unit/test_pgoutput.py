@@ -96,20 +96,33 @@ def encode(message: Message, *, in_stream: bool = False) -> bytes:
         case Begin():
             return b"B" + struct.pack("!QqI", m.final_lsn, _micros(m.commit_time), m.xid)
         case Commit():
-            return b"C" + struct.pack("!BQQq", m.flags, m.commit_lsn, m.end_lsn,
-                                      _micros(m.commit_time))
+            return b"C" + struct.pack("!BQQq", m.flags, m.commit_lsn, m.end_lsn, _micros(m.commit_time))
         case Origin():
             return b"O" + struct.pack("!Q", m.origin_lsn) + _string(m.name)
         case Relation():
-            out = [b"R", _xid(m, in_stream), struct.pack("!I", m.relid), _string(m.namespace),
-                   _string(m.name), struct.pack("!BH", ord(m.replica_identity), len(m.columns))]
+            out = [
+                b"R",
+                _xid(m, in_stream),
+                struct.pack("!I", m.relid),
+                _string(m.namespace),
+                _string(m.name),
+                struct.pack("!BH", ord(m.replica_identity), len(m.columns)),
+            ]
             for column in m.columns:
-                out.append(struct.pack("!B", column.flags) + _string(column.name)
-                           + struct.pack("!Ii", column.type_oid, column.type_modifier))
+                out.append(
+                    struct.pack("!B", column.flags)
+                    + _string(column.name)
+                    + struct.pack("!Ii", column.type_oid, column.type_modifier)
+                )
             return b"".join(out)
         case TypeMessage():
-            return (b"Y" + _xid(m, in_stream) + struct.pack("!I", m.type_oid)
-                    + _string(m.namespace) + _string(m.name))
+            return (
+                b"Y"
+                + _xid(m, in_stream)
+                + struct.pack("!I", m.type_oid)
+                + _string(m.namespace)
+                + _string(m.name)
+            )
         case Insert():
             return b"I" + _xid(m, in_stream) + struct.pack("!I", m.relid) + b"N" + encode_tuple(m.new)
         case Update():
@@ -125,38 +138,68 @@ def encode(message: Message, *, in_stream: bool = False) -> bytes:
             return b"D" + _xid(m, in_stream) + struct.pack("!I", m.relid) + old_part
         case Truncate():
             options = (1 if m.cascade else 0) | (2 if m.restart_identity else 0)
-            return (b"T" + _xid(m, in_stream) + struct.pack("!IB", len(m.relids), options)
-                    + b"".join(struct.pack("!I", relid) for relid in m.relids))
+            return (
+                b"T"
+                + _xid(m, in_stream)
+                + struct.pack("!IB", len(m.relids), options)
+                + b"".join(struct.pack("!I", relid) for relid in m.relids)
+            )
         case LogicalMessage():
             content: bytes = m.content
-            return (b"M" + _xid(m, in_stream) + struct.pack("!BQ", int(m.transactional), m.lsn)
-                    + _string(m.prefix) + struct.pack("!i", len(content)) + content)
+            return (
+                b"M"
+                + _xid(m, in_stream)
+                + struct.pack("!BQ", int(m.transactional), m.lsn)
+                + _string(m.prefix)
+                + struct.pack("!i", len(content))
+                + content
+            )
         case StreamStart():
             return b"S" + struct.pack("!IB", m.xid, int(m.first_segment))
         case StreamStop():
             return b"E"
         case StreamCommit():
-            return b"c" + struct.pack("!IBQQq", m.xid, m.flags, m.commit_lsn, m.end_lsn,
-                                      _micros(m.commit_time))
+            return b"c" + struct.pack(
+                "!IBQQq", m.xid, m.flags, m.commit_lsn, m.end_lsn, _micros(m.commit_time)
+            )
         case StreamAbort():
             out_bytes: bytes = b"A" + struct.pack("!II", m.xid, m.subxid)
             if m.abort_lsn is not None:
                 out_bytes += struct.pack("!Qq", m.abort_lsn, _micros(m.abort_time))
             return out_bytes
         case BeginPrepare():
-            return (b"b" + struct.pack("!QQqI", m.prepare_lsn, m.end_lsn, _micros(m.prepare_time),
-                                       m.xid) + _string(m.gid))
+            return (
+                b"b"
+                + struct.pack("!QQqI", m.prepare_lsn, m.end_lsn, _micros(m.prepare_time), m.xid)
+                + _string(m.gid)
+            )
         case Prepare() | StreamPrepare():
             tag = b"P" if isinstance(message, Prepare) else b"p"
-            return (tag + struct.pack("!BQQqI", m.flags, m.prepare_lsn, m.end_lsn,
-                                      _micros(m.prepare_time), m.xid) + _string(m.gid))
+            return (
+                tag
+                + struct.pack("!BQQqI", m.flags, m.prepare_lsn, m.end_lsn, _micros(m.prepare_time), m.xid)
+                + _string(m.gid)
+            )
         case CommitPrepared():
-            return (b"K" + struct.pack("!BQQqI", m.flags, m.commit_lsn, m.end_lsn,
-                                       _micros(m.commit_time), m.xid) + _string(m.gid))
+            return (
+                b"K"
+                + struct.pack("!BQQqI", m.flags, m.commit_lsn, m.end_lsn, _micros(m.commit_time), m.xid)
+                + _string(m.gid)
+            )
         case RollbackPrepared():
-            return (b"r" + struct.pack("!BQQqqI", m.flags, m.prepare_end_lsn, m.rollback_end_lsn,
-                                       _micros(m.prepare_time), _micros(m.rollback_time), m.xid)
-                    + _string(m.gid))
+            return (
+                b"r"
+                + struct.pack(
+                    "!BQQqqI",
+                    m.flags,
+                    m.prepare_end_lsn,
+                    m.rollback_end_lsn,
+                    _micros(m.prepare_time),
+                    _micros(m.rollback_time),
+                    m.xid,
+                )
+                + _string(m.gid)
+            )
     raise AssertionError(f"no encoder for {message!r}")
 
 
@@ -168,7 +211,10 @@ NULL = ColumnValue("n", None)
 UNCHANGED = ColumnValue("u", None)
 
 ORDERS = Relation(
-    16384, "public", "orders", "d",
+    16384,
+    "public",
+    "orders",
+    "d",
     (
         RelationColumn(1, "id", 23, -1, True),
         RelationColumn(0, "customer", 25, -1, False),
@@ -241,8 +287,15 @@ def test_messages_inside_a_stream_carry_the_xid(message: Message) -> None:
     assert decoded.xid == 4242  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("message", [m for m in SAMPLES if not isinstance(
-    m, Relation | TypeMessage | Insert | Update | Delete | Truncate | LogicalMessage)], ids=_id)
+@pytest.mark.parametrize(
+    "message",
+    [
+        m
+        for m in SAMPLES
+        if not isinstance(m, Relation | TypeMessage | Insert | Update | Delete | Truncate | LogicalMessage)
+    ],
+    ids=_id,
+)
 def test_in_stream_does_not_change_transaction_control_messages(message: Message) -> None:
     assert decode_message(encode(message), in_stream=True) == message
 
@@ -253,16 +306,24 @@ def test_all_message_tags_are_covered_by_the_samples() -> None:
 
 def test_begin_from_literal_bytes() -> None:
     # final LSN 0/3000060, commit time 2000-01-02 00:00:00.000001 UTC, xid 739
-    payload = bytes.fromhex("42" "0000000003000060" "000000141dd76001" "000002e3")
-    assert decode_message(payload) == Begin(
-        0x3000060, datetime(2000, 1, 2, 0, 0, 0, 1, tzinfo=UTC), 739)
+    payload = bytes.fromhex("420000000003000060000000141dd76001000002e3")
+    assert decode_message(payload) == Begin(0x3000060, datetime(2000, 1, 2, 0, 0, 0, 1, tzinfo=UTC), 739)
 
 
 def test_insert_from_literal_bytes() -> None:
-    payload = (b"I" + bytes.fromhex("00004000") + b"N" + bytes.fromhex("0003")
-               + b"t" + bytes.fromhex("00000002") + b"42"
-               + b"n"
-               + b"t" + bytes.fromhex("00000003") + "é!".encode())
+    payload = (
+        b"I"
+        + bytes.fromhex("00004000")
+        + b"N"
+        + bytes.fromhex("0003")
+        + b"t"
+        + bytes.fromhex("00000002")
+        + b"42"
+        + b"n"
+        + b"t"
+        + bytes.fromhex("00000003")
+        + "é!".encode()
+    )
     assert decode_message(payload) == Insert(16384, (t("42"), NULL, t("é!")))
 
 
@@ -295,8 +356,18 @@ def test_timestamps_before_2000_are_negative_offsets() -> None:
         (t("x" * 100_000),),
         tuple(t(str(i)) for i in range(1600)),
     ],
-    ids=["nulls", "empty", "unicode", "specials", "nul-char", "unchanged", "binary",
-         "binary-not-utf8", "long", "1600-columns"],
+    ids=[
+        "nulls",
+        "empty",
+        "unicode",
+        "specials",
+        "nul-char",
+        "unchanged",
+        "binary",
+        "binary-not-utf8",
+        "long",
+        "1600-columns",
+    ],
 )
 def test_column_values_round_trip(values: TupleData) -> None:
     assert decode_message(encode(Insert(7, values))) == Insert(7, values)
@@ -326,8 +397,10 @@ def test_update_with_key_and_with_old() -> None:
     assert (with_old.key, with_old.old) == (None, ROW)
 
 
-@pytest.mark.parametrize(("options", "cascade", "restart"),
-                         [(0, False, False), (1, True, False), (2, False, True), (3, True, True)])
+@pytest.mark.parametrize(
+    ("options", "cascade", "restart"),
+    [(0, False, False), (1, True, False), (2, False, True), (3, True, True)],
+)
 def test_truncate_option_bits(options: int, cascade: bool, restart: bool) -> None:
     payload = b"T" + struct.pack("!IBII", 2, options, 10, 11)
     assert decode_message(payload) == Truncate((10, 11), cascade, restart)
@@ -374,18 +447,34 @@ def test_empty_payload() -> None:
 
 
 def test_unknown_message_type_names_the_byte_and_offset() -> None:
-    with pytest.raises(PgOutputError, match=r"unknown pgoutput message type 'Z' \(byte 0x5a\) "
-                                            r"at byte offset 0"):
+    with pytest.raises(
+        PgOutputError,
+        match=r"unknown pgoutput message type 'Z' \(byte 0x5a\) "
+        r"at byte offset 0",
+    ):
         decode_message(b"Z\x00\x00")
 
 
 _NAMES = {
-    Begin: "Begin", Commit: "Commit", Origin: "Origin", Relation: "Relation",
-    TypeMessage: "Type", Insert: "Insert", Update: "Update", Delete: "Delete",
-    Truncate: "Truncate", LogicalMessage: "Message", StreamStart: "Stream Start",
-    StreamStop: "Stream Stop", StreamCommit: "Stream Commit", StreamAbort: "Stream Abort",
-    BeginPrepare: "Begin Prepare", Prepare: "Prepare", CommitPrepared: "Commit Prepared",
-    RollbackPrepared: "Rollback Prepared", StreamPrepare: "Stream Prepare",
+    Begin: "Begin",
+    Commit: "Commit",
+    Origin: "Origin",
+    Relation: "Relation",
+    TypeMessage: "Type",
+    Insert: "Insert",
+    Update: "Update",
+    Delete: "Delete",
+    Truncate: "Truncate",
+    LogicalMessage: "Message",
+    StreamStart: "Stream Start",
+    StreamStop: "Stream Stop",
+    StreamCommit: "Stream Commit",
+    StreamAbort: "Stream Abort",
+    BeginPrepare: "Begin Prepare",
+    Prepare: "Prepare",
+    CommitPrepared: "Commit Prepared",
+    RollbackPrepared: "Rollback Prepared",
+    StreamPrepare: "Stream Prepare",
 }
 
 
@@ -425,15 +514,21 @@ def test_trailing_bytes_are_rejected(message: Message) -> None:
 
 def test_truncated_column_value_reports_offset_and_column() -> None:
     payload = encode(Insert(1, (t("abc"), t("defgh"))))[:-2]
-    with pytest.raises(PgOutputError, match=r"Insert message at byte offset 21: reading the value "
-                                            r"of column 2 of 2 of the new tuple needs 5 byte"):
+    with pytest.raises(
+        PgOutputError,
+        match=r"Insert message at byte offset 21: reading the value "
+        r"of column 2 of 2 of the new tuple needs 5 byte",
+    ):
         decode_message(payload)
 
 
 def test_unknown_column_kind() -> None:
     payload = b"I" + struct.pack("!IBH", 1, ord("N"), 1) + b"x"
-    with pytest.raises(PgOutputError, match=r"byte offset 8: column 1 of 1 of the new tuple has "
-                                            r"unknown kind"):
+    with pytest.raises(
+        PgOutputError,
+        match=r"byte offset 8: column 1 of 1 of the new tuple has "
+        r"unknown kind",
+    ):
         decode_message(payload)
 
 
@@ -456,8 +551,9 @@ def test_invalid_utf8_relation_name() -> None:
 
 
 def test_unterminated_string() -> None:
-    with pytest.raises(PgOutputError, match="Origin message at byte offset 9: the origin name has "
-                                            "no terminating NUL"):
+    with pytest.raises(
+        PgOutputError, match="Origin message at byte offset 9: the origin name has no terminating NUL"
+    ):
         decode_message(b"O" + struct.pack("!Q", 1) + b"abc")
 
 
@@ -483,8 +579,11 @@ def test_stream_abort_of_an_unknown_size() -> None:
 @pytest.mark.parametrize("micros", [2**63 - 1, -(2**63)])
 def test_timestamp_out_of_datetime_range(micros: int) -> None:
     payload = b"B" + struct.pack("!QqI", 1, micros, 2)
-    with pytest.raises(PgOutputError, match=r"Begin message at byte offset 9: commit time .* out "
-                                            r"of range"):
+    with pytest.raises(
+        PgOutputError,
+        match=r"Begin message at byte offset 9: commit time .* out "
+        r"of range",
+    ):
         decode_message(payload)
 
 
@@ -507,8 +606,7 @@ def _cache() -> RelationCache:
 
 
 def test_row_dict_maps_names_to_text_and_none() -> None:
-    assert _cache().row_dict(16384, ROW) == {
-        "id": "1", "customer": "alice", "amount": "12.50", "note": None}
+    assert _cache().row_dict(16384, ROW) == {"id": "1", "customer": "alice", "amount": "12.50", "note": None}
 
 
 def test_row_dict_keeps_empty_strings_distinct_from_null() -> None:
@@ -517,8 +615,11 @@ def test_row_dict_keeps_empty_strings_distinct_from_null() -> None:
 
 
 def test_row_dict_refuses_unchanged_toast_by_default() -> None:
-    with pytest.raises(PgOutputError, match=r"column 'note' of public.orders is an unchanged "
-                                            r"TOASTed value"):
+    with pytest.raises(
+        PgOutputError,
+        match=r"column 'note' of public.orders is an unchanged "
+        r"TOASTed value",
+    ):
         _cache().row_dict(16384, (t("1"), t("a"), t("1"), UNCHANGED))
 
 
@@ -527,7 +628,11 @@ def test_row_dict_substitutes_a_sentinel_for_unchanged_toast() -> None:
     cache = _cache()
     values = (t("1"), UNCHANGED, t("1"), UNCHANGED)
     assert cache.row_dict(16384, values, unchanged=mine) == {
-        "id": "1", "customer": mine, "amount": "1", "note": mine}
+        "id": "1",
+        "customer": mine,
+        "amount": "1",
+        "note": mine,
+    }
     assert cache.row_dict(16384, values, unchanged=UNCHANGED_TOAST)["note"] is UNCHANGED_TOAST
     assert repr(UNCHANGED_TOAST) == "UNCHANGED_TOAST"
 
@@ -538,8 +643,11 @@ def test_row_dict_refuses_binary_values() -> None:
 
 
 def test_row_dict_column_count_mismatch() -> None:
-    with pytest.raises(PgOutputError, match=r"public.orders \(OID 16384\) has 4 columns but the "
-                                            r"tuple has 2"):
+    with pytest.raises(
+        PgOutputError,
+        match=r"public.orders \(OID 16384\) has 4 columns but the "
+        r"tuple has 2",
+    ):
         _cache().row_dict(16384, (t("1"), t("2")))
 
 
@@ -557,8 +665,9 @@ def test_observe_ignores_other_messages_and_a_new_relation_replaces_the_old() ->
     cache.observe(Insert(16384, ROW))
     cache.observe(Begin(1, T0, 2))
     assert len(cache) == 1
-    altered = dataclasses.replace(ORDERS, columns=(*ORDERS.columns,
-                                                   RelationColumn(0, "added", 23, -1, False)))
+    altered = dataclasses.replace(
+        ORDERS, columns=(*ORDERS.columns, RelationColumn(0, "added", 23, -1, False))
+    )
     cache.observe(altered)
     assert cache.get(16384) is altered
     assert cache.row_dict(16384, (*ROW, t("5")))["added"] == "5"
@@ -603,8 +712,9 @@ def test_str_to_lsn_accepts_lower_case_and_leading_zeros() -> None:
     assert str_to_lsn("00000016/0000000A") == 0x16_0000_000A
 
 
-@pytest.mark.parametrize("text", ["", "16", "16/", "/1", "G/1", "1/2/3", "123456789/0",
-                                  " 1/2", "1/2 ", "-1/2", "0x1/2"])
+@pytest.mark.parametrize(
+    "text", ["", "16", "16/", "/1", "G/1", "1/2/3", "123456789/0", " 1/2", "1/2 ", "-1/2", "0x1/2"]
+)
 def test_str_to_lsn_rejects_garbage(text: str) -> None:
     with pytest.raises(PgOutputError, match="is not an LSN"):
         str_to_lsn(text)
@@ -632,8 +742,7 @@ def test_lsn_text_is_not_ordered_but_ints_are(a: int, b: int) -> None:
 _u32 = st.integers(min_value=0, max_value=2**32 - 1)
 _u64 = st.integers(min_value=0, max_value=2**64 - 1)
 _name = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=20)
-_moment = st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(2200, 1, 1),
-                       timezones=st.just(UTC))
+_moment = st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC))
 _column_value = st.one_of(
     st.just(NULL),
     st.just(UNCHANGED),
@@ -651,9 +760,11 @@ _relation = st.builds(
     replica_identity=st.sampled_from("dnfi"),
     columns=st.lists(
         st.builds(
-            lambda flags, name, oid, typmod: RelationColumn(flags, name, oid, typmod,
-                                                            bool(flags & 1)),
-            st.integers(0, 255), _name, _u32, st.integers(-(2**31), 2**31 - 1),
+            lambda flags, name, oid, typmod: RelationColumn(flags, name, oid, typmod, bool(flags & 1)),
+            st.integers(0, 255),
+            _name,
+            _u32,
+            st.integers(-(2**31), 2**31 - 1),
         ),
         max_size=10,
     ).map(tuple),
@@ -674,8 +785,7 @@ _any_message = st.one_of(
     st.builds(Commit, st.integers(0, 255), _u64, _u64, _moment),
     st.builds(Origin, _u64, _name),
     st.builds(TypeMessage, _u32, _name, _name, _maybe_xid),
-    st.builds(Truncate, st.lists(_u32, max_size=5).map(tuple), st.booleans(), st.booleans(),
-              _maybe_xid),
+    st.builds(Truncate, st.lists(_u32, max_size=5).map(tuple), st.booleans(), st.booleans(), _maybe_xid),
     st.builds(LogicalMessage, st.booleans(), _u64, _name, st.binary(max_size=40), _maybe_xid),
     st.builds(StreamStart, _u32, st.booleans()),
     st.builds(StreamCommit, _u32, st.integers(0, 255), _u64, _u64, _moment),
@@ -687,7 +797,8 @@ _any_message = st.one_of(
 
 def _in_stream(message: Message) -> bool:
     return getattr(message, "xid", None) is not None and isinstance(
-        message, Relation | TypeMessage | Insert | Update | Delete | Truncate | LogicalMessage)
+        message, Relation | TypeMessage | Insert | Update | Delete | Truncate | LogicalMessage
+    )
 
 
 @given(_row_change)
@@ -708,16 +819,21 @@ def test_random_messages_round_trip(message: Message) -> None:
     assert decode_message(encode(message, in_stream=in_stream), in_stream=in_stream) == message
 
 
-@given(st.builds(lambda columns, values: (columns, values),
-                 st.lists(st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True), min_size=1,
-                          max_size=8, unique=True),
-                 st.data()))
+@given(
+    st.builds(
+        lambda columns, values: (columns, values),
+        st.lists(
+            st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True), min_size=1, max_size=8, unique=True
+        ),
+        st.data(),
+    )
+)
 def test_random_rows_through_the_cache(columns_and_data: tuple[list[str], Any]) -> None:
     names, data = columns_and_data
-    relation = Relation(1, "public", "t", "d",
-                        tuple(RelationColumn(0, n, 25, -1, False) for n in names))
-    values = data.draw(st.lists(st.one_of(st.none(), st.text(max_size=10)), min_size=len(names),
-                                max_size=len(names)))
+    relation = Relation(1, "public", "t", "d", tuple(RelationColumn(0, n, 25, -1, False) for n in names))
+    values = data.draw(
+        st.lists(st.one_of(st.none(), st.text(max_size=10)), min_size=len(names), max_size=len(names))
+    )
     row = tuple(NULL if v is None else t(v) for v in values)
     cache = RelationCache()
     cache.observe(decode_message(encode(relation)))
@@ -745,8 +861,7 @@ def test_random_bytes_decode_or_raise_pgoutput_error(payload: bytes, in_stream: 
 
 
 @given(st.sampled_from(_TAGS), st.binary(max_size=80), st.booleans())
-def test_random_bodies_of_known_types_decode_or_raise(tag: int, body: bytes, in_stream: bool
-                                                      ) -> None:
+def test_random_bodies_of_known_types_decode_or_raise(tag: int, body: bytes, in_stream: bool) -> None:
     _decodes_or_raises_pgoutput_error(bytes([tag]) + body, in_stream)
 
 

@@ -14,16 +14,24 @@ NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 MINUTE = IntervalSchedule(60)
 
 
-def state(status: str = "ACTIVE", frontier: bool = True, last: datetime | None = None,
-          attempt: datetime | None = None, requested: bool = False,
-          created: datetime = NOW - timedelta(hours=1)) -> DueState:
+def state(
+    status: str = "ACTIVE",
+    frontier: bool = True,
+    last: datetime | None = None,
+    attempt: datetime | None = None,
+    requested: bool = False,
+    created: datetime = NOW - timedelta(hours=1),
+) -> DueState:
     return DueState(status, frontier, last, attempt, requested, created)
 
 
 def test_request_wins_while_running() -> None:
     for status in ("ACTIVE", "INITIALIZING"):
         assert due_reason(state(status, requested=True, last=NOW), MINUTE, NOW) is DueReason.REQUESTED
-        assert due_reason(state(status, requested=True, last=NOW, attempt=NOW), MINUTE, NOW) is DueReason.REQUESTED
+        assert (
+            due_reason(state(status, requested=True, last=NOW, attempt=NOW), MINUTE, NOW)
+            is DueReason.REQUESTED
+        )
 
 
 def test_suspended_and_error_run_only_an_explicit_request() -> None:
@@ -64,7 +72,9 @@ def test_never_populated_waits_for_its_first_scheduled_time() -> None:
 
 def test_cron_fires_after_the_fire_time() -> None:
     every5 = CronSchedule(CronSpec.of(minute=range(0, 60, 5)))  # */5 * * * *
-    assert due_reason(state(last=datetime(2026, 1, 1, 11, 56, tzinfo=UTC)), every5, NOW) is DueReason.SCHEDULED
+    assert (
+        due_reason(state(last=datetime(2026, 1, 1, 11, 56, tzinfo=UTC)), every5, NOW) is DueReason.SCHEDULED
+    )
     assert due_reason(state(last=datetime(2026, 1, 1, 12, 0, tzinfo=UTC)), every5, NOW) is None
 
 

@@ -17,12 +17,15 @@ def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(redaction, "_secrets", set())
 
 
-@pytest.mark.parametrize("dsn", [
-    "host=db user=app password=s3cr3t-Pw dbname=x",
-    "host=db user=app password='s3cr3t-Pw' dbname=x",
-    "postgresql://app:s3cr3t-Pw@db:5432/x",
-    "postgres://app:s3cr3t-Pw@db/x?sslmode=require",
-])
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=db user=app password=s3cr3t-Pw dbname=x",
+        "host=db user=app password='s3cr3t-Pw' dbname=x",
+        "postgresql://app:s3cr3t-Pw@db:5432/x",
+        "postgres://app:s3cr3t-Pw@db/x?sslmode=require",
+    ],
+)
 def test_the_password_of_any_dsn_form_is_found_and_masked(dsn: str) -> None:
     assert dsn_password(dsn) == "s3cr3t-Pw"
     assert "s3cr3t-Pw" not in scrub(f"could not connect with {dsn}: boom", dsn)
@@ -32,20 +35,25 @@ def test_the_password_of_any_dsn_form_is_found_and_masked(dsn: str) -> None:
 def test_a_registered_password_is_masked_wherever_it_appears_even_url_encoded() -> None:
     pw = "p@ss w/ord;'\"x"
     register_dsn(f"host=db user=app password='{pw.replace(chr(39), chr(92) + chr(39))}'")
-    text = f"raw {pw} | encoded postgresql://app:p%40ss%20w%2Ford%3B%27%22x@db/x | plus p%40ss+w%2Ford%3B%27%22x"
+    text = (
+        f"raw {pw} | encoded postgresql://app:p%40ss%20w%2Ford%3B%27%22x@db/x | plus p%40ss+w%2Ford%3B%27%22x"
+    )
     out = scrub(text)
     assert pw not in out and "p%40ss" not in out
     assert out.count(MASK) == 3
 
 
-@pytest.mark.parametrize("text, leaked", [
-    ("FATAL: connection to server failed: host=h password=hunter22 user=u", "hunter22"),
-    ("props {user=u, password=hunter22, ApplicationName=x}", "hunter22"),
-    ('{"password": "hunter22", "user": "u"}', "hunter22"),
-    ("jdbc:postgresql://u:hunter22@h:5432/db", "hunter22"),
-    ("PGPASSWORD=hunter22 psql", "hunter22"),
-    ("password = 'hun ter22'", "hun ter22"),
-])
+@pytest.mark.parametrize(
+    "text, leaked",
+    [
+        ("FATAL: connection to server failed: host=h password=hunter22 user=u", "hunter22"),
+        ("props {user=u, password=hunter22, ApplicationName=x}", "hunter22"),
+        ('{"password": "hunter22", "user": "u"}', "hunter22"),
+        ("jdbc:postgresql://u:hunter22@h:5432/db", "hunter22"),
+        ("PGPASSWORD=hunter22 psql", "hunter22"),
+        ("password = 'hun ter22'", "hun ter22"),
+    ],
+)
 def test_password_looking_values_are_masked_without_being_registered(text: str, leaked: str) -> None:
     out = scrub(text)
     assert leaked not in out and MASK in out

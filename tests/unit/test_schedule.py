@@ -71,28 +71,56 @@ def schedule_for(text: str) -> Schedule:
 
 # --- schedule_from_parsed ---------------------------------------------------------------
 
-FULL = {"minute": list(range(60)), "hour": list(range(24)), "day_of_month": list(range(1, 32)),
-        "month": list(range(1, 13)), "day_of_week": list(range(7))}
+FULL = {
+    "minute": list(range(60)),
+    "hour": list(range(24)),
+    "day_of_month": list(range(1, 32)),
+    "month": list(range(1, 13)),
+    "day_of_week": list(range(7)),
+}
 
 
 def test_decodes_each_kind() -> None:
     assert schedule_from_parsed({"kind": "calculated", "schedule": "calculated"}) == CalculatedSchedule()
     assert schedule_from_parsed({"kind": "interval", "schedule": "1h30m", "interval_ms": 5_400_000}) == (
-        IntervalSchedule(5400))
+        IntervalSchedule(5400)
+    )
     assert schedule_from_parsed({"kind": "interval", "schedule": "1s500ms", "interval_ms": 1500}) == (
-        IntervalSchedule(1.5))
-    parsed = {**FULL, "kind": "cron", "schedule": "*/5 * * * *", "minute": list(range(0, 60, 5)), "day_or": False}
+        IntervalSchedule(1.5)
+    )
+    parsed = {
+        **FULL,
+        "kind": "cron",
+        "schedule": "*/5 * * * *",
+        "minute": list(range(0, 60, 5)),
+        "day_or": False,
+    }
     assert schedule_from_parsed(parsed) == EVERY_5_MINUTES
-    either = {**FULL, "kind": "cron", "schedule": "0 0 13 * fri", "minute": [0], "hour": [0],
-              "day_of_month": [13], "day_of_week": [5], "day_or": True}
+    either = {
+        **FULL,
+        "kind": "cron",
+        "schedule": "0 0 13 * fri",
+        "minute": [0],
+        "hour": [0],
+        "day_of_month": [13],
+        "day_of_week": [5],
+        "day_or": True,
+    }
     assert schedule_from_parsed(either) == CronSchedule(
-        CronSpec.of(minute=[0], hour=[0], day_of_month=[13], day_of_week=[5], day_or=True))
+        CronSpec.of(minute=[0], hour=[0], day_of_month=[13], day_of_week=[5], day_or=True)
+    )
 
 
 def test_the_invalid_form_raises_the_parsers_message_and_hint() -> None:
-    parsed = {"kind": "invalid", "schedule": "0 0 31 4 *", "error": "invalid schedule '0 0 31 4 *': never fires",
-              "hint": "Use a duration"}
-    with pytest.raises(ScheduleError, match=r"^invalid schedule '0 0 31 4 \*': never fires \(Use a duration\)$"):
+    parsed = {
+        "kind": "invalid",
+        "schedule": "0 0 31 4 *",
+        "error": "invalid schedule '0 0 31 4 *': never fires",
+        "hint": "Use a duration",
+    }
+    with pytest.raises(
+        ScheduleError, match=r"^invalid schedule '0 0 31 4 \*': never fires \(Use a duration\)$"
+    ):
         schedule_from_parsed(parsed)
     with pytest.raises(ScheduleError, match=r"^invalid schedule 'x'$"):
         schedule_from_parsed({"kind": "invalid", "error": "invalid schedule 'x'", "hint": None})
@@ -300,9 +328,7 @@ def _oracle_next_fire(text: str, last: datetime) -> datetime:
 @settings(max_examples=examples(300), deadline=None)
 @given(
     st.sampled_from(["*/5 * * * *", "@hourly"]),
-    st.datetimes(
-        min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)
-    ),
+    st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),
 )
 def test_cron_next_due_is_first_fire_time_strictly_after_last(text: str, last: datetime) -> None:
     schedule = schedule_for(text)

@@ -83,9 +83,13 @@ def _results() -> list[ManualRefresh]:
             good,
             Result.REFRESHED,
             "3 changes",
-            RefreshOutcome(good, Action.DIFFERENTIAL, "3 changes", rows_inserted=1234, rows_deleted=1, seconds=0.256),
+            RefreshOutcome(
+                good, Action.DIFFERENTIAL, "3 changes", rows_inserted=1234, rows_deleted=1, seconds=0.256
+            ),
         ),
-        ManualRefresh(_st("bad"), Result.FAILED, "refresh of public.bad failed: boom", error=_SqlError("boom")),
+        ManualRefresh(
+            _st("bad"), Result.FAILED, "refresh of public.bad failed: boom", error=_SqlError("boom")
+        ),
         ManualRefresh(_st("bad_down"), Result.SKIPPED, "upstream public.bad failed in this run"),
     ]
 

@@ -59,28 +59,55 @@ def test_a_failing_tracker_never_fails_the_refresh() -> None:
 def test_why_several_jobs_ran() -> None:
     assert jobs.explain_jobs([]) is None
     assert jobs.explain_jobs(["collect at /a/b/engine.py:771"]) is None
-    text = jobs.explain_jobs(["collect at /a/b/engine.py:771", "collect at /a/b/engine.py:771",
-                              "jdbc at /x/jdbc.py:120"])
-    assert text == ("3 jobs: 2x collect at engine.py:771, 1x jdbc at jdbc.py:120 "
-                    f"({jobs.SEVERAL_JOBS_PER_ACTION})")
-    assert jobs.explain_jobs(["count at x.py:1", "no call site"]) == "2 jobs: 1x count at x.py:1, 1x no call site"
+    text = jobs.explain_jobs(
+        ["collect at /a/b/engine.py:771", "collect at /a/b/engine.py:771", "jdbc at /x/jdbc.py:120"]
+    )
+    assert text == (
+        f"3 jobs: 2x collect at engine.py:771, 1x jdbc at jdbc.py:120 ({jobs.SEVERAL_JOBS_PER_ACTION})"
+    )
+    assert (
+        jobs.explain_jobs(["count at x.py:1", "no call site"])
+        == "2 jobs: 1x count at x.py:1, 1x no call site"
+    )
 
 
 # ------------------------------------------------------------------------------- outputs
 
 
 def _st(query: str, sources: tuple[Source, ...]) -> StreamTable:
-    return StreamTable(pgt_id=1, relid=1, schema="public", name="st", defining_query=query,
-                       normalized_query=query, schedule="1m", refresh_mode="AUTO", status="ACTIVE",
-                       needs_reinit=False, frontier=None, last_refresh_at=None, last_attempt_at=None,
-                       consecutive_errors=0, created_at=NOW, last_error=None,
-                       columns=(Column("k", "text"),), sources=sources)
+    return StreamTable(
+        pgt_id=1,
+        relid=1,
+        schema="public",
+        name="st",
+        defining_query=query,
+        normalized_query=query,
+        schedule="1m",
+        refresh_mode="AUTO",
+        status="ACTIVE",
+        needs_reinit=False,
+        frontier=None,
+        last_refresh_at=None,
+        last_attempt_at=None,
+        consecutive_errors=0,
+        created_at=NOW,
+        last_error=None,
+        columns=(Column("k", "text"),),
+        sources=sources,
+    )
 
 
-ORDERS = Source(11, "public", "orders", "TABLE", "changes_11",
-                column_types=(("customer", "text"), ("amount", "numeric")))
-UPSTREAM = Source(12, "public", "up", "STREAM_TABLE", "changes_12",
-                  column_types=(("customer", "text"), ("n", "bigint"), ("__pgt_row_id", "bigint")))
+ORDERS = Source(
+    11, "public", "orders", "TABLE", "changes_11", column_types=(("customer", "text"), ("amount", "numeric"))
+)
+UPSTREAM = Source(
+    12,
+    "public",
+    "up",
+    "STREAM_TABLE",
+    "changes_12",
+    column_types=(("customer", "text"), ("n", "bigint"), ("__pgt_row_id", "bigint")),
+)
 
 
 def test_relations_of_leave_out_hidden_columns() -> None:
@@ -90,8 +117,11 @@ def test_relations_of_leave_out_hidden_columns() -> None:
 
 
 def test_tree_text_and_document_of_an_aggregate_of_an_aggregate() -> None:
-    st = _st("SELECT x.n, count(*) AS c FROM (SELECT orders.customer, count(*) AS n FROM public.orders"
-             " GROUP BY orders.customer) x GROUP BY x.n", (ORDERS,))
+    st = _st(
+        "SELECT x.n, count(*) AS c FROM (SELECT orders.customer, count(*) AS n FROM public.orders"
+        " GROUP BY orders.customer) x GROUP BY x.n",
+        (ORDERS,),
+    )
     tree = plan_tree(st, {0: "pgtrickle_changes.state_1_0_abc"})
     lines = tree_lines(tree)
     assert lines[0].startswith("Project ") and lines[1].startswith("  Aggregate group by ")
@@ -122,8 +152,11 @@ def test_tree_text_and_document_of_an_aggregate_of_an_aggregate() -> None:
 
 
 def test_a_subtree_read_twice_is_described_once() -> None:
-    st = _st("WITH c AS (SELECT orders.customer FROM public.orders WHERE orders.amount > 1)"
-             " SELECT c.customer FROM c UNION ALL SELECT c.customer FROM c", (ORDERS,))
+    st = _st(
+        "WITH c AS (SELECT orders.customer FROM public.orders WHERE orders.amount > 1)"
+        " SELECT c.customer FROM c UNION ALL SELECT c.customer FROM c",
+        (ORDERS,),
+    )
     doc = tree_document(plan_tree(st))
 
     def walk(node: dict) -> list[dict]:
@@ -153,27 +186,53 @@ def test_refresh_document_and_metrics_carry_the_job_count() -> None:
     m = Metrics()
     m.observe_outcome(outcome)
     m.observe_outcome(RefreshOutcome(st, Action.DIFFERENTIAL, "d", spark_jobs=None))  # Spark Connect
-    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
-           for f in text_string_to_metric_families(m.render().decode()) for s in f.samples}
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(m.render().decode())
+        for s in f.samples
+    }
     assert got[("pgtrickle_refresh_spark_jobs_sum", (("mode", "FULL"), ("st", "public.st")))] == 2
-    assert got[("pgtrickle_refresh_spark_jobs_bucket", (("le", "1.0"), ("mode", "FULL"), ("st", "public.st")))] == 0
+    assert (
+        got[("pgtrickle_refresh_spark_jobs_bucket", (("le", "1.0"), ("mode", "FULL"), ("st", "public.st")))]
+        == 0
+    )
     assert ("pgtrickle_refresh_spark_jobs_count", (("mode", "DIFFERENTIAL"), ("st", "public.st"))) not in got
 
 
-
-def _row(refresh_id: int, action: str, jobs_ran: int | None, why: str | None = None, **kw: object) -> HistoryRow:
-    values: dict = dict(refresh_id=refresh_id, action=action, status="COMPLETED", initiated_by="MANUAL",
-                        rows_inserted=1, rows_deleted=0, delta_row_count=2, start_time=NOW, end_time=NOW,
-                        duration=timedelta(seconds=1.5), was_full_fallback=False, mode_reason="initial",
-                        skip_reason=None, error_message=None, spark_jobs=jobs_ran, spark_stages=jobs_ran,
-                        spark_jobs_why=why)
+def _row(
+    refresh_id: int, action: str, jobs_ran: int | None, why: str | None = None, **kw: object
+) -> HistoryRow:
+    values: dict = dict(
+        refresh_id=refresh_id,
+        action=action,
+        status="COMPLETED",
+        initiated_by="MANUAL",
+        rows_inserted=1,
+        rows_deleted=0,
+        delta_row_count=2,
+        start_time=NOW,
+        end_time=NOW,
+        duration=timedelta(seconds=1.5),
+        was_full_fallback=False,
+        mode_reason="initial",
+        skip_reason=None,
+        error_message=None,
+        spark_jobs=jobs_ran,
+        spark_stages=jobs_ran,
+        spark_jobs_why=why,
+    )
     values.update(kw)
     return HistoryRow(**values)
 
 
 def test_history_table_and_document() -> None:
-    rows = [_row(3, "NO_DATA", 0), _row(2, "DIFFERENTIAL", None),
-            _row(1, "FULL", 2, "2 jobs: 2x collect at engine.py:771", error_message="boom\x1b[2J", status="FAILED")]
+    rows = [
+        _row(3, "NO_DATA", 0),
+        _row(2, "DIFFERENTIAL", None),
+        _row(
+            1, "FULL", 2, "2 jobs: 2x collect at engine.py:771", error_message="boom\x1b[2J", status="FAILED"
+        ),
+    ]
     text = render_text(history_table(rows), 200)
     lines = [line for line in text.splitlines() if line.startswith("│ ")]  # the header's are ┃
     cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines[:2]]
@@ -182,4 +241,6 @@ def test_history_table_and_document() -> None:
     assert "boom\\x1b[2J; 2 jobs: 2x collect at engine.py:771" in text and "\x1b" not in text
     doc = history_document("public.st", rows)
     assert [r["spark_jobs"] for r in doc["refreshes"]] == [0, None, 2]
-    assert doc["refreshes"][2]["spark_jobs_why"].startswith("2 jobs") and doc["refreshes"][0]["seconds"] == 1.5
+    assert (
+        doc["refreshes"][2]["spark_jobs_why"].startswith("2 jobs") and doc["refreshes"][0]["seconds"] == 1.5
+    )

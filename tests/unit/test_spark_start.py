@@ -10,15 +10,40 @@ from pgtrickle.errors import SparkError
 from pgtrickle.spark.session import check_java, check_master, reach_master
 
 
-@pytest.mark.parametrize("master", ["local", "local[1]", "local[*]", "local[4,2]", "local[*,3]",
-                                    "local-cluster[2,1,1024]", "local-cluster[2, 1, 1024]", "spark://127.0.0.1:7077",
-                                    "spark://h1:7077,h2:7077", "yarn", "k8s://https://k8s.example:443"])
+@pytest.mark.parametrize(
+    "master",
+    [
+        "local",
+        "local[1]",
+        "local[*]",
+        "local[4,2]",
+        "local[*,3]",
+        "local-cluster[2,1,1024]",
+        "local-cluster[2, 1, 1024]",
+        "spark://127.0.0.1:7077",
+        "spark://h1:7077,h2:7077",
+        "yarn",
+        "k8s://https://k8s.example:443",
+    ],
+)
 def test_master_urls_spark_accepts(master: str) -> None:
     check_master(master)
 
 
-@pytest.mark.parametrize("master", ["", "nonsense", "local[0]", "local[x]", "local-cluster[2,1]",
-                                    "spark://", "mesos://h:5050", "LOCAL", "local[*] "])
+@pytest.mark.parametrize(
+    "master",
+    [
+        "",
+        "nonsense",
+        "local[0]",
+        "local[x]",
+        "local-cluster[2,1]",
+        "spark://",
+        "mesos://h:5050",
+        "LOCAL",
+        "local[*] ",
+    ],
+)
 def test_master_urls_spark_refuses_are_refused_with_the_forms(master: str) -> None:
     with pytest.raises(SparkError, match=r"is not a Spark master URL; use local, local\[N\]"):
         check_master(master)

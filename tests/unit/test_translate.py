@@ -212,7 +212,10 @@ def test_integer_division_with_unknown_types_is_decided_at_run_time() -> None:
 
 
 def test_division_with_a_numeric_operand_is_fractional() -> None:
-    sql = translated(" SELECT amount / qty::numeric AS a,\n    f / 2::double precision AS b\n   FROM public.orders;", COLUMN_TYPES)
+    sql = translated(
+        " SELECT amount / qty::numeric AS a,\n    f / 2::double precision AS b\n   FROM public.orders;",
+        COLUMN_TYPES,
+    )
     # numeric: PostgreSQL's quotient by the row function, cast to a decimal that holds it
     assert "CAST(PGT_NUMERIC_DIV(amount, CAST(qty AS DECIMAL(10, 0)), 2, 0, 30, 8," in sql
     assert "AS DECIMAL(38, 30)) AS a" in sql
@@ -221,19 +224,29 @@ def test_division_with_a_numeric_operand_is_fractional() -> None:
 
 
 def test_sum_of_bigint_is_numeric_so_its_division_is_fractional() -> None:
-    sql = translated(" SELECT sum(big) / count(*) AS a,\n    sum(qty) / count(*) AS b\n   FROM public.orders;", COLUMN_TYPES)
-    assert "PGT_NUMERIC_DIV(SUM(big), COUNT(*), 0, 0, 20, 18, 'SUM(big) / COUNT(*)') AS DECIMAL(38, 20)) AS a" in sql
+    sql = translated(
+        " SELECT sum(big) / count(*) AS a,\n    sum(qty) / count(*) AS b\n   FROM public.orders;",
+        COLUMN_TYPES,
+    )
+    assert (
+        "PGT_NUMERIC_DIV(SUM(big), COUNT(*), 0, 0, 20, 18, 'SUM(big) / COUNT(*)') AS DECIMAL(38, 20)) AS a"
+        in sql
+    )
     assert "SUM(qty) DIV COUNT(*) AS b" in sql
 
 
 def test_numeric_constants_keep_their_exact_precision() -> None:
-    sql = translated(" SELECT amount\n   FROM public.orders\n  WHERE amount > 10::numeric AND price < '-0.5'::numeric;")
+    sql = translated(
+        " SELECT amount\n   FROM public.orders\n  WHERE amount > 10::numeric AND price < '-0.5'::numeric;"
+    )
     assert "amount > CAST('10' AS DECIMAL(2, 0))" in sql
     assert "price < CAST('-0.5' AS DECIMAL(1, 1))" in sql
 
 
 def test_numeric_cast_of_integer_column_is_exact_and_of_unknown_is_38_18() -> None:
-    assert "CAST(qty AS DECIMAL(10, 0))" in translated(" SELECT qty::numeric AS x\n   FROM public.orders;", COLUMN_TYPES)
+    assert "CAST(qty AS DECIMAL(10, 0))" in translated(
+        " SELECT qty::numeric AS x\n   FROM public.orders;", COLUMN_TYPES
+    )
     assert "CAST(qty AS DECIMAL(38, 18))" in translated(" SELECT qty::numeric AS x\n   FROM public.orders;")
 
 
@@ -243,7 +256,9 @@ def test_numeric_cast_of_numeric_column_is_dropped() -> None:
 
 
 def test_numeric_cast_with_typmod_and_from_double() -> None:
-    sql = translated(" SELECT amount::numeric(5,1) AS a,\n    f::numeric AS b\n   FROM public.orders;", COLUMN_TYPES)
+    sql = translated(
+        " SELECT amount::numeric(5,1) AS a,\n    f::numeric AS b\n   FROM public.orders;", COLUMN_TYPES
+    )
     assert "CAST(amount AS DECIMAL(5, 1)) AS a" in sql
     assert "CAST(NULLIF(FORMAT_STRING('%.15g', f), 'null') AS DECIMAL(38, 18)) AS b" in sql
 
@@ -312,7 +327,9 @@ def test_date_time_and_float_casts() -> None:
 
 
 def test_interval_constants_become_make_interval() -> None:
-    sql = translated(" SELECT ts + '1 year 2 mons 3 days 04:05:06.5'::interval AS a\n   FROM public.orders;", COLUMN_TYPES)
+    sql = translated(
+        " SELECT ts + '1 year 2 mons 3 days 04:05:06.5'::interval AS a\n   FROM public.orders;", COLUMN_TYPES
+    )
     assert "ts + MAKE_INTERVAL(1, 2, 0, 3, 4, 5, 6.5) AS a" in sql
 
 
@@ -345,7 +362,9 @@ def test_like_and_ilike_operators() -> None:
 
 
 def test_regular_expressions_match_newlines_like_postgresql() -> None:
-    sql = translated(" SELECT orders.id\n   FROM public.orders\n  WHERE customer ~ '^a.b'::text OR customer ~* 'x'::text;")
+    sql = translated(
+        " SELECT orders.id\n   FROM public.orders\n  WHERE customer ~ '^a.b'::text OR customer ~* 'x'::text;"
+    )
     assert "customer RLIKE '(?s)^a.b'" in sql
     assert "customer RLIKE '(?is)x'" in sql
 
@@ -361,14 +380,16 @@ def test_regexp_replace_without_g_flag_replaces_the_first_match_only() -> None:
 
 def test_position_function_keeps_postgresql_argument_order() -> None:
     sql = translated(
-        ' SELECT "position"(customer, \'o\'::text) AS a,\n    POSITION((\'o\'::text) IN (customer)) AS b\n   FROM public.orders;'
+        " SELECT \"position\"(customer, 'o'::text) AS a,\n    POSITION(('o'::text) IN (customer)) AS b\n   FROM public.orders;"
     )
     assert "LOCATE('o', customer) AS a" in sql
     assert "LOCATE(('o'), (customer)) AS b" in sql
 
 
 def test_substring_with_non_positive_start_follows_postgresql() -> None:
-    sql = translated(' SELECT "substring"(customer, 0, 3) AS a,\n    "substring"(customer, 2, 3) AS b\n   FROM public.orders;')
+    sql = translated(
+        ' SELECT "substring"(customer, 0, 3) AS a,\n    "substring"(customer, 2, 3) AS b\n   FROM public.orders;'
+    )
     assert "SUBSTRING(customer, GREATEST(0, 1), GREATEST((0) + (3) - GREATEST(0, 1), 0)) AS a" in sql
     assert "SUBSTRING(customer, 2, 3) AS b" in sql
 
@@ -446,7 +467,9 @@ def test_any_array_becomes_in_list_and_all_becomes_not_in() -> None:
 
 
 def test_any_subquery_becomes_in() -> None:
-    sql = translated(" SELECT orders.id\n   FROM public.orders\n  WHERE id = ANY (SELECT order_lines.order_id FROM public.order_lines);")
+    sql = translated(
+        " SELECT orders.id\n   FROM public.orders\n  WHERE id = ANY (SELECT order_lines.order_id FROM public.order_lines);"
+    )
     assert "(id IN (SELECT order_lines.order_id FROM tt_order_lines AS order_lines))" in sql
 
 
@@ -551,7 +574,10 @@ def test_distinct_on_becomes_row_number_filter() -> None:
     sql = translated(
         " SELECT DISTINCT ON (customer) customer,\n    id\n   FROM public.orders\n  ORDER BY customer, id DESC\n LIMIT 3;"
     )
-    assert "ROW_NUMBER() OVER (PARTITION BY customer ORDER BY customer NULLS LAST, id DESC NULLS FIRST) AS _pgt_row" in sql
+    assert (
+        "ROW_NUMBER() OVER (PARTITION BY customer ORDER BY customer NULLS LAST, id DESC NULLS FIRST) AS _pgt_row"
+        in sql
+    )
     assert "WHERE _pgt_row = 1 ORDER BY _pgt_sort0 NULLS LAST, _pgt_sort1 DESC NULLS FIRST LIMIT 3" in sql
     assert "DISTINCT" not in sql
 
@@ -600,9 +626,15 @@ def test_dollar_brace_is_refused_because_spark_would_substitute_it() -> None:
         (" SELECT initcap(orders.customer) AS x\n   FROM public.orders;", "initcap()"),
         (" SELECT to_char(orders.ts, 'Month'::text) AS x\n   FROM public.orders;", "to_char()"),
         (" SELECT orders.id\n   FROM public.orders\n  WHERE orders.qty > ALL (SELECT 1);", "ALL (subquery)"),
-        (" SELECT orders.customer ~ similar_to_escape('a%'::text) AS x\n   FROM public.orders;", "similar_to_escape()"),
+        (
+            " SELECT orders.customer ~ similar_to_escape('a%'::text) AS x\n   FROM public.orders;",
+            "similar_to_escape()",
+        ),
         (" SELECT (orders.j ->> 'a'::text) AS x\n   FROM public.orders;", "JSON"),
-        (" SELECT regexp_replace(orders.customer, 'a'::text, 'b'::text, 'x'::text) AS x\n   FROM public.orders;", "flags"),
+        (
+            " SELECT regexp_replace(orders.customer, 'a'::text, 'b'::text, 'x'::text) AS x\n   FROM public.orders;",
+            "flags",
+        ),
         (" SELECT EXTRACT(century FROM orders.ts) AS x\n   FROM public.orders;", "century"),
         (" SELECT '10:00'::time without time zone AS x;", "time"),
         (
@@ -624,10 +656,20 @@ def test_unsupported_reason_names_the_construct(text: str, expected: str) -> Non
 def test_unsupported_reason_is_none_for_supported_queries() -> None:
     assert unsupported_reason(" SELECT orders.id\n   FROM public.orders\n  WHERE orders.qty > 1;") is None
     # uncorrelated, or correlated outside a GROUP BY: Spark runs them
-    assert unsupported_reason(" SELECT o.customer, count(*) AS n, ( SELECT max(l.qty) AS max FROM public.order_lines l)"
-                              " AS top FROM public.orders o GROUP BY o.customer") is None
-    assert unsupported_reason(" SELECT o.id, ( SELECT max(l.qty) AS max FROM public.order_lines l"
-                              " WHERE l.order_id = o.id) AS top FROM public.orders o") is None
+    assert (
+        unsupported_reason(
+            " SELECT o.customer, count(*) AS n, ( SELECT max(l.qty) AS max FROM public.order_lines l)"
+            " AS top FROM public.orders o GROUP BY o.customer"
+        )
+        is None
+    )
+    assert (
+        unsupported_reason(
+            " SELECT o.id, ( SELECT max(l.qty) AS max FROM public.order_lines l"
+            " WHERE l.order_id = o.id) AS top FROM public.orders o"
+        )
+        is None
+    )
     # random() is volatile (no DIFFERENTIAL) but runs on Spark: it is not a set-returning function
     assert unsupported_reason(" SELECT orders.id FROM public.orders WHERE random() < 2") is None
 
@@ -642,16 +684,27 @@ def test_unsupported_reason_reports_parse_failures() -> None:
 
 @pytest.mark.parametrize(
     "expression",
-    ["now()", "CURRENT_TIMESTAMP", "CURRENT_DATE", "LOCALTIMESTAMP", "clock_timestamp()", "random()",
-     "statement_timestamp()", "nextval('s'::regclass)", "gen_random_uuid()", "transaction_timestamp()"],
+    [
+        "now()",
+        "CURRENT_TIMESTAMP",
+        "CURRENT_DATE",
+        "LOCALTIMESTAMP",
+        "clock_timestamp()",
+        "random()",
+        "statement_timestamp()",
+        "nextval('s'::regclass)",
+        "gen_random_uuid()",
+        "transaction_timestamp()",
+    ],
 )
 def test_is_volatile_detects_time_random_and_sequence_functions(expression: str) -> None:
     assert is_volatile(f" SELECT {expression} AS x\n   FROM public.orders;")
 
 
 def test_is_volatile_false_for_deterministic_query() -> None:
-    assert not is_volatile(" SELECT orders.id,\n    orders.ts - '1 day'::interval AS t\n   FROM public.orders;")
-
+    assert not is_volatile(
+        " SELECT orders.id,\n    orders.ts - '1 day'::interval AS t\n   FROM public.orders;"
+    )
 
 
 def test_numeric_quotients_follow_postgresql_scales() -> None:

@@ -65,10 +65,20 @@ def field(value: bytes | None) -> bytes:
     return NULL_FIELD if value is None else struct.pack("!i", len(value)) + value
 
 
-def expected(action: str, new: list[bytes | None] | None, old: list[bytes | None] | None, width: int,
-             xid8: int = 1 << 33, at: int = 123_456_789) -> bytes:
-    fixed = struct.pack("!h", 3 + 2 * width) + field(struct.pack("!q", xid8)) + field(action.encode()) \
+def expected(
+    action: str,
+    new: list[bytes | None] | None,
+    old: list[bytes | None] | None,
+    width: int,
+    xid8: int = 1 << 33,
+    at: int = 123_456_789,
+) -> bytes:
+    fixed = (
+        struct.pack("!h", 3 + 2 * width)
+        + field(struct.pack("!q", xid8))
+        + field(action.encode())
         + field(struct.pack("!q", at))
+    )
     new = new if new is not None else [None] * width
     old = old if old is not None else [None] * width
     return fixed + b"".join(map(field, new)) + b"".join(map(field, old))
@@ -141,11 +151,14 @@ def test_delete_has_null_new_columns() -> None:
     assert row(delete(b(I8), N), plan, "D") == expected("D", None, [I8, None], 2)
 
 
-@pytest.mark.parametrize("payload", [
-    update((), (b(I8), b(I4)), marker=b"N"),
-    update((b(I8), N), (b(I8), b(I4)), marker=b"K"),
-    delete(b(I8), N, marker=b"K"),
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        update((), (b(I8), b(I4)), marker=b"N"),
+        update((b(I8), N), (b(I8), b(I4)), marker=b"K"),
+        delete(b(I8), N, marker=b"K"),
+    ],
+)
 def test_missing_old_row_is_a_clear_error(payload: bytes) -> None:
     with pytest.raises(WalCaptureError, match="without its old row.*REPLICA IDENTITY FULL"):
         row(payload, BinaryPlan([0, 1], 2), "U")
@@ -169,13 +182,16 @@ def test_wrong_column_count_names_the_relation() -> None:
         row(insert(b(I8)), BinaryPlan([0, 1], 2), "I")
 
 
-@pytest.mark.parametrize("payload", [
-    insert(b(I8), b(I4))[:-2],             # truncated value
-    insert(b(I8), b(I4)) + b"\x00",        # trailing byte
-    insert(b(I8), b"x"),                   # unknown kind
-    update((b(I8), b(I4)), (b(I8), b(I4)))[:20],
-    b"I" + struct.pack("!I", RELID) + b"X" + tup(b(I8), b(I4)),
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        insert(b(I8), b(I4))[:-2],  # truncated value
+        insert(b(I8), b(I4)) + b"\x00",  # trailing byte
+        insert(b(I8), b"x"),  # unknown kind
+        update((b(I8), b(I4)), (b(I8), b(I4)))[:20],
+        b"I" + struct.pack("!I", RELID) + b"X" + tup(b(I8), b(I4)),
+    ],
+)
 def test_damaged_messages_raise_pgoutput_errors(payload: bytes) -> None:
     with pytest.raises(PgOutputError):
         row(payload, BinaryPlan([0, 1], 2), "I")
@@ -192,7 +208,9 @@ def test_rows_from_many_messages_concatenate() -> None:
 
 def test_row_prefix_layout() -> None:
     prefix = row_prefix(1, 5, "T", -1)
-    assert prefix == struct.pack("!h", 5) + field(struct.pack("!q", 5)) + field(b"T") + field(struct.pack("!q", -1))
+    assert prefix == struct.pack("!h", 5) + field(struct.pack("!q", 5)) + field(b"T") + field(
+        struct.pack("!q", -1)
+    )
 
 
 def test_binary_problem_decision() -> None:
@@ -205,10 +223,16 @@ def test_binary_problem_decision() -> None:
 
 
 COMMON = [insert(b(I8), N, b(TXT)), update((b(I8), N, b(b"o")), (b(I4), b(b""), N)), delete(N, N, b(TXT))]
-UNCOMMON = [insert(b(I8), U, b(TXT)), insert(b(I8), t("x"), N), insert(b(I8), N),
-            update((b(I8), N, b(b"o")), (b(I4), U, N)), insert(b(I8), N, b(TXT))[:-1],
-            delete(N, N, b(TXT), marker=b"K"), insert(b(I8), N, b(TXT)) + b"!",
-            b"I" + struct.pack("!I", RELID) + b"N" + struct.pack("!H", 3) + b"b\xff\xff\xff\xfb" + b(I8) + N]
+UNCOMMON = [
+    insert(b(I8), U, b(TXT)),
+    insert(b(I8), t("x"), N),
+    insert(b(I8), N),
+    update((b(I8), N, b(b"o")), (b(I4), U, N)),
+    insert(b(I8), N, b(TXT))[:-1],
+    delete(N, N, b(TXT), marker=b"K"),
+    insert(b(I8), N, b(TXT)) + b"!",
+    b"I" + struct.pack("!I", RELID) + b"N" + struct.pack("!H", 3) + b"b\xff\xff\xff\xfb" + b(I8) + N,
+]
 
 
 @pytest.mark.parametrize("positions", [[0, 1, 2], [2, 0], [None, 1], [1], []])

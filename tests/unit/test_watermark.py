@@ -19,12 +19,21 @@ def at(minutes: float) -> datetime:
     return T0 + timedelta(minutes=minutes)
 
 
-def adv(source: int, minutes: float, ident: int = 1, xid: int = 900, snapshot: str = "890:895:891") -> wm.Advancement:
+def adv(
+    source: int, minutes: float, ident: int = 1, xid: int = 900, snapshot: str = "890:895:891"
+) -> wm.Advancement:
     return wm.Advancement(ident, source, at(minutes), xid, snapshot)
 
 
-def group(sources=(ORDERS, LINES), watermarks=None, tolerance=timedelta(0), name="order_pipeline", gid=1,
-          effective=None, aligned=None) -> wm.Group:
+def group(
+    sources=(ORDERS, LINES),
+    watermarks=None,
+    tolerance=timedelta(0),
+    name="order_pipeline",
+    gid=1,
+    effective=None,
+    aligned=None,
+) -> wm.Group:
     return wm.Group(gid, name, frozenset(sources), tolerance, watermarks or {}, effective, aligned or {})
 
 
@@ -40,11 +49,23 @@ def test_watermark_group_alignment_check() -> None:
     g = group(watermarks={ORDERS: at(5), LINES: at(-5)})
     state = wm.group_state(g)
     assert (state.state, state.min_watermark, state.max_watermark, state.lag) == (
-        wm.MISALIGNED, at(-5), at(5), timedelta(minutes=10))
-    assert wm.group_state(group(watermarks={ORDERS: at(5), LINES: at(-5)},
-                                tolerance=timedelta(minutes=10))).state == wm.ALIGNED
-    assert wm.group_state(group(watermarks={ORDERS: at(5), LINES: at(-5)},
-                                tolerance=timedelta(minutes=9, seconds=59))).state == wm.MISALIGNED
+        wm.MISALIGNED,
+        at(-5),
+        at(5),
+        timedelta(minutes=10),
+    )
+    assert (
+        wm.group_state(
+            group(watermarks={ORDERS: at(5), LINES: at(-5)}, tolerance=timedelta(minutes=10))
+        ).state
+        == wm.ALIGNED
+    )
+    assert (
+        wm.group_state(
+            group(watermarks={ORDERS: at(5), LINES: at(-5)}, tolerance=timedelta(minutes=9, seconds=59))
+        ).state
+        == wm.MISALIGNED
+    )
 
 
 def test_bootstrapping_until_every_member_has_a_watermark() -> None:
@@ -53,12 +74,17 @@ def test_bootstrapping_until_every_member_has_a_watermark() -> None:
     assert wm.gate_decision("gate", [group(watermarks={ORDERS: at(5)})]).blocked is False
 
 
-@given(st.lists(st.integers(min_value=-10_000, max_value=10_000), min_size=2, max_size=6),
-       st.integers(min_value=0, max_value=20_000))
+@given(
+    st.lists(st.integers(min_value=-10_000, max_value=10_000), min_size=2, max_size=6),
+    st.integers(min_value=0, max_value=20_000),
+)
 def test_alignment_is_max_minus_min_within_tolerance(offsets: list[int], tolerance: int) -> None:
     sources = list(range(1, len(offsets) + 1))
-    g = group(sources=sources, watermarks={s: at(o / 60) for s, o in zip(sources, offsets)},
-              tolerance=timedelta(seconds=tolerance))
+    g = group(
+        sources=sources,
+        watermarks={s: at(o / 60) for s, o in zip(sources, offsets)},
+        tolerance=timedelta(seconds=tolerance),
+    )
     aligned = max(offsets) - min(offsets) <= tolerance
     assert (wm.group_state(g).state == wm.ALIGNED) is aligned
     assert wm.gate_decision("gate", [g]).blocked is not aligned
@@ -99,8 +125,9 @@ def test_applicable_groups_and_inferred_mode() -> None:
 
 def test_gate_blocks_while_any_applicable_group_is_misaligned() -> None:
     pipeline = group(watermarks={ORDERS: at(5), LINES: at(-5)})
-    inventory = group(sources=(STOCK, HOUSES), watermarks={STOCK: at(0), HOUSES: at(0)},
-                      name="inventory_pipeline", gid=2)
+    inventory = group(
+        sources=(STOCK, HOUSES), watermarks={STOCK: at(0), HOUSES: at(0)}, name="inventory_pipeline", gid=2
+    )
     decision = wm.gate_decision("gate", [inventory, pipeline])
     assert decision.blocked and "order_pipeline is misaligned" in decision.reason
     assert "inventory" not in decision.reason
@@ -131,18 +158,30 @@ def test_hold_back_waits_for_a_first_alignment_and_ignores_bootstrapping() -> No
 
 
 def test_hold_back_source_in_two_groups_is_read_at_the_earlier_point() -> None:
-    a = group(watermarks={ORDERS: at(10), LINES: at(10)}, effective=at(10),
-              aligned={ORDERS: adv(ORDERS, 10, 5), LINES: adv(LINES, 10, 6)})
-    b = group(sources=(ORDERS, STOCK), name="audit", gid=2, watermarks={ORDERS: at(10), STOCK: at(0)},
-              effective=at(0), aligned={ORDERS: adv(ORDERS, 0, 3), STOCK: adv(STOCK, 0, 4)})
+    a = group(
+        watermarks={ORDERS: at(10), LINES: at(10)},
+        effective=at(10),
+        aligned={ORDERS: adv(ORDERS, 10, 5), LINES: adv(LINES, 10, 6)},
+    )
+    b = group(
+        sources=(ORDERS, STOCK),
+        name="audit",
+        gid=2,
+        watermarks={ORDERS: at(10), STOCK: at(0)},
+        effective=at(0),
+        aligned={ORDERS: adv(ORDERS, 0, 3), STOCK: adv(STOCK, 0, 4)},
+    )
     plan = wm.hold_back_plan([a, b], [ORDERS, STOCK], [])
     assert plan.caps[ORDERS].advancement_id == 3 and plan.caps[STOCK].advancement_id == 4
     assert plan.effective_watermark == at(0) and plan.group_points == {1: at(10), 2: at(0)}
 
 
 def test_hold_back_needs_upstream_stream_tables_at_the_same_point() -> None:
-    g = group(watermarks={ORDERS: at(5), LINES: at(5)}, effective=at(5),
-              aligned={ORDERS: adv(ORDERS, 5, 1), LINES: adv(LINES, 5, 2)})
+    g = group(
+        watermarks={ORDERS: at(5), LINES: at(5)},
+        effective=at(5),
+        aligned={ORDERS: adv(ORDERS, 5, 1), LINES: adv(LINES, 5, 2)},
+    )
     held = wm.UpstreamMark(1001, "public.order_summary", frozenset({ORDERS}), "hold_back", {1: at(5)})
     lines = wm.UpstreamMark(1002, "public.line_summary", frozenset({LINES}), "hold_back", {1: at(5)})
     plan = wm.hold_back_plan([g], [], [held, lines])
@@ -169,8 +208,10 @@ def test_including_the_advancing_transaction() -> None:
 
 snapshots = st.builds(
     lambda xmin, width, xip: (xmin, xmin + width, sorted({xmin + x for x in xip if x < width})),
-    st.integers(min_value=3, max_value=1000), st.integers(min_value=0, max_value=40),
-    st.lists(st.integers(min_value=0, max_value=40), max_size=10))
+    st.integers(min_value=3, max_value=1000),
+    st.integers(min_value=0, max_value=40),
+    st.lists(st.integers(min_value=0, max_value=40), max_size=10),
+)
 
 
 @settings(max_examples=examples(300))

@@ -30,6 +30,7 @@ from pgtrickle.dvm.compile_sql import type_of
 from pgtrickle.dvm.compile_types import node_types
 from pgtrickle.dvm.rules import aggregate as aggregate_rule
 from pgtrickle.errors import UnsupportedQueryError
+from pgtrickle.sql.numeric_scale import UNKNOWN, Shape, shape_of_type_name, shape_rule
 
 __all__ = ["StoredAggregate", "stored_aggregate", "stored_rows"]
 
@@ -101,9 +102,17 @@ def _hidden_name(prefix: str, column: str, taken: set[str]) -> str:
     return name
 
 
-def _floating(root: ir.Aggregate, column_types: Mapping[str, Mapping[str, str]]) -> bool:
-    """Whether a SUM or AVG adds floating-point values: accumulated, they would drift from a
-    recomputation in the last bits, so such an aggregate recomputes its touched groups."""
+def _not_storable(root: ir.Aggregate, column_types: Mapping[str, Mapping[str, str]]) -> bool:
+    """Whether a SUM or AVG cannot be kept as stored state, so the aggregate recomputes its
+    touched groups instead (where the quotient is exact or refused, sql/numeric_scale.py):
+
+    - it adds floating-point values: accumulated, they would drift from a recomputation in the
+      last bits;
+    - an AVG's argument has no display scale known from its type (an unconstrained ``numeric``
+      reaches Spark as ``decimal(38,18)``): the hidden sum would carry 18 fraction digits, and
+      PostgreSQL's ``sum / count`` rounds to a scale that depends on the sum's display scale
+      (``5.0 / 3`` is ``1.6666666666666667``, ``5.000000000000000000 / 3`` has 18 digits).
+    """
     types = node_types(root.input, column_types, {})
     for _, call in root.aggregates:
         inner, argument, _, _ = ir.split_aggregate(call)
@@ -111,7 +120,24 @@ def _floating(root: ir.Aggregate, column_types: Mapping[str, Mapping[str, str]])
             found = type_of(argument, types)
             if found is None or any(word in found for word in ("double", "real", "float")):
                 return True
+            if isinstance(inner, exp.Avg) and _display_scale(argument, types) is None:
+                return True
     return False
+
+
+def _display_scale(expression: exp.Expr, types: Mapping[str, str | None]) -> int | None:
+    """The display scale of a number expression, the same on every row, or ``None`` when its
+    type does not fix it (an unconstrained ``numeric``; sql/numeric_scale.py's rules)."""
+
+    def fold(node: exp.Expr) -> Shape:
+        children = {id(c): fold(c) for c in node.iter_expressions()}
+        category = type_of(node, types)
+        found = shape_rule(node, category, children)
+        if found is None and isinstance(node, exp.Column):
+            found = shape_of_type_name(types.get(node.name), category)
+        return UNKNOWN if found is None else found
+
+    return fold(expression)[1]
 
 
 def stored_aggregate(
@@ -129,7 +155,7 @@ def stored_aggregate(
             return None
     except UnsupportedQueryError:  # an aggregate split_aggregate does not know (bool_and, ...)
         return None
-    if _floating(root, column_types):
+    if _not_storable(root, column_types):
         return None
     by_position = dict(zip(tree.columns, visible, strict=True))
     shown = {column: by_position[renames[column]] for column in root.columns}
