@@ -166,28 +166,6 @@ class DifferentialRun:
         # if they still do, the FULL refresh refuses it in turn.
         raise FallbackToFull(f"a change holds a value Spark cannot carry ({refused.message})") from exc
 
-    def apply_rows(
-        self,
-        rows: list[tuple] | Staged,
-        history_id: int,
-        snapshot: str,
-        lsn: str,
-        request_ids: Sequence[int],
-        spark_seconds: float,
-    ) -> tuple[int, int]:
-        """Apply the computed delta in one transaction (a mismatch: FallbackToFull); (inserted, deleted)."""
-        t1 = time.monotonic()
-        try:
-            inserted, deleted = self._apply(rows, history_id, snapshot, lsn, request_ids, spark_seconds)
-        except DeltaMismatch as err:
-            raise FallbackToFull(str(err)) from err
-        finally:
-            if isinstance(rows, Staged):
-                self._drop_staging(rows)
-        self.timings["apply"] = time.monotonic() - t1
-        self.timings["spark_job"] = spark_seconds
-        return inserted, deleted
-
     def _demote_if_plan_fails(self, exc: BaseException) -> None:
         """AUTO never settles on a differential plan Spark refuses: refresh FULL from now on, saying why.
 
@@ -431,7 +409,7 @@ class DifferentialRun:
         self.conn.execute(f"DROP TABLE IF EXISTS {staged.table}")
 
     # ------------------------------------------------------------- apply
-    def _apply(
+    def apply_rows(
         self,
         rows: list[tuple] | Staged,
         history_id: int,
@@ -440,6 +418,29 @@ class DifferentialRun:
         request_ids: Sequence[int],
         spark_seconds: float,
     ) -> tuple[int, int]:
+        """Apply the computed delta in one transaction (a mismatch: FallbackToFull); (inserted, deleted)."""
+        t1 = time.monotonic()
+        try:
+            inserted, deleted = self._apply(
+                rows,
+                history_id,
+                snapshot=snapshot,
+                lsn=lsn,
+                request_ids=request_ids,
+                spark_seconds=spark_seconds,
+            )
+        except DeltaMismatch as err:
+            raise FallbackToFull(str(err)) from err
+        finally:
+            if isinstance(rows, Staged):
+                self._drop_staging(rows)
+        self.timings["apply"] = time.monotonic() - t1
+        self.timings["spark_job"] = spark_seconds
+        return inserted, deleted
+
+    def _apply(self, rows: list[tuple] | Staged, history_id: int, **completion: Any) -> tuple[int, int]:
+        """The apply transaction; ``completion``: what :func:`commit.complete` records (snapshot, lsn,
+        request ids, Spark seconds)."""
         st, conn = self.st, self.conn
         with conn.transaction():
             commit.lock_for_apply(conn, st)
@@ -461,14 +462,11 @@ class DifferentialRun:
             commit.complete(
                 conn,
                 st,
-                snapshot=snapshot,
-                lsn=lsn,
                 history_id=history_id,
                 inserted=inserted,
                 deleted=deleted,
-                spark_seconds=spark_seconds,
-                request_ids=request_ids,
                 recomputed=False,
+                **completion,
             )
             user_triggers.finish(conn, st, triggers, inserted, deleted, history_id)
             if self.r.group is not None and apply is not None:
