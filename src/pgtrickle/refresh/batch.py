@@ -124,6 +124,8 @@ class _Batch:
         self.snapshot = self.lsn = ""
         self.spark_seconds = 0.0
         self.started = time.monotonic()
+        self.lead_recorded = False
+        """The first member's own row recorded the shared job's figures (its apply ran, or failed)."""
         self.failed: Exception | None = None
         """The shared job's failure (the members then refresh one by one)."""
 
@@ -313,22 +315,23 @@ class _Batch:
             else:
                 result = self._apply(m, lead, shared)
             self.results[m.st.pgt_id] = result
-        if lead is not None:
+        if lead is not None and not self.lead_recorded:
             history.record_batch_jobs(self.r.conn, lead, len(self.members), shared, self.failed is not None)
         for request, prepared in self.alone:
             self.results[request.st.pgt_id] = self._own(request, prepared, None)
 
     def _apply(self, m: _Member, lead: int | None, shared: jobs.JobFigures) -> BatchResult:
-        """One member's own transaction (its shared job's figures recorded on the lead's row)."""
+        """One member's own transaction; the first member's row records the shared job's figures."""
         result = BatchResult(m.st)
-        why = (
-            None
-            if m.history_id == lead
-            else f"computed by the shared Spark job of batch {lead}, recorded there"
-        )
+        if m.history_id == lead:
+            figures = replace(shared, why=history.batch_jobs_why(lead, len(self.members), shared))
+        else:
+            figures = jobs.JobFigures(
+                0, 0, f"computed by the shared Spark job of batch {lead}, recorded there"
+            )
         assert m.rows is not None
         try:
-            with jobs.attributed(jobs.JobFigures(0, 0, why), f"refresh {m.st.display}"):
+            with jobs.attributed(figures, f"refresh {m.st.display}"):
                 inserted, deleted = m.run.apply_rows(
                     m.rows, m.history_id, self.snapshot, self.lsn, m.request.request_ids, self.spark_seconds
                 )
@@ -342,16 +345,18 @@ class _Batch:
                     m.delta_rows,
                     self.spark_seconds,
                 )
-                result.outcome.spark_jobs = shared.jobs if m.history_id == lead else 0
+                result.outcome.spark_jobs = figures.jobs
                 result.outcome.seconds = time.monotonic() - self.started
+            self.lead_recorded = self.lead_recorded or m.history_id == lead
         except FallbackToFull as exc:
             return self._full_instead(m, exc)
         except Cancelled:
             history.record_abandoned(self.r.conn, m.history_id)
             raise
         except Exception as exc:
-            with jobs.attributed(jobs.JobFigures(0, 0, why), f"refresh {m.st.display}"):
+            with jobs.attributed(figures, f"refresh {m.st.display}"):
                 result.error = self.r.failed(m.st, m.history_id, exc)
+            self.lead_recorded = self.lead_recorded or m.history_id == lead
         return result
 
     def _full_instead(self, m: _Member, why: FallbackToFull) -> BatchResult:

@@ -60,15 +60,20 @@ def set_batch(conn: psycopg.Connection, history_ids: Sequence[int]) -> None:
     )
 
 
-def record_batch_jobs(
-    conn: psycopg.Connection, lead: int, members: int, shared: jobs.JobFigures, failed: bool
-) -> None:
-    """Add a batch's shared Spark job(s) to the history row of its first member (``lead``)."""
+def batch_jobs_why(lead: int, members: int, shared: jobs.JobFigures, failed: bool = False) -> str:
+    """``spark_jobs_why`` of a batch's first member: its jobs are the batch's shared ones."""
     why = f"the shared Spark job of batch {lead} ({members} stream tables)"
     if failed:
         why += " failed; its members were refreshed one by one"
-    if shared.why:
-        why += f"; {shared.why}"
+    return why + (f"; {shared.why}" if shared.why else "")
+
+
+def record_batch_jobs(
+    conn: psycopg.Connection, lead: int, members: int, shared: jobs.JobFigures, failed: bool
+) -> None:
+    """Add a batch's shared Spark job(s) to the history row of its first member (``lead``), when
+    that member did not record them with its own apply (it refreshed on its own instead)."""
+    why = batch_jobs_why(lead, members, shared, failed)
     conn.execute(
         """
         UPDATE pgtrickle.pgt_refresh_history
