@@ -30,7 +30,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from datetime import datetime, timedelta
 
@@ -61,7 +61,7 @@ from pgtrickle.daemon.units import (
     refresh_one,
 )
 from pgtrickle.daemon.wake import Wakes
-from pgtrickle.daemon.workers import Batching, Job, WorkerPool, inline, run_units
+from pgtrickle.daemon.workers import Job, WorkerPool, inline, run_units, tick_batching
 from pgtrickle.db.connection import connect
 from pgtrickle.db.query import scalar
 from pgtrickle.db.redaction import scrub
@@ -71,7 +71,6 @@ from pgtrickle.ops import alerts
 from pgtrickle.ops.metrics import Metrics
 from pgtrickle.refresh.engine import Cancelled, Refresher, RefreshOutcome
 from pgtrickle.refresh.plan import Action
-from pgtrickle.scheduler.batches import BatchFacts, why_alone
 from pgtrickle.scheduler.dag import (
     DEFAULT_CALCULATED_SCHEDULE,
     StreamTableNode,
@@ -365,7 +364,8 @@ class Scheduler:
                 ended[st.pgt_id] = at
                 self.metrics.observe_failure(st.display)
 
-        batching = self._batching(
+        batching = tick_batching(
+            self.settings,
             sts,
             lambda units: (
                 lambda w: refresh_batch_unit(w, [sts[u.key] for u in units], due_now, requested, forced)
@@ -392,17 +392,6 @@ class Scheduler:
                 raise  # the run loop reconnects
             log.exception("maintenance (buffer cleanup, metrics, pruning) failed; the next tick tries again")
         return report
-
-    def _batching(self, sts: dict[int, StreamTable], job: Callable[[Sequence[Unit]], Job]) -> Batching | None:
-        """How this tick batches the stream tables ready together (``None``: max_batch_size 1)."""
-        size = self.settings.max_batch_size
-        if size <= 1:
-            return None
-        facts = {
-            i: BatchFacts(st.refresh_mode, st.frontier is not None, st.needs_reinit) for i, st in sts.items()
-        }
-        connect = self.settings.spark_remote is not None
-        return Batching(lambda unit: why_alone(unit, facts.get(unit.key), size, connect), job, size)
 
     def _check_staleness(self, schedules: dict[int, Schedule]) -> None:
         try:

@@ -21,17 +21,18 @@ import contextlib
 import heapq
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from pgtrickle.catalog.store import StreamTable
 from pgtrickle.config import Settings
 from pgtrickle.daemon.units import TickReport, Worker
 from pgtrickle.refresh.engine import Cancelled, Refresher
-from pgtrickle.scheduler.batches import batches
+from pgtrickle.scheduler.batches import BatchFacts, batches, why_alone
 from pgtrickle.scheduler.ready import ReadySet, Unit
 
 log = logging.getLogger(__name__)
@@ -182,6 +183,20 @@ class Batching:
     job: Callable[[Sequence[Unit]], Job]
     """The job refreshing several due units as one batch."""
     max_size: int
+
+
+def tick_batching(
+    settings: Settings, sts: Mapping[int, StreamTable], job: Callable[[Sequence[Unit]], Job]
+) -> Batching | None:
+    """How a tick over ``sts`` batches the stream tables ready together (``None``: max_batch_size 1)."""
+    size = settings.max_batch_size
+    if size <= 1:
+        return None
+    facts = {
+        i: BatchFacts(st.refresh_mode, st.frontier is not None, st.needs_reinit) for i, st in sts.items()
+    }
+    connect = settings.spark_remote is not None
+    return Batching(lambda unit: why_alone(unit, facts.get(unit.key), size, connect), job, size)
 
 
 def run_units(
