@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
 
 from pgtrickle.daemon.loop import Scheduler
 from pgtrickle.refresh.plan import Action
 from tests.conftest import FAST_JVM_CONF, Database
 from tests.hypothesis_profiles import examples
 from tests.integration.faultkit import DaemonProcess, assert_windows_consumed_once, wait_caught_up
-from tests.integration.helpers import assert_oracle, create_st
+from tests.integration.helpers import DML_ROUNDS, assert_oracle, create_st
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
 
@@ -104,15 +103,7 @@ def test_a_fan_refreshed_in_batches_stays_exact_under_random_dml(db: Database) -
             suppress_health_check=list(HealthCheck),
             phases=[Phase.explicit, Phase.generate],  # a shrink re-runs whole ticks: minutes
         )
-        @given(
-            st.lists(
-                st.tuples(
-                    st.sampled_from(["insert", "update", "delete"]), st.integers(1, 400), st.integers(-50, 50)
-                ),
-                min_size=1,
-                max_size=8,
-            )
-        )
+        @given(DML_ROUNDS)
         def round_of(dml: list[tuple[str, int, int]]) -> None:
             for kind, key, value in dml:
                 if kind == "insert":
