@@ -39,10 +39,7 @@ by non-linear consumers without the GROUP BY of consolidation (:func:`statically
 
 Reads
 -----
-Every relation the query reads is listed once in :attr:`Compiled.reads`, keyed by the name
-the resolver gave (two ``Scan`` or ``Delta`` nodes resolved to one name are one read), with
-the number of places it is read from (``uses``), so the caller registers each once and
-persists the ones read more than once (docs/DELTA_COMPILER.md, "Reads").
+The relations the query reads, and what the caller does with them: :mod:`pgtrickle.dvm.compiled`.
 
 Column types
 ------------
@@ -55,12 +52,8 @@ without them translations fall back to run-time type tests and aggregates to exp
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Protocol
 
 from sqlglot import exp
-from sqlglot.errors import ErrorLevel, SqlglotError
 
 from pgtrickle.dvm import compile_ops as ops
 from pgtrickle.dvm.compile_sql import (
@@ -71,7 +64,6 @@ from pgtrickle.dvm.compile_sql import (
     cast_untyped,
     col,
     columns_of,
-    consolidated,
     derived,
     ident,
     one,
@@ -82,6 +74,7 @@ from pgtrickle.dvm.compile_sql import (
     weight,
 )
 from pgtrickle.dvm.compile_types import InvalidPlanError, check_node, node_types, statically_positive
+from pgtrickle.dvm.compiled import Compiled, Read, ReadKind, Reads, RelationName, consolidate
 from pgtrickle.dvm.ir import (
     WEIGHT,
     Aggregate,
@@ -102,7 +95,6 @@ from pgtrickle.dvm.ir import (
     Window,
     walk,
 )
-from pgtrickle.errors import UnsupportedQueryError
 
 __all__ = [
     "Compiled",
@@ -114,92 +106,6 @@ __all__ = [
     "consolidate",
     "statically_positive",
 ]
-
-RelationName = str | tuple[str, ...]
-"""A relation to read: one name (a Spark temporary view; a PostgreSQL relation on the search
-path), or a schema-qualified tuple."""
-
-
-class Reads(Protocol):
-    """Names the relations a compiled query reads (the caller registers them)."""
-
-    def post(self, scan: Scan) -> RelationName:
-        """The relation holding ``scan.relation`` at the refresh snapshot: its ``source_columns``."""
-        ...
-
-    def delta(self, scan: Scan) -> RelationName:
-        """The relation holding the change of ``scan.relation`` over the window: its
-        ``source_columns`` and ``__pgt_w``."""
-        ...
-
-    def materialized(self, node: Materialized) -> RelationName:
-        """The hidden stream table of ``node.node`` (at the window's start when ``node.pre``):
-        ``node.columns``; with ``node.change``, its change over the window: ``node.columns`` and
-        ``__pgt_w``."""
-        ...
-
-
-class ReadKind(StrEnum):
-    POST = "post"
-    DELTA = "delta"
-    MATERIALIZED = "materialized"
-
-
-@dataclass(frozen=True)
-class Read:
-    """One relation the query reads: ``node`` is the first ``Scan`` / ``Materialized`` resolved to
-    it; ``uses`` how many times the query reads it (every path from the root to a leaf reading
-    it: a shared subtree read by two consumers counts twice). Register it once; persist it
-    when ``uses`` > 1."""
-
-    kind: ReadKind
-    name: RelationName
-    node: Node
-    uses: int
-
-
-@dataclass(frozen=True)
-class Compiled:
-    """A compiled IR tree: ``query`` returns ``columns`` then ``__pgt_w``."""
-
-    query: exp.Query
-    columns: tuple[str, ...]
-    reads: tuple[Read, ...]
-    dialect: Dialect
-    nodes: tuple[Node, ...] = ()
-    """The IR node of each common table expression ``__pgt_n<i>``, by ``i`` (the root last)."""
-
-    def sql(self, pretty: bool = False) -> str:
-        """The query's text in its dialect.
-
-        Raises:
-            UnsupportedQueryError: the text cannot be expressed in the dialect, or (Spark) it
-                contains ``${``, which Spark would substitute as a variable.
-        """
-        try:
-            text = self.query.sql(dialect=self.dialect, pretty=pretty, unsupported_level=ErrorLevel.RAISE)
-        except SqlglotError as err:
-            raise UnsupportedQueryError(f"the plan cannot be expressed in {self.dialect} SQL: {err}") from err
-        if self.dialect == "spark" and "${" in text:
-            raise UnsupportedQueryError(
-                "the plan contains '${', which Spark SQL would treat as a variable reference and substitute"
-            )
-        return text
-
-    def consolidated(self) -> Compiled:
-        """The same Z-set in canonical form (see :func:`consolidate`)."""
-        return Compiled(
-            consolidate(self.query, self.columns), self.columns, self.reads, self.dialect, self.nodes
-        )
-
-
-def consolidate(query: exp.Query, columns: tuple[str, ...] | list[str]) -> exp.Select:
-    """Wrap a weighted query (``columns`` then ``__pgt_w``): group by all columns, sum the
-    weights, drop the rows whose weights cancel - the final delta of a refresh."""
-    for name in columns:
-        if name == WEIGHT:
-            raise InvalidPlanError(f"the column {WEIGHT} is the weight; it cannot be a row column")
-    return consolidated(derived(query.copy(), "__pgt_d"), list(columns))
 
 
 def compile_ir(
