@@ -16,7 +16,10 @@ Three measurements, in one database (``pgtrickle_bench_sched_<pid>``, dropped at
 * **Lone branch**: one branch of depth 3 (the fan's best case: what one branch costs alone).
 
 The chain, the fan and the lone branch are measured once per ``--parallel`` value
-(``max_parallel_refreshes``; default ``1`` and the machine's default), in the same run.
+(``max_parallel_refreshes``; default ``1`` and the machine's default) and ``--batch`` value
+(``max_batch_size``; default ``1``, batching off, and ``32``, stream tables ready together share one
+Spark job), in the same run. The Spark jobs of a propagation are the sum of its refreshes' counted
+jobs (a batch's shared job is counted once, on its first member's history row).
 
 For the chain and the fan the daemon runs as the tests run it (``Scheduler.run`` in a thread,
 ``tick_seconds`` 0.2, every schedule ``1s``); each of ``--changes`` rounds commits one INSERT into the
@@ -25,7 +28,7 @@ commit to the last stream table reflecting it. The refresh history gives the par
 (sum of the refreshes' durations) and the number of refreshes.
 
     .venv/bin/python benchmarks/scheduler_overhead.py [--ticks 20] [--cpu-seconds 30] [--changes 5]
-        [--parallel 1,4] [--skip-idle] [--json PATH] [--no-docs] [--preset NAME]
+        [--parallel 1,4] [--batch 1,32] [--skip-idle] [--json PATH] [--no-docs] [--preset NAME]
 """
 
 from __future__ import annotations
@@ -312,21 +315,26 @@ def propagation(
             )
             latency = time.monotonic() - committed
             hist = conn.execute(
-                "SELECT count(*), coalesce(sum(extract(epoch FROM end_time - start_time)), 0)"
+                "SELECT count(*), coalesce(sum(extract(epoch FROM end_time - start_time)), 0),"
+                " coalesce(sum(spark_jobs), 0), count(DISTINCT batch_id)"
                 " FROM pgtrickle.pgt_refresh_history h JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)"
                 " WHERE s.pgt_name = ANY(%s) AND h.start_time >= %s AND h.action <> 'NO_DATA'",
                 (members, since),
             ).fetchone()
+            assert hist is not None
             rounds.append(
                 {
                     "latency_s": round(latency, 3),
-                    "refreshes": int(hist[0]),  # type: ignore[index]
+                    "refreshes": int(hist[0]),
                     "refresh_seconds": round(float(hist[1]), 3),
+                    "spark_jobs": int(hist[2]),
+                    "batches": int(hist[3]),
                 }
-            )  # type: ignore[index]
+            )
             print(
                 f"  {label}: change {k + 1}/{changes} reached the last stream table after {latency:.2f}s "
-                f"({rounds[-1]['refreshes']} refreshes, {rounds[-1]['refresh_seconds']:.2f}s of refresh work)",
+                f"({rounds[-1]['refreshes']} refreshes in {rounds[-1]['batches']} batches, "
+                f"{rounds[-1]['spark_jobs']} Spark jobs, {rounds[-1]['refresh_seconds']:.2f}s of refresh work)",
                 flush=True,
             )
             time.sleep(1.5)
@@ -367,13 +375,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
                 [x] * len(r["rounds"]),
                 [v["latency_s"] for v in r["rounds"]],
                 color=colors[k % 4],
-                label=f"{run['parallel']} at once" if i == 0 else None,
+                label=f"{run['parallel']} at once, batch {run.get('batch', 1)}" if i == 0 else None,
             )
     ticks, labels = [0, 1, 2], ["chain of 10", "3×20 fan (60)", "one branch\nof depth 3"]
     axes[1].set_xticks(ticks, labels)
     axes[1].legend(fontsize=8)
     axes[1].set_ylabel("seconds, commit → last stream table")
-    axes[1].set_title("propagation latency by max_parallel_refreshes", fontsize=9)
+    axes[1].set_title("propagation latency by max_parallel_refreshes and max_batch_size", fontsize=9)
     axes[1].set_ylim(bottom=0)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -385,7 +393,7 @@ def docs_section(report: dict[str, Any], plot_path: Path) -> str:
     title = (
         "Scheduler overhead: idle ticks and DAG propagation"
         if report["idle"]
-        else "DAG propagation by max_parallel_refreshes"
+        else "DAG propagation by max_parallel_refreshes and max_batch_size"
     )
     lines = header_lines(title, report, "benchmarks/scheduler_overhead.py")
     i = report["idle"]
@@ -428,17 +436,20 @@ def docs_section(report: dict[str, Any], plot_path: Path) -> str:
     lines += [
         "**DAG propagation** (the daemon running, tick 0.2 s, every schedule `1s`; latency from the commit "
         "of one INSERT into the source until the last stream table holds the row; refresh work = the sum "
-        "of the durations of the refreshes that carried it, from the refresh history), by "
-        "`max_parallel_refreshes`:",
+        "of the durations of the refreshes that carried it, from the refresh history; Spark jobs = the "
+        "jobs those refreshes ran, a batch's shared job once), by `max_parallel_refreshes` (at once) and "
+        "`max_batch_size` (batch; 1: off):",
         "",
         *md_table(
             [
                 "DAG",
                 "at once",
+                "batch",
                 "stream tables",
                 "latency median",
                 "latency max",
                 "refreshes",
+                "Spark jobs",
                 "refresh work median",
                 "latency in mean refresh times",
             ],
@@ -446,10 +457,12 @@ def docs_section(report: dict[str, Any], plot_path: Path) -> str:
                 [
                     name,
                     run["parallel"],
+                    run.get("batch", 1),
                     r["stream_tables"],
                     f"{r['latency_median_s']:.2f} s",
                     f"{r['latency_max_s']:.2f} s",
                     statistics.median(x["refreshes"] for x in r["rounds"]),
+                    statistics.median(x.get("spark_jobs", 0) for x in r["rounds"]),
                     f"{r['refresh_seconds_median']:.2f} s",
                     f"{r['latency_median_s'] / (r['refresh_seconds_median'] / r['stream_tables']):.1f}",
                 ]
@@ -481,11 +494,17 @@ def main(argv: list[str] | None = None) -> int:
         default=f"1,{default_parallel_refreshes()}",
         help="max_parallel_refreshes values to measure propagation with, comma-separated",
     )
+    parser.add_argument(
+        "--batch",
+        default="1,32",
+        help="max_batch_size values to measure propagation with, comma-separated (1: off)",
+    )
     parser.add_argument("--skip-idle", action="store_true", help="measure propagation only")
     add_output_args(parser, SECTION, PLOT)
     args = parser.parse_args(argv)
     stop_on_signals()
     parallels = [int(p) for p in args.parallel.split(",") if p.strip()]
+    sizes = [int(b) for b in args.batch.split(",") if b.strip()]
     settings = Settings.from_env().with_overrides(dsn=args.dsn, spark_master=args.spark_master)
     admin_dsn = resolve_dsn(settings)
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
@@ -502,9 +521,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"== idle ticks with {args.stream_tables} stream tables", flush=True)
                 idle_ = idle(conn, run_settings, dsn, args.stream_tables, args.ticks, args.cpu_seconds)
             runs = []
-            for parallel in parallels:
-                at_once = run_settings.with_overrides(max_parallel_refreshes=parallel)
-                run: dict[str, Any] = {"parallel": parallel}
+            for parallel, size in [(p, b) for p in parallels for b in sizes]:
+                at_once = run_settings.with_overrides(max_parallel_refreshes=parallel, max_batch_size=size)
+                run: dict[str, Any] = {"parallel": parallel, "batch": size}
                 for key, label, build, source in (
                     ("chain", "chain of 10", lambda: build_chain(conn, 10), "src_chain"),
                     ("fan", "3×20 fan", lambda: build_fan(conn, 3, 20), "src_fan"),
@@ -514,11 +533,18 @@ def main(argv: list[str] | None = None) -> int:
                         "SELECT pgtrickle.drop_stream_table(name) FROM pgtrickle.stream_tables_info"
                         " ORDER BY pgt_id DESC"
                     )
-                    print(f"== {label}, max_parallel_refreshes {parallel}", flush=True)
+                    print(f"== {label}, max_parallel_refreshes {parallel}, max_batch_size {size}", flush=True)
                     names = build()
                     leaves = [names[-1]] if key == "chain" else [n for n in names if n.startswith("f3_")]
                     run[key] = propagation(
-                        conn, at_once, dsn, source, names, leaves, args.changes, f"{key} ({parallel} at once)"
+                        conn,
+                        at_once,
+                        dsn,
+                        source,
+                        names,
+                        leaves,
+                        args.changes,
+                        f"{key} ({parallel} at once, batch {size})",
                     )
                 runs.append(run)
     finally:

@@ -67,6 +67,12 @@ def default_parallel_refreshes() -> int:
 MAX_PARALLEL_REFRESHES_LIMIT = 64
 """Each parallel refresh holds its own PostgreSQL connections; more than this is refused."""
 
+DEFAULT_MAX_BATCH_SIZE = 32
+"""Stream tables refreshed together by one Spark job unless told (scheduler/batches.py)."""
+
+MAX_BATCH_SIZE_LIMIT = 256
+"""A batch holds one advisory lock and one Spark view per read of each member: more is refused."""
+
 
 def _metrics_port() -> int | None:
     """PGTRICKLE_METRICS_PORT: unset, empty or ``off`` leaves the metrics server off."""
@@ -109,11 +115,19 @@ class Settings:
     max_parallel_refreshes: int = field(default_factory=default_parallel_refreshes)
     """How many refreshes (stream tables or atomic groups) the daemon runs at once; 1: one at a time."""
 
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    """How many DIFFERENTIAL refreshes ready together share one snapshot and one Spark job
+    (scheduler/batches.py); 1: every stream table refreshes on its own."""
+
     def __post_init__(self) -> None:
         if not 1 <= self.max_parallel_refreshes <= MAX_PARALLEL_REFRESHES_LIMIT:
             raise ConfigError(
                 f"max_parallel_refreshes must be between 1 and {MAX_PARALLEL_REFRESHES_LIMIT}, "
                 f"got {self.max_parallel_refreshes}"
+            )
+        if not 1 <= self.max_batch_size <= MAX_BATCH_SIZE_LIMIT:
+            raise ConfigError(
+                f"max_batch_size must be between 1 and {MAX_BATCH_SIZE_LIMIT}, got {self.max_batch_size}"
             )
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError(f"the metrics port must be between 0 and 65535, got {self.metrics_port}")
@@ -136,6 +150,7 @@ class Settings:
             max_parallel_refreshes=int(
                 _env_number("MAX_PARALLEL_REFRESHES", default_parallel_refreshes(), int)
             ),
+            max_batch_size=int(_env_number("MAX_BATCH_SIZE", DEFAULT_MAX_BATCH_SIZE, int)),
         )
 
     def with_overrides(self, **overrides: object) -> Settings:

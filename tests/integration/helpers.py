@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pgtrickle.refresh.verify import verify
+from hypothesis import strategies as st
 
+from pgtrickle.refresh.verify import verify
 from tests.conftest import Database
 
 if TYPE_CHECKING:
     from pgtrickle.refresh.engine import RefreshOutcome
+
+
+DML_ROUNDS = st.lists(
+    st.tuples(st.sampled_from(["insert", "update", "delete"]), st.integers(1, 400), st.integers(-50, 50)),
+    min_size=1,
+    max_size=8,
+)
+"""A round of random DML on a source: (kind, key, value) statements, for a test to apply its way."""
 
 
 def create_st(db: Database, name: str, query: str, **kw: object) -> None:

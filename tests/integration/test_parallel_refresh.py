@@ -10,13 +10,12 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from pgtrickle.daemon.loop import Scheduler
 from pgtrickle.refresh.plan import Action
 from tests.conftest import Database
 from tests.hypothesis_profiles import examples
-from tests.integration.helpers import assert_oracle, create_st
+from tests.integration.helpers import DML_ROUNDS, assert_oracle, create_st
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
 
@@ -85,15 +84,7 @@ def test_a_fan_refreshed_in_parallel_stays_exact_under_random_dml(db: Database) 
         next_id = [1000]
 
         @settings(max_examples=examples(3), deadline=None, suppress_health_check=list(HealthCheck))
-        @given(
-            st.lists(
-                st.tuples(
-                    st.sampled_from(["insert", "update", "delete"]), st.integers(1, 400), st.integers(-50, 50)
-                ),
-                min_size=1,
-                max_size=8,
-            )
-        )
+        @given(DML_ROUNDS)
         def round_of(dml: list[tuple[str, int, int]]) -> None:
             for kind, key, value in dml:
                 if kind == "insert":

@@ -118,6 +118,14 @@ def run(
             show_default=False,
         ),
     ] = None,
+    max_batch_size: Annotated[
+        int | None,
+        typer.Option(
+            help="DIFFERENTIAL refreshes ready together that share one snapshot and one Spark job "
+            "($PGTRICKLE_MAX_BATCH_SIZE; default 32; 1: each on its own).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon: refresh due stream tables in dependency order until stopped.
 
@@ -131,6 +139,7 @@ def run(
             metrics_port=metrics_port,
             metrics_address=metrics_address,
             max_parallel_refreshes=max_parallel_refreshes,
+            max_batch_size=max_batch_size,
         )
         dsn = dsn_of(ctx)
         scheduler = Daemon(

@@ -55,12 +55,13 @@ from pgtrickle.daemon.units import (
     TickReport,
     Worker,
     group_nodes,
+    refresh_batch_unit,
     refresh_group_locked,
     refresh_group_unit,
     refresh_one,
 )
 from pgtrickle.daemon.wake import Wakes
-from pgtrickle.daemon.workers import Job, WorkerPool, inline, run_units
+from pgtrickle.daemon.workers import Job, WorkerPool, inline, run_units, tick_batching
 from pgtrickle.db.connection import connect
 from pgtrickle.db.query import scalar
 from pgtrickle.db.redaction import scrub
@@ -327,9 +328,12 @@ class Scheduler:
         results: dict[int, TickReport] = {}
         pending: dict[int, datetime] = {}
 
+        due_now: dict[int, DueReason] = {}  # why each stream table started in this tick is due
+
         def prepare(unit: Unit) -> Job | None:
             at = clock()
             reasons = {m: due(m, at) for m in unit.members}
+            due_now.update((m, r) for m, r in reasons.items() if r is not None)
             if not any(reasons.values()):
                 for m in unit.members:
                     if (ups[m] & changed or m in notified or m in self.wakes.pending) and m not in broken:
@@ -360,12 +364,19 @@ class Scheduler:
                 ended[st.pgt_id] = at
                 self.metrics.observe_failure(st.display)
 
+        batching = tick_batching(
+            self.settings,
+            sts,
+            lambda units: (
+                lambda w: refresh_batch_unit(w, [sts[u.key] for u in units], due_now, requested, forced)
+            ),
+        )
         if self.settings.max_parallel_refreshes > 1 and len(units) > 1:
-            self.pool.run(ready, prepare, done, lambda: self.stop_requested)
+            self.pool.run(ready, prepare, done, lambda: self.stop_requested, batching)
         else:
             worker = Worker(0, self.refresher, self.conn)
             worker.locks = self.locks
-            run_units(ready, prepare, done, lambda: self.stop_requested, inline(worker))
+            run_units(ready, prepare, done, lambda: self.stop_requested, inline(worker), batching)
         for unit in units:  # in dependency order, whichever finished first
             if unit.key in results:
                 report.extend(results[unit.key])

@@ -22,6 +22,7 @@ import psycopg
 
 from pgtrickle.catalog.store import StreamTable, load_stream_tables, upstream_ids
 from pgtrickle.errors import PgTrickleError
+from pgtrickle.refresh.batch import BatchRequest, refresh_batch
 from pgtrickle.refresh.engine import Cancelled, Refresher, RefreshOutcome
 from pgtrickle.refresh.group import refresh_group
 from pgtrickle.scheduler.groups import GroupNode, RefreshGroup, in_group_upstream
@@ -91,6 +92,13 @@ def group_nodes(sts: Mapping[int, StreamTable]) -> dict[int, GroupNode]:
     }
 
 
+def initiated_by(st: StreamTable, reason: DueReason | None) -> str:
+    """Who a refresh of ``st`` (due for ``reason``) is initiated by, in its history row."""
+    if st.frontier is None:
+        return "INITIAL"
+    return "MANUAL" if reason is DueReason.REQUESTED else "SCHEDULER"
+
+
 def refresh_one(
     worker: Worker, st: StreamTable, reason: DueReason, request_ids: Sequence[int], force: bool = False
 ) -> TickReport:
@@ -104,17 +112,14 @@ def refresh_one(
         fresh = load_stream_tables(worker.conn, only=st.pgt_id).get(st.pgt_id)
         if fresh is None:
             return report
-        initiated_by = (
-            "MANUAL"
-            if reason is DueReason.REQUESTED and fresh.frontier is not None
-            else "INITIAL"
-            if fresh.frontier is None
-            else "SCHEDULER"
-        )
         if note := stopped_note(fresh.display, fresh.status):
             log.warning("%s", note)
         outcome = worker.refresher.refresh(
-            fresh, initiated_by, request_ids, record_no_data=reason is DueReason.REQUESTED, force=force
+            fresh,
+            initiated_by(fresh, reason),
+            request_ids,
+            record_no_data=reason is DueReason.REQUESTED,
+            force=force,
         )
         report.refreshed.append(outcome)
     except Cancelled:
@@ -192,13 +197,7 @@ def refresh_group_unit(
                 worker,
                 group,
                 members,
-                lambda st: (
-                    "INITIAL"
-                    if st.frontier is None
-                    else "MANUAL"
-                    if reasons.get(st.pgt_id) is DueReason.REQUESTED
-                    else "SCHEDULER"
-                ),
+                lambda st: initiated_by(st, reasons.get(st.pgt_id)),
                 requested,
                 force=any(m in forced for m in members),
                 record_no_data=any(r is DueReason.REQUESTED for r in reasons.values()),
@@ -216,4 +215,67 @@ def refresh_group_unit(
         else:
             log.error("%s", exc)
         report.failed.append((sts[members[-1]], str(exc)))
+    return report
+
+
+def refresh_batch_unit(
+    worker: Worker,
+    sts: Sequence[StreamTable],
+    reasons: Mapping[int, DueReason],
+    requested: Mapping[int, Sequence[int]],
+    forced: frozenset[int] | set[int],
+) -> TickReport:
+    """Stream tables ready together refreshed as one batch (refresh/batch.py), each under its own
+    advisory lock (one held elsewhere leaves that stream table for the next tick); a member's
+    failure is reported for it alone."""
+    report = TickReport()
+    locked: list[int] = []
+    try:
+        for st in sts:
+            if worker.locks.try_lock(st.pgt_id):
+                locked.append(st.pgt_id)
+            else:
+                report.locked_elsewhere.append(st)
+        if not locked:
+            return report
+        # Re-read under the locks: another process may have refreshed them meanwhile.
+        fresh = load_stream_tables(worker.conn)
+        requests = []
+        for pgt_id in locked:
+            now = fresh.get(pgt_id)
+            if now is None:
+                continue
+            if note := stopped_note(now.display, now.status):
+                log.warning("%s", note)
+            requests.append(
+                BatchRequest(
+                    now,
+                    initiated_by(now, reasons[pgt_id]),
+                    list(requested.get(pgt_id, [])),
+                    record_no_data=reasons[pgt_id] is DueReason.REQUESTED,
+                    force=pgt_id in forced,
+                )
+            )
+        for result in refresh_batch(worker.refresher, requests):
+            if result.outcome is not None:
+                report.refreshed.append(result.outcome)
+            elif result.error is not None:
+                log.error("refresh of %s failed: %s", result.st.display, result.error)
+                report.failed.append((result.st, str(result.error)))
+    except Cancelled:
+        raise
+    except Exception as exc:
+        if isinstance(exc, psycopg.Error) and (worker.conn.broken or worker.conn.closed):
+            raise  # PostgreSQL is gone: the daemon reconnects
+        log.exception("batched refresh of %d stream tables failed unexpectedly", len(locked))
+        done = {o.st.pgt_id for o in report.refreshed} | {st.pgt_id for st, _ in report.failed}
+        report.failed.extend(
+            (st, f"{type(exc).__name__}: {exc}")
+            for st in sts
+            if st.pgt_id in locked and st.pgt_id not in done
+        )
+    finally:
+        if not (worker.conn.broken or worker.conn.closed):
+            for pgt_id in locked:
+                worker.locks.unlock(pgt_id)
     return report

@@ -21,15 +21,18 @@ import contextlib
 import heapq
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from pgtrickle.catalog.store import StreamTable
 from pgtrickle.config import Settings
 from pgtrickle.daemon.units import TickReport, Worker
 from pgtrickle.refresh.engine import Cancelled, Refresher
+from pgtrickle.scheduler.batches import BatchFacts, batches, why_alone
 from pgtrickle.scheduler.ready import ReadySet, Unit
 
 log = logging.getLogger(__name__)
@@ -112,6 +115,7 @@ class WorkerPool:
         prepare: Callable[[Unit], Job | None],
         done: Callable[[Unit, TickReport], None],
         stop: Callable[[], bool],
+        batching: Batching | None = None,
     ) -> None:
         """Run the tick's units on the workers; see :func:`run_units`."""
         self._start()
@@ -137,7 +141,7 @@ class WorkerPool:
 
             return executor.submit(task)
 
-        run_units(ready, prepare, done, stop, submit)
+        run_units(ready, prepare, done, stop, submit, batching)
 
     def cancel(self) -> None:
         """Abandon the refreshes in progress (second stop signal)."""
@@ -170,12 +174,38 @@ def inline(worker: Worker) -> Callable[[Job], Future[TickReport]]:
     return submit
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How a tick batches its ready units (scheduler/batches.py)."""
+
+    alone: Callable[[Unit], str | None]
+    """Why a unit refreshes on its own (``None``: it may join a batch)."""
+    job: Callable[[Sequence[Unit]], Job]
+    """The job refreshing several due units as one batch."""
+    max_size: int
+
+
+def tick_batching(
+    settings: Settings, sts: Mapping[int, StreamTable], job: Callable[[Sequence[Unit]], Job]
+) -> Batching | None:
+    """How a tick over ``sts`` batches the stream tables ready together (``None``: max_batch_size 1)."""
+    size = settings.max_batch_size
+    if size <= 1:
+        return None
+    facts = {
+        i: BatchFacts(st.refresh_mode, st.frontier is not None, st.needs_reinit) for i, st in sts.items()
+    }
+    connect = settings.spark_remote is not None
+    return Batching(lambda unit: why_alone(unit, facts.get(unit.key), size, connect), job, size)
+
+
 def run_units(
     ready: ReadySet,
     prepare: Callable[[Unit], Job | None],
     done: Callable[[Unit, TickReport], None],
     stop: Callable[[], bool],
     submit: Callable[[Job], Future[TickReport]],
+    batching: Batching | None = None,
 ) -> None:
     """Run every unit of ``ready``, each once the units it reads from finished.
 
@@ -184,21 +214,37 @@ def run_units(
     ``stop()`` turns true, nothing more starts; running jobs finish. A job that raises (a
     :class:`Cancelled` refresh, a lost connection) stops the tick the same way, and the first
     such error is raised once the running jobs are done.
+
+    With ``batching``, the units that may start now are cut into batches
+    (:func:`~pgtrickle.scheduler.batches.batches`): the due units of a batch run as one job in
+    one slot (``batching.job``); a batch with one due unit runs that unit's own job.
     """
-    running: dict[Future[TickReport], Unit] = {}
+    running: dict[Future[TickReport], list[Unit]] = {}
     error: BaseException | None = None
     while not ready.finished:
         if error is not None or stop():
             ready.skip_rest()
         skipped = False
-        for unit in ready.startable():
-            job = prepare(unit)
-            ready.start(unit.key)
-            if job is None:
-                ready.finish(unit.key)
-                skipped = True
+        free = ready.limit - ready.slots_used
+        waiting = ready.waiting()
+        chunks = batches(waiting, batching.alone, batching.max_size) if batching else [[u] for u in waiting]
+        for chunk in chunks[: max(0, free)]:
+            due: list[tuple[Unit, Job]] = []
+            for unit in chunk:
+                job = prepare(unit)
+                if job is None:
+                    ready.start(unit.key)
+                    ready.finish(unit.key)
+                    skipped = True
+                else:
+                    due.append((unit, job))
+            if due:
+                ready.start_together([u.key for u, _ in due])
+                units = [u for u, _ in due]
+                whole = due[0][1] if len(due) == 1 or batching is None else batching.job(units)
+                running[submit(whole)] = units
+            if skipped:
                 break  # finishing it may have made others ready, earlier in dependency order
-            running[submit(job)] = unit
         if skipped:
             continue
         if not running:
@@ -208,12 +254,13 @@ def run_units(
                 )
             break
         finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
-        for future in sorted(finished, key=lambda f: running[f].key):
-            unit = running.pop(future)
-            ready.finish(unit.key)
+        for future in sorted(finished, key=lambda f: running[f][0].key):
+            units = running.pop(future)
+            for unit in units:
+                ready.finish(unit.key)
             exc = future.exception()
             if exc is None:
-                done(unit, future.result())
+                done(units[0], future.result())
             elif error is None or (isinstance(error, Cancelled) and not isinstance(exc, Cancelled)):
                 error = exc
     if error is not None:

@@ -24,8 +24,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -66,6 +68,10 @@ __all__ = ["DifferentialRun", "FallbackToFull", "finish_output", "should_push_do
 
 COPY_MAX_ROWS = 200_000
 """Deltas up to this many rows are collected and COPYed; larger ones go by partitioned JDBC."""
+
+LIMIT_FIRST_ROUND = 100_000
+"""Partitions a collect's LIMIT scans in its first round (Spark's default, 1, then 4x more per
+round, runs a job per round over a plan of many partitions)."""
 
 
 @dataclass(frozen=True)
@@ -116,49 +122,49 @@ class DifferentialRun:
                 or history.wal_capture_set_up(self.conn)
             ):
                 wait_for_decoder(self.conn, self.r.dsn)
-            assert st.frontier is not None
-            pending = pending_changes(self.conn, st.sources, st.frontier, snapshot)
-            truncated = [p.source for p in pending if p.truncated]
-            if truncated:
-                raise FallbackToFull(
-                    f"source {truncated[0].schema}.{truncated[0].name} was truncated or refreshed in full"
-                )
-            changed = {p.source.relid: p for p in pending if p.rows > 0}
+            changed = self.changes(snapshot)
             t0 = time.monotonic()
             if changed:
                 faults.point("refresh.spark_job")
-                window = Window(st.frontier, snapshot, snap_id, coord)
+                window = Window(st.frontier or "", snapshot, snap_id, coord)
                 try:
                     with carry.refusals_checked(lambda: self.r.spark, coord):
                         rows = self._compute(window, changed)
                 except Exception as exc:
-                    refused = carry.refusal_in(exc)
-                    if refused is None:
-                        self._demote_if_plan_fails(exc)
-                        raise
-                    # A change in the window (say, a row inserted and deleted again) holds a value
-                    # Spark cannot carry: the sources at the new snapshot may not, so recompute;
-                    # if they still do, the FULL refresh refuses it in turn.
-                    raise FallbackToFull(
-                        f"a change holds a value Spark cannot carry ({refused.message})"
-                    ) from exc
+                    self.plan_failed(exc)
+                    raise
             spark_seconds = time.monotonic() - t0
             if self.r.group is None:
                 coord.rollback()
         self.r.check_cancel()
-        t1 = time.monotonic()
-        try:
-            inserted, deleted = self._apply(
-                rows, history_id, self.r.commit_snapshot(snapshot), lsn, request_ids, spark_seconds
-            )
-        except DeltaMismatch as err:
-            raise FallbackToFull(str(err)) from err
-        finally:
-            if isinstance(rows, Staged):
-                self._drop_staging(rows)
-        self.timings["apply"] = time.monotonic() - t1
-        self.timings["spark_job"] = spark_seconds
+        inserted, deleted = self.apply_rows(
+            rows, history_id, self.r.commit_snapshot(snapshot), lsn, request_ids, spark_seconds
+        )
         return inserted, deleted, sum(p.rows for p in changed.values()), spark_seconds
+
+    def changes(self, snapshot: str) -> dict[int, PendingChanges]:
+        """The changes pending per source between the frontier and ``snapshot`` (a truncated source:
+        FallbackToFull)."""
+        assert self.st.frontier is not None
+        pending = pending_changes(self.conn, self.st.sources, self.st.frontier, snapshot)
+        truncated = [p.source for p in pending if p.truncated]
+        if truncated:
+            raise FallbackToFull(
+                f"source {truncated[0].schema}.{truncated[0].name} was truncated or refreshed in full"
+            )
+        return {p.source.relid: p for p in pending if p.rows > 0}
+
+    def plan_failed(self, exc: BaseException) -> None:
+        """The delta's Spark job (or its planning) failed with ``exc``: raise FallbackToFull when a
+        FULL refresh should run instead (a value Spark cannot carry; an AUTO plan Spark refuses)."""
+        refused = carry.refusal_in(exc)
+        if refused is None:
+            self._demote_if_plan_fails(exc)
+            return
+        # A change in the window (say, a row inserted and deleted again) holds a value
+        # Spark cannot carry: the sources at the new snapshot may not, so recompute;
+        # if they still do, the FULL refresh refuses it in turn.
+        raise FallbackToFull(f"a change holds a value Spark cannot carry ({refused.message})") from exc
 
     def _demote_if_plan_fails(self, exc: BaseException) -> None:
         """AUTO never settles on a differential plan Spark refuses: refresh FULL from now on, saying why.
@@ -248,9 +254,8 @@ class DifferentialRun:
             _split(compiled, f"pgt_{st.pgt_id}_first_root_") if kept else None,
         )
 
-    def _compute(self, window: Window, changed: dict[int, PendingChanges]) -> list[tuple] | Staged:
-        spark = self.r.spark
-        tag_jobs(spark, f"pgtrickle-{self.st.pgt_id}", f"refresh {self.st.display}")
+    def _prepared(self, changed: dict[int, PendingChanges]) -> Prepared | None:
+        """The plan for this set of changed sources (cached across refreshes)."""
         relations = frozenset(relation_key(s) for s in self.st.sources if s.relid in changed)
         prepared = self.r.cached(
             (
@@ -263,45 +268,59 @@ class DifferentialRun:
             ),
             lambda: self._plan(relations),
         )
+        assert prepared is None or isinstance(prepared, Prepared)
+        if prepared is not None:
+            self.rules = prepared.rules
+        return prepared
+
+    def _compute(self, window: Window, changed: dict[int, PendingChanges]) -> list[tuple] | Staged:
+        spark = self.r.spark
+        tag_jobs(spark, f"pgtrickle-{self.st.pgt_id}", f"refresh {self.st.display}")
+        prepared = self._prepared(changed)
         if prepared is None:
             return []
-        assert isinstance(prepared, Prepared)
-        self.rules = prepared.rules
         reads = DeltaReads(self.r, self.st, window, self.layout.stored, self.timings)
-        total = sum(p.rows for p in changed.values())
-        partitions = max(1, min(capabilities(spark).parallelism, 1 + total // 50_000))
-        # Size the shuffle to the delta, not to the sources; small deltas skip AQE's re-planning.
-        tuned = {
-            "spark.sql.shuffle.partitions": str(partitions),
-            "spark.sql.adaptive.enabled": "false" if total < 100_000 else "true",
-        }
-        saved = {key: spark.conf.get(key) for key in tuned}
-        for key, value in tuned.items():
-            spark.conf.set(key, value)
         try:
-            reads.kept_views = prepared.kept_views
-            # Each hidden table's change first (children first), each one job; the plans above
-            # read it as a relation of its own, never as the plan that computed it.
-            self.kept_rows = []
-            t0 = time.monotonic()
-            for table, change, view in prepared.kept:
-                if change is not None:
-                    reads.register(change.main, prepared.restrictions, prepared.read_columns)
-                    self.kept_rows.append((table, self._kept_change(table, change, view, reads)))
-            if prepared.kept:
-                self.timings["kept_changes"] = time.monotonic() - t0
-            reads.register(prepared.compiled, prepared.restrictions, prepared.read_columns)  # type: ignore[arg-type]
-            spark_sql = prepared.spark_sql
-            if prepared.split is not None:
-                spark_sql = self._computed_first(prepared.split, reads) or spark_sql
-            return self._collect(self._output(spark_sql, prepared.columns))
+            with shuffle_sized(spark, sum(p.rows for p in changed.values())):
+                reads.kept_views = prepared.kept_views
+                # Each hidden table's change first (children first), each one job; the plans above
+                # read it as a relation of its own, never as the plan that computed it.
+                self.kept_rows = []
+                t0 = time.monotonic()
+                for table, change, view in prepared.kept:
+                    if change is not None:
+                        reads.register(change.main, prepared.restrictions, prepared.read_columns)
+                        self.kept_rows.append((table, self._kept_change(table, change, view, reads)))
+                if prepared.kept:
+                    self.timings["kept_changes"] = time.monotonic() - t0
+                reads.register(prepared.compiled, prepared.restrictions, prepared.read_columns)  # type: ignore[arg-type]
+                spark_sql = prepared.spark_sql
+                if prepared.split is not None:
+                    spark_sql = self._computed_first(prepared.split, reads) or spark_sql
+                return self._collect(self._output(spark_sql, prepared.columns))
         finally:
             reads.release()
-            for key, old in saved.items():
-                if old is None:
-                    spark.conf.unset(key)
-                else:
-                    spark.conf.set(key, old)
+
+    def delta_frame(
+        self, window: Window, changed: dict[int, PendingChanges]
+    ) -> tuple[Any, DeltaReads] | None:
+        """For a batch (refresh/batch.py): the delta as an analysed Spark DataFrame (c0.., ``__pgt_w``,
+        ``__pgt_row_id``) over reads registered now, and those reads (the caller releases them once
+        the shared job ran); ``None`` when nothing under the query changed. Only a plan without
+        hidden state tables is computed by one job (FallbackToFull otherwise)."""
+        prepared = self._prepared(changed)
+        if prepared is None:
+            return None
+        if prepared.kept:
+            raise FallbackToFull("the plan keeps hidden state tables: it is not computed by a shared job")
+        reads = DeltaReads(self.r, self.st, window, self.layout.stored, self.timings)
+        try:
+            reads.register(prepared.compiled, prepared.restrictions, prepared.read_columns)  # type: ignore[arg-type]
+            text = self._output(prepared.spark_sql, prepared.columns)
+            return planning.sql(self.r.spark, text, self.timings, "delta"), reads
+        except BaseException:
+            reads.release()
+            raise
 
     def _computed_first(self, split: Split, reads: DeltaReads) -> str | None:
         """Compute each sub-plan of ``split`` computed first (one Spark job each), registered as its
@@ -390,7 +409,7 @@ class DifferentialRun:
         self.conn.execute(f"DROP TABLE IF EXISTS {staged.table}")
 
     # ------------------------------------------------------------- apply
-    def _apply(
+    def apply_rows(
         self,
         rows: list[tuple] | Staged,
         history_id: int,
@@ -399,6 +418,29 @@ class DifferentialRun:
         request_ids: Sequence[int],
         spark_seconds: float,
     ) -> tuple[int, int]:
+        """Apply the computed delta in one transaction (a mismatch: FallbackToFull); (inserted, deleted)."""
+        t1 = time.monotonic()
+        try:
+            inserted, deleted = self._apply(
+                rows,
+                history_id,
+                snapshot=snapshot,
+                lsn=lsn,
+                request_ids=request_ids,
+                spark_seconds=spark_seconds,
+            )
+        except DeltaMismatch as err:
+            raise FallbackToFull(str(err)) from err
+        finally:
+            if isinstance(rows, Staged):
+                self._drop_staging(rows)
+        self.timings["apply"] = time.monotonic() - t1
+        self.timings["spark_job"] = spark_seconds
+        return inserted, deleted
+
+    def _apply(self, rows: list[tuple] | Staged, history_id: int, **completion: Any) -> tuple[int, int]:
+        """The apply transaction; ``completion``: what :func:`commit.complete` records (snapshot, lsn,
+        request ids, Spark seconds)."""
         st, conn = self.st, self.conn
         with conn.transaction():
             commit.lock_for_apply(conn, st)
@@ -420,14 +462,11 @@ class DifferentialRun:
             commit.complete(
                 conn,
                 st,
-                snapshot=snapshot,
-                lsn=lsn,
                 history_id=history_id,
                 inserted=inserted,
                 deleted=deleted,
-                spark_seconds=spark_seconds,
-                request_ids=request_ids,
                 recomputed=False,
+                **completion,
             )
             user_triggers.finish(conn, st, triggers, inserted, deleted, history_id)
             if self.r.group is not None and apply is not None:
@@ -443,6 +482,32 @@ class DifferentialRun:
         return self.r.cached(
             ("equality", "kept", table.name), lambda: equality_operators(self.conn, relid[0])
         )
+
+
+@contextmanager
+def shuffle_sized(spark: Any, changes: int, one_round: bool = False) -> Iterator[None]:
+    """Within: Spark's shuffle sized to a delta of ``changes`` rows, not to the sources (small
+    deltas skip AQE's re-planning); with ``one_round`` a LIMIT scans every partition in its first
+    round (one job: a batch's union of many plans has many partitions). The session's settings
+    come back after."""
+    partitions = max(1, min(capabilities(spark).parallelism, 1 + changes // 50_000))
+    tuned = {
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.sql.adaptive.enabled": "false" if changes < 100_000 else "true",
+    }
+    if one_round:
+        tuned["spark.sql.limit.initialNumPartitions"] = str(LIMIT_FIRST_ROUND)
+    saved = {key: spark.conf.get(key) for key in tuned}
+    for key, value in tuned.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, old)
 
 
 def _split(compiled: Compiled | None, prefix: str) -> Split | None:

@@ -44,6 +44,8 @@ from pgtrickle.ops import health
 from pgtrickle.ops.error_redaction import full_error, public_error, redact_message
 from pgtrickle.refresh import history
 from pgtrickle.refresh.context import GroupContext, ProgressFn
+from pgtrickle.refresh.delta_reads import FallbackToFull
+from pgtrickle.refresh.differential import DifferentialRun
 from pgtrickle.refresh.full import FullRun
 from pgtrickle.refresh.gating import Gating
 from pgtrickle.refresh.modes import AlreadyRecorded, RefreshModes, visible_columns
@@ -295,27 +297,30 @@ class Refresher:
                 history.record_abandoned(self.conn, history_id)
             raise
         except Exception as exc:
-            from pgtrickle.spark.session import discard_lost_session
+            raise self.failed(st, history_id, exc) from exc
 
-            discard_lost_session(exc)
-            message = public_error(exc)
-            refused = carry.refusal_in(exc)
-            full = message
-            if refused is not None:
-                # pgtrickle's own message, naming the column and the value: the value is masked where
-                # other roles read it (the catalog, alerts), kept in the raised error and the log.
-                full = refused.message + (f" (hint: {refused.hint})" if refused.hint else "")
-                message = redact_message(full)
-            _log_full_error(st, exc, message)
-            if self.group is None:
-                history.record_failure(self.conn, st, history_id, message, fatal=health.is_fatal(exc))
-            if isinstance(exc, PgTrickleError):
-                raise
-            if refused is not None:
-                raise ValueNotCarriedError(
-                    f"refresh of {st.display} refused: {full}", refused.sqlstate
-                ) from exc
-            raise RefreshError(f"refresh of {st.display} failed: {message}") from exc
+    def failed(self, st: StreamTable, history_id: int, exc: Exception) -> Exception:
+        """Record the failure ``exc`` of a refresh whose history row exists (not inside an atomic
+        group, which records it itself); the error to raise for it."""
+        from pgtrickle.spark.session import discard_lost_session
+
+        discard_lost_session(exc)
+        message = public_error(exc)
+        refused = carry.refusal_in(exc)
+        full = message
+        if refused is not None:
+            # pgtrickle's own message, naming the column and the value: the value is masked where
+            # other roles read it (the catalog, alerts), kept in the raised error and the log.
+            full = refused.message + (f" (hint: {refused.hint})" if refused.hint else "")
+            message = redact_message(full)
+        _log_full_error(st, exc, message)
+        if self.group is None:
+            history.record_failure(self.conn, st, history_id, message, fatal=health.is_fatal(exc))
+        if isinstance(exc, PgTrickleError):
+            return exc
+        if refused is not None:
+            return ValueNotCarriedError(f"refresh of {st.display} refused: {full}", refused.sqlstate)
+        return RefreshError(f"refresh of {st.display} failed: {message}")
 
     def cached(self, key: tuple, build: Callable[[], object]):
         """``build()``, computed once per key for the life of this refresher."""
@@ -364,21 +369,47 @@ class Refresher:
         analysis: DeltaMode,
         layout: Layout,
     ) -> RefreshOutcome:
-        from pgtrickle.refresh.differential import DifferentialRun, FallbackToFull
-
         run = DifferentialRun(self, st, analysis, layout)
         try:
             inserted, deleted, delta_rows, spark_seconds = run.run(history_id, request_ids)
         except FallbackToFull as why:
-            reason = f"differential refresh fell back to FULL: {why}"
-            log.warning("%s: %s", st.display, reason)
-            self.conn.execute(
-                "UPDATE pgtrickle.pgt_refresh_history SET action = 'FULL', was_full_fallback = true,"
-                " mode_reason = %s WHERE refresh_id = %s",
-                (reason, history_id),
-            )
-            full_plan = RefreshPlan(Action.FULL, reason, plan.delta_rows, plan.delta_deletes, True)
-            return self._full_refresh(st, full_plan, history_id, request_ids, layout)
+            return self.fall_back_to_full(st, plan, history_id, request_ids, layout, why)
+        return self.differential_outcome(
+            st, plan, history_id, run, inserted, deleted, delta_rows, spark_seconds
+        )
+
+    def fall_back_to_full(
+        self,
+        st: StreamTable,
+        plan: RefreshPlan,
+        history_id: int,
+        request_ids: Sequence[int],
+        layout: Layout,
+        why: Exception,
+    ) -> RefreshOutcome:
+        """A differential refresh that cannot run (``why``) runs FULL instead, said in its history row."""
+        reason = f"differential refresh fell back to FULL: {why}"
+        log.warning("%s: %s", st.display, reason)
+        self.conn.execute(
+            "UPDATE pgtrickle.pgt_refresh_history SET action = 'FULL', was_full_fallback = true,"
+            " mode_reason = %s WHERE refresh_id = %s",
+            (reason, history_id),
+        )
+        full_plan = RefreshPlan(Action.FULL, reason, plan.delta_rows, plan.delta_deletes, True)
+        return self._full_refresh(st, full_plan, history_id, request_ids, layout)
+
+    def differential_outcome(
+        self,
+        st: StreamTable,
+        plan: RefreshPlan,
+        history_id: int,
+        run: DifferentialRun,
+        inserted: int,
+        deleted: int,
+        delta_rows: int,
+        spark_seconds: float,
+    ) -> RefreshOutcome:
+        """The outcome of a completed differential ``run``; its history row names the rules it ran."""
         reason = plan.reason
         if run.rules:
             # The history names the rules this refresh ran (never a silent whole-query recompute).

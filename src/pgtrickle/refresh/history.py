@@ -7,6 +7,7 @@ connection it is given.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import psycopg
 
@@ -49,6 +50,40 @@ def start_history(conn: psycopg.Connection, st: StreamTable, plan: RefreshPlan, 
     ).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def set_batch(conn: psycopg.Connection, history_ids: Sequence[int]) -> None:
+    """Mark the history rows of a batch's members (refresh/batch.py): ``batch_id`` is the first one's id."""
+    conn.execute(
+        "UPDATE pgtrickle.pgt_refresh_history SET batch_id = %s WHERE refresh_id = ANY(%s)",
+        (history_ids[0], list(history_ids)),
+    )
+
+
+def batch_jobs_why(lead: int, members: int, shared: jobs.JobFigures, failed: bool = False) -> str:
+    """``spark_jobs_why`` of a batch's first member: its jobs are the batch's shared ones."""
+    why = f"the shared Spark job of batch {lead} ({members} stream tables)"
+    if failed:
+        why += " failed; its members were refreshed one by one"
+    return why + (f"; {shared.why}" if shared.why else "")
+
+
+def record_batch_jobs(
+    conn: psycopg.Connection, lead: int, members: int, shared: jobs.JobFigures, failed: bool
+) -> None:
+    """Add a batch's shared Spark job(s) to the history row of its first member (``lead``), when
+    that member did not record them with its own apply (it refreshed on its own instead)."""
+    why = batch_jobs_why(lead, members, shared, failed)
+    conn.execute(
+        """
+        UPDATE pgtrickle.pgt_refresh_history
+           SET spark_jobs = CASE WHEN %(j)s::int IS NULL THEN NULL ELSE coalesce(spark_jobs, 0) + %(j)s END,
+               spark_stages = CASE WHEN %(s)s::int IS NULL THEN NULL ELSE coalesce(spark_stages, 0) + %(s)s END,
+               spark_jobs_why = concat_ws('; ', %(w)s::text, spark_jobs_why)
+         WHERE refresh_id = %(id)s
+        """,
+        {"j": shared.jobs, "s": shared.stages, "w": why, "id": lead},
+    )
 
 
 def record_failure(

@@ -5,7 +5,8 @@ group (its members refresh together, so the group is one unit). A unit may
 start once every unit it reads from (directly) has finished in this tick —
 refreshed, found not due, skipped or failed — so a downstream stream table
 always sees what its upstreams committed in the same tick. Independent units
-run side by side, at most ``limit`` at once; among the units ready together
+run side by side, at most ``limit`` at once (a batch of units started together,
+scheduler/batches.py, counts once); among the units ready together
 the one earliest in dependency order (:func:`~pgtrickle.scheduler.dag.topological_order`)
 starts first, so with ``limit`` 1 the order is exactly the sequential one.
 
@@ -94,36 +95,56 @@ class ReadySet:
         if self.limit < 1:
             raise ValueError(f"at least one refresh must be allowed to run, got limit {self.limit}")
         self._by_key = {u.key: u for u in self.units}
+        self._slot_of: dict[int, int] = {}
+        """Each running unit's slot: the first key of the batch it started with."""
         unknown = {d for ds in self.deps.values() for d in ds} - self._by_key.keys()
         if unknown:
             raise ValueError(f"dependencies name units that are not in the tick: {sorted(unknown)}")
 
+    def waiting(self) -> list[Unit]:
+        """Every unit that may start now (its upstream units finished), whatever the free slots,
+        in dependency order: they never read each other, so they may share a batch
+        (scheduler/batches.py)."""
+        return [
+            unit
+            for unit in self.units
+            if unit.key not in self.done
+            and unit.key not in self.running
+            and self.deps.get(unit.key, frozenset()) <= self.done
+        ]
+
     def startable(self) -> list[Unit]:
         """The units to start now, earliest in dependency order first, within the free slots."""
-        free = self.limit - len(self.running)
-        found: list[Unit] = []
-        for unit in self.units:
-            if free <= len(found):
-                break
-            if unit.key in self.done or unit.key in self.running:
-                continue
-            if self.deps.get(unit.key, frozenset()) <= self.done:
-                found.append(unit)
-        return found
+        return self.waiting()[: max(0, self.limit - self.slots_used)]
+
+    @property
+    def slots_used(self) -> int:
+        """Refreshes running: a batch of units started together takes one slot."""
+        return len(set(self._slot_of.values()))
 
     def start(self, key: int) -> None:
-        if key in self.done or key in self.running:
-            raise ValueError(f"unit {key} was already started")
-        if not self.deps.get(key, frozenset()) <= self.done:
-            raise ValueError(f"unit {key} cannot start before the units it reads from finished")
-        if len(self.running) >= self.limit:
+        self.start_together([key])
+
+    def start_together(self, keys: Sequence[int]) -> None:
+        """Start ``keys`` as one refresh (a batch): they take one slot between them."""
+        if not keys:
+            raise ValueError("nothing to start")
+        for key in keys:
+            if key in self.done or key in self.running:
+                raise ValueError(f"unit {key} was already started")
+            if not self.deps.get(key, frozenset()) <= self.done:
+                raise ValueError(f"unit {key} cannot start before the units it reads from finished")
+        if self.slots_used >= self.limit:
             raise ValueError(f"{self.limit} refresh(es) already running")
-        self.running.add(key)
+        for key in keys:
+            self.running.add(key)
+            self._slot_of[key] = keys[0]
 
     def finish(self, key: int) -> None:
         if key not in self.running:
             raise ValueError(f"unit {key} is not running")
         self.running.remove(key)
+        del self._slot_of[key]
         self.done.add(key)
 
     def skip_rest(self) -> None:

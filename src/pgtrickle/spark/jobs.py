@@ -72,6 +72,8 @@ class JobCount:
     connect: bool = False
     recorded: JobFigures | None = None
     """What :func:`figures` last counted (the figures the history row got)."""
+    fixed: JobFigures | None = None
+    """Set by :func:`attributed`: the figures to record, not counted from the group."""
 
 
 _local = threading.local()
@@ -92,6 +94,15 @@ def counting(tag: str, description: str) -> Iterator[JobCount]:
         yield count
     finally:
         _local.count = previous
+
+
+@contextmanager
+def attributed(fixed: JobFigures, description: str) -> Iterator[JobCount]:
+    """Within: this thread's refresh records ``fixed`` as its Spark jobs (a member of a batch,
+    whose delta a job shared with other stream tables computed: refresh/batch.py)."""
+    with counting("pgtrickle-attributed", description) as count:
+        count.fixed = fixed
+        yield count
 
 
 def group_for(tag: str) -> str:
@@ -115,6 +126,9 @@ def figures() -> JobFigures:
     count = active()
     if count is None:
         return NOT_COUNTED
+    if count.fixed is not None:
+        count.recorded = count.fixed
+        return count.fixed
     if not count.sessions:
         return NO_JOBS
     if count.connect:

@@ -1,0 +1,391 @@
+"""A batch of refreshes: one snapshot, one Spark job for every member's delta, one transaction each.
+
+The stream tables of a batch (chosen by :mod:`pgtrickle.scheduler.batches`) never read each
+other. :func:`refresh_batch` refreshes them (their advisory locks held by the caller):
+
+1. One coordinator transaction exports snapshot S and pins every member's sources.
+2. Each member is planned at S through its own gates, as a lone refresh is
+   (:meth:`Refresher.prepare`): a tripped circuit breaker, a closed watermark gate, a
+   suspended table skip it with their usual history; with nothing pending its frontier moves to
+   S (NO_DATA); a failure while planning is recorded for it. A member whose plan is not a
+   DIFFERENTIAL one without hidden state tables (:func:`~pgtrickle.scheduler.batches.member_why_alone`)
+   refreshes on its own after the batch, exactly as it would alone.
+3. Every other member gets its RUNNING history row, its reads registered as Spark views and its
+   delta as a DataFrame (:meth:`DifferentialRun.delta_frame`; a member that cannot be planned so
+   refreshes on its own after the batch). The deltas are unioned, each row tagged with its
+   member's pgt_id (``__pgt_member``) and its values in that member's own columns (the others
+   NULL), so every value keeps its Spark type. ONE action collects the union (up to
+   :data:`COPY_MAX_ROWS` rows; a larger union is written by one partitioned JDBC write into one
+   staging table, from which each member gets a staging table of its own rows).
+4. Each member's rows are applied in its own PostgreSQL transaction with its own frontier (S),
+   change-buffer record and history row (:meth:`DifferentialRun.apply_rows`). A member whose
+   apply fails is recorded as failed (error count, alerts) and keeps its contents; a delta that
+   does not match its table makes it refresh FULL; the other members commit.
+
+If the shared job fails, nothing was applied: every member is refreshed one by one on its own
+(a member's bad value then fails only that member), and the log says so.
+
+Spark jobs: every member's history row carries ``batch_id``, the refresh_id of the batch's
+first member's row, which records the shared job(s); the other members record 0 jobs and
+``spark_jobs_why`` names the refresh holding them. So summing ``spark_jobs`` counts each job once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from psycopg import sql
+
+from pgtrickle import faults
+from pgtrickle.catalog.store import StreamTable
+from pgtrickle.cdc.wal import wait_for_decoder
+from pgtrickle.db.columns import column_types
+from pgtrickle.dvm import ir
+from pgtrickle.dvm.layout import ROW_ID
+from pgtrickle.errors import PgTrickleError
+from pgtrickle.refresh import history
+from pgtrickle.refresh.delta_apply import Staged
+from pgtrickle.refresh.delta_reads import DeltaReads, FallbackToFull, Window
+from pgtrickle.refresh.differential import COPY_MAX_ROWS, DifferentialRun, shuffle_sized
+from pgtrickle.refresh.engine import Cancelled, Prepared, Refresher, RefreshOutcome
+from pgtrickle.refresh.plan import Action
+from pgtrickle.scheduler.batches import member_why_alone
+from pgtrickle.spark import carry, jdbc, jobs, planning
+from pgtrickle.spark.capabilities import tag_jobs
+from pgtrickle.sql.ident import quote_ident
+
+log = logging.getLogger(__name__)
+
+MEMBER = "__pgt_member"
+"""The tag column of a batch's union: the pgt_id of the member a row belongs to."""
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One member of a batch, as its lone refresh would be asked for."""
+
+    st: StreamTable
+    initiated_by: str
+    request_ids: Sequence[int] = ()
+    record_no_data: bool = False
+    force: bool = False
+
+
+@dataclass
+class BatchResult:
+    """What became of one member: its outcome, or the error it failed with (recorded already)."""
+
+    st: StreamTable
+    outcome: RefreshOutcome | None = None
+    error: Exception | None = None
+
+
+@dataclass
+class _Member:
+    request: BatchRequest
+    prepared: Prepared
+    history_id: int
+    run: DifferentialRun
+    frame: Any = None
+    reads: DeltaReads | None = None
+    delta_rows: int = 0
+    rows: list[tuple] | Staged | None = None
+    alone: bool = False
+    """Dropped out of the shared job: refreshed on its own after it."""
+
+    @property
+    def st(self) -> StreamTable:
+        return self.run.st
+
+
+def refresh_batch(refresher: Refresher, requests: Sequence[BatchRequest]) -> list[BatchResult]:
+    """Refresh ``requests`` as one batch (see the module docstring); one result per member, in order."""
+    refresher.clear_cancel()
+    batch = _Batch(refresher, requests)
+    with jobs.counting("pgtrickle-batch", f"batch of {len(requests)} stream tables"):
+        batch.compute()
+        shared = jobs.figures()
+    batch.finish(shared)
+    return [batch.results[r.st.pgt_id] for r in requests]
+
+
+class _Batch:
+    def __init__(self, refresher: Refresher, requests: Sequence[BatchRequest]) -> None:
+        self.r = refresher
+        self.requests = requests
+        self.results = {r.st.pgt_id: BatchResult(r.st) for r in requests}
+        self.members: list[_Member] = []
+        self.alone: list[tuple[BatchRequest, Prepared]] = []
+        """Members planned FULL, or keeping hidden state tables: refreshed as they are alone."""
+        self.snapshot = self.lsn = ""
+        self.spark_seconds = 0.0
+        self.started = time.monotonic()
+        self.lead_recorded = False
+        """The first member's own row recorded the shared job's figures (its apply ran, or failed)."""
+        self.failed: Exception | None = None
+        """The shared job's failure (the members then refresh one by one)."""
+
+    # ------------------------------------------------------------ steps 1-3
+    def compute(self) -> None:
+        sources = list({s.relid: s for r in self.requests for s in r.st.sources}.values())
+        coord, snap_id, self.snapshot, self.lsn = self.r.coordinator(sources)
+        with coord:
+            try:
+                if history.wal_capture_set_up(self.r.conn):
+                    wait_for_decoder(self.r.conn, self.r.dsn)
+                for request in self.requests:
+                    self._plan(request)
+                if self.members:
+                    history.set_batch(self.r.conn, [m.history_id for m in self.members])
+                for m in self.members:
+                    assert m.st.frontier is not None
+                    self._frame(m, Window(m.st.frontier, self.snapshot, snap_id, coord))
+                live = [m for m in self.members if m.frame is not None]
+                t0 = time.monotonic()
+                if live:
+                    faults.point("refresh.spark_job")
+                    try:
+                        with carry.refusals_checked(lambda: self.r.spark, coord):
+                            self._shared_job(live)
+                    except Cancelled:
+                        raise
+                    except Exception as exc:
+                        self.failed = exc
+                        log.warning(
+                            "batch of %d stream tables: the shared Spark job failed (%s); "
+                            "refreshing its members one by one",
+                            len(live),
+                            (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300],
+                        )
+                self.spark_seconds = time.monotonic() - t0
+            except Cancelled:
+                for m in self.members:
+                    history.record_abandoned(self.r.conn, m.history_id)
+                raise
+            finally:
+                for m in self.members:
+                    if m.reads is not None:
+                        m.reads.release()
+                coord.rollback()
+
+    def _plan(self, request: BatchRequest) -> None:
+        """Plan one member at the batch's snapshot through its gates (step 2)."""
+        try:
+            prepared = self.r.prepare(
+                request.st,
+                request.request_ids,
+                request.initiated_by,
+                request.record_no_data,
+                request.force,
+                snapshot=self.snapshot,
+            )
+        except PgTrickleError as exc:  # recorded by prepare
+            self.results[request.st.pgt_id].error = exc
+            return
+        plan = prepared.plan
+        if plan.action in (Action.NO_DATA, Action.SKIP):
+            self.results[request.st.pgt_id].outcome = RefreshOutcome(request.st, plan.action, plan.reason)
+            return
+        why = member_why_alone(plan.action is Action.DIFFERENTIAL, len(prepared.layout.state_tables))
+        if why is not None:
+            log.debug("%s refreshes on its own: %s", request.st.display, why)
+            self.alone.append((request, prepared))
+            return
+        st = replace(request.st, watermark_mark=prepared.mark)  # committed with the frontier
+        history_id = history.start_history(self.r.conn, st, plan, request.initiated_by)
+        run = DifferentialRun(self.r, st, prepared.analysis, prepared.layout)
+        self.members.append(_Member(request, prepared, history_id, run))
+
+    def _frame(self, m: _Member, window: Window) -> None:
+        """A member's delta as a DataFrame over its registered reads; on a failure it drops out."""
+        try:
+            changed = m.run.changes(self.snapshot)
+            m.delta_rows = sum(p.rows for p in changed.values())
+            found = m.run.delta_frame(window, changed) if changed else None
+            if found is None:
+                m.rows = []
+            else:
+                m.frame, m.reads = found
+        except Cancelled:
+            raise
+        except Exception as exc:
+            # Whatever it was, this member refreshes on its own after the batch, where the
+            # error (or its fallback to FULL) is met exactly as in a lone refresh.
+            log.info("%s: refreshed on its own after the batch (%s)", m.st.display, exc)
+            m.alone = True
+
+    def _shared_job(self, live: Sequence[_Member]) -> None:
+        """The union of the members' deltas, collected by one action (staged when large)."""
+        spark = self.r.spark
+        tag_jobs(spark, "pgtrickle-batch", f"batch of {len(live)} stream tables")
+        widths = [len(m.frame.columns) - 2 for m in live]
+        names = [f"m{i}_c{j}" for i, w in enumerate(widths) for j in range(w)]
+        types = {
+            f"m{k}_c{j}": f.dataType.simpleString()
+            for k, x in enumerate(live)
+            for j, f in enumerate(x.frame.schema.fields[: widths[k]])
+        }
+        parts = []
+        for i, m in enumerate(live):
+            own = {f"m{i}_c{j}": f"c{j}" for j in range(widths[i])}
+            cols = [
+                f"CAST({m.st.pgt_id} AS BIGINT) AS {MEMBER}",
+                *(f"{own[n]} AS {n}" if n in own else f"CAST(NULL AS {types[n]}) AS {n}" for n in names),
+                f"{ir.WEIGHT}",
+                f"{ROW_ID}",
+            ]
+            parts.append(m.frame.selectExpr(*cols))
+        union = parts[0]
+        for part in parts[1:]:
+            union = union.union(part)
+        timings: dict[str, float] = {}
+        with shuffle_sized(spark, sum(m.delta_rows for m in live), one_round=True):
+            rows = planning.planned(union.limit(COPY_MAX_ROWS + 1), timings, "batch").collect()
+            if len(rows) > COPY_MAX_ROWS:
+                del rows
+                self._stage(union, live, widths)
+                return
+        offset = 1
+        by_member: dict[int, list[tuple]] = {m.st.pgt_id: [] for m in live}
+        starts = {}
+        for i, m in enumerate(live):
+            starts[m.st.pgt_id] = (offset, offset + widths[i])
+            offset += widths[i]
+        for row in rows:
+            start, end = starts[row[0]]
+            by_member[row[0]].append((*row[start:end], row[-2], row[-1]))
+        for m in live:
+            m.rows = by_member[m.st.pgt_id]
+
+    def _stage(self, union: Any, live: Sequence[_Member], widths: Sequence[int]) -> None:
+        """A large union: one JDBC write into one staging table, split into one per member in PostgreSQL."""
+        conn = self.r.conn
+        name = f"batch_{live[0].history_id}"
+        wide = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(name))
+        cols: list[sql.Composable] = [sql.SQL("{} bigint").format(sql.Identifier(MEMBER))]
+        for i, m in enumerate(live):
+            stored = column_types(conn, m.st.relid)
+            for j, column in enumerate(m.run.layout.columns[: widths[i]]):
+                cols.append(
+                    sql.SQL("{} {}").format(
+                        sql.Identifier(f"m{i}_c{j}"), sql.SQL(stored.get(column, "bigint"))
+                    )
+                )
+        cols += [sql.SQL("{} bigint").format(sql.Identifier(c)) for c in (ir.WEIGHT, ROW_ID)]
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(wide))
+        conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(wide, sql.SQL(", ").join(cols)))
+        try:
+            self.r.progress(f"batch of {len(live)}: large delta: writing it by JDBC into a staging table")
+            jdbc.write_append(union, self.r.target, f'pgtrickle_changes."{name}"')
+            for i, m in enumerate(live):
+                own = [f"m{i}_c{j}" for j in range(widths[i])] + [ir.WEIGHT, ROW_ID]
+                table = f"delta_{m.st.pgt_id}"
+                conn.execute(
+                    sql.SQL(
+                        "DROP TABLE IF EXISTS pgtrickle_changes.{t}; CREATE UNLOGGED TABLE "
+                        "pgtrickle_changes.{t} AS SELECT {c} FROM {w} WHERE {m} = {id}"
+                    ).format(
+                        t=sql.Identifier(table),
+                        c=sql.SQL(", ").join(map(sql.Identifier, own)),
+                        w=wide,
+                        m=sql.Identifier(MEMBER),
+                        id=sql.Literal(m.st.pgt_id),
+                    )
+                )
+                m.rows = Staged(f"pgtrickle_changes.{quote_ident(table)}", own)
+        finally:
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(wide))
+
+    # ------------------------------------------------------------ step 4
+    def finish(self, shared: jobs.JobFigures) -> None:
+        try:
+            self.r.check_cancel()
+        except Cancelled:
+            for m in self.members:
+                history.record_abandoned(self.r.conn, m.history_id)
+            raise
+        lead = self.members[0].history_id if self.members else None
+        for m in self.members:
+            if self.failed is not None or m.alone or m.rows is None:
+                result = self._own(m.request, m.prepared, m.history_id)
+            else:
+                result = self._apply(m, lead, shared)
+            self.results[m.st.pgt_id] = result
+        if lead is not None and not self.lead_recorded:
+            history.record_batch_jobs(self.r.conn, lead, len(self.members), shared, self.failed is not None)
+        for request, prepared in self.alone:
+            self.results[request.st.pgt_id] = self._own(request, prepared, None)
+
+    def _apply(self, m: _Member, lead: int | None, shared: jobs.JobFigures) -> BatchResult:
+        """One member's own transaction; the first member's row records the shared job's figures."""
+        result = BatchResult(m.st)
+        if m.history_id == lead:
+            figures = replace(shared, why=history.batch_jobs_why(lead, len(self.members), shared))
+        else:
+            figures = jobs.JobFigures(
+                0, 0, f"computed by the shared Spark job of batch {lead}, recorded there"
+            )
+        assert m.rows is not None
+        try:
+            with jobs.attributed(figures, f"refresh {m.st.display}"):
+                inserted, deleted = m.run.apply_rows(
+                    m.rows, m.history_id, self.snapshot, self.lsn, m.request.request_ids, self.spark_seconds
+                )
+                result.outcome = self.r.differential_outcome(
+                    m.st,
+                    m.prepared.plan,
+                    m.history_id,
+                    m.run,
+                    inserted,
+                    deleted,
+                    m.delta_rows,
+                    self.spark_seconds,
+                )
+                result.outcome.spark_jobs = figures.jobs
+                result.outcome.seconds = time.monotonic() - self.started
+            self.lead_recorded = self.lead_recorded or m.history_id == lead
+        except FallbackToFull as exc:
+            return self._full_instead(m, exc)
+        except Cancelled:
+            history.record_abandoned(self.r.conn, m.history_id)
+            raise
+        except Exception as exc:
+            with jobs.attributed(figures, f"refresh {m.st.display}"):
+                result.error = self.r.failed(m.st, m.history_id, exc)
+            self.lead_recorded = self.lead_recorded or m.history_id == lead
+        return result
+
+    def _full_instead(self, m: _Member, why: FallbackToFull) -> BatchResult:
+        result = BatchResult(m.st)
+        with jobs.counting(f"pgtrickle-{m.st.pgt_id}", f"refresh {m.st.display}") as count:
+            try:
+                result.outcome = self.r.fall_back_to_full(
+                    m.st, m.prepared.plan, m.history_id, m.request.request_ids, m.prepared.layout, why
+                )
+                result.outcome.spark_jobs = (count.recorded or jobs.figures()).jobs
+            except Cancelled:
+                history.record_abandoned(self.r.conn, m.history_id)
+                raise
+            except Exception as exc:
+                result.error = self.r.failed(m.st, m.history_id, exc)
+        return result
+
+    def _own(self, request: BatchRequest, prepared: Prepared, history_id: int | None) -> BatchResult:
+        """A member refreshed as it would be alone (its planned refresh, its own snapshot and jobs)."""
+        result = BatchResult(request.st)
+        st = replace(request.st, watermark_mark=prepared.mark)
+        started = time.monotonic()
+        if history_id is None:
+            history_id = history.start_history(self.r.conn, st, prepared.plan, request.initiated_by)
+        try:
+            result.outcome = self.r.execute(st, prepared.plan, history_id, request.request_ids, prepared)
+            result.outcome.seconds = time.monotonic() - started
+        except Cancelled:
+            raise
+        except Exception as exc:  # recorded by execute
+            result.error = exc
+        return result

@@ -1,0 +1,126 @@
+"""Batched refresh decisions (scheduler/batches.py) and their use by run_units: pure, no database."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pgtrickle.config import DEFAULT_MAX_BATCH_SIZE, Settings
+from pgtrickle.daemon.units import TickReport
+from pgtrickle.daemon.workers import Batching, run_units
+from pgtrickle.errors import ConfigError
+from pgtrickle.scheduler import batches as b
+from pgtrickle.scheduler.batches import BatchFacts, batches, member_why_alone, why_alone
+from pgtrickle.scheduler.ready import ReadySet, Unit, plan_units, unit_dependencies
+
+READY = BatchFacts("AUTO", populated=True, needs_reinit=False)
+
+
+def test_who_may_batch_and_why_not() -> None:
+    one = Unit(1, (1,))
+    assert why_alone(one, READY, 32, spark_connect=False) is None
+    assert why_alone(one, BatchFacts("DIFFERENTIAL", True, False), 32, False) is None
+    assert why_alone(one, BatchFacts("FULL", True, False), 32, False) == b.FULL_MODE
+    assert why_alone(one, BatchFacts("AUTO", False, False), 32, False) == b.NOT_POPULATED
+    assert why_alone(one, BatchFacts("AUTO", True, True), 32, False) == b.NEEDS_REINIT
+    assert why_alone(Unit(3, (2, 3), group=True), READY, 32, False) == b.ATOMIC_GROUP
+    assert why_alone(one, READY, 32, spark_connect=True) == b.SPARK_CONNECT
+    assert why_alone(one, READY, 1, False) == b.BATCHING_OFF
+    with pytest.raises(ValueError, match="no catalog facts"):
+        why_alone(one, None, 32, False)
+
+
+def test_a_planned_member_joins_the_shared_job_only_when_differential_without_hidden_tables() -> None:
+    assert member_why_alone(differential=True, state_tables=0) is None
+    assert member_why_alone(differential=True, state_tables=2) == b.KEEPS_STATE
+    assert member_why_alone(differential=False, state_tables=0) == b.NOT_DIFFERENTIAL
+
+
+def test_batches_are_bounded_and_keep_units_that_cannot_batch_alone() -> None:
+    units = [Unit(i, (i,)) for i in range(1, 8)] + [Unit(9, (8, 9), group=True), Unit(10, (10,))]
+    cut = batches(units, lambda u: "group" if u.group else None, 3)
+    assert [[u.key for u in x] for x in cut] == [[1, 2, 3], [4, 5, 6], [7, 10], [9]]
+    with pytest.raises(ValueError):
+        batches(units, lambda u: None, 0)
+
+
+@given(st.lists(st.booleans(), max_size=40), st.integers(1, 9))
+def test_every_unit_is_in_exactly_one_batch_within_the_bound(alone: list[bool], size: int) -> None:
+    units = [Unit(i, (i,)) for i in range(len(alone))]
+    cut = batches(units, lambda u: "no" if alone[u.key] else None, size)
+    assert sorted(u.key for x in cut for u in x) == list(range(len(alone)))
+    for x in cut:
+        assert 1 <= len(x) <= size
+        assert len(x) == 1 or not any(alone[u.key] for u in x)
+
+
+def test_the_batch_size_setting() -> None:
+    assert Settings().max_batch_size == DEFAULT_MAX_BATCH_SIZE
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        Settings(max_batch_size=0)
+
+
+# A fan: 1..4 independent, 5 reads 1, 6 reads 2; 7 is FULL (never batched).
+FAN = {
+    1: frozenset(),
+    2: frozenset(),
+    3: frozenset(),
+    4: frozenset(),
+    5: frozenset({1}),
+    6: frozenset({2}),
+    7: frozenset(),
+}
+
+
+def run(limit: int, size: int, not_due: frozenset[int] = frozenset()) -> list[list[int]]:
+    units = plan_units([1, 2, 3, 4, 7, 5, 6], [])
+    ready = ReadySet(units, unit_dependencies(units, FAN), limit)
+    jobs: list[list[int]] = []
+
+    def job_of(keys: list[int]):  # type: ignore[no-untyped-def]
+        def job(_w: object) -> TickReport:
+            jobs.append(keys)
+            return TickReport()
+
+        return job
+
+    def prepare(unit: Unit):  # type: ignore[no-untyped-def]
+        return None if unit.key in not_due else job_of([unit.key])
+
+    def submit(job) -> Future[TickReport]:  # type: ignore[no-untyped-def]
+        future: Future[TickReport] = Future()
+        future.set_result(job(None))
+        return future
+
+    batching = Batching(
+        lambda u: "full" if u.key == 7 else None, lambda us: job_of([u.key for u in us]), size
+    )
+    run_units(ready, prepare, lambda u, r: None, lambda: False, submit, batching)
+    assert ready.finished
+    return jobs
+
+
+def test_run_units_runs_each_level_as_one_batch() -> None:
+    assert run(limit=1, size=32) == [[1, 2, 3, 4], [7], [5, 6]]
+    assert run(limit=2, size=2) == [[1, 2], [3, 4], [7], [5, 6]]
+
+
+def test_units_not_due_leave_the_batch_and_a_batch_of_one_is_a_lone_refresh() -> None:
+    assert run(limit=1, size=32, not_due=frozenset({2, 3, 4})) == [[1], [7], [5, 6]]
+    assert run(limit=1, size=32, not_due=frozenset({2, 3, 4, 6})) == [[1], [7], [5]]
+
+
+def test_a_batch_takes_one_slot() -> None:
+    units = [Unit(i, (i,)) for i in range(1, 5)]
+    ready = ReadySet(units, {u.key: frozenset() for u in units}, 2)
+    ready.start_together([1, 2, 3])
+    assert ready.slots_used == 1
+    assert [u.key for u in ready.startable()] == [4]
+    with pytest.raises(ValueError, match="already started"):
+        ready.start_together([3])
+    for key in (1, 2, 3):
+        ready.finish(key)
+    assert ready.slots_used == 0
