@@ -32,7 +32,7 @@ from pgtrickle.catalog.store import Source, StreamTable
 from pgtrickle.db.columns import column_types
 from pgtrickle.dvm import ir
 from pgtrickle.dvm.compile import Compiled, ReadKind
-from pgtrickle.dvm.kept import StateTable, fingerprint
+from pgtrickle.dvm.kept import SCHEMA, StateTable, fingerprint
 from pgtrickle.dvm.keyed import KeySource, Restriction
 from pgtrickle.dvm.stored import StoredAggregate
 from pgtrickle.errors import PgTrickleError, UnsupportedQueryError
@@ -264,19 +264,7 @@ class DeltaReads:
             restriction = Restriction(stored.stored_of(restriction.column), restriction.keys)
         condition = self._condition(restriction, stats.reltuples) or "true"
         select = ", ".join(f"{quote_ident(s)} AS {quote_ident(c)}" for c, s in stored.names)
-        # Every value read exactly (spark/carry.py), as a source is: a time or a numeric key must
-        # meet the change's keys with all its digits.
-        types = column_types(self.conn, self.st.relid).items()
-        wanted = set(stored.written)
-        own = Source(
-            self.st.relid,
-            self.st.schema,
-            self.st.name,
-            "STREAM_TABLE",
-            "",
-            column_types=tuple((n, t) for n, t in types if n in wanted),
-        )
-        exact = self.r.source_select(own) or "*"
+        exact = self._exact_select(self.st.relid, self.st.schema, self.st.name, stored.written)
         query = f"SELECT {select} FROM (SELECT {exact} FROM {self.st.qualified} WHERE {condition}) AS __pgt_s"
         df = jdbc.read_query(self.r.spark, self.r.target, query, self.window.snap_id)
         self._count("stored_state_reads")
@@ -291,20 +279,32 @@ class DeltaReads:
     def _kept_table(self, table: StateTable, restriction: Restriction | None) -> tuple[Any, bool]:
         """A hidden state table as stored (the kept node's value at the window's start), only
         the rows of the change's keys when every plan reading it is bounded by them."""
+        row = self.window.coord.execute(
+            "SELECT oid, greatest(reltuples, 0) FROM pg_class WHERE oid = %s::regclass", (table.qualified,)
+        ).fetchone()
+        assert row is not None
+        relid, reltuples = int(row[0]), float(row[1])
+        condition = None if restriction is None else self._condition(restriction, reltuples)
+        exact = self._exact_select(relid, SCHEMA, table.name, table.columns)
         select = ", ".join(quote_ident(c) for c in table.columns)
-        query = f"SELECT {select} FROM {table.qualified}"
-        condition = None
-        if restriction is not None:
-            row = self.window.coord.execute(
-                "SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = %s::regclass", (table.qualified,)
-            ).fetchone()
-            condition = self._condition(restriction, float(row[0]) if row else 0.0)
+        query = f"SELECT {select} FROM (SELECT {exact} FROM {table.qualified}"
         if condition is not None:
             query += f" WHERE {condition}"
             self._count("kept_key_filtered_reads")
         else:
             self._count("kept_state_reads")
+        query += ") AS __pgt_s"
         return jdbc.read_query(self.r.spark, self.r.target, query, self.window.snap_id), True
+
+    def _exact_select(self, relid: int, schema: str, name: str, wanted: Sequence[str]) -> str:
+        """The select list reading ``wanted`` columns of a table pgtrickle wrote (a stream table's
+        stored state, a hidden state table) exactly, as a source is read (spark/carry.py): a
+        time or numeric key must meet the change's keys with all its digits, and a
+        ``character(n)`` value crosses without the blanks PostgreSQL padded it with on write."""
+        keep = set(wanted)
+        types = tuple((n, t) for n, t in column_types(self.conn, relid).items() if n in keep)
+        own = Source(relid, schema, name, "STREAM_TABLE", "", column_types=types)
+        return self.r.source_select(own) or "*"
 
     def _delta(self, scan: ir.Scan) -> Any:
         source = self._source(scan.relation)
