@@ -13,7 +13,7 @@ from pgtrickle.daemon.units import TickReport
 from pgtrickle.daemon.workers import Batching, run_units
 from pgtrickle.errors import ConfigError
 from pgtrickle.scheduler import batches as b
-from pgtrickle.scheduler.batches import BatchFacts, batches, member_why_alone, why_alone
+from pgtrickle.scheduler.batches import BatchFacts, batches, member_why_alone, spread_size, why_alone
 from pgtrickle.scheduler.ready import ReadySet, Unit, plan_units, unit_dependencies
 
 READY = BatchFacts("AUTO", populated=True, needs_reinit=False)
@@ -106,6 +106,23 @@ def run(limit: int, size: int, not_due: frozenset[int] = frozenset()) -> list[li
 def test_run_units_runs_each_level_as_one_batch() -> None:
     assert run(limit=1, size=32) == [[1, 2, 3, 4], [7], [5, 6]]
     assert run(limit=2, size=2) == [[1, 2], [3, 4], [7], [5, 6]]
+
+
+def test_a_level_spreads_over_the_free_slots() -> None:
+    """Two slots and four batchable units (7 is FULL, alone): 7 takes one slot, the four share the
+    other; with both done, 5 and 6 run side by side in the two free slots."""
+    assert run(limit=2, size=32) == [[1, 2, 3, 4], [7], [5], [6]]
+    # Three slots: 7 in one, 1..4 over the two others; then 5 and 6 side by side.
+    assert run(limit=3, size=32) == [[1, 2], [3, 4], [7], [5], [6]]
+    assert [
+        spread_size(n, a, f, 32) for n, a, f in ((20, 0, 2), (21, 0, 2), (3, 0, 8), (0, 2, 2), (99, 0, 1))
+    ] == [
+        10,
+        11,
+        1,
+        1,
+        32,
+    ]
 
 
 def test_units_not_due_leave_the_batch_and_a_batch_of_one_is_a_lone_refresh() -> None:

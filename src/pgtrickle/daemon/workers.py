@@ -32,7 +32,7 @@ from pgtrickle.catalog.store import StreamTable
 from pgtrickle.config import Settings
 from pgtrickle.daemon.units import TickReport, Worker
 from pgtrickle.refresh.engine import Cancelled, Refresher
-from pgtrickle.scheduler.batches import BatchFacts, batches, why_alone
+from pgtrickle.scheduler.batches import BatchFacts, batches, spread_size, why_alone
 from pgtrickle.scheduler.ready import ReadySet, Unit
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,15 @@ def tick_batching(
     return Batching(lambda unit: why_alone(unit, facts.get(unit.key), size, connect), job, size)
 
 
+def _chunks(waiting: Sequence[Unit], batching: Batching | None, free: int) -> list[list[Unit]]:
+    """The units that may start now, as the jobs they start as: batches spread over the free slots."""
+    if batching is None:
+        return [[u] for u in waiting]
+    alone = sum(1 for u in waiting if batching.alone(u) is not None)
+    size = spread_size(len(waiting) - alone, alone, free, batching.max_size)
+    return batches(waiting, batching.alone, size)
+
+
 def run_units(
     ready: ReadySet,
     prepare: Callable[[Unit], Job | None],
@@ -215,9 +224,10 @@ def run_units(
     :class:`Cancelled` refresh, a lost connection) stops the tick the same way, and the first
     such error is raised once the running jobs are done.
 
-    With ``batching``, the units that may start now are cut into batches
-    (:func:`~pgtrickle.scheduler.batches.batches`): the due units of a batch run as one job in
-    one slot (``batching.job``); a batch with one due unit runs that unit's own job.
+    With ``batching``, the units that may start now are cut into batches spread over the free
+    slots (:func:`~pgtrickle.scheduler.batches.batches`,
+    :func:`~pgtrickle.scheduler.batches.spread_size`): the due units of a batch run as one job
+    in one slot (``batching.job``); a batch with one due unit runs that unit's own job.
     """
     running: dict[Future[TickReport], list[Unit]] = {}
     error: BaseException | None = None
@@ -227,7 +237,7 @@ def run_units(
         skipped = False
         free = ready.limit - ready.slots_used
         waiting = ready.waiting()
-        chunks = batches(waiting, batching.alone, batching.max_size) if batching else [[u] for u in waiting]
+        chunks = _chunks(waiting, batching, free)
         for chunk in chunks[: max(0, free)]:
             due: list[tuple[Unit, Job]] = []
             for unit in chunk:

@@ -22,7 +22,11 @@ never read each other, so any of them may share a snapshot. Two decisions, both 
    FULL (AUTO decided so, a fallback) refreshes on its own after the batch; a SKIP or
    NO_DATA member was recorded by its gates and drops out.
 
-:func:`batches` cuts the ready units into batches of at most ``max_batch_size`` members.
+:func:`batches` cuts the ready units into batches of at most ``max_batch_size`` members, and
+:func:`spread_size` makes those batches spread over the free refresh slots: with two slots, the 20
+stream tables of one level of a fan run as two batches of 10 side by side (two Spark jobs at once,
+and each member's PostgreSQL work — gates, apply — on two connections) rather than one batch of
+20 while the other slot stays idle.
 """
 
 from __future__ import annotations
@@ -83,6 +87,17 @@ def member_why_alone(differential: bool, state_tables: int) -> str | None:
     if state_tables:
         return KEEPS_STATE
     return None
+
+
+def spread_size(batchable: int, alone: int, free_slots: int, max_batch_size: int) -> int:
+    """The batch size that spreads ``batchable`` units over the free slots the ``alone`` units
+    (each a job of its own) leave, at most ``max_batch_size``, at least 1.
+
+    >>> spread_size(20, 0, 2, 32), spread_size(20, 1, 2, 32), spread_size(100, 0, 2, 32)
+    (10, 20, 32)
+    """
+    slots = max(1, free_slots - alone)
+    return max(1, min(max_batch_size, -(-batchable // slots)))
 
 
 def batches(
