@@ -408,7 +408,13 @@ def docs_section(report: dict[str, Any], results: dict[str, QueryResult], plot_p
             lines += [f"- **{r.name.upper()}** at {r.refused_at}: {r.reason}" for r in refused]
         return "\n".join(lines)
     lines += [
-        f"Scale factor {report['sf']:g}, `varchar(n)` columns where TPC-H has `char(n)` (see below; lineitem {counts['lineitem']:,} rows, orders {counts['orders']:,}, "
+        f"Scale factor {report['sf']:g}, "
+        + (
+            "the specification's `char(n)` columns"
+            if report["char_columns"]
+            else "`varchar(n)` columns where TPC-H has `char(n)` (see below)"
+        )
+        + f" (lineitem {counts['lineitem']:,} rows, orders {counts['orders']:,}, "
         f"customer {counts['customer']:,}, part {counts['part']:,}, partsupp {counts['partsupp']:,}), generated "
         "locally by `benchmarks/tpch_data.py` (TPC-H schema and value rules, no dbgen). Every round commits one "
         f"transaction of {ch['orders_inserted']} new orders with their lines, {ch['orders_deleted']} orders "
