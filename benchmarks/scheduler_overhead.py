@@ -314,11 +314,16 @@ def propagation(
                 f"{label}: row {new_id} to reach the last stream table",
             )
             latency = time.monotonic() - committed
+            # Refresh work: the members of a batch share one duration (the batch's), counted once.
             hist = conn.execute(
-                "SELECT count(*), coalesce(sum(extract(epoch FROM end_time - start_time)), 0),"
-                " coalesce(sum(spark_jobs), 0), count(DISTINCT batch_id)"
+                "WITH h AS (SELECT h.batch_id, h.spark_jobs, extract(epoch FROM h.end_time - h.start_time) AS d"
                 " FROM pgtrickle.pgt_refresh_history h JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)"
-                " WHERE s.pgt_name = ANY(%s) AND h.start_time >= %s AND h.action <> 'NO_DATA'",
+                " WHERE s.pgt_name = ANY(%s) AND h.start_time >= %s AND h.action <> 'NO_DATA')"
+                " SELECT (SELECT count(*) FROM h),"
+                " coalesce((SELECT sum(d) FROM h WHERE batch_id IS NULL), 0)"
+                " + coalesce((SELECT sum(m) FROM (SELECT max(d) AS m FROM h WHERE batch_id IS NOT NULL"
+                " GROUP BY batch_id) b), 0),"
+                " (SELECT coalesce(sum(spark_jobs), 0) FROM h), (SELECT count(DISTINCT batch_id) FROM h)",
                 (members, since),
             ).fetchone()
             assert hist is not None
@@ -436,7 +441,7 @@ def docs_section(report: dict[str, Any], plot_path: Path) -> str:
     lines += [
         "**DAG propagation** (the daemon running, tick 0.2 s, every schedule `1s`; latency from the commit "
         "of one INSERT into the source until the last stream table holds the row; refresh work = the sum "
-        "of the durations of the refreshes that carried it, from the refresh history; Spark jobs = the "
+        "of the durations of the refreshes that carried it, from the refresh history, a batch once; Spark jobs = the "
         "jobs those refreshes ran, a batch's shared job once), by `max_parallel_refreshes` (at once) and "
         "`max_batch_size` (batch; 1: off):",
         "",
