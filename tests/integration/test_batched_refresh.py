@@ -3,6 +3,7 @@ job; each applies in its own transaction. Real PostgreSQL and Spark, the oracle 
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -206,6 +207,133 @@ def test_a_tripped_breaker_skips_one_member_not_the_batch(db: Database) -> None:
         batched = [r for r in rows if r[0] in LEVEL1 and r[1] == "DIFFERENTIAL"]
         assert len(batched) == 5 and len({r[3] for r in batched}) == 1
         assert sum(r[4] for r in batched) == 1
+    finally:
+        scheduler.close()
+
+
+def lead_rows(db: Database, after: int) -> list[tuple]:
+    """(spark_jobs, spark_stages, spark_jobs_why) of the batches' first members after ``after``."""
+    return db.sql(
+        "SELECT spark_jobs, spark_stages, spark_jobs_why FROM pgtrickle.pgt_refresh_history"
+        " WHERE refresh_id > %s AND batch_id = refresh_id ORDER BY refresh_id",
+        (after,),
+    )
+
+
+def test_a_batch_reads_a_change_buffer_once_and_consolidates_every_member_at_once(db: Database) -> None:
+    build(db)
+    scheduler = Scheduler(db.settings.with_overrides(max_parallel_refreshes=1), db.dsn)
+    try:
+        assert not scheduler.tick().failed  # the initial refreshes: each member at a frontier of its own
+        for round_ in range(2):  # then one batch at different frontiers, then one at the same
+            db.sql("INSERT INTO src VALUES (%s, 1, 77, 1.5, 'new', now())", (5000 + round_,))
+            db.sql("UPDATE src SET v = v WHERE id BETWEEN 10 AND 20")  # old = new: cancels in every member
+            db.sql("UPDATE src SET amount = amount + 1 WHERE id = 30")  # seen by b1_avg alone
+            time_passes(db)
+            before = last_refresh_id(db)
+            report = scheduler.tick()
+            assert not report.failed, report.failed
+            assert all(o.action is Action.DIFFERENTIAL for o in report.refreshed if o.st.name in LEVEL1)
+            assert_oracle(db)
+            level1 = lead_rows(db, before)[0]
+            assert level1[0] == 1, level1
+            served = re.search(r"(\d+) reads of its members served by (\d+) JDBC reads", level1[2] or "")
+            # Six members read src's change buffer (one read, persisted); b1_join reads dim and b1_max
+            # the rows of src with the changed groups (its own reads): eight reads, three made.
+            assert served is not None and (int(served[1]), int(served[2])) == (8, 3), level1
+    finally:
+        scheduler.close()
+
+
+def test_a_batch_of_projections_runs_in_one_stage(db: Database) -> None:
+    """Linear members of a batch: their deltas are consolidated together, in one task - not one
+    shuffle per member - over one read of their source's change buffer."""
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
+    db.sql("CREATE TABLE src (id int PRIMARY KEY, v int NOT NULL, note text)")
+    db.sql("INSERT INTO src SELECT g, g, 'n' || g FROM generate_series(1, 200) g")
+    names = [f"p{j}" for j in range(5)]
+    for j, name in enumerate(names):
+        query = f"SELECT id, v + {j} AS v FROM src" if j % 2 else f"SELECT id, note, v FROM src WHERE v > {j}"
+        create_st(db, name, query, schedule="1h", refresh_mode="DIFFERENTIAL")
+    scheduler = Scheduler(db.settings.with_overrides(max_parallel_refreshes=1), db.dsn)
+    try:
+        assert not scheduler.tick().failed
+        db.sql("INSERT INTO src VALUES (5000, 5, 'new')")
+        db.sql("UPDATE src SET v = v + 1 WHERE id % 10 = 0")
+        db.sql("UPDATE src SET note = note WHERE id % 7 = 0")
+        db.sql("DELETE FROM src WHERE id % 11 = 0")
+        time_passes(db)
+        before = last_refresh_id(db)
+        report = scheduler.tick()
+        assert not report.failed, report.failed
+        assert sorted(o.st.name for o in report.refreshed) == names
+        assert all(o.action is Action.DIFFERENTIAL for o in report.refreshed)
+        assert_oracle(db, *names)
+        assert lead_rows(db, before)[0][:2] == (1, 1), lead_rows(db, before)
+    finally:
+        scheduler.close()
+
+
+def test_a_large_batch_goes_through_one_staging_table(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    build(db)
+    scheduler = Scheduler(db.settings.with_overrides(max_parallel_refreshes=1), db.dsn)
+    try:
+        assert not scheduler.tick().failed
+        monkeypatch.setattr("pgtrickle.refresh.batch.COPY_MAX_ROWS", 5)  # any union is "large"
+        db.sql("INSERT INTO src SELECT g, g % 7, g, g / 3.0, 'k', now() FROM generate_series(6000, 6040) g")
+        db.sql("DELETE FROM src WHERE id % 13 = 0")
+        db.sql("UPDATE src SET ts = ts + interval '1 microsecond', note = NULL WHERE id % 17 = 0")
+        time_passes(db)
+        before = last_refresh_id(db)
+        report = scheduler.tick()
+        assert not report.failed, report.failed
+        assert all(o.action is Action.DIFFERENTIAL for o in report.refreshed if o.st.name in LEVEL1)
+        assert_oracle(db)
+        rows = [r for r in history(db, before) if r[0] in LEVEL1]
+        assert len({r[3] for r in rows}) == 1 and sum(r[4] or 0 for r in rows) >= 1, rows
+        assert not db.sql(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'pgtrickle_changes'"
+            " AND (tablename LIKE 'batch\\_%%' OR tablename LIKE 'delta\\_%%')"
+        ), "staging tables are dropped"
+    finally:
+        scheduler.close()
+
+
+def test_when_the_shared_job_fails_the_members_refresh_one_by_one(db: Database) -> None:
+    build(db)
+    # ANSI arithmetic: integer overflow is an error in PostgreSQL and on Spark alike.
+    create_st(
+        db,
+        "b1_bad",
+        "SELECT id, CASE WHEN v > 1000000 THEN v * 100000 ELSE v END AS big FROM src",
+        schedule="1h",
+        refresh_mode="DIFFERENTIAL",
+    )
+    scheduler = Scheduler(db.settings.with_overrides(max_parallel_refreshes=1), db.dsn)
+    try:
+        assert not scheduler.tick().failed
+        db.sql("INSERT INTO src VALUES (5000, 1, 2000000, 1.5, 'huge', now())")
+        time_passes(db)
+        before = last_refresh_id(db)
+        report = scheduler.tick()
+        assert [f[0].name for f in report.failed] == ["b1_bad"]
+        assert all(o.action is Action.DIFFERENTIAL for o in report.refreshed if o.st.name in LEVEL1)
+        assert_oracle(db, *LEVEL1, *LEVEL2)
+        why = " ".join(r[2] or "" for r in lead_rows(db, before))
+        assert "failed; its members were refreshed one by one" in why, why
+        # Without the value the member catches up, exactly: its window still holds the row (inserted,
+        # then deleted), whose overflow the FULL refresh it falls back to never meets.
+        db.sql("DELETE FROM src WHERE id = 5000")
+        time_passes(db)
+        before = last_refresh_id(db)
+        assert not scheduler.tick().failed
+        assert_oracle(db)
+        action, reason = db.sql(
+            "SELECT h.action, h.mode_reason FROM pgtrickle.pgt_refresh_history h"
+            " JOIN pgtrickle.pgt_stream_tables s USING (pgt_id) WHERE s.pgt_name = 'b1_bad' AND h.refresh_id > %s",
+            (before,),
+        )[0]
+        assert action == "FULL" and "data error" in reason and "22003" in reason, (action, reason)
     finally:
         scheduler.close()
 

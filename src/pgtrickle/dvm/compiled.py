@@ -80,6 +80,8 @@ class Compiled:
     dialect: Dialect
     nodes: tuple[Node, ...] = ()
     """The IR node of each common table expression ``__pgt_n<i>``, by ``i`` (the root last)."""
+    raw: exp.Query | None = None
+    """The weighted query :meth:`consolidated` wrapped (``None``: not a consolidation)."""
 
     def sql(self, pretty: bool = False) -> str:
         """The query's text in its dialect.
@@ -101,8 +103,20 @@ class Compiled:
     def consolidated(self) -> Compiled:
         """The same Z-set in canonical form (see :func:`consolidate`)."""
         return Compiled(
-            consolidate(self.query, self.columns), self.columns, self.reads, self.dialect, self.nodes
+            consolidate(self.query, self.columns),
+            self.columns,
+            self.reads,
+            self.dialect,
+            self.nodes,
+            self.query,
         )
+
+    def unconsolidated_sql(self) -> str | None:
+        """The text of the weighted query before :meth:`consolidated` grouped it (the same Z-set,
+        rows not yet merged): for a caller that consolidates several such queries at once."""
+        if self.raw is None:
+            return None
+        return Compiled(self.raw, self.columns, self.reads, self.dialect, self.nodes).sql()
 
 
 def consolidate(query: exp.Query, columns: tuple[str, ...] | list[str]) -> exp.Select:

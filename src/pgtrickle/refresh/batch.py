@@ -11,12 +11,16 @@ other. :func:`refresh_batch` refreshes them (their advisory locks held by the ca
    DIFFERENTIAL one without hidden state tables (:func:`~pgtrickle.scheduler.batches.member_why_alone`)
    refreshes on its own after the batch, exactly as it would alone.
 3. Every other member gets its RUNNING history row, its reads registered as Spark views and its
-   delta as a DataFrame (:meth:`DifferentialRun.delta_frame`; a member that cannot be planned so
-   refreshes on its own after the batch). The deltas are unioned, each row tagged with its
-   member's pgt_id (``__pgt_member``) and its values in that member's own columns (the others
-   NULL), so every value keeps its Spark type. ONE action collects the union (up to
-   :data:`COPY_MAX_ROWS` rows; a larger union is written by one partitioned JDBC write into one
-   staging table, from which each member gets a staging table of its own rows).
+   delta as Spark SQL (:meth:`DifferentialRun.delta_text`; a member that cannot be planned so
+   refreshes on its own after the batch). Members share their reads
+   (:class:`~pgtrickle.refresh.delta_reads.SharedReads`): the stream tables of a fan read one
+   change buffer over one window, so one JDBC relation, persisted, serves them all. The deltas
+   are unioned in ONE query, each row tagged with its member's pgt_id (``__pgt_member``) and its
+   values in a struct column of that member's own (the others NULL), so every value keeps its
+   Spark type; the union is consolidated at once (grouped by member and row, weights summed,
+   zero sums dropped) - one shuffle for the batch, not one per member. ONE action collects it (up
+   to :data:`COPY_MAX_ROWS` rows; a larger union is written by one partitioned JDBC write into
+   one staging table, from which each member gets a staging table of its own rows).
 4. Each member's rows are applied in its own PostgreSQL transaction with its own frontier (S),
    change-buffer record and history row (:meth:`DifferentialRun.apply_rows`). A member whose
    apply fails is recorded as failed (error count, alerts) and keeps its contents; a delta that
@@ -49,7 +53,7 @@ from pgtrickle.dvm.layout import ROW_ID
 from pgtrickle.errors import PgTrickleError
 from pgtrickle.refresh import history
 from pgtrickle.refresh.delta_apply import Staged
-from pgtrickle.refresh.delta_reads import DeltaReads, FallbackToFull, Window
+from pgtrickle.refresh.delta_reads import DeltaReads, FallbackToFull, SharedReads, Window
 from pgtrickle.refresh.differential import COPY_MAX_ROWS, DifferentialRun, shuffle_sized
 from pgtrickle.refresh.engine import Cancelled, Prepared, Refresher, RefreshOutcome
 from pgtrickle.refresh.plan import Action
@@ -90,7 +94,10 @@ class _Member:
     prepared: Prepared
     history_id: int
     run: DifferentialRun
-    frame: Any = None
+    plan: Any = None
+    """The member's delta plan (:meth:`DifferentialRun.batch_plan`)."""
+    text: str | None = None
+    """The member's delta (Spark SQL: c0.., weight, row id), not yet consolidated."""
     reads: DeltaReads | None = None
     delta_rows: int = 0
     rows: list[tuple] | Staged | None = None
@@ -109,6 +116,9 @@ def refresh_batch(refresher: Refresher, requests: Sequence[BatchRequest]) -> lis
     with jobs.counting("pgtrickle-batch", f"batch of {len(requests)} stream tables"):
         batch.compute()
         shared = jobs.figures()
+    note = batch.shared.note()
+    if note is not None:
+        shared = replace(shared, why="; ".join(w for w in (shared.why, note) if w))
     batch.finish(shared)
     return [batch.results[r.st.pgt_id] for r in requests]
 
@@ -128,6 +138,7 @@ class _Batch:
         """The first member's own row recorded the shared job's figures (its apply ran, or failed)."""
         self.failed: Exception | None = None
         """The shared job's failure (the members then refresh one by one)."""
+        self.shared = SharedReads()
 
     # ------------------------------------------------------------ steps 1-3
     def compute(self) -> None:
@@ -142,11 +153,21 @@ class _Batch:
                 if self.members:
                     history.set_batch(self.r.conn, [m.history_id for m in self.members])
                 for m in self.members:
+                    self._plan_delta(m)
+                for m in self.members:
+                    if m.plan is not None:
+                        assert m.st.frontier is not None
+                        self.shared.widen(m.plan.read_columns)
+                        for source in m.st.sources:
+                            self.shared.add_window(source.relid, m.st.frontier)
+                for m in self.members:
                     assert m.st.frontier is not None
-                    self._frame(m, Window(m.st.frontier, self.snapshot, snap_id, coord))
-                live = [m for m in self.members if m.frame is not None]
+                    if m.plan is not None:
+                        self._frame(m, Window(m.st.frontier, self.snapshot, snap_id, coord))
+                live = [m for m in self.members if m.text is not None]
                 t0 = time.monotonic()
                 if live:
+                    self.shared.persist_shared()
                     faults.point("refresh.spark_job")
                     try:
                         with carry.refusals_checked(lambda: self.r.spark, coord):
@@ -170,6 +191,7 @@ class _Batch:
                 for m in self.members:
                     if m.reads is not None:
                         m.reads.release()
+                self.shared.release()
                 coord.rollback()
 
     def _plan(self, request: BatchRequest) -> None:
@@ -200,64 +222,60 @@ class _Batch:
         run = DifferentialRun(self.r, st, prepared.analysis, prepared.layout)
         self.members.append(_Member(request, prepared, history_id, run))
 
-    def _frame(self, m: _Member, window: Window) -> None:
-        """A member's delta as a DataFrame over its registered reads; on a failure it drops out."""
+    def _plan_delta(self, m: _Member) -> None:
+        """A member's delta plan for its pending changes; on a failure it drops out."""
         try:
             changed = m.run.changes(self.snapshot)
             m.delta_rows = sum(p.rows for p in changed.values())
-            found = m.run.delta_frame(window, changed) if changed else None
-            if found is None:
+            m.plan = m.run.batch_plan(changed) if changed else None
+            if m.plan is None:
                 m.rows = []
-            else:
-                m.frame, m.reads = found
         except Cancelled:
             raise
         except Exception as exc:
-            # Whatever it was, this member refreshes on its own after the batch, where the
-            # error (or its fallback to FULL) is met exactly as in a lone refresh.
-            log.info("%s: refreshed on its own after the batch (%s)", m.st.display, exc)
-            m.alone = True
+            self._drop_out(m, exc)
+
+    def _frame(self, m: _Member, window: Window) -> None:
+        """A member's delta as Spark SQL over its registered reads; on a failure it drops out."""
+        try:
+            m.text, m.reads = m.run.delta_text(window, m.plan, self.shared)
+        except Cancelled:
+            raise
+        except Exception as exc:
+            self._drop_out(m, exc)
+
+    @staticmethod
+    def _drop_out(m: _Member, exc: Exception) -> None:
+        # Whatever it was, this member refreshes on its own after the batch, where the error (or
+        # its fallback to FULL) is met exactly as in a lone refresh.
+        log.info("%s: refreshed on its own after the batch (%s)", m.st.display, exc)
+        m.plan = None
+        m.alone = True
 
     def _shared_job(self, live: Sequence[_Member]) -> None:
-        """The union of the members' deltas, collected by one action (staged when large)."""
+        """The members' deltas in one query, consolidated at once, collected by one action (staged
+        when large)."""
         spark = self.r.spark
         tag_jobs(spark, "pgtrickle-batch", f"batch of {len(live)} stream tables")
-        widths = [len(m.frame.columns) - 2 for m in live]
-        names = [f"m{i}_c{j}" for i, w in enumerate(widths) for j in range(w)]
-        types = {
-            f"m{k}_c{j}": f.dataType.simpleString()
-            for k, x in enumerate(live)
-            for j, f in enumerate(x.frame.schema.fields[: widths[k]])
-        }
-        parts = []
-        for i, m in enumerate(live):
-            own = {f"m{i}_c{j}": f"c{j}" for j in range(widths[i])}
-            cols = [
-                f"CAST({m.st.pgt_id} AS BIGINT) AS {MEMBER}",
-                *(f"{own[n]} AS {n}" if n in own else f"CAST(NULL AS {types[n]}) AS {n}" for n in names),
-                f"{ir.WEIGHT}",
-                f"{ROW_ID}",
-            ]
-            parts.append(m.frame.selectExpr(*cols))
-        union = parts[0]
-        for part in parts[1:]:
-            union = union.union(part)
+        widths = [len(m.run.layout.columns) for m in live]
+        changes = sum(m.delta_rows for m in live)
         timings: dict[str, float] = {}
-        with shuffle_sized(spark, sum(m.delta_rows for m in live), one_round=True):
+        union = planning.sql(
+            spark,
+            union_sql([m.st.pgt_id for m in live], widths, [m.text or "" for m in live], changes),
+            timings,
+            "batch",
+        )
+        with shuffle_sized(spark, changes, one_round=True):
             rows = planning.planned(union.limit(COPY_MAX_ROWS + 1), timings, "batch").collect()
             if len(rows) > COPY_MAX_ROWS:
                 del rows
                 self._stage(union, live, widths)
                 return
-        offset = 1
+        index = {m.st.pgt_id: i for i, m in enumerate(live)}
         by_member: dict[int, list[tuple]] = {m.st.pgt_id: [] for m in live}
-        starts = {}
-        for i, m in enumerate(live):
-            starts[m.st.pgt_id] = (offset, offset + widths[i])
-            offset += widths[i]
         for row in rows:
-            start, end = starts[row[0]]
-            by_member[row[0]].append((*row[start:end], row[-2], row[-1]))
+            by_member[row[0]].append((*row[1 + index[row[0]]], row[-2], row[-1]))
         for m in live:
             m.rows = by_member[m.st.pgt_id]
 
@@ -280,7 +298,10 @@ class _Batch:
         conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(wide, sql.SQL(", ").join(cols)))
         try:
             self.r.progress(f"batch of {len(live)}: large delta: writing it by JDBC into a staging table")
-            jdbc.write_append(union, self.r.target, f'pgtrickle_changes."{name}"')
+            flat = [MEMBER, *(f"m{i}.c{j} AS m{i}_c{j}" for i, w in enumerate(widths) for j in range(w))]
+            jdbc.write_append(
+                union.selectExpr(*flat, ir.WEIGHT, ROW_ID), self.r.target, f'pgtrickle_changes."{name}"'
+            )
             for i, m in enumerate(live):
                 own = [f"m{i}_c{j}" for j in range(widths[i])] + [ir.WEIGHT, ROW_ID]
                 table = f"delta_{m.st.pgt_id}"
@@ -389,3 +410,30 @@ class _Batch:
         except Exception as exc:  # recorded by execute
             result.error = exc
         return result
+
+
+SMALL_UNION_ROWS = 50_000
+"""A batch whose changes are fewer is consolidated in one partition (one task scans every member's
+reads, rather than one task per member)."""
+
+
+def union_sql(members: Sequence[int], widths: Sequence[int], texts: Sequence[str], changes: int) -> str:
+    """The batch's query (pure): the members' deltas (``texts``: c0.., ``__pgt_w``, ``__pgt_row_id``)
+    unioned, member ``i``'s values in the struct column ``m<i>`` (``c0``..; NULL in the others' rows,
+    which Spark types as member ``i``'s), consolidated: grouped by member and row, weights summed,
+    rows whose weights cancel dropped. Columns: ``__pgt_member``, ``m0``.., ``__pgt_w``, ``__pgt_row_id``."""
+    structs = [f"m{i}" for i in range(len(members))]
+    branches = []
+    for i, (pgt_id, width, text) in enumerate(zip(members, widths, texts, strict=True)):
+        struct = "named_struct(" + ", ".join(f"'c{j}', c{j}" for j in range(width)) + ")"
+        items = [f"CAST({int(pgt_id)} AS BIGINT) AS {MEMBER}"]
+        items += [f"{struct} AS {name}" if k == i else f"NULL AS {name}" for k, name in enumerate(structs)]
+        items += [ir.WEIGHT, ROW_ID]
+        branches.append(f"SELECT {', '.join(items)} FROM ({text}) AS __pgt_b{i}")
+    hint = "/*+ COALESCE(1) */ " if changes < SMALL_UNION_ROWS else ""
+    keys = ", ".join([MEMBER, *structs, ROW_ID])
+    return (
+        f"SELECT {MEMBER}, {', '.join(structs)}, CAST(SUM({ir.WEIGHT}) AS BIGINT) AS {ir.WEIGHT}, {ROW_ID} "
+        f"FROM (SELECT {hint}* FROM ({' UNION ALL '.join(branches)}) AS __pgt_u) AS __pgt_c "
+        f"GROUP BY {keys} HAVING SUM({ir.WEIGHT}) <> 0"
+    )

@@ -16,6 +16,10 @@ refresh window (frontier S1, snapshot S2):
 
 A read used more than once by the plan is persisted when it is bounded by the change (a delta,
 a key-bounded read); a whole-table read is read again instead of being cached whole.
+
+The members of a batch (refresh/batch.py) share their reads through :class:`SharedReads`: the
+stream tables of a fan read the same change buffer over the same window, so one JDBC relation
+(one schema probe, one scan) serves them all, persisted when bounded and read by several.
 """
 
 from __future__ import annotations
@@ -135,6 +139,92 @@ class ReadNames:
         return f"{KEPT_CHANGE_PREFIX}{self._pgt_id}_{fingerprint(table.query)}"
 
 
+class SharedReads:
+    """The reads of several refreshes at one snapshot (a batch): one DataFrame per distinct read.
+
+    Two members reading the same relation the same way (the same PostgreSQL query at the same
+    exported snapshot - for a change buffer, the same window and columns) get the same JDBC
+    DataFrame: Spark probes its schema once, and :meth:`persist_shared` persists a bounded one
+    read by several plans so the shared job scans it once. Planner statistics and change-buffer
+    columns are looked up once per relation.
+    """
+
+    def __init__(self) -> None:
+        self._frames: dict[tuple[Any, ...], Any] = {}
+        self._uses: dict[tuple[Any, ...], int] = {}
+        self._bounded: set[tuple[Any, ...]] = set()
+        self._stats: dict[int, jdbc.TableStats] = {}
+        self._buffer_cols: dict[int, dict[str, str]] = {}
+        self.persisted: list[Any] = []
+        self.made = 0
+        """JDBC reads made."""
+        self.persisted_count = 0
+        self.frontiers: dict[int, list[str]] = {}
+        """Per source, the frontiers its readers' windows start at (:meth:`add_window`): one read
+        of the widest window serves them all, each row flagged with the windows it is in."""
+        self.columns: dict[str, set[str]] = {}
+        """Per relation, the source columns any member's plan reads (:meth:`widen`): every member
+        reads them all, so one read of a change buffer serves members reading different columns."""
+        self.asked = 0
+        """Reads the members' plans asked for (each served by one of those made)."""
+
+    def frame(self, key: tuple[Any, ...], make: Callable[[], Any], bounded: bool, uses: int = 1) -> Any:
+        """The DataFrame of the read ``key`` (made by ``make`` the first time)."""
+        self.asked += 1
+        if key not in self._frames:
+            self._frames[key] = make()
+            self.made += 1
+        self._uses[key] = self._uses.get(key, 0) + uses
+        if bounded:
+            self._bounded.add(key)
+        return self._frames[key]
+
+    def add_window(self, relid: int, frontier: str) -> None:
+        """A member reads ``relid``'s changes from ``frontier`` (before any member registers its reads)."""
+        known = self.frontiers.setdefault(relid, [])
+        if frontier not in known:
+            known.append(frontier)
+
+    def widen(self, read_columns: Mapping[str, frozenset[str]]) -> None:
+        """Add a member's read columns (before any member registers its reads)."""
+        for relation, cols in read_columns.items():
+            self.columns.setdefault(relation, set()).update(cols)
+
+    def stats(self, coord: psycopg.Connection, relids: Sequence[int]) -> dict[int, jdbc.TableStats]:
+        missing = [r for r in relids if r not in self._stats]
+        if missing:
+            self._stats.update(jdbc.table_stats(coord, missing))
+        return {r: self._stats[r] for r in relids if r in self._stats}
+
+    def buffer_columns(self, conn: psycopg.Connection, relids: Sequence[int]) -> dict[int, dict[str, str]]:
+        missing = [r for r in relids if r not in self._buffer_cols]
+        if missing:
+            found = buffer_columns(conn, missing)
+            for relid in missing:
+                self._buffer_cols[relid] = found.get(relid, {})
+        return {r: self._buffer_cols[r] for r in relids if self._buffer_cols.get(r)}
+
+    def persist_shared(self) -> int:
+        """Persist every bounded read used more than once; how many were."""
+        for key, df in self._frames.items():
+            if key in self._bounded and self._uses.get(key, 0) > 1:
+                self.persisted.append(df.persist())
+        self.persisted_count = len(self.persisted)
+        return self.persisted_count
+
+    def note(self) -> str | None:
+        """What sharing saved, for the history (``None``: nothing was shared)."""
+        if self.asked <= self.made:
+            return None
+        return f"{self.asked} reads of its members served by {self.made} JDBC reads ({self.persisted_count} persisted)"
+
+    def release(self) -> None:
+        for df in self.persisted:
+            df.unpersist()
+        self.persisted.clear()
+        self._frames.clear()
+
+
 @dataclass(frozen=True)
 class Window:
     """The refresh window: from ``frontier`` to ``snapshot``, sources read at ``snap_id``."""
@@ -155,6 +245,7 @@ class DeltaReads:
         window: Window,
         stored: StoredAggregate | None,
         timings: dict[str, float],
+        shared: SharedReads | None = None,
     ) -> None:
         self.r = r
         self.st = st
@@ -163,8 +254,15 @@ class DeltaReads:
         self.timings = timings
         self.conn = r.conn
         self._sources = {relation_key(s): s for s in st.sources}
-        self._stats = jdbc.table_stats(window.coord, [*(s.relid for s in st.sources), st.relid])
-        self._buffer_cols = buffer_columns(self.conn, [s.relid for s in st.sources])
+        self.shared = shared
+        """The batch's shared reads (``None``: a lone refresh, every read its own)."""
+        relids = [*(s.relid for s in st.sources), st.relid]
+        if shared is None:
+            self._stats = jdbc.table_stats(window.coord, relids)
+            self._buffer_cols = buffer_columns(self.conn, [s.relid for s in st.sources])
+        else:
+            self._stats = shared.stats(window.coord, relids)
+            self._buffer_cols = shared.buffer_columns(self.conn, [s.relid for s in st.sources])
         self._keys: dict[KeySource, tuple[list[Any], bool] | None] = {}
         self.persisted: list[Any] = []
         self._read_columns: Mapping[str, frozenset[str]] = {}
@@ -172,9 +270,13 @@ class DeltaReads:
         """Views of hidden state tables (set by the caller before :meth:`register`)."""
         self._registered: set[str] = set()
         self._provided: list[str] = []
+        self._uses = 1
+        """How many times the plan being registered reads the read being made."""
 
     def _columns(self, scan: ir.Scan, source: Source) -> list[str]:
         wanted = self._read_columns.get(scan.relation, frozenset()) | set(scan.source_columns)
+        if self.shared is not None:
+            wanted |= self.shared.columns.get(scan.relation, set())
         return [c for c, _ in source.column_types if c in wanted]
 
     def register(
@@ -193,6 +295,7 @@ class DeltaReads:
             if isinstance(read.node, ir.Materialized) and read.node.change:
                 raise FallbackToFull("the plan reads a hidden table's change before it is computed")
             self._registered.add(read.name)
+            self._uses = read.uses
             if read.name in self.kept_views:
                 assert isinstance(read.node, ir.Materialized)
                 df, bounded = self._kept_table(
@@ -208,7 +311,7 @@ class DeltaReads:
             else:
                 assert isinstance(read.node, ir.Materialized)
                 df, bounded = self._state(read.node, restrictions.get(("materialized", read.node.node)))
-            if read.uses > 1 and bounded:
+            if self.shared is None and read.uses > 1 and bounded:
                 df = df.persist()
                 self.persisted.append(df)
             df.createOrReplaceTempView(read.name)
@@ -232,21 +335,25 @@ class DeltaReads:
         stats = self._stats[source.relid]
         condition = self._condition(restriction, stats.reltuples)
         spark = self.r.spark
+        snap_id = self.window.snap_id
         if condition is not None:
             query = f"SELECT {self.r.source_select(source) or '*'} FROM {source.qualified} WHERE {condition}"
-            df = jdbc.read_query(spark, self.r.target, query, self.window.snap_id)
+            df = self._read(
+                ("query", query, snap_id), lambda: jdbc.read_query(spark, self.r.target, query, snap_id), True
+            )
             self._count("key_filtered_reads")
         else:
             parts = jdbc.partition_count(
                 stats, self.r.settings.jdbc_partition_rows, capabilities(spark).parallelism
             )
-            df = jdbc.read_table(
-                spark,
-                self.r.target,
-                source.qualified,
-                self.window.snap_id,
-                jdbc.ctid_predicates(stats, parts),
-                select=self.r.source_select(source),
+            predicates = jdbc.ctid_predicates(stats, parts)
+            select = self.r.source_select(source)
+            df = self._read(
+                ("table", source.qualified, snap_id, tuple(predicates), select),
+                lambda: jdbc.read_table(
+                    spark, self.r.target, source.qualified, snap_id, predicates, select=select
+                ),
+                False,
             )
             if stats.relpages * 8192 <= BROADCAST_MAX_BYTES:
                 # Spark cannot size a JDBC relation: say it is small, so a join with the change
@@ -316,7 +423,14 @@ class DeltaReads:
                 f"the change buffer of {source.schema}.{source.name} does not carry column {missing[0]}"
             )
         buffer = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(source.buffer_name))
-        window = window_predicate(self.window.frontier, self.window.snapshot)
+        frontiers = self.shared.frontiers.get(source.relid, []) if self.shared is not None else []
+        if self.window.frontier not in frontiers:
+            frontiers = [self.window.frontier]
+        # Members of a batch at different frontiers share one read of the widest window, each
+        # row flagged with the windows it belongs to (__pgt_in_<k>); each member keeps its own.
+        windows = [window_predicate(f, self.window.snapshot) for f in frontiers]
+        flags = [f"__pgt_in_{k}" for k in range(len(frontiers))] if len(frontiers) > 1 else []
+        window = sql.SQL(" OR ").join(sql.SQL("({})").format(w) for w in windows)
         bases = dict(self.r.carried_columns(source) or ())
         label = relation_key(source)
 
@@ -331,12 +445,30 @@ class DeltaReads:
                 for c in columns
             ]
             select.append(sql.SQL("{}::bigint AS {}").format(sql.Literal(weight), sql.Identifier(WEIGHT)))
-            return sql.SQL("SELECT {} FROM {} WHERE {} AND action IN ({})").format(
+            if flags:
+                select += [
+                    sql.SQL("{} AS {}").format(w, sql.Identifier(f))
+                    for w, f in zip(windows, flags, strict=True)
+                ]
+            return sql.SQL("SELECT {} FROM {} WHERE ({}) AND action IN ({})").format(
                 sql.SQL(", ").join(select), buffer, window, sql.SQL(actions)
             )
 
-        query = sql.SQL("{} UNION ALL {}").format(side("new_", 1, "'I', 'U'"), side("old_", -1, "'D', 'U'"))
-        return jdbc.read_query(self.r.spark, self.r.target, query.as_string(self.conn), None)
+        text = sql.SQL("{} UNION ALL {}").format(side("new_", 1, "'I', 'U'"), side("old_", -1, "'D', 'U'"))
+        query = text.as_string(self.conn)
+        df = self._read(
+            ("query", query, None), lambda: jdbc.read_query(self.r.spark, self.r.target, query, None), True
+        )
+        if not flags:
+            return df
+        mine = flags[frontiers.index(self.window.frontier)]
+        return df.where(spark_name(mine)).selectExpr(*(spark_name(c) for c in [*columns, WEIGHT]))
+
+    def _read(self, key: tuple[Any, ...], make: Callable[[], Any], bounded: bool) -> Any:
+        """A JDBC read: this refresh's own, or the batch's shared one (:class:`SharedReads`)."""
+        if self.shared is None:
+            return make()
+        return self.shared.frame(key, make, bounded, self._uses)
 
     # ------------------------------------------------------------ key pushdown
     def _condition(self, restriction: Restriction | None, table_rows: float) -> str | None:

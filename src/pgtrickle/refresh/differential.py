@@ -52,6 +52,7 @@ from pgtrickle.refresh.delta_reads import (
     DeltaReads,
     FallbackToFull,
     ReadNames,
+    SharedReads,
     Window,
     relation_key,
     should_push_down,
@@ -93,6 +94,8 @@ class Prepared:
     """The Spark view of each hidden state table the plans read."""
     split: Split | None = None
     """With hidden state tables: the plan split at the sub-plans computed first."""
+    raw_sql: str | None = None
+    """The delta before its final consolidation (``None``: the plan does not end with one)."""
 
 
 class DifferentialRun:
@@ -159,6 +162,15 @@ class DifferentialRun:
         FULL refresh should run instead (a value Spark cannot carry; an AUTO plan Spark refuses)."""
         refused = carry.refusal_in(exc)
         if refused is None:
+            state = data_error_state(exc)
+            if state is not None:
+                # A data error (an overflow, a bad cast) may come from rows the window's changes
+                # cancel or replace (inserted, then deleted): the query over the sources at the
+                # new snapshot may not raise it. Recompute; if it still does, FULL fails in turn.
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+                raise FallbackToFull(
+                    f"computing the change raised a data error on Spark (SQLSTATE {state}: {first})"
+                ) from exc
             self._demote_if_plan_fails(exc)
             return
         # A change in the window (say, a row inserted and deleted again) holds a value
@@ -252,6 +264,7 @@ class DifferentialRun:
             kept,
             names.kept_views(),
             _split(compiled, f"pgt_{st.pgt_id}_first_root_") if kept else None,
+            compiled.unconsolidated_sql() if isinstance(compiled, Compiled) else None,
         )
 
     def _prepared(self, changed: dict[int, PendingChanges]) -> Prepared | None:
@@ -301,23 +314,24 @@ class DifferentialRun:
         finally:
             reads.release()
 
-    def delta_frame(
-        self, window: Window, changed: dict[int, PendingChanges]
-    ) -> tuple[Any, DeltaReads] | None:
-        """For a batch (refresh/batch.py): the delta as an analysed Spark DataFrame (c0.., ``__pgt_w``,
-        ``__pgt_row_id``) over reads registered now, and those reads (the caller releases them once
-        the shared job ran); ``None`` when nothing under the query changed. Only a plan without
-        hidden state tables is computed by one job (FallbackToFull otherwise)."""
+    def batch_plan(self, changed: dict[int, PendingChanges]) -> Prepared | None:
+        """For a batch (refresh/batch.py): the plan of this window's changes (``None``: nothing under
+        the query changed). Only a plan without hidden state tables is computed by a shared job
+        (FallbackToFull otherwise)."""
         prepared = self._prepared(changed)
-        if prepared is None:
-            return None
-        if prepared.kept:
+        if prepared is not None and prepared.kept:
             raise FallbackToFull("the plan keeps hidden state tables: it is not computed by a shared job")
-        reads = DeltaReads(self.r, self.st, window, self.layout.stored, self.timings)
+        return prepared
+
+    def delta_text(self, window: Window, prepared: Prepared, shared: SharedReads) -> tuple[str, DeltaReads]:
+        """For a batch: the delta of ``prepared`` as Spark SQL (c0.., ``__pgt_w``, ``__pgt_row_id``)
+        over reads registered now from ``shared``, and those reads (the caller releases them once
+        the shared job ran). The rows are those of the plan before its final consolidation where
+        it ends with one: the batch consolidates every member's at once."""
+        reads = DeltaReads(self.r, self.st, window, self.layout.stored, self.timings, shared)
         try:
             reads.register(prepared.compiled, prepared.restrictions, prepared.read_columns)  # type: ignore[arg-type]
-            text = self._output(prepared.spark_sql, prepared.columns)
-            return planning.sql(self.r.spark, text, self.timings, "delta"), reads
+            return self._output(prepared.raw_sql or prepared.spark_sql, prepared.columns), reads
         except BaseException:
             reads.release()
             raise
@@ -482,6 +496,14 @@ class DifferentialRun:
         return self.r.cached(
             ("equality", "kept", table.name), lambda: equality_operators(self.conn, relid[0])
         )
+
+
+def data_error_state(exc: BaseException) -> str | None:
+    """The SQLSTATE of a Spark error of class 22 (data exception: overflow, invalid cast, division
+    by zero...), ``None`` for any other error (pure)."""
+    get = getattr(exc, "getSqlState", None)
+    state = get() if callable(get) else None
+    return state if isinstance(state, str) and state.startswith("22") else None
 
 
 @contextmanager
