@@ -7,10 +7,17 @@
    refresher's connection (each member's apply is a savepoint in it). A
    *root* member (no upstream member) refreshes in its own mode (FULL or
    DIFFERENTIAL) reading its sources at S. A member that reads another
-   member cannot read that member's new contents from PostgreSQL (they are
-   not committed yet), so Spark computes them in the same job from the
-   upstream members' queries over their sources at S, and the member is
-   recomputed (FULL) from those.
+   member refreshes DIFFERENTIAL when its own plan allows it: its change
+   from the upstream member is what that member's apply wrote into its
+   change buffer earlier in this transaction (refresh/group_changes.py),
+   and the upstream member's contents are its stored rows at S with that
+   change. Where this is not sound it is recomputed FULL, with the reason
+   (refresh/group_plan.py: the upstream member refreshed FULL, it has
+   upstream changes it has not taken yet, its query has no differential
+   plan): it cannot read the upstream member's new contents from PostgreSQL
+   (not committed yet), so Spark computes them in the same job from the
+   upstream members' queries over their sources at S. What a member does is
+   decided at S and again, at run time, with what its upstream members did.
 3. Every member commits the frontier S plus the group's own transaction id,
    so a downstream member does not later take, as changes still to apply,
    what its upstream members wrote into their change buffers here.
@@ -30,6 +37,7 @@ from dataclasses import dataclass, replace
 
 import psycopg
 
+from pgtrickle.catalog import identity
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
@@ -218,10 +226,16 @@ def _run(
                     done[current] = Action.NO_DATA
                     continue
                 plan = current_plan = _member_plan(group, p.plan, decided)
+                if decided.action is Action.DIFFERENTIAL and ups:
+                    # Spark reads the upstream members' stored rows by name at S (refresh/delta_reads.py);
+                    # the group's coordinator pins only the external sources, so pin them here, until
+                    # the group commits (an applied one already is: commit.lock_for_apply).
+                    pins = [identity.stream_table_pin(members[u]) for u in sorted(ups)]
+                    identity.pin(refresher.conn, pins, identity.WRITE)
                 st = replace(st, watermark_mark=p.mark)
                 history_id = history.start_history(refresher.conn, st, plan, initiated_by[current])
                 outcomes.append(refresher.execute(st, plan, history_id, reqs, p))
-                done[current] = outcomes[-1].action
+                done[current] = _for_readers(refresher, ctx, outcomes[-1])
     except Cancelled:
         raise
     except Exception as exc:
@@ -289,6 +303,18 @@ def _member_inputs(
         for pending in pending_changes(refresher.conn, sources, st.frontier, snapshot):
             untaken[by_relid[pending.source.relid]] = pending.rows + int(pending.truncated)
     return MemberInputs(plan.action, blocker, untaken)
+
+
+def _for_readers(refresher: Refresher, ctx: GroupContext, outcome: RefreshOutcome) -> Action:
+    """What a member's refresh was for the members reading it: NO_DATA when a differential
+    refresh wrote nothing into its change buffer (they have nothing to take from it)."""
+    if outcome.action is not Action.DIFFERENTIAL or ctx.changes is None:
+        return outcome.action
+    relid = outcome.st.relid
+    source = next((s for m in ctx.members.values() for s in m.sources if s.relid == relid), None)
+    if source is None or ctx.changes.written(refresher.conn, source).rows:
+        return outcome.action
+    return Action.NO_DATA
 
 
 def _member_plan(group: RefreshGroup, own: RefreshPlan, decided: MemberPlan) -> RefreshPlan:
