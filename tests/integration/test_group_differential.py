@@ -249,3 +249,37 @@ def test_a_key_bounded_read_of_an_upstream_member_includes_its_change(db: Databa
     assert joined.action is Action.DIFFERENTIAL
     assert joined.timings.get("key_filtered_reads", 0) >= 1, joined.timings
     assert joined.timings.get("group_member_reads", 0) >= 1, joined.timings
+
+
+def test_values_re_carried_on_their_way_to_spark_cross_a_group_exactly(db: Database) -> None:
+    """Columns Spark's JDBC mapping would alter (spark/carry.py: ``time``, ``timetz``,
+    ``character(n)``, unconstrained ``numeric``) reach a downstream member's change and its
+    upstream member's stored rows in one representation: the delete of an old row matches it."""
+    db.sql("CREATE TABLE kinds (id int PRIMARY KEY, t time, tz timetz, c character(4), n numeric)")
+    db.sql(
+        "INSERT INTO kinds SELECT g, time '10:00:00.123456' + g * interval '1 second',"
+        " timetz '08:00:00.5+02' + g * interval '1 minute', (ARRAY['a', 'bb', 'ccc', NULL])[g % 4 + 1],"
+        " round(g / 7.0, 6) FROM generate_series(1, 60) g"
+    )
+    mode = {"refresh_mode": "DIFFERENTIAL"}
+    create_st(db, "k_base", "SELECT id, t, tz, c, n FROM kinds WHERE id % 10 <> 0", **mode)
+    create_st(db, "k_rows", "SELECT id, t, tz, c, -n AS neg FROM k_base WHERE n > 1", **mode)
+    create_st(
+        db, "k_agg", "SELECT c, count(*) AS cnt, sum(n) AS n, max(t) AS t FROM k_base GROUP BY c", **mode
+    )
+    names = ("k_base", "k_rows", "k_agg")
+    for name in names:
+        db.sql("SELECT pgtrickle.alter_stream_table(%s, differential_fallback_ratio => 1)", (name,))
+    db.sql("SELECT pgtrickle.create_refresh_group('kinds', ARRAY['k_base', 'k_rows', 'k_agg'])")
+    refresh(db)
+    assert_oracle(db, *names)
+    for statement in (
+        "UPDATE kinds SET t = t + interval '0.000001 second', n = n + 1e-15 WHERE id % 3 = 0",
+        "UPDATE kinds SET c = 'dd', tz = tz + interval '1 hour' WHERE id % 4 = 1",
+        "DELETE FROM kinds WHERE id % 5 = 2",
+        "INSERT INTO kinds VALUES (101, '23:59:59.999999', '23:59:59.999999-11', 'e', 12345.000000000000000001)",
+    ):
+        db.sql(statement)
+        outcomes = {o.st.name: o.action for o in refresh(db)}
+        assert outcomes == dict.fromkeys(names, Action.DIFFERENTIAL), statement
+        assert_oracle(db, *names)
