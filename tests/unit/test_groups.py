@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pgtrickle.errors import RefreshError
-from pgtrickle.refresh.group_plan import MAX_SKIPPED_XIDS, frontier_with_own_xid, member_actions
+from pgtrickle.refresh.group_plan import (
+    MAX_SKIPPED_XIDS,
+    MemberInputs,
+    MemberPlan,
+    frontier_with_own_xid,
+    member_action,
+    member_actions,
+)
 from pgtrickle.refresh.plan import Action
 from pgtrickle.scheduler.groups import GroupNode, diamond_members, in_group_upstream, refresh_groups
+from tests.hypothesis_profiles import examples
 
 T1, T2 = 1001, 1002  # table relids
 
@@ -63,15 +73,116 @@ def test_none_turns_detection_off_and_explicit_groups_merge_with_overlapping_dia
     assert in_group_upstream(g, groups[0]) == {1: frozenset(), 2: frozenset(), 3: {1, 2}, 7: frozenset()}
 
 
-def test_member_actions_roots_keep_their_plan_downstream_recompute() -> None:
-    ups = {1: frozenset(), 2: frozenset(), 3: frozenset({1, 2}), 4: frozenset({3})}
-    order = [1, 2, 3, 4]
-    nothing = dict.fromkeys(order, Action.NO_DATA)
-    assert member_actions(order, ups, nothing) == nothing
-    got = member_actions(order, ups, {**nothing, 2: Action.DIFFERENTIAL})
-    assert got == {1: Action.NO_DATA, 2: Action.DIFFERENTIAL, 3: Action.FULL, 4: Action.FULL}
-    got = member_actions(order, ups, {**nothing, 4: Action.DIFFERENTIAL})
-    assert got == {1: Action.NO_DATA, 2: Action.NO_DATA, 3: Action.NO_DATA, 4: Action.FULL}
+def plans_of(order, ups, own, **kw) -> dict[int, MemberPlan]:
+    inputs = {
+        m: MemberInputs(own[m], kw.get("blocked", {}).get(m), kw.get("untaken", {}).get(m, {})) for m in order
+    }
+    return member_actions(order, ups, inputs, {m: f"st{m}" for m in order})
+
+
+def actions_of(plans: dict[int, MemberPlan]) -> dict[int, Action]:
+    return {m: p.action for m, p in plans.items()}
+
+
+UPS = {1: frozenset(), 2: frozenset(), 3: frozenset({1, 2}), 4: frozenset({3})}
+ORDER = [1, 2, 3, 4]
+NOTHING = dict.fromkeys(ORDER, Action.NO_DATA)
+
+
+def test_nothing_anywhere_is_no_data() -> None:
+    assert actions_of(plans_of(ORDER, UPS, NOTHING)) == NOTHING
+
+
+def test_downstream_members_take_the_upstream_change_differentially() -> None:
+    got = plans_of(ORDER, UPS, {**NOTHING, 2: Action.DIFFERENTIAL})
+    assert actions_of(got) == {
+        1: Action.NO_DATA,
+        2: Action.DIFFERENTIAL,
+        3: Action.DIFFERENTIAL,
+        4: Action.DIFFERENTIAL,
+    }
+    assert got[2].why is None, "a root keeps its own plan and reason"
+    assert got[3].why == "the change of upstream member st2 computed in this refresh"
+    assert got[4].why == "the change of upstream member st3 computed in this refresh"
+
+
+def test_a_member_with_changes_of_its_own_under_an_idle_upstream_keeps_its_plan() -> None:
+    got = plans_of(ORDER, UPS, {**NOTHING, 4: Action.DIFFERENTIAL})
+    assert actions_of(got) == {**NOTHING, 4: Action.DIFFERENTIAL}
+    assert got[4].why is None
+
+
+def test_an_upstream_full_refresh_makes_every_member_below_it_full_and_says_why() -> None:
+    got = plans_of(ORDER, UPS, {1: Action.FULL, 2: Action.DIFFERENTIAL, 3: Action.NO_DATA, 4: Action.NO_DATA})
+    assert actions_of(got) == {1: Action.FULL, 2: Action.DIFFERENTIAL, 3: Action.FULL, 4: Action.FULL}
+    assert got[3].why is not None and "upstream member st1 refreshes FULL" in got[3].why
+    assert got[4].why is not None and "upstream member st3 refreshes FULL" in got[4].why
+
+
+def test_a_member_that_has_not_taken_an_upstream_change_yet_is_recomputed() -> None:
+    got = plans_of(
+        ORDER, UPS, {**NOTHING, 1: Action.DIFFERENTIAL, 3: Action.DIFFERENTIAL}, untaken={3: {1: 7, 2: 0}}
+    )
+    assert actions_of(got) == {1: Action.DIFFERENTIAL, 2: Action.NO_DATA, 3: Action.FULL, 4: Action.FULL}
+    assert got[3].why is not None and "7 changes of upstream member st1" in got[3].why
+
+
+def test_a_member_that_cannot_refresh_differentially_says_why() -> None:
+    got = plans_of(ORDER, UPS, {**NOTHING, 1: Action.DIFFERENTIAL}, blocked={3: "refresh_mode is FULL"})
+    assert actions_of(got) == {1: Action.DIFFERENTIAL, 2: Action.NO_DATA, 3: Action.FULL, 4: Action.FULL}
+    assert got[3].why == "refresh_mode is FULL"
+    assert "upstream member st3 refreshes FULL" in (got[4].why or "")
+
+
+def test_a_member_full_on_its_own_keeps_its_own_reason() -> None:
+    got = plans_of(ORDER, UPS, {**NOTHING, 1: Action.DIFFERENTIAL, 3: Action.FULL})
+    assert got[3] == MemberPlan(Action.FULL)
+
+
+def test_decided_again_when_an_upstream_member_fell_back_to_full() -> None:
+    inputs = MemberInputs(Action.NO_DATA)
+    assert member_action(inputs, {1: Action.DIFFERENTIAL}, {}).action is Action.DIFFERENTIAL
+    assert member_action(inputs, {1: Action.FULL}, {}).action is Action.FULL
+
+
+ACTIONS = st.sampled_from([Action.NO_DATA, Action.DIFFERENTIAL, Action.FULL])
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(data=st.data(), n=st.integers(1, 6))
+def test_member_actions_properties(data: st.DataObject, n: int) -> None:
+    """Over random DAGs: a member is FULL iff its own plan is, an upstream member is, it has untaken
+    upstream changes, or it cannot run differentially while something changes; DIFFERENTIAL needs
+    a change of its own or upstream; FULL never appears below a root's DIFFERENTIAL without a reason."""
+    order = list(range(1, n + 1))
+    ups = {
+        m: frozenset(data.draw(st.sets(st.sampled_from(order[: m - 1]))) if m > 1 else frozenset())
+        for m in order
+    }
+    own = {m: data.draw(ACTIONS) for m in order}
+    blocked = {m: "no rule" for m in order if own[m] is not Action.DIFFERENTIAL and data.draw(st.booleans())}
+    untaken = {m: {u: data.draw(st.integers(0, 2)) for u in ups[m]} for m in order}
+    got = plans_of(order, ups, own, blocked=blocked, untaken=untaken)
+    for m in order:
+        action, why = got[m].action, got[m].why
+        if not ups[m]:
+            assert got[m] == MemberPlan(own[m])
+            continue
+        up = {got[u].action for u in ups[m]}
+        changes = own[m] is not Action.NO_DATA or Action.DIFFERENTIAL in up
+        must_full = (
+            own[m] is Action.FULL
+            or Action.FULL in up
+            or any(untaken[m].values())
+            or (changes and m in blocked)
+        )
+        if must_full:
+            assert action is Action.FULL
+            assert why is not None or own[m] is Action.FULL
+        elif changes:
+            assert action is Action.DIFFERENTIAL
+        else:
+            assert action is Action.NO_DATA
 
 
 @pytest.mark.parametrize(

@@ -79,6 +79,26 @@ def pending_changes(
     return result
 
 
+def written_by(conn: psycopg.Connection, source: Source, xid: int) -> PendingChanges:
+    """Counts of the changes transaction ``xid`` wrote into a stream table's change buffer.
+
+    Inside an atomic group's transaction (``conn`` is its connection, ``xid`` its id): what an
+    upstream member's refresh recorded for its readers, not committed yet (refresh/group.py).
+    """
+    if source.kind != "STREAM_TABLE":
+        raise ValueError(f"{source.schema}.{source.name} is not a stream table")
+    row = conn.execute(
+        sql.SQL(
+            "SELECT count(*) FILTER (WHERE action = 'I'), count(*) FILTER (WHERE action = 'D'),"
+            " count(*) FILTER (WHERE action = 'U'), coalesce(bool_or(action = 'T'), false)"
+            " FROM {} WHERE xid = %s::text::xid8"
+        ).format(rows_table(source.buffer_name)),
+        (str(xid),),
+    ).fetchone()
+    assert row is not None
+    return PendingChanges(source, int(row[0]), int(row[1]), int(row[2]), bool(row[3]))
+
+
 _INTACT = sql.SQL(
     "to_regclass(pgtrickle._buffer_part(c.buffer_name, 'rows')) IS NOT NULL"
     " AND (c.source_kind <> 'TABLE'"

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pgtrickle.catalog.store import Source, StreamTable
 from pgtrickle.config import Settings
 from pgtrickle.db.connection import JdbcTarget
+from pgtrickle.refresh.group_changes import GroupChanges
 from pgtrickle.spark import jdbc
 from pgtrickle.spark.capabilities import capabilities
 from pgtrickle.spark.numeric import ensure_functions
@@ -88,7 +89,15 @@ class GroupContext:
     by_relid: dict[int, int]
     """The members' table oids, mapped to their pgt_ids."""
     commit_snapshot: str = ""
+    changes: GroupChanges | None = None
+    """What the members applied so far recorded for their readers (set once the group's
+    transaction has begun)."""
     _views: dict[int, DataFrame] = field(default_factory=dict)
+
+    def reads_from_group(self, source: Source) -> bool:
+        """Whether a refresh in this group takes ``source``'s change from the group's own
+        transaction (``source`` is a member, whose refresh ran before)."""
+        return self.changes is not None and source.relid in self.by_relid
 
     def view_of(self, refresher: RefreshContext, relid: int) -> DataFrame:
         """A Spark DataFrame of the new contents (visible columns) of the member whose table is ``relid``:

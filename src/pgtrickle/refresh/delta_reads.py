@@ -10,6 +10,10 @@ refresh window (frontier S1, snapshot S2):
   table is large, only the rows with those keys, selected by PostgreSQL (``col = ANY(keys)``);
 - ``delta(scan)``: the change buffer's rows of the window as a Z-set (new values +1, old values
   −1), read at a fresh snapshot with the window as an explicit predicate;
+- inside an atomic group, for a source that is an upstream member: ``delta(scan)`` is that
+  member's change in this refresh (the rows the group's transaction wrote into its change
+  buffer, read through a committed copy: :mod:`pgtrickle.refresh.group_changes`), and
+  ``post(scan)`` its stored rows at S2 ⊎ that change;
 - the stored state of a stream table that keeps its root aggregate (``Materialized(state,
   pre=True)``): the stream table itself at S2 (= at S1: only its refreshes write it), key-bounded
   the same way.
@@ -360,7 +364,45 @@ class DeltaReads:
                 # broadcasts it instead of shuffling both sides.
                 df = df.hint("broadcast")
             self._count("whole_table_reads")
-        return df.selectExpr(*(spark_name(c) for c in self._columns(scan, source))), condition is not None
+        df = df.selectExpr(*(spark_name(c) for c in self._columns(scan, source)))
+        group = self.r.group
+        if group is not None and group.reads_from_group(source):
+            df = self._after_group_change(scan, source, df, None if condition is None else restriction)
+        return df, condition is not None
+
+    def _after_group_change(
+        self, scan: ir.Scan, source: Source, stored: Any, restriction: Restriction | None
+    ) -> Any:
+        """``post`` of an upstream member of an atomic group: its stored rows at S (``stored``,
+        read at the group's snapshot, before this transaction changed them) ⊎ its change in this
+        refresh - the rows it deleted taken out (EXCEPT ALL: multiset, NULL-safe), the rows it
+        inserted added. The change's rows each weigh ±1 (one buffer row each)."""
+        assert self.r.group is not None and self.r.group.changes is not None
+        if self.r.group.changes.written(self.conn, source).rows == 0:
+            return stored
+        restrict = None
+        if restriction is not None:
+            # The stored rows were read for the change's keys only: so are the change's rows.
+            rows = self._stats[source.relid].reltuples
+            available = self._buffer_cols.get(source.relid, {})
+            if restriction.column not in available:
+                raise FallbackToFull(
+                    f"the change buffer of {source.schema}.{source.name} does not carry column "
+                    f"{restriction.column}"
+                )
+
+            def restrict(prefix: str) -> str:
+                column = quote_ident(prefix + available[restriction.column])
+                found = self._condition(restriction, rows, column)
+                assert found is not None  # the same keys and sizes as the stored rows' read
+                return found
+
+        change = self._delta(scan, restrict)
+        cols = [spark_name(c) for c in self._columns(scan, source)]
+        deleted = change.where(f"{spark_name(WEIGHT)} < 0").selectExpr(*cols)
+        inserted = change.where(f"{spark_name(WEIGHT)} > 0").selectExpr(*cols)
+        self._count("group_member_reads")
+        return stored.exceptAll(deleted).unionAll(inserted)
 
     def _state(self, node: ir.Materialized, restriction: Restriction | None) -> tuple[Any, bool]:
         stored = self.stored
@@ -413,7 +455,9 @@ class DeltaReads:
         own = Source(relid, schema, name, "STREAM_TABLE", "", column_types=types)
         return self.r.source_select(own) or "*"
 
-    def _delta(self, scan: ir.Scan) -> Any:
+    def _delta(self, scan: ir.Scan, restrict: Callable[[str], str] | None = None) -> Any:
+        """``delta(scan)``; ``restrict``: the SQL condition bounding the rows of one side, given
+        the side's column prefix (``new_`` / ``old_``)."""
         source = self._source(scan.relation)
         available = self._buffer_cols.get(source.relid, {})
         columns = self._columns(scan, source)
@@ -422,15 +466,16 @@ class DeltaReads:
             raise FallbackToFull(
                 f"the change buffer of {source.schema}.{source.name} does not carry column {missing[0]}"
             )
-        buffer = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(source.buffer_name))
+        buffer, window = self._buffer(source, for_spark=True)
         frontiers = self.shared.frontiers.get(source.relid, []) if self.shared is not None else []
-        if self.window.frontier not in frontiers:
-            frontiers = [self.window.frontier]
-        # Members of a batch at different frontiers share one read of the widest window, each
-        # row flagged with the windows it belongs to (__pgt_in_<k>); each member keeps its own.
-        windows = [window_predicate(f, self.window.snapshot) for f in frontiers]
-        flags = [f"__pgt_in_{k}" for k in range(len(frontiers))] if len(frontiers) > 1 else []
-        window = sql.SQL(" OR ").join(sql.SQL("({})").format(w) for w in windows)
+        windows: list[sql.Composable] = []
+        flags: list[str] = []
+        if len(frontiers) > 1 and self.window.frontier in frontiers:
+            # Members of a batch at different frontiers share one read of the widest window, each
+            # row flagged with the windows it belongs to (__pgt_in_<k>); each member keeps its own.
+            windows = [window_predicate(f, self.window.snapshot) for f in frontiers]
+            flags = [f"__pgt_in_{k}" for k in range(len(frontiers))]
+            window = sql.SQL(" OR ").join(sql.SQL("({})").format(w) for w in windows)
         bases = dict(self.r.carried_columns(source) or ())
         label = relation_key(source)
 
@@ -445,13 +490,12 @@ class DeltaReads:
                 for c in columns
             ]
             select.append(sql.SQL("{}::bigint AS {}").format(sql.Literal(weight), sql.Identifier(WEIGHT)))
-            if flags:
-                select += [
-                    sql.SQL("{} AS {}").format(w, sql.Identifier(f))
-                    for w, f in zip(windows, flags, strict=True)
-                ]
-            return sql.SQL("SELECT {} FROM {} WHERE ({}) AND action IN ({})").format(
-                sql.SQL(", ").join(select), buffer, window, sql.SQL(actions)
+            select += [
+                sql.SQL("{} AS {}").format(w, sql.Identifier(f)) for w, f in zip(windows, flags, strict=True)
+            ]
+            bound = sql.SQL("") if restrict is None else sql.SQL(" AND ") + sql.SQL(restrict(prefix))
+            return sql.SQL("SELECT {} FROM {} WHERE ({}) AND action IN ({}){}").format(
+                sql.SQL(", ").join(select), buffer, window, sql.SQL(actions), bound
             )
 
         text = sql.SQL("{} UNION ALL {}").format(side("new_", 1, "'I', 'U'"), side("old_", -1, "'D', 'U'"))
@@ -470,10 +514,29 @@ class DeltaReads:
             return make()
         return self.shared.frame(key, make, bounded, self._uses)
 
+    def _buffer(self, source: Source, for_spark: bool) -> tuple[sql.Composable, sql.Composable]:
+        """The change buffer of ``source`` and the predicate of the window's rows in it.
+
+        An upstream member of an atomic group: its change in this refresh, which the group's
+        transaction wrote (refresh/group_changes.py) - for Spark, a committed copy of it.
+        """
+        group = self.r.group
+        if group is not None and group.reads_from_group(source):
+            assert group.changes is not None
+            if for_spark:
+                table = group.changes.staged(self.conn, self.r.staging_conn, source)
+                return table, group.changes.predicate()
+            return sql.Identifier("pgtrickle_changes", source.buffer_name), group.changes.predicate()
+        buffer = sql.Identifier("pgtrickle_changes", source.buffer_name)
+        return buffer, window_predicate(self.window.frontier, self.window.snapshot)
+
     # ------------------------------------------------------------ key pushdown
-    def _condition(self, restriction: Restriction | None, table_rows: float) -> str | None:
+    def _condition(
+        self, restriction: Restriction | None, table_rows: float, column: str | None = None
+    ) -> str | None:
         """``column = ANY(keys)`` (PostgreSQL text) when reading only those rows pays: the keys
-        are the values of every change column of ``restriction.keys`` (of one type)."""
+        are the values of every change column of ``restriction.keys`` (of one type). ``column``:
+        the SQL of the restricted column (default: ``restriction.column``, quoted)."""
         if restriction is None:
             return None
         key_types = {dict(self._source(k.relation).column_types)[k.column] for k in restriction.keys}
@@ -491,7 +554,7 @@ class DeltaReads:
         if not should_push_down(table_rows, len(values)):
             return None
         literal = sql.Literal(values).as_string(self.conn)
-        column = quote_ident(restriction.column)
+        column = column or quote_ident(restriction.column)
         condition = f"{column} = ANY(CAST({literal} AS {key_types.pop()}[]))"
         return f"({condition} OR {column} IS NULL)" if with_null else condition
 
@@ -504,16 +567,16 @@ class DeltaReads:
         buf = self._buffer_cols.get(source.relid, {}).get(keys.column)
         found: tuple[list[Any], bool] | None = None
         if buf is not None:
-            window = window_predicate(self.window.frontier, self.window.snapshot)
+            buffer, window = self._buffer(source, for_spark=False)
             rows = self.conn.execute(
                 sql.SQL(
-                    "SELECT DISTINCT v FROM (SELECT {n} AS v FROM pgtrickle_changes.{b} WHERE {w}"
-                    " AND action IN ('I','U') UNION ALL SELECT {o} FROM pgtrickle_changes.{b} WHERE {w}"
+                    "SELECT DISTINCT v FROM (SELECT {n} AS v FROM {b} WHERE {w}"
+                    " AND action IN ('I','U') UNION ALL SELECT {o} FROM {b} WHERE {w}"
                     " AND action IN ('D','U')) s LIMIT {lim}"
                 ).format(
                     n=sql.Identifier("new_" + buf),
                     o=sql.Identifier("old_" + buf),
-                    b=sql.Identifier(source.buffer_name),
+                    b=buffer,
                     w=window,
                     lim=sql.Literal(PUSHDOWN_MAX_KEYS + 2),
                 )

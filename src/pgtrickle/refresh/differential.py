@@ -10,7 +10,9 @@
    by the same rules, aggregated once by weight into the change of each state column per
    touched group (:mod:`pgtrickle.dvm.state_change`) - the stored state is not read by Spark.
 3. Its reads become Spark views (:mod:`pgtrickle.refresh.delta_reads`): change buffers as Z-sets,
-   sources at S2, key-bounded where the plan allows (:mod:`pgtrickle.dvm.keyed`).
+   sources at S2, key-bounded where the plan allows (:mod:`pgtrickle.dvm.keyed`). Inside an
+   atomic group, an upstream member's change is the one the group computed and applied before
+   this member, in the same transaction (:mod:`pgtrickle.refresh.group_changes`).
 4. One Spark action: a small delta is collected (then COPYed), a large one written by
    partitioned JDBC into a staging table. Row identity ``__pgt_row_id``: xxhash64 of the visible
    columns (a stored aggregate's: of its group keys), as a FULL refresh computes it.
@@ -150,12 +152,28 @@ class DifferentialRun:
         FallbackToFull)."""
         assert self.st.frontier is not None
         pending = pending_changes(self.conn, self.st.sources, self.st.frontier, snapshot)
+        group = self.r.group
+        if group is not None:
+            pending = [self._from_group(p) if group.reads_from_group(p.source) else p for p in pending]
         truncated = [p.source for p in pending if p.truncated]
         if truncated:
             raise FallbackToFull(
                 f"source {truncated[0].schema}.{truncated[0].name} was truncated or refreshed in full"
             )
         return {p.source.relid: p for p in pending if p.rows > 0}
+
+    def _from_group(self, window: PendingChanges) -> PendingChanges:
+        """An upstream member's change in an atomic group: what the group's transaction wrote into
+        its change buffer (refresh/group_changes.py). Its buffer must hold nothing in this stream
+        table's own window (the group decided so: refresh/group_plan.py)."""
+        source = window.source
+        if window.rows or window.truncated:
+            raise FallbackToFull(
+                f"upstream member {source.schema}.{source.name} has changes this stream table "
+                "has not taken yet"
+            )
+        assert self.r.group is not None and self.r.group.changes is not None
+        return self.r.group.changes.written(self.conn, source)
 
     def plan_failed(self, exc: BaseException) -> None:
         """The delta's Spark job (or its planning) failed with ``exc``: raise FallbackToFull when a

@@ -86,6 +86,9 @@ class Prepared:
     layout: Layout
     plan: RefreshPlan
     mark: WatermarkMark | None
+    mode: ModeContext = field(default_factory=ModeContext)
+    """What the mode decision knew (an atomic group asks it whether a member could refresh
+    differentially from an upstream member's change: ``plan.differential_blocker``)."""
 
 
 class Cancelled(PgTrickleError):
@@ -257,7 +260,7 @@ class Refresher:
             if isinstance(exc, PgTrickleError):
                 raise
             raise RefreshError(f"refresh of {st.display} failed: {message}") from exc
-        return Prepared(analysis, layout, plan, mark)
+        return Prepared(analysis, layout, plan, mark, mode)
 
     def execute(
         self,

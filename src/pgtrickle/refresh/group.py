@@ -7,10 +7,17 @@
    refresher's connection (each member's apply is a savepoint in it). A
    *root* member (no upstream member) refreshes in its own mode (FULL or
    DIFFERENTIAL) reading its sources at S. A member that reads another
-   member cannot read that member's new contents from PostgreSQL (they are
-   not committed yet), so Spark computes them in the same job from the
-   upstream members' queries over their sources at S, and the member is
-   recomputed (FULL) from those.
+   member refreshes DIFFERENTIAL when its own plan allows it: its change
+   from the upstream member is what that member's apply wrote into its
+   change buffer earlier in this transaction (refresh/group_changes.py),
+   and the upstream member's contents are its stored rows at S with that
+   change. Where this is not sound it is recomputed FULL, with the reason
+   (refresh/group_plan.py: the upstream member refreshed FULL, it has
+   upstream changes it has not taken yet, its query has no differential
+   plan): it cannot read the upstream member's new contents from PostgreSQL
+   (not committed yet), so Spark computes them in the same job from the
+   upstream members' queries over their sources at S. What a member does is
+   decided at S and again, at run time, with what its upstream members did.
 3. Every member commits the frontier S plus the group's own transaction id,
    so a downstream member does not later take, as changes still to apply,
    what its upstream members wrote into their change buffers here.
@@ -26,9 +33,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
+import psycopg
+
+from pgtrickle.catalog import identity
 from pgtrickle.catalog.store import StreamTable
+from pgtrickle.cdc.buffers import pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.db.query import scalar
 from pgtrickle.errors import PgTrickleError, RefreshError
@@ -38,8 +49,15 @@ from pgtrickle.ops.error_redaction import full_error, public_error
 from pgtrickle.refresh import history
 from pgtrickle.refresh.context import GroupContext
 from pgtrickle.refresh.engine import Cancelled, Prepared, Refresher, RefreshOutcome
-from pgtrickle.refresh.group_plan import frontier_with_own_xid, member_actions
-from pgtrickle.refresh.plan import Action, RefreshPlan
+from pgtrickle.refresh.group_changes import GroupChanges
+from pgtrickle.refresh.group_plan import (
+    MemberInputs,
+    MemberPlan,
+    frontier_with_own_xid,
+    member_action,
+    member_actions,
+)
+from pgtrickle.refresh.plan import Action, RefreshPlan, differential_blocker
 from pgtrickle.scheduler.groups import RefreshGroup
 
 log = logging.getLogger(__name__)
@@ -128,8 +146,15 @@ def refresh_group(
                     except_id=pgt_id,
                     skipped=st,
                 )
-        actions = member_actions(order, in_group_upstream, {m: p.plan.action for m, p in prepared.items()})
-        if all(a is Action.NO_DATA for a in actions.values()):
+        inputs = {
+            m: _member_inputs(
+                refresher, members, m, prepared[m], in_group_upstream.get(m, frozenset()), snapshot
+            )
+            for m in order
+        }
+        names = {m: members[m].display for m in order}
+        planned = member_actions(order, in_group_upstream, inputs, names)
+        if all(p.action is Action.NO_DATA for p in planned.values()):
             with refresher.conn.transaction():
                 for pgt_id in order:
                     p = prepared[pgt_id]
@@ -151,7 +176,7 @@ def refresh_group(
             ctx,
             group,
             order,
-            actions,
+            _Decision(in_group_upstream, inputs, names),
             prepared,
             members,
             initiated_by,
@@ -168,7 +193,7 @@ def _run(
     ctx: GroupContext,
     group: RefreshGroup,
     order: Sequence[int],
-    actions: Mapping[int, Action],
+    decision: _Decision,
     prepared: Mapping[int, Prepared],
     members: Mapping[int, StreamTable],
     initiated_by: Mapping[int, str],
@@ -184,29 +209,33 @@ def _run(
         with refresher.conn.transaction():
             xid = scalar(refresher.conn, "SELECT pg_current_xact_id()::text::bigint")
             ctx.commit_snapshot = frontier_with_own_xid(ctx.snapshot, int(xid))
+            ctx.changes = GroupChanges(int(xid))
             refresher.group = ctx
+            done: dict[int, Action] = {}
             for current in order:
-                st, p, action = members[current], prepared[current], actions[current]
+                st, p = members[current], prepared[current]
                 reqs = request_ids.get(current, ())
-                if action is Action.NO_DATA:
+                # Decided again with what the upstream members did (one may have fallen back to FULL).
+                ups = decision.upstream.get(current, frozenset())
+                decided = member_action(decision.inputs[current], {u: done[u] for u in ups}, decision.names)
+                if decided.action is Action.NO_DATA:
                     refresher.gating.advance_no_data(
                         st, p.plan, p.mark, ctx.commit_snapshot, reqs, record_no_data, initiated_by[current]
                     )
                     outcomes.append(RefreshOutcome(st, Action.NO_DATA, p.plan.reason))
+                    done[current] = Action.NO_DATA
                     continue
-                plan = current_plan = p.plan
-                if action is not plan.action:
-                    plan = RefreshPlan(
-                        Action.FULL,
-                        f"atomic group {group.name}: recomputed from its upstream "
-                        "members' new contents at the group's snapshot",
-                        plan.delta_rows,
-                        plan.delta_deletes,
-                    )
-                    current_plan = plan
+                plan = current_plan = _member_plan(group, p.plan, decided)
+                if decided.action is Action.DIFFERENTIAL and ups:
+                    # Spark reads the upstream members' stored rows by name at S (refresh/delta_reads.py);
+                    # the group's coordinator pins only the external sources, so pin them here, until
+                    # the group commits (an applied one already is: commit.lock_for_apply).
+                    pins = [identity.stream_table_pin(members[u]) for u in sorted(ups)]
+                    identity.pin(refresher.conn, pins, identity.WRITE)
                 st = replace(st, watermark_mark=p.mark)
                 history_id = history.start_history(refresher.conn, st, plan, initiated_by[current])
                 outcomes.append(refresher.execute(st, plan, history_id, reqs, p))
+                done[current] = _for_readers(refresher, ctx, outcomes[-1])
     except Cancelled:
         raise
     except Exception as exc:
@@ -229,11 +258,73 @@ def _run(
             f"atomic group {group.name}: refresh of {failed.display} failed: {message}; no member was changed"
         ) from exc
     finally:
+        try:
+            if ctx.changes is not None:
+                ctx.changes.drop(refresher.staging_conn)
+        except psycopg.Error as exc:
+            log.warning("atomic group %s: could not drop its staged changes: %s", group.name, exc)
         refresher.group = None
     elapsed = time.monotonic() - started
     for outcome in outcomes:
         outcome.seconds = elapsed
     return outcomes
+
+
+@dataclass(frozen=True)
+class _Decision:
+    """What deciding a member's action at run time reads (refresh/group_plan.py)."""
+
+    upstream: Mapping[int, frozenset[int]]
+    inputs: Mapping[int, MemberInputs]
+    names: Mapping[int, str]
+
+
+def _member_inputs(
+    refresher: Refresher,
+    members: Mapping[int, StreamTable],
+    pgt_id: int,
+    prepared: Prepared,
+    upstream: frozenset[int],
+    snapshot: str,
+) -> MemberInputs:
+    """What the group's decision reads of member ``pgt_id``: its own plan, whether it could refresh
+    differentially, and the rows of its upstream members' buffers it has not taken yet."""
+    st, plan = members[pgt_id], prepared.plan
+    if plan.action is Action.DIFFERENTIAL:
+        blocker = None
+    elif plan.action is Action.FULL:
+        blocker = plan.reason
+    else:
+        blocker = differential_blocker(st.refresh_mode, prepared.mode)
+    untaken: dict[int, int] = {}
+    if upstream and st.frontier is not None:
+        by_relid = {members[u].relid: u for u in upstream}
+        sources = tuple(s for s in st.sources if s.relid in by_relid)
+        for pending in pending_changes(refresher.conn, sources, st.frontier, snapshot):
+            untaken[by_relid[pending.source.relid]] = pending.rows + int(pending.truncated)
+    return MemberInputs(plan.action, blocker, untaken)
+
+
+def _for_readers(refresher: Refresher, ctx: GroupContext, outcome: RefreshOutcome) -> Action:
+    """What a member's refresh was for the members reading it: NO_DATA when a differential
+    refresh wrote nothing into its change buffer (they have nothing to take from it)."""
+    if outcome.action is not Action.DIFFERENTIAL or ctx.changes is None:
+        return outcome.action
+    relid = outcome.st.relid
+    source = next((s for m in ctx.members.values() for s in m.sources if s.relid == relid), None)
+    if source is None or ctx.changes.written(refresher.conn, source).rows:
+        return outcome.action
+    return Action.NO_DATA
+
+
+def _member_plan(group: RefreshGroup, own: RefreshPlan, decided: MemberPlan) -> RefreshPlan:
+    """The plan a member runs (and its history records) when the group decided ``decided``."""
+    if decided.why is None:
+        return own
+    why = f"atomic group {group.name}: {decided.why}"
+    if decided.action is own.action:
+        why = f"{own.reason}; {why}"
+    return RefreshPlan(decided.action, why, own.delta_rows, own.delta_deletes)
 
 
 def _record_member_failure(

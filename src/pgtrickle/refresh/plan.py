@@ -103,12 +103,9 @@ def plan_refresh(
         return RefreshPlan(Action.FULL, READS_CLOCK_REASON, delta, deletes)
     if delta == 0:
         return RefreshPlan(Action.NO_DATA, "no pending changes", 0)
-    if mode.layout_changed:
-        return RefreshPlan(Action.FULL, "the stream table's state columns were rebuilt", delta, deletes)
-    if refresh_mode == "FULL":
-        return RefreshPlan(Action.FULL, "refresh_mode is FULL", delta, deletes)
-    if not mode.differential:
-        return RefreshPlan(Action.FULL, mode.reason, delta, deletes)
+    blocker = differential_blocker(refresh_mode, mode)
+    if blocker is not None:
+        return RefreshPlan(Action.FULL, blocker, delta, deletes)
     if fallback_needed(delta, mode.source_rows, mode.fallback_ratio):
         return RefreshPlan(
             Action.FULL,
@@ -119,6 +116,18 @@ def plan_refresh(
             was_full_fallback=True,
         )
     return RefreshPlan(Action.DIFFERENTIAL, mode.reason, delta, deletes)
+
+
+def differential_blocker(refresh_mode: str, mode: ModeContext) -> str | None:
+    """Why a stream table with changes to apply cannot refresh differentially (``None``: it can,
+    the adaptive fallback aside)."""
+    if mode.layout_changed:
+        return "the stream table's state columns were rebuilt"
+    if refresh_mode == "FULL":
+        return "refresh_mode is FULL"
+    if not mode.differential:
+        return mode.reason
+    return None
 
 
 def fallback_needed(changes: int, source_rows: float, ratio: float) -> bool:
