@@ -129,7 +129,7 @@ def machine(conn: psycopg.Connection | None = None) -> dict[str, Any]:
     for module in ("pyspark", "psycopg", "sqlglot"):
         try:
             versions[module] = __import__(module).__version__
-        except Exception:  # noqa: BLE001 - informational only
+        except Exception:
             versions[module] = "unknown"
     if conn is not None:
         versions["postgresql"] = str(scalar(conn, "SHOW server_version"))
@@ -167,7 +167,7 @@ def other_work_note(m: dict[str, Any]) -> str:
 
 
 def now_text() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def stamp() -> str:
@@ -191,6 +191,39 @@ def spark_running(settings: Any) -> Iterator[float]:
         yield time.monotonic() - started
     finally:
         spark_session.stop_spark()
+
+
+def run_in_own_database(
+    args: Any, name: str, script: str, argv: Sequence[str] | None, run: Any
+) -> tuple[dict[str, Any], Any, Any]:
+    """The frame of a benchmark over a database of its own: create it, start Spark, call
+    ``run(settings, dsn, args)`` (→ results, problems), stop Spark, drop the database. Returns the
+    report's header (command, date, machine, revision, ...), the results and the problems."""
+    from pgtrickle.config import Settings
+    from pgtrickle.db.connection import resolve_dsn
+
+    stop_on_signals()
+    settings = Settings.from_env().with_overrides(dsn=args.dsn, spark_master=args.spark_master)
+    admin_dsn = resolve_dsn(settings)
+    db = f"pgtrickle_bench_{name}_{os.getpid()}"
+    recreate_database(admin_dsn, db)
+    try:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            host = machine(conn)
+        with spark_running(settings) as spark_start:
+            print(f"SparkSession start-up: {spark_start:.2f}s", flush=True)
+            results, problems = run(settings, bench_dsn(admin_dsn, db), args)
+    finally:
+        drop_database(admin_dsn, db)
+    header = {
+        "command": command_line(script, argv),
+        "date": now_text(),
+        "preset": args.preset,
+        "machine": host,
+        "revision": revision(),
+        "spark_master": settings.spark_master,
+    }
+    return header, results, problems
 
 
 def stop_on_signals() -> None:
@@ -247,6 +280,28 @@ def write_json(report: dict[str, Any], path: Path | None, default_name: str) -> 
     path.write_text(json.dumps(report, indent=2, default=str))
     print(f"figures written to {path}", flush=True)
     return path
+
+
+def publish(
+    report: dict[str, Any],
+    args: Any,
+    name: str,
+    title: str,
+    intro: str,
+    lines: list[str],
+    problems: list[str],
+) -> int:
+    """Print ``lines`` (the result table), write the JSON and (unless ``--no-docs``) the docs
+    section ``args.section`` (``title``, the run's header, ``intro``, ``lines``); print the problems.
+    The exit code: 1 when there is a problem."""
+    print("\n".join(lines))
+    write_json(report, args.json, name)
+    if not args.no_docs:
+        body = header_lines(title, report, f"benchmarks/{name}.py")
+        write_section(args.section, "\n".join([*body, intro, "", *lines]))
+    for problem in problems:
+        print(f"PROBLEM: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def fmt_ratio(ratio: float | None) -> str:

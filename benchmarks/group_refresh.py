@@ -24,7 +24,6 @@ mode expected or differs from its query.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
@@ -38,26 +37,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg
 from common import (
     add_output_args,
-    bench_dsn,
-    command_line,
-    drop_database,
-    header_lines,
-    machine,
     md_table,
-    now_text,
-    recreate_database,
-    revision,
-    spark_running,
-    stop_on_signals,
-    write_json,
-    write_section,
+    publish,
+    run_in_own_database,
 )
 from hidden_state import differs
 
 from pgtrickle.catalog.install import install
 from pgtrickle.config import Settings
 from pgtrickle.daemon.manual import refresh_sync
-from pgtrickle.db.connection import resolve_dsn
 
 SECTION = "group_refresh"
 VARIANTS = {"differential": "DIFFERENTIAL", "full": "FULL"}
@@ -179,27 +167,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_on_signals()
-    settings = Settings.from_env().with_overrides(dsn=args.dsn, spark_master=args.spark_master)
-    admin_dsn = resolve_dsn(settings)
-    db = f"pgtrickle_bench_group_{os.getpid()}"
-    recreate_database(admin_dsn, db)
-    dsn = bench_dsn(admin_dsn, db)
-    try:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            host = machine(conn)
-        with spark_running(settings) as spark_start:
-            print(f"SparkSession start-up: {spark_start:.2f}s", flush=True)
-            results, problems = run(settings, dsn, args)
-    finally:
-        drop_database(admin_dsn, db)
+    header, results, problems = run_in_own_database(args, "group", "benchmarks/group_refresh.py", argv, run)
     report: dict[str, Any] = {
-        "command": command_line("benchmarks/group_refresh.py", argv),
-        "date": now_text(),
-        "preset": args.preset,
-        "machine": host,
-        "revision": revision(),
-        "spark_master": settings.spark_master,
+        **header,
         "rows": args.rows,
         "changes": args.changes,
         "rounds": args.rounds,
@@ -207,26 +177,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "problems": problems,
     }
     lines = table(results)
-    print("\n".join(lines))
-    write_json(report, args.json, "group_refresh")
-    if not args.no_docs:
-        body = header_lines(
-            "Atomic groups: members below the root DIFFERENTIAL next to FULL",
-            report,
-            "benchmarks/group_refresh.py",
-        )
-        body += [
-            f"{args.rows:,} orders, {REGIONS:,} regions, {args.changes} changes a round, medians of "
-            f"{args.rounds} rounds. One group: a root (DIFFERENTIAL) and below it an aggregate and a "
-            "join with `regions`; seconds are the wall time of one refresh of the whole group, Spark "
-            "jobs those of all three members.",
-            "",
-            *lines,
-        ]
-        write_section(args.section, "\n".join(body))
-    for problem in problems:
-        print(f"PROBLEM: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    intro = (
+        f"{args.rows:,} orders, {REGIONS:,} regions, {args.changes} changes a round, medians of "
+        f"{args.rounds} rounds. One group: a root (DIFFERENTIAL) and below it an aggregate and a "
+        "join with `regions`; seconds are the wall time of one refresh of the whole group, Spark "
+        "jobs those of all three members."
+    )
+    title = "Atomic groups: members below the root DIFFERENTIAL next to FULL"
+    return publish(report, args, "group_refresh", title, intro, lines, problems)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ did not refresh DIFFERENTIAL or a stream table differs from its query.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
@@ -43,24 +42,13 @@ import psycopg  # noqa: E402
 
 from common import (  # noqa: E402
     add_output_args,
-    bench_dsn,
-    command_line,
-    drop_database,
-    header_lines,
-    machine,
     md_table,
-    now_text,
-    recreate_database,
-    revision,
-    spark_running,
-    stop_on_signals,
-    write_json,
-    write_section,
+    publish,
+    run_in_own_database,
 )
 from pgtrickle.catalog.install import install  # noqa: E402
 from pgtrickle.config import Settings  # noqa: E402
 from pgtrickle.daemon.manual import refresh_sync  # noqa: E402
-from pgtrickle.db.connection import resolve_dsn  # noqa: E402
 
 SECTION = "hidden_state"
 SHAPES: dict[str, str] = {
@@ -246,27 +234,9 @@ def table(results: dict[str, Any], shapes: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_on_signals()
-    settings = Settings.from_env().with_overrides(dsn=args.dsn, spark_master=args.spark_master)
-    admin_dsn = resolve_dsn(settings)
-    db = f"pgtrickle_bench_hidden_{os.getpid()}"
-    recreate_database(admin_dsn, db)
-    dsn = bench_dsn(admin_dsn, db)
-    try:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            host = machine(conn)
-        with spark_running(settings) as spark_start:
-            print(f"SparkSession start-up: {spark_start:.2f}s", flush=True)
-            results, problems = run(settings, dsn, args)
-    finally:
-        drop_database(admin_dsn, db)
+    header, results, problems = run_in_own_database(args, "hidden", "benchmarks/hidden_state.py", argv, run)
     report: dict[str, Any] = {
-        "command": command_line("benchmarks/hidden_state.py", argv),
-        "date": now_text(),
-        "preset": args.preset,
-        "machine": host,
-        "revision": revision(),
-        "spark_master": settings.spark_master,
+        **header,
         "rows": args.rows,
         "changes": args.changes,
         "rounds": args.rounds,
@@ -275,24 +245,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "problems": problems,
     }
     lines = table(results, args.shapes)
-    print("\n".join(lines))
-    write_json(report, args.json, "hidden_state")
-    if not args.no_docs:
-        body = header_lines(
-            "Hidden state tables: DIFFERENTIAL next to FULL", report, "benchmarks/hidden_state.py"
-        )
-        body += [
-            f"{args.rows:,} orders, {max(args.rows // 10, 10):,} customers, {args.changes} changes a round, "
-            f"medians of {args.rounds} rounds. Seconds are wall time of one refresh; plan ops: operators "
-            "of Spark's optimized plan; planning: the optimizer and physical planner (analysis: "
-            "`spark.sql`).",
-            "",
-            *lines,
-        ]
-        write_section(args.section, "\n".join(body))
-    for problem in problems:
-        print(f"PROBLEM: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    intro = (
+        f"{args.rows:,} orders, {max(args.rows // 10, 10):,} customers, {args.changes} changes a round, "
+        f"medians of {args.rounds} rounds. Seconds are wall time of one refresh; plan ops: operators "
+        "of Spark's optimized plan; planning: the optimizer and physical planner (analysis: "
+        "`spark.sql`)."
+    )
+    title = "Hidden state tables: DIFFERENTIAL next to FULL"
+    return publish(report, args, "hidden_state", title, intro, lines, problems)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from pgtrickle.daemon.loop import Scheduler
+from pgtrickle.daemon.loop import Scheduler, TickReport
 from pgtrickle.refresh.plan import Action
 from tests.conftest import FAST_JVM_CONF, Database
 from tests.hypothesis_profiles import examples
@@ -195,10 +195,7 @@ def test_a_tripped_breaker_skips_one_member_not_the_batch(db: Database) -> None:
             "circuit_breaker_ceiling => 5)"
         )
         db.sql("INSERT INTO src SELECT g, 1, 77, 1.5, 'new', now() FROM generate_series(5000, 5009) g")
-        time_passes(db)
-        before = last_refresh_id(db)
-        report = scheduler.tick()
-        assert not report.failed, report.failed
+        report, before = tick_after_changes(db, scheduler)
         actions = {o.st.name: o.action for o in report.refreshed}
         assert actions["b1_sum"] is Action.SKIP
         assert all(actions[n] is Action.DIFFERENTIAL for n in LEVEL1 if n != "b1_sum")
@@ -209,6 +206,16 @@ def test_a_tripped_breaker_skips_one_member_not_the_batch(db: Database) -> None:
         assert sum(r[4] for r in batched) == 1
     finally:
         scheduler.close()
+
+
+def tick_after_changes(db: Database, scheduler: Scheduler) -> tuple[TickReport, int]:
+    """One tick once the stream tables are due again; its report (no failure) and the last
+    refresh_id before it."""
+    time_passes(db)
+    before = last_refresh_id(db)
+    report = scheduler.tick()
+    assert not report.failed, report.failed
+    return report, before
 
 
 def lead_rows(db: Database, after: int) -> list[tuple]:
@@ -262,10 +269,7 @@ def test_a_batch_of_projections_runs_in_one_stage(db: Database) -> None:
         db.sql("UPDATE src SET v = v + 1 WHERE id % 10 = 0")
         db.sql("UPDATE src SET note = note WHERE id % 7 = 0")
         db.sql("DELETE FROM src WHERE id % 11 = 0")
-        time_passes(db)
-        before = last_refresh_id(db)
-        report = scheduler.tick()
-        assert not report.failed, report.failed
+        report, before = tick_after_changes(db, scheduler)
         assert sorted(o.st.name for o in report.refreshed) == names
         assert all(o.action is Action.DIFFERENTIAL for o in report.refreshed)
         assert_oracle(db, *names)
@@ -283,10 +287,7 @@ def test_a_large_batch_goes_through_one_staging_table(db: Database, monkeypatch:
         db.sql("INSERT INTO src SELECT g, g % 7, g, g / 3.0, 'k', now() FROM generate_series(6000, 6040) g")
         db.sql("DELETE FROM src WHERE id % 13 = 0")
         db.sql("UPDATE src SET ts = ts + interval '1 microsecond', note = NULL WHERE id % 17 = 0")
-        time_passes(db)
-        before = last_refresh_id(db)
-        report = scheduler.tick()
-        assert not report.failed, report.failed
+        report, before = tick_after_changes(db, scheduler)
         assert all(o.action is Action.DIFFERENTIAL for o in report.refreshed if o.st.name in LEVEL1)
         assert_oracle(db)
         rows = [r for r in history(db, before) if r[0] in LEVEL1]

@@ -53,10 +53,11 @@ from pgtrickle.dvm.layout import ROW_ID
 from pgtrickle.errors import PgTrickleError
 from pgtrickle.refresh import history
 from pgtrickle.refresh.delta_apply import Staged
-from pgtrickle.refresh.delta_reads import DeltaReads, FallbackToFull, SharedReads, Window
+from pgtrickle.refresh.delta_reads import DeltaReads, FallbackToFull, Window
 from pgtrickle.refresh.differential import COPY_MAX_ROWS, DifferentialRun, shuffle_sized
 from pgtrickle.refresh.engine import Cancelled, Prepared, Refresher, RefreshOutcome
 from pgtrickle.refresh.plan import Action
+from pgtrickle.refresh.shared_reads import SharedReads
 from pgtrickle.scheduler.batches import member_why_alone
 from pgtrickle.spark import carry, jdbc, jobs, planning
 from pgtrickle.spark.capabilities import tag_jobs

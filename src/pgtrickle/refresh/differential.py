@@ -54,13 +54,13 @@ from pgtrickle.refresh.delta_reads import (
     DeltaReads,
     FallbackToFull,
     ReadNames,
-    SharedReads,
     Window,
     relation_key,
     should_push_down,
     spark_name,
 )
 from pgtrickle.refresh.layout_ddl import equality_operators
+from pgtrickle.refresh.shared_reads import SharedReads
 from pgtrickle.refresh.state_merge import StateMerge
 from pgtrickle.refresh.state_tables import StateMismatch, apply_state_change
 from pgtrickle.spark import carry, jdbc, planning
