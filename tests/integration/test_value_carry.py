@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgtrickle.errors import ValueNotCarriedError
+from pgtrickle.errors import PgTrickleError, ValueNotCarriedError
 from pgtrickle.refresh.plan import Action
 from tests.conftest import Database
 from tests.integration.helpers import create_st, refresh, refresh_and_check
@@ -90,6 +90,35 @@ def test_unconstrained_numeric_beyond_decimal_38_18_is_refused(db: Database, mod
     start(db, "numeric", mode, first=("1.5",))
     add(db, value)
     assert_refused(db, "22003", "public.src.v", "(numeric)", "numeric(p,s)")
+    db.sql("DELETE FROM src WHERE id >= 100")
+    refresh_and_check(db, "st")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_arithmetic_on_unconstrained_numeric_keeps_every_digit(db: Database, mode: str) -> None:
+    """Unconstrained numeric crosses as decimal(38,18); Spark's default would round ``v + 1``
+    (decimal(39,18) → decimal(38,17)) and ``v * 2`` to fewer fraction digits, silently. The
+    results keep their scale."""
+    query = "SELECT id, v + 1 AS plus, v * 2 AS twice, v - 0.5 AS less FROM src"
+    start(db, "numeric", mode, query, first=("12345.000000000000000001",))
+    add(db, "-0.000000000000000001", "99999999999999999.999999999999999999")
+    check(db, mode)
+    assert db.sql("SELECT plus::text, twice::text, less::text FROM st WHERE id = 0") == [
+        ("12346.000000000000000001", "24690.000000000000000002", "12344.500000000000000001")
+    ]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_result_with_more_digits_than_spark_holds_fails_the_refresh_loudly(db: Database, mode: str) -> None:
+    """``v * v`` of two decimal(38,18) is decimal(38,36) for Spark: 12345.5 squared does not fit.
+    The refresh fails saying so (SQLSTATE 22003) and changes nothing - never a rounded value."""
+    start(db, "numeric", mode, "SELECT id, v * v AS square FROM src", first=("1.25",))
+    add(db, "12345.5")
+    before = contents(db, "st")
+    with pytest.raises(PgTrickleError) as err:
+        refresh(db, "st")
+    assert "NUMERIC_VALUE_OUT_OF_RANGE" in str(err.value) or "22003" in str(err.value), str(err.value)
+    assert contents(db, "st") == before
     db.sql("DELETE FROM src WHERE id >= 100")
     refresh_and_check(db, "st")
 

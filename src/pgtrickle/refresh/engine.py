@@ -414,11 +414,11 @@ class Refresher:
     ) -> RefreshOutcome:
         """The outcome of a completed differential ``run``; its history row names the rules it ran."""
         reason = plan.reason
-        if run.rules and run.rules not in reason:
+        if run.rules:
             # The history names the rules this refresh ran (never a silent whole-query recompute),
-            # once: the plan's reason names them already when this window changed what the
-            # analysis assumed (every source).
-            reason = f"{reason}; rules: {run.rules}"
+            # once: the analysis's reason names the same rules when every source changed.
+            same = reason == f"differential: {run.rules}"
+            reason = f"differential; rules: {run.rules}" if same else f"{reason}; rules: {run.rules}"
             self.conn.execute(
                 "UPDATE pgtrickle.pgt_refresh_history SET mode_reason = %s WHERE refresh_id = %s",
                 (reason, history_id),

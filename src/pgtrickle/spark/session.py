@@ -45,6 +45,12 @@ def default_conf(settings: Settings) -> dict[str, str]:
         "spark.sql.adaptive.enabled": "true",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.ansi.enabled": "true",
+        # Exact or loud: with precision loss allowed, Spark rounds a decimal result whose type would
+        # need more than 38 digits to fewer fraction digits, silently (unconstrained numeric crosses
+        # as decimal(38,18): n + 1 drops its 18th fraction digit, n * n keeps 6). Without, the
+        # result keeps its scale, and a value that does not fit raises NUMERIC_VALUE_OUT_OF_RANGE
+        # (SQLSTATE 22003): the refresh fails saying so, as PostgreSQL would on an overflow.
+        "spark.sql.decimalOperations.allowPrecisionLoss": "false",
         "spark.local.dir": str(settings.spark_local_dir),
         "spark.driver.memory": "2g",
         "spark.sql.warehouse.dir": str(settings.spark_local_dir / "warehouse"),
