@@ -128,7 +128,11 @@ def refresh(settings: Settings, dsn: str, name: str) -> dict[str, Any]:
     started = time.monotonic()
     [outcome] = refresh_sync(settings, dsn, [name])
     wall = time.monotonic() - started
-    sample: dict[str, Any] = {"action": outcome.action.value, "wall": round(wall, 3)}
+    sample: dict[str, Any] = {
+        "action": outcome.action.value,
+        "wall": round(wall, 3),
+        "spark_jobs": outcome.spark_jobs,
+    }
     sample.update({k: round(v, 4) for k, v in outcome.timings.items()})
     return sample
 

@@ -3,8 +3,9 @@
 An aggregate of an aggregate (TPC-H Q13's shape), an aggregate joined on its value (Q22's), and
 the input of ORDER BY … LIMIT each keep a node in a hidden table (dvm/kept.py): the first
 refresh (FULL) fills it, every later refresh reads it as stored and applies its change in the
-same transaction. Random DML rounds; after every refresh the oracle, and the history says
-DIFFERENTIAL. Dropping the stream table drops its hidden tables.
+same transaction. Random DML rounds; after every refresh the oracle, the history says
+DIFFERENTIAL and one Spark job (the hidden tables' changes and the stream table's delta are one
+plan). Dropping the stream table drops its hidden tables.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import random
 
 import pytest
 
+from pgtrickle.refresh import differential
 from pgtrickle.refresh.plan import Action
 from tests.conftest import Database
 from tests.integration.helpers import create_st, refresh_and_check
@@ -94,6 +96,11 @@ def test_kept_nodes_refresh_differential_and_exact(shop: Database, name: str) ->
         _dml(db, rng, next_id)
         outcomes = refresh_and_check(db, name)
         assert [o.action for o in outcomes] == [Action.DIFFERENTIAL], [o.reason for o in outcomes]
+        # One Spark job computes the hidden tables' changes and the stream table's delta.
+        assert [o.spark_jobs for o in outcomes] == [1], outcomes[0].timings
+        assert db.scalar("SELECT spark_jobs FROM pgtrickle.get_refresh_history(%s, 1)", (name,)) == 1, db.sql(
+            "SELECT spark_jobs_why FROM pgtrickle.get_refresh_history(%s, 1)", (name,)
+        )
     db.sql("SELECT pgtrickle.drop_stream_table(%s)", (name,))
     assert db.scalar("SELECT count(*) FROM pgtrickle.pgt_state_tables") == 0
     for relname, _ in kept:
@@ -130,3 +137,22 @@ def test_kept_shapes_read_their_sources_by_the_touched_keys(shop: Database, name
         assert outcome.action is Action.DIFFERENTIAL, outcome.reason
         assert outcome.timings.get("key_filtered_reads") == 2, outcome.timings
         assert "whole_table_reads" not in outcome.timings, outcome.timings
+
+
+def test_a_kept_change_over_the_copy_limit_still_refreshes_exactly(
+    shop: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A union of the hidden table's change and the delta over COPY_MAX_ROWS rows (here 3): the
+    hidden table's change (2 rows) is collected on its own, the delta (4 rows) staged by JDBC -
+    more jobs, still DIFFERENTIAL and exact."""
+    db = shop
+    name = "orders_per_customer_count"
+    create_st(db, name, QUERIES[name], refresh_mode="DIFFERENTIAL")
+    assert [o.action for o in refresh_and_check(db, name)] == [Action.FULL]
+    monkeypatch.setattr(differential, "COPY_MAX_ROWS", 3)
+    # Customer 11 (3 orders) gains one: the kept count changes by 2 rows (its old and new count),
+    # the histogram by 4 (customers with 3 orders one fewer, with 4 one more): a union of 6.
+    db.sql("INSERT INTO hs.orders VALUES (90001, 11, 1.5)")
+    [outcome] = refresh_and_check(db, name)
+    assert outcome.action is Action.DIFFERENTIAL, outcome.reason
+    assert outcome.spark_jobs is not None and outcome.spark_jobs > 1, outcome.timings

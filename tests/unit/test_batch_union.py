@@ -5,9 +5,9 @@ from __future__ import annotations
 import sqlglot
 from sqlglot import exp
 
-from pgtrickle.refresh.batch import SMALL_UNION_ROWS, union_sql
 from pgtrickle.refresh.differential import data_error_state
 from pgtrickle.refresh.shared_reads import SharedReads
+from pgtrickle.refresh.tagged import SMALL_UNION_ROWS, union_sql
 
 TEXTS = [
     "SELECT a AS c0, b AS c1, __pgt_w, __pgt_row_id FROM t1",

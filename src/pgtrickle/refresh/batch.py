@@ -58,15 +58,13 @@ from pgtrickle.refresh.differential import COPY_MAX_ROWS, DifferentialRun, shuff
 from pgtrickle.refresh.engine import Cancelled, Prepared, Refresher, RefreshOutcome
 from pgtrickle.refresh.plan import Action
 from pgtrickle.refresh.shared_reads import SharedReads
+from pgtrickle.refresh.tagged import MEMBER, split_rows, union_sql
 from pgtrickle.scheduler.batches import member_why_alone
 from pgtrickle.spark import carry, jdbc, jobs, planning
 from pgtrickle.spark.capabilities import tag_jobs
 from pgtrickle.sql.ident import quote_ident
 
 log = logging.getLogger(__name__)
-
-MEMBER = "__pgt_member"
-"""The tag column of a batch's union: the pgt_id of the member a row belongs to."""
 
 
 @dataclass(frozen=True)
@@ -273,10 +271,7 @@ class _Batch:
                 del rows
                 self._stage(union, live, widths)
                 return
-        index = {m.st.pgt_id: i for i, m in enumerate(live)}
-        by_member: dict[int, list[tuple]] = {m.st.pgt_id: [] for m in live}
-        for row in rows:
-            by_member[row[0]].append((*row[1 + index[row[0]]], row[-2], row[-1]))
+        by_member = split_rows(rows, [m.st.pgt_id for m in live])
         for m in live:
             m.rows = by_member[m.st.pgt_id]
 
@@ -411,30 +406,3 @@ class _Batch:
         except Exception as exc:  # recorded by execute
             result.error = exc
         return result
-
-
-SMALL_UNION_ROWS = 50_000
-"""A batch whose changes are fewer is consolidated in one partition (one task scans every member's
-reads, rather than one task per member)."""
-
-
-def union_sql(members: Sequence[int], widths: Sequence[int], texts: Sequence[str], changes: int) -> str:
-    """The batch's query (pure): the members' deltas (``texts``: c0.., ``__pgt_w``, ``__pgt_row_id``)
-    unioned, member ``i``'s values in the struct column ``m<i>`` (``c0``..; NULL in the others' rows,
-    which Spark types as member ``i``'s), consolidated: grouped by member and row, weights summed,
-    rows whose weights cancel dropped. Columns: ``__pgt_member``, ``m0``.., ``__pgt_w``, ``__pgt_row_id``."""
-    structs = [f"m{i}" for i in range(len(members))]
-    branches = []
-    for i, (pgt_id, width, text) in enumerate(zip(members, widths, texts, strict=True)):
-        struct = "named_struct(" + ", ".join(f"'c{j}', c{j}" for j in range(width)) + ")"
-        items = [f"CAST({int(pgt_id)} AS BIGINT) AS {MEMBER}"]
-        items += [f"{struct} AS {name}" if k == i else f"NULL AS {name}" for k, name in enumerate(structs)]
-        items += [ir.WEIGHT, ROW_ID]
-        branches.append(f"SELECT {', '.join(items)} FROM ({text}) AS __pgt_b{i}")
-    hint = "/*+ COALESCE(1) */ " if changes < SMALL_UNION_ROWS else ""
-    keys = ", ".join([MEMBER, *structs, ROW_ID])
-    return (
-        f"SELECT {MEMBER}, {', '.join(structs)}, CAST(SUM({ir.WEIGHT}) AS BIGINT) AS {ir.WEIGHT}, {ROW_ID} "
-        f"FROM (SELECT {hint}* FROM ({' UNION ALL '.join(branches)}) AS __pgt_u) AS __pgt_c "
-        f"GROUP BY {keys} HAVING SUM({ir.WEIGHT}) <> 0"
-    )

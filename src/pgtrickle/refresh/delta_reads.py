@@ -45,7 +45,7 @@ from pgtrickle.dvm.stored import StoredAggregate
 from pgtrickle.errors import PgTrickleError, UnsupportedQueryError
 from pgtrickle.refresh.context import RefreshContext
 from pgtrickle.refresh.shared_reads import SharedReads, buffer_columns
-from pgtrickle.spark import carry, jdbc
+from pgtrickle.spark import carry, jdbc, planning
 from pgtrickle.spark.capabilities import capabilities
 from pgtrickle.sql.ident import quote_ident
 
@@ -190,6 +190,7 @@ class DeltaReads:
         self._provided: list[str] = []
         self._uses = 1
         """How many times the plan being registered reads the read being made."""
+        self._once: list[Any] = []
 
     def _columns(self, scan: ir.Scan, source: Source) -> list[str]:
         wanted = self._read_columns.get(scan.relation, frozenset()) | set(scan.source_columns)
@@ -241,6 +242,9 @@ class DeltaReads:
         for name in self._provided:
             self.r.spark.catalog.dropTempView(name)
         self._provided.clear()
+        for leaf in self._once:
+            planning.release(leaf)
+        self._once.clear()
 
     # ------------------------------------------------------------ reads
     def _source(self, relation: str) -> Source:
@@ -333,8 +337,12 @@ class DeltaReads:
         self._count("stored_state_reads")
         return df, True
 
-    def provide(self, name: str, df: Any) -> None:
-        """Register ``df`` as the view ``name`` (a hidden table's change, computed by the refresh)."""
+    def provide(self, name: str, df: Any, once: bool = False) -> None:
+        """Register ``df`` as the view ``name`` (a hidden table's change, a sub-plan computed
+        first); ``once``: ``df`` is a leaf of :func:`~pgtrickle.spark.planning.computed_once`,
+        :meth:`release` frees its rows."""
+        if once:
+            self._once.append(df)
         df.createOrReplaceTempView(name)
         self._registered.add(name)
         self._provided.append(name)

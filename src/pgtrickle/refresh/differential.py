@@ -15,9 +15,18 @@
    this member, in the same transaction (:mod:`pgtrickle.refresh.group_changes`).
 4. One Spark action: a small delta is collected (then COPYed), a large one written by
    partitioned JDBC into a staging table. Row identity ``__pgt_row_id``: xxhash64 of the visible
-   columns (a stored aggregate's: of its group keys), as a FULL refresh computes it.
+   columns (a stored aggregate's: of its group keys), as a FULL refresh computes it. A query
+   keeping nodes in hidden state tables (:mod:`pgtrickle.dvm.kept`) is ONE plan too: each hidden
+   table's change (children first) and each sub-plan computed first (:mod:`pgtrickle.dvm.shared`)
+   is a view the plans above read, a lazy local checkpoint
+   (:func:`pgtrickle.spark.planning.computed_once`: planned once, a leaf for the plans reading
+   it, computed once); the action collects the union of the hidden tables' changes and the
+   stream table's delta, each row tagged with its target (:mod:`pgtrickle.refresh.tagged`). Over
+   :data:`COPY_MAX_ROWS` rows each target is collected on its own from the computed views (a
+   hidden table's change over the limit: FULL; the delta: staged by JDBC when large).
 5. One PostgreSQL transaction applies it (:mod:`pgtrickle.refresh.delta_apply`; a state change
-   is merged into the stored groups, :mod:`pgtrickle.refresh.state_merge`), records it in
+   is merged into the stored groups, :mod:`pgtrickle.refresh.state_merge`) and each hidden
+   table's change (:func:`pgtrickle.refresh.state_tables.apply_state_change`), records it in
    the stream table's own change buffer for downstream stream tables, advances the frontier and
    completes the history row. A delta that does not match the table (it never should) aborts
    the transaction and the engine refreshes in full instead.
@@ -60,14 +69,16 @@ from pgtrickle.refresh.delta_reads import (
     spark_name,
 )
 from pgtrickle.refresh.layout_ddl import equality_operators
+from pgtrickle.refresh.output import finished_columns, for_copy, timestamps
 from pgtrickle.refresh.shared_reads import SharedReads
 from pgtrickle.refresh.state_merge import StateMerge
 from pgtrickle.refresh.state_tables import StateMismatch, apply_state_change
+from pgtrickle.refresh.tagged import split_rows, union_sql
 from pgtrickle.spark import carry, jdbc, planning
 from pgtrickle.spark.capabilities import capabilities, tag_jobs
 from pgtrickle.sql.ident import quote_ident
 
-__all__ = ["DifferentialRun", "FallbackToFull", "finish_output", "should_push_down", "spark_name"]
+__all__ = ["DifferentialRun", "FallbackToFull", "should_push_down", "spark_name"]
 
 COPY_MAX_ROWS = 200_000
 """Deltas up to this many rows are collected and COPYed; larger ones go by partitioned JDBC."""
@@ -311,24 +322,26 @@ class DifferentialRun:
         if prepared is None:
             return []
         reads = DeltaReads(self.r, self.st, window, self.layout.stored, self.timings)
+        rows = sum(p.rows for p in changed.values())
         try:
-            with shuffle_sized(spark, sum(p.rows for p in changed.values())):
+            # With hidden tables the action collects a union of several plans: one round of its LIMIT.
+            with shuffle_sized(spark, rows, one_round=bool(prepared.kept)):
                 reads.kept_views = prepared.kept_views
-                # Each hidden table's change first (children first), each one job; the plans above
-                # read it as a relation of its own, never as the plan that computed it.
-                self.kept_rows = []
-                t0 = time.monotonic()
-                for table, change, view in prepared.kept:
-                    if change is not None:
-                        reads.register(change.main, prepared.restrictions, prepared.read_columns)
-                        self.kept_rows.append((table, self._kept_change(table, change, view, reads)))
-                if prepared.kept:
-                    self.timings["kept_changes"] = time.monotonic() - t0
+                # Each hidden table's change (children first) as a view the plans above read,
+                # computed once; nothing runs until the one action below.
+                kept = [
+                    (table, self._kept_change(table, change, view, reads, prepared))
+                    for table, change, view in prepared.kept
+                    if change is not None
+                ]
                 reads.register(prepared.compiled, prepared.restrictions, prepared.read_columns)  # type: ignore[arg-type]
                 spark_sql = prepared.spark_sql
                 if prepared.split is not None:
-                    spark_sql = self._computed_first(prepared.split, reads) or spark_sql
-                return self._collect(self._output(spark_sql, prepared.columns))
+                    spark_sql = self._computed_first(prepared.split, reads)
+                output = self._output(spark_sql, prepared.columns)
+                if not prepared.kept:
+                    return self._collect(output)
+                return self._one_job(kept, output, rows)
         finally:
             reads.release()
 
@@ -354,45 +367,69 @@ class DifferentialRun:
             reads.release()
             raise
 
-    def _computed_first(self, split: Split, reads: DeltaReads) -> str | None:
-        """Compute each sub-plan of ``split`` computed first (one Spark job each), registered as its
-        view; the SQL of the plan reading them, or ``None`` (the unsplit plan is run instead) when
-        one is over :data:`COPY_MAX_ROWS` rows."""
-        spark = self.r.spark
+    def _computed_first(self, split: Split, reads: DeltaReads) -> str:
+        """Register each sub-plan of ``split`` computed first as its view, a leaf computed once
+        (:func:`~pgtrickle.spark.planning.computed_once`): Spark plans it once, here, and the plans
+        reading it see one relation instead of its operators inlined at every read (dvm/shared.py);
+        the action computes it once. The SQL of the plan reading them."""
         for view, part in split.first:
-            text = f"SELECT * FROM ({part.sql()}) AS __pgt_f LIMIT {COPY_MAX_ROWS + 1}"
-            value = planning.sql(spark, text, self.timings, "first")
-            rows = planning.planned(value, self.timings, "first").collect()
-            if len(rows) > COPY_MAX_ROWS:
-                return None
-            reads.provide(view, spark.createDataFrame(rows, value.schema))
+            value = planning.sql(self.r.spark, part.sql(), self.timings, "first")
+            reads.provide(view, planning.computed_once(value, self.timings, "first"), once=True)
         return split.main.sql()
 
-    def _kept_change(self, table: StateTable, change: Split, view: str, reads: DeltaReads) -> list[tuple]:
-        """A hidden state table's change (one Spark job, after those of the sub-plans computed
-        first), registered as the Spark view ``view`` (its columns and ``__pgt_w``) for the plans
-        above it; returned as the rows to apply: its columns, weight and row identity."""
-        spark = self.r.spark
-        text = self._computed_first(change, reads) or change.whole.sql()
-        # One SQL text, no DataFrame call on top of it: each call re-analyses the whole plan.
-        value = planning.sql(
-            spark, f"SELECT * FROM ({text}) AS __pgt_k LIMIT {COPY_MAX_ROWS + 1}", self.timings, "kept"
-        )
-        rows = planning.planned(value, self.timings, "kept").collect()
+    def _kept_change(
+        self, table: StateTable, change: Split, view: str, reads: DeltaReads, prepared: Prepared
+    ) -> tuple[Any, str]:
+        """A hidden state table's change, registered as the Spark view ``view`` (its columns and
+        ``__pgt_w``; a leaf computed once) for the plans above it; returned as that leaf and the
+        query of the rows to apply (c0.., ``__pgt_w``, ``__pgt_row_id``)."""
+        reads.register(change.main, prepared.restrictions, prepared.read_columns)
+        text = self._computed_first(change, reads)
+        value = planning.sql(self.r.spark, text, self.timings, "kept")
+        leaf = planning.computed_once(value, self.timings, "kept")
+        reads.provide(view, leaf, once=True)
+        n = len(table.columns)
+        columns = list(leaf.columns)
+        names = [f"c{i}" for i in range(n)] + columns[n:]
+        named = ", ".join(f"{spark_name(c)} AS {spark_name(m)}" for c, m in zip(columns, names, strict=True))
+        select = ", ".join(finished_columns(names, timestamps(leaf.schema), tuple(range(n))))
+        return leaf, f"SELECT {select} FROM (SELECT {named} FROM {view}) AS __pgt_k"
+
+    def _one_job(
+        self, kept: Sequence[tuple[StateTable, tuple[Any, str]]], output: str, changes: int
+    ) -> list[tuple] | Staged:
+        """The hidden tables' changes and the stream table's delta computed by ONE action: their
+        union, each row tagged with its target (:mod:`pgtrickle.refresh.tagged`). A union over
+        :data:`COPY_MAX_ROWS` rows: each hidden table's change collected on its own (over the limit:
+        FallbackToFull) and the delta collected or staged (:meth:`_collect`), from the computed views."""
+        tags = list(range(len(kept) + 1))
+        texts = [text for _, (_, text) in kept] + [output]
+        widths = [len(table.columns) for table, _ in kept] + [len(self.layout.columns)]
+        union = planning.sql(self.r.spark, union_sql(tags, widths, texts, changes), self.timings, "delta")
+        rows = planning.planned(union.limit(COPY_MAX_ROWS + 1), self.timings, "delta").collect()
+        if len(rows) <= COPY_MAX_ROWS:
+            split = split_rows(rows, tags)
+            self.kept_rows = [(table, split[i]) for i, (table, _) in enumerate(kept)]
+            return split[len(kept)]
+        del rows
+        self.kept_rows = [(table, self._kept_rows(table, text)) for table, (_, text) in kept]
+        return self._collect(output)
+
+    def _kept_rows(self, table: StateTable, text: str) -> list[tuple]:
+        """A hidden table's change collected on its own (FallbackToFull over :data:`COPY_MAX_ROWS` rows)."""
+        frame = planning.sql(self.r.spark, text, self.timings, "kept")
+        rows = frame.limit(COPY_MAX_ROWS + 1).collect()
         if len(rows) > COPY_MAX_ROWS:
             raise FallbackToFull(
                 f"the change of the hidden state table {table.name} is over {COPY_MAX_ROWS:,} rows"
             )
-        computed = spark.createDataFrame(rows, value.schema)
-        reads.provide(view, computed)
-        n = len(table.columns)
-        return [tuple(r) for r in finish_output(computed, n, tuple(range(n))).collect()]
+        return [tuple(r) for r in rows]
 
     def _output(self, spark_sql: str, columns: Sequence[str]) -> str:
         """c0.. (timestamps rendered for COPY), ``__pgt_w`` and ``__pgt_row_id`` of the delta query.
 
         The row identity is xxhash64 of the columns at the layout's key positions, exactly as a
-        FULL refresh computes it (:func:`finish_output`).
+        FULL refresh computes it (:func:`pgtrickle.refresh.output.finish_output`).
         """
         if len(columns) != len(self.layout.columns):
             raise FallbackToFull(
@@ -400,7 +437,7 @@ class DifferentialRun:
                 f"{', '.join(self.layout.columns)}"
             )
         types = {c.name: c.type for c in self.st.columns}
-        out = [_for_copy(spark_name(c), types.get(c, "")) + f" AS c{i}" for i, c in enumerate(columns)]
+        out = [for_copy(spark_name(c), types.get(c, "")) + f" AS c{i}" for i, c in enumerate(columns)]
         hashed = [spark_name(columns[i]) for i in self.layout.key_positions]
         row_id = f"xxhash64({', '.join(hashed)})" if hashed else "CAST(0 AS BIGINT)"
         return (
@@ -558,39 +595,3 @@ def _split(compiled: Compiled | None, prefix: str) -> Split | None:
         return Split((), compiled, compiled)
     chosen = shared.choose(compiled.nodes[-1])
     return shared.split(compiled, chosen, lambda i: f"{prefix}{i}")
-
-
-def _for_copy(column: str, pg_type: str) -> str:
-    """A Spark column rendered for COPY into a column of ``pg_type`` (instants keep their offset)."""
-    if pg_type == "timestamp with time zone":
-        return f"date_format({column}, 'yyyy-MM-dd HH:mm:ss.SSSSSSXXX')"
-    return column
-
-
-def finish_output(df, n_data: int, hash_positions: Sequence[int], dates: bool = True):
-    """Name the first ``n_data`` columns c0.., keep the rest, append ``__pgt_row_id``.
-
-    The row identity is ``xxhash64`` of the columns at ``hash_positions`` (every visible column;
-    a stored aggregate's group keys), computed the same way for FULL and DIFFERENTIAL refreshes.
-    Timestamps are rendered with their offset for COPY.
-    """
-    from pyspark.sql.types import TimestampType
-
-    # SQL expressions, not pyspark.sql.functions: the same code serves a local session and a
-    # Spark Connect one, whichever kind the process's functions module was set up for.
-    names = [f"c{i}" for i in range(n_data)] + list(df.columns[n_data:])
-    named = df.toDF(*names)
-    if hash_positions:
-        row_id = f"xxhash64({', '.join(spark_name(names[i]) for i in hash_positions)})"
-    else:
-        row_id = "CAST(0 AS BIGINT)"
-    cols = []
-    for field_ in named.schema.fields:
-        if dates and isinstance(field_.dataType, TimestampType):
-            cols.append(
-                f"date_format({spark_name(field_.name)}, 'yyyy-MM-dd HH:mm:ss.SSSSSSXXX') "
-                f"AS {spark_name(field_.name)}"
-            )
-        else:
-            cols.append(spark_name(field_.name))
-    return named.selectExpr(*cols, f"{row_id} AS {ROW_ID}")

@@ -38,8 +38,9 @@ from pgtrickle.errors import RefreshError
 from pgtrickle.refresh import as_of, commit, user_triggers
 from pgtrickle.refresh.clock_read import clock_values
 from pgtrickle.refresh.context import RefreshContext
-from pgtrickle.refresh.differential import finish_output, spark_name
+from pgtrickle.refresh.differential import spark_name
 from pgtrickle.refresh.layout_ddl import kept_state_sql, row_index_name, stored_state_sql
+from pgtrickle.refresh.output import finish_output
 from pgtrickle.refresh.plan import RefreshPlan
 from pgtrickle.refresh.state_tables import fill_state_table
 from pgtrickle.spark import carry, jdbc, planning

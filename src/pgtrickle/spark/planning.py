@@ -14,10 +14,13 @@ process cannot see it: only the analysis seconds are recorded there.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from pgtrickle.spark.numeric import ensure_functions
+
+log = logging.getLogger(__name__)
 
 
 def sql(spark: Any, text: str, timings: dict[str, float], label: str) -> Any:
@@ -42,6 +45,33 @@ def planned(df: Any, timings: dict[str, float], label: str) -> Any:
     _add(timings, f"{label}_planning", time.monotonic() - started)
     _add(timings, f"{label}_operators", operator_count(execution.optimizedPlan().treeString()))
     return df
+
+
+def computed_once(df: Any, timings: dict[str, float], label: str) -> Any:
+    """``df`` as a leaf of the plans that read it: a lazy local checkpoint. Spark plans ``df``
+    now, once (the seconds added to ``<label>_planning``, its optimized plan's operators to
+    ``<label>_operators``); the plans reading it analyse and optimize one relation, not ``df``'s
+    operators again at every read; the first action computes it, once, and keeps its rows for
+    the other reads (:func:`release` frees them). No job runs here (with adaptive execution
+    off: AQE would run ``df``'s shuffle stages now)."""
+    started = time.monotonic()
+    leaf = df.localCheckpoint(eager=False)
+    _add(timings, f"{label}_planning", time.monotonic() - started)
+    jdf = getattr(df, "_jdf", None)
+    if jdf is not None:  # not on Spark Connect: planned on the server
+        _add(timings, f"{label}_operators", operator_count(jdf.queryExecution().optimizedPlan().treeString()))
+    return leaf
+
+
+def release(leaf: Any) -> None:
+    """Free the rows a :func:`computed_once` leaf kept (Spark Connect frees them with the DataFrame)."""
+    jdf = getattr(leaf, "_jdf", None)
+    if jdf is None:
+        return
+    try:
+        jdf.queryExecution().analyzed().rdd().unpersist(False)
+    except Exception:  # freeing must never fail the refresh: Spark's cleaner frees them later
+        log.warning("could not free the rows of a computed-once relation", exc_info=True)
 
 
 def operator_count(tree: str) -> int:
