@@ -247,7 +247,7 @@ def docs_section(report: dict[str, Any], plot_path: Path) -> str:
             f"{r['request_seconds']:.2f}",
             f"{_spark_seconds(r):.2f}",
             f"{r['matview_seconds']:.2f}",
-            fmt_ratio(r["ratio"]),
+            f"×{r['ratio']:.2f}",
             r["differing_rows"],
         )
         for shape, r in report["results"].items()
@@ -257,6 +257,7 @@ def docs_section(report: dict[str, Any], plot_path: Path) -> str:
             "query",
             "DIFFERENTIAL s (history)",
             "request s",
+            "of it on Spark s",
             "matview s",
             "matview / DIFFERENTIAL",
             "differing rows",
