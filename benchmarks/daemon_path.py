@@ -50,7 +50,6 @@ from common import (  # noqa: E402
     bench_dsn,
     command_line,
     drop_database,
-    fmt_ratio,
     header_lines,
     machine,
     md_table,
