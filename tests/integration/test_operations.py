@@ -367,11 +367,12 @@ def test_history_records_refreshes_skips_and_failures(nums: Database) -> None:
     assert fallback[3] == 50 and fallback[4] == 50
     assert skip[:6] == ("SKIP", "SKIPPED", "MANUAL", 0, 0, 10) and "circuit breaker" in skip[9]
     assert reset_skip[:2] == ("SKIP", "SKIPPED") and "skipped by reset_circuit_breaker" in reset_skip[9]
-    assert failed[:3] == ("DIFFERENTIAL", "FAILED", "MANUAL") and failed[5] == 1
+    # A data error computing the change falls back to FULL (which meets the value too).
+    assert failed[:3] == ("FULL", "FAILED", "MANUAL") and failed[5] == 1 and failed[8] is True
     # The error names what failed but not the value (docs/SECURITY.md, "Errors and source values").
     assert "CAST_INVALID_INPUT" in failed[10] and "'bad'" not in failed[10]
-    assert all(r[8] is False for r in rows if r is not fallback)
-    assert all(r[9] is None for r in (initial, diff, fallback, failed))
+    assert all(r[8] is False for r in rows if r is not fallback and r is not failed)
+    assert all(r[9] is None for r in (initial, diff, fallback))
     assert all(r[10] is None for r in rows if r is not failed)
     for r in rows:
         assert r[6] is not None and r[7] is not None and r[7] >= r[6]
