@@ -446,3 +446,31 @@ def test_binary_stream_restarts_in_text_mode_exactly_once(db: Database) -> None:
         f" (b.new_{buf['i4']}, b.new_{buf['txt']})"
     )
     assert wrong == []
+
+
+def test_a_restart_waits_for_its_previous_walsender_to_release_the_slot(db: Database) -> None:
+    """Restarting in text mode reopens the stream; the slot may still be held a moment."""
+    import threading
+
+    import psycopg2
+    import psycopg2.extras
+
+    typed_source(db)
+    slot = slot_name_for(db.dsn.rsplit("/", 1)[1])
+    decoder = WalDecoder(db.dsn, slot)
+    holder = psycopg2.connect(db.dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    holder.cursor().start_replication(
+        slot_name=slot, decode=False, options={"proto_version": "2", "publication_names": decoder.publication}
+    )
+    try:
+        with pytest.raises(psycopg2.OperationalError) as first:
+            decoder._open_stream(restarting=False)  # a first start learns at once that the slot is held
+        assert first.value.pgcode == "55006"
+        release = threading.Timer(0.5, holder.close)
+        release.start()
+        started = time.monotonic()
+        repl, _ = decoder._open_stream(restarting=True)
+        repl.close()
+        assert time.monotonic() - started >= 0.4
+    finally:
+        holder.close()

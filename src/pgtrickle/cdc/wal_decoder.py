@@ -47,7 +47,7 @@ from pgtrickle.cdc.wal_rows import (
 from pgtrickle.db.query import scalar
 
 if TYPE_CHECKING:
-    from psycopg2.extras import ReplicationCursor
+    from psycopg2.extras import LogicalReplicationConnection, ReplicationCursor
 
 log = logging.getLogger(__name__)
 
@@ -441,9 +441,10 @@ class WalDecoder:
             self._load_tracked()
             self._choose_mode()
             self._conn.commit()
+            restarting = False
             while True:
                 try:
-                    self._stream(stop, until_lsn, deadline, timeout)
+                    self._stream(stop, until_lsn, deadline, timeout, restarting)
                     return
                 except NeedTextMode as exc:
                     if not self.binary:
@@ -453,6 +454,7 @@ class WalDecoder:
                     self._drop_txn()
                     self.flush()
                     self.binary = False
+                    restarting = True
         except BaseException as exc:
             self.error = exc
             raise
@@ -460,26 +462,54 @@ class WalDecoder:
             self._buffer_copy.forget()
             self._conn.close()
 
-    def _stream(
-        self, stop: threading.Event, until_lsn: int | None, deadline: float | None, timeout: float | None
-    ) -> None:
+    RESTART_SLOT_WAIT = 10.0
+    """Seconds a restart waits for the walsender of its own previous stream to release the slot."""
+
+    def _open_stream(self, restarting: bool) -> tuple[LogicalReplicationConnection, ReplicationCursor]:
+        """A replication connection streaming from the slot, and its cursor.
+
+        The walsender of a closed stream releases the slot a moment after the
+        client has gone; a restart (text mode) waits for that instead of failing
+        with "replication slot is active". A first start fails at once: another
+        decoder holding the slot is what callers must learn.
+        """
         import psycopg2
+        import psycopg2.errorcodes
         import psycopg2.extras
 
+        options = {"proto_version": "2", "publication_names": self.publication, "messages": "true"}
+        if self.binary:
+            options["binary"] = "true"
+        give_up = time.monotonic() + (self.RESTART_SLOT_WAIT if restarting else 0.0)
+        while True:
+            repl = psycopg2.connect(
+                self.dsn,
+                connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                application_name="pgtrickle-wal-decoder",
+            )
+            try:
+                cur = repl.cursor()
+                cur.start_replication(slot_name=self.slot, decode=False, options=options)
+                return repl, cur
+            except psycopg2.OperationalError as exc:
+                repl.close()
+                if exc.pgcode != psycopg2.errorcodes.OBJECT_IN_USE or time.monotonic() >= give_up:
+                    raise
+                time.sleep(0.05)
+
+    def _stream(
+        self,
+        stop: threading.Event,
+        until_lsn: int | None,
+        deadline: float | None,
+        timeout: float | None,
+        restarting: bool = False,
+    ) -> None:
         self.relations.clear()
         self._plans.clear()
         self._fast.clear()
-        repl = psycopg2.connect(
-            self.dsn,
-            connection_factory=psycopg2.extras.LogicalReplicationConnection,
-            application_name="pgtrickle-wal-decoder",
-        )
+        repl, cur = self._open_stream(restarting)
         try:
-            cur = repl.cursor()
-            options = {"proto_version": "2", "publication_names": self.publication, "messages": "true"}
-            if self.binary:
-                options["binary"] = "true"
-            cur.start_replication(slot_name=self.slot, decode=False, options=options)
             self._cursor = cur
             last_flush = time.monotonic()
             self._sync_requested = False
