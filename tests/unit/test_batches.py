@@ -103,17 +103,20 @@ def run(limit: int, size: int, not_due: frozenset[int] = frozenset()) -> list[li
     return jobs
 
 
-def test_run_units_runs_each_level_as_one_batch() -> None:
-    assert run(limit=1, size=32) == [[1, 2, 3, 4], [7], [5, 6]]
+def test_run_units_runs_a_level_and_its_due_followers_as_one_batch() -> None:
+    """5 and 6 read 1 and 2: they follow them into their batch (computed from their deltas in the
+    same job, refresh/chained.py); the batch size bounds the followers too."""
+    assert run(limit=1, size=32) == [[1, 2, 3, 4, 5, 6], [7]]
+    assert run(limit=1, size=5) == [[1, 2, 3, 4, 5], [7], [6]]
     assert run(limit=2, size=2) == [[1, 2], [3, 4], [7], [5, 6]]
 
 
 def test_a_level_spreads_over_the_free_slots() -> None:
-    """Two slots and four batchable units (7 is FULL, alone): 7 takes one slot, the four share the
-    other; with both done, 5 and 6 run side by side in the two free slots."""
-    assert run(limit=2, size=32) == [[1, 2, 3, 4], [7], [5], [6]]
-    # Three slots: 7 in one, 1..4 over the two others; then 5 and 6 side by side.
-    assert run(limit=3, size=32) == [[1, 2], [3, 4], [7], [5], [6]]
+    """Two slots and four batchable units (7 is FULL, alone): 7 takes one slot, the four (and
+    their followers) share the other."""
+    assert run(limit=2, size=32) == [[1, 2, 3, 4, 5, 6], [7]]
+    # Three slots: 7 in one, 1..4 over the two others; 5 and 6 follow 1 and 2.
+    assert run(limit=3, size=32) == [[1, 2, 5, 6], [3, 4], [7]]
     assert [
         spread_size(n, a, f, 32) for n, a, f in ((20, 0, 2), (21, 0, 2), (3, 0, 8), (0, 2, 2), (99, 0, 1))
     ] == [
@@ -125,9 +128,34 @@ def test_a_level_spreads_over_the_free_slots() -> None:
     ]
 
 
-def test_units_not_due_leave_the_batch_and_a_batch_of_one_is_a_lone_refresh() -> None:
-    assert run(limit=1, size=32, not_due=frozenset({2, 3, 4})) == [[1], [7], [5, 6]]
-    assert run(limit=1, size=32, not_due=frozenset({2, 3, 4, 6})) == [[1], [7], [5]]
+def test_units_not_due_leave_the_batch_and_only_units_reading_the_batch_follow_it() -> None:
+    # 6 reads 2, which is not due: 6 is not a follower of 1's batch; it runs once 2 is done.
+    assert run(limit=1, size=32, not_due=frozenset({2, 3, 4})) == [[1, 5], [7], [6]]
+    assert run(limit=1, size=32, not_due=frozenset({2, 3, 4, 6})) == [[1, 5], [7]]
+    # A unit not due does not follow, and a lone refresh stays one.
+    assert run(limit=1, size=32, not_due=frozenset({2, 3, 4, 5, 6})) == [[1], [7]]
+
+
+def test_a_follower_reads_only_finished_units_or_units_of_its_batch() -> None:
+    # 1 -> 2 -> 3, and 4 reads 1 and 5.
+    deps = {1: frozenset(), 2: frozenset({1}), 3: frozenset({2}), 4: frozenset({1, 5}), 5: frozenset()}
+    units = [Unit(k, (k,)) for k in (1, 5, 2, 3, 4)]
+    ready = ReadySet(units, deps, 2)
+    assert ready.can_follow(2, [1]) and not ready.can_follow(3, [1])
+    assert ready.can_follow(3, [1, 2])
+    assert not ready.can_follow(4, [1]), "5 is neither finished nor in the batch"
+    assert not ready.can_follow(5, [1]), "reads nothing of the batch: not a follower"
+    assert not ready.can_follow(1, [1])
+    with pytest.raises(ValueError, match="cannot start before"):
+        ready.start_together([1, 3, 2])  # 3 before the unit it reads
+    ready.start_together([1, 2, 3])
+    assert ready.slots_used == 1 and not ready.can_follow(2, [5])
+    ready.start_together([5])
+    ready.finish(5)
+    assert not ready.can_follow(4, [5]), "1 is running, not finished"
+    for key in (1, 2, 3):
+        ready.finish(key)
+    assert [u.key for u in ready.waiting()] == [4]
 
 
 def test_a_batch_takes_one_slot() -> None:

@@ -208,6 +208,29 @@ def _chunks(waiting: Sequence[Unit], batching: Batching | None, free: int) -> li
     return batches(waiting, batching.alone, size)
 
 
+def _followers(
+    ready: ReadySet,
+    due: Sequence[tuple[Unit, Job]],
+    batching: Batching,
+    prepare: Callable[[Unit], Job | None],
+) -> list[tuple[Unit, Job]]:
+    """The due units downstream of ``due`` that join its batch (``ReadySet.can_follow``, in
+    dependency order, up to ``max_batch_size`` in all): the batch computes each from its upstream
+    units' deltas in the same Spark job (refresh/chained.py) instead of one job per level."""
+    taken = [u.key for u, _ in due]
+    out: list[tuple[Unit, Job]] = []
+    for unit in ready.units:
+        if len(taken) >= batching.max_size:
+            break
+        if not ready.can_follow(unit.key, taken) or batching.alone(unit) is not None:
+            continue
+        job = prepare(unit)
+        if job is not None:
+            out.append((unit, job))
+            taken.append(unit.key)
+    return out
+
+
 def run_units(
     ready: ReadySet,
     prepare: Callable[[Unit], Job | None],
@@ -248,6 +271,8 @@ def run_units(
                     skipped = True
                 else:
                     due.append((unit, job))
+            if due and batching is not None:
+                due += _followers(ready, due, batching, prepare)
             if due:
                 ready.start_together([u.key for u, _ in due])
                 units = [u for u, _ in due]

@@ -1,7 +1,8 @@
 """A batch of refreshes: one snapshot, one Spark job for every member's delta, one transaction each.
 
-The stream tables of a batch (chosen by :mod:`pgtrickle.scheduler.batches`) never read each
-other. :func:`refresh_batch` refreshes them (their advisory locks held by the caller):
+The stream tables of a batch are chosen by :mod:`pgtrickle.scheduler.batches` (units ready
+together) and ``daemon/workers._followers`` (due units downstream of them). :func:`refresh_batch`
+refreshes them (their advisory locks held by the caller), in dependency order:
 
 1. One coordinator transaction exports snapshot S and pins every member's sources.
 2. Each member is planned at S through its own gates, as a lone refresh is
@@ -26,6 +27,12 @@ other. :func:`refresh_batch` refreshes them (their advisory locks held by the ca
    apply fails is recorded as failed (error count, alerts) and keeps its contents; a delta that
    does not match its table makes it refresh FULL; the other members commit.
 
+A member reading another member is *chained* to it (:mod:`pgtrickle.refresh.chained`): computed
+from that member's delta in the same job, its gates passed after that member's apply, at the
+batch's snapshot with that apply made visible, which it commits as its frontier. One that cannot
+be (its plan or a column does not allow it, or its upstream member did not apply exactly what the
+job computed) refreshes on its own after that member, from its change buffer.
+
 If the shared job fails, nothing was applied: every member is refreshed one by one on its own
 (a member's bad value then fails only that member), and the log says so.
 
@@ -39,21 +46,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from psycopg import sql
 
 from pgtrickle import faults
 from pgtrickle.catalog.store import StreamTable
+from pgtrickle.cdc.buffers import PendingChanges
 from pgtrickle.cdc.wal import wait_for_decoder
 from pgtrickle.db.columns import column_types
 from pgtrickle.dvm import ir
 from pgtrickle.dvm.layout import ROW_ID
-from pgtrickle.errors import PgTrickleError
+from pgtrickle.errors import PgTrickleError, RefreshError
 from pgtrickle.refresh import history
+from pgtrickle.refresh.chained import chained_frontier
 from pgtrickle.refresh.delta_apply import Staged
-from pgtrickle.refresh.delta_reads import DeltaReads, FallbackToFull, Window
+from pgtrickle.refresh.delta_reads import DeltaReads, FallbackToFull, NotChained, Window
 from pgtrickle.refresh.differential import COPY_MAX_ROWS, DifferentialRun, shuffle_sized
 from pgtrickle.refresh.engine import Cancelled, Prepared, Refresher, RefreshOutcome
 from pgtrickle.refresh.plan import Action
@@ -90,8 +99,9 @@ class BatchResult:
 @dataclass
 class _Member:
     request: BatchRequest
-    prepared: Prepared
-    history_id: int
+    prepared: Prepared | None
+    """``None`` for a chained member until its gates are passed after its upstream members' applies."""
+    history_id: int | None
     run: DifferentialRun
     plan: Any = None
     """The member's delta plan (:meth:`DifferentialRun.batch_plan`)."""
@@ -102,6 +112,14 @@ class _Member:
     rows: list[tuple] | Staged | None = None
     alone: bool = False
     """Dropped out of the shared job: refreshed on its own after it."""
+    feeders: list[_Member] = field(default_factory=list)
+    """Upstream members it reads: it is computed from their deltas in the same job (chained)."""
+    feeds: bool = False
+    """A chained member reads its delta."""
+    applied: bool = False
+    """Its apply committed the delta the job computed (what its chained members took)."""
+    depth: int = 0
+    """0, or 1 + the greatest depth of its feeders: framed after them."""
 
     @property
     def st(self) -> StreamTable:
@@ -128,8 +146,9 @@ class _Batch:
         self.requests = requests
         self.results = {r.st.pgt_id: BatchResult(r.st) for r in requests}
         self.members: list[_Member] = []
-        self.alone: list[tuple[BatchRequest, Prepared]] = []
-        """Members planned FULL, or keeping hidden state tables: refreshed as they are alone."""
+        self.alone: list[tuple[BatchRequest, Prepared | None]] = []
+        """Members planned FULL, or keeping hidden state tables: refreshed as they are alone; with
+        ``None``, planned then (they read one of these, or could not be chained to a member)."""
         self.snapshot = self.lsn = ""
         self.spark_seconds = 0.0
         self.started = time.monotonic()
@@ -150,7 +169,7 @@ class _Batch:
                 for request in self.requests:
                     self._plan(request)
                 if self.members:
-                    history.set_batch(self.r.conn, [m.history_id for m in self.members])
+                    history.set_batch(self.r.conn, [m.history_id for m in self.members if m.history_id])
                 for m in self.members:
                     self._plan_delta(m)
                 for m in self.members:
@@ -159,14 +178,24 @@ class _Batch:
                         self.shared.widen(m.plan.read_columns)
                         for source in m.st.sources:
                             self.shared.add_window(source.relid, m.st.frontier)
-                for m in self.members:
-                    assert m.st.frontier is not None
-                    if m.plan is not None:
-                        self._frame(m, Window(m.st.frontier, self.snapshot, snap_id, coord))
+                # Level by level (a chained member after the members it reads): the reads a level
+                # shares are persisted before its deltas read by chained members become leaves.
+                # Planned as the job runs (a leaf is planned when made): AQE off for a small delta.
+                changes = sum(m.delta_rows for m in self.members if m.plan is not None)
+                with shuffle_sized(self.r.spark, changes):
+                    for depth in sorted({m.depth for m in self.members}):
+                        level = [m for m in self.members if m.depth == depth]
+                        for m in level:
+                            assert m.st.frontier is not None
+                            if m.plan is not None:
+                                self._frame(m, Window(m.st.frontier, self.snapshot, snap_id, coord))
+                        self.shared.persist_shared()
+                        for m in level:
+                            if m.feeds and m.text is not None:
+                                self._feed(m)
                 live = [m for m in self.members if m.text is not None]
                 t0 = time.monotonic()
                 if live:
-                    self.shared.persist_shared()
                     faults.point("refresh.spark_job")
                     try:
                         with carry.refusals_checked(lambda: self.r.spark, coord):
@@ -183,8 +212,7 @@ class _Batch:
                         )
                 self.spark_seconds = time.monotonic() - t0
             except Cancelled:
-                for m in self.members:
-                    history.record_abandoned(self.r.conn, m.history_id)
+                self._abandon()
                 raise
             finally:
                 for m in self.members:
@@ -193,8 +221,22 @@ class _Batch:
                 self.shared.release()
                 coord.rollback()
 
+    def _abandon(self) -> None:
+        for m in self.members:
+            if m.history_id is not None:
+                history.record_abandoned(self.r.conn, m.history_id)
+
     def _plan(self, request: BatchRequest) -> None:
-        """Plan one member at the batch's snapshot through its gates (step 2)."""
+        """Plan one member at the batch's snapshot through its gates (step 2); one reading another
+        member is chained to it (refresh/chained.py) or refreshed on its own after it."""
+        reads = {s.relid for s in request.st.sources}
+        if any(r.st.relid in reads for r, _ in self.alone):
+            self.alone.append((request, None))
+            return
+        feeders = [m for m in self.members if m.st.relid in reads]
+        if feeders:
+            self._plan_chained(request, feeders)
+            return
         try:
             prepared = self.r.prepare(
                 request.st,
@@ -221,10 +263,47 @@ class _Batch:
         run = DifferentialRun(self.r, st, prepared.analysis, prepared.layout)
         self.members.append(_Member(request, prepared, history_id, run))
 
+    def _plan_chained(self, request: BatchRequest, feeders: list[_Member]) -> None:
+        """A member reading upstream members: chained to them when its refresh is a DIFFERENTIAL
+        one without hidden state tables and theirs write their buffers as computed. Its gates are
+        passed after their applies (:meth:`_chained`); nothing is recorded for it here."""
+        st = request.st
+        why = None
+        if any(f.run.layout.stored is not None for f in feeders):
+            why = "an upstream member keeps its aggregate's state (PostgreSQL writes its changes)"
+        elif st.frontier is None or st.needs_reinit or st.reads_clock or not self.r.analysis(st).differential:
+            why = "its refresh is not DIFFERENTIAL"
+        else:
+            try:
+                analysis, differential, layout, changed = self.r.modes.prepare(st, request.initiated_by)
+            except Exception as exc:  # its own refresh meets it again, and records it
+                why = f"preparing it failed: {exc}"
+            else:
+                if not differential or changed or layout.state_tables:
+                    why = "its refresh is not a DIFFERENTIAL one without hidden state tables"
+        if why is not None:
+            log.debug("%s refreshes on its own after its upstream members: %s", st.display, why)
+            self.alone.append((request, None))
+            return
+        for f in feeders:
+            f.feeds = True
+            f.run.report_xid = True
+        run = DifferentialRun(self.r, st, analysis, layout)
+        depth = 1 + max(f.depth for f in feeders)
+        self.members.append(_Member(request, None, None, run, feeders=feeders, depth=depth))
+
     def _plan_delta(self, m: _Member) -> None:
-        """A member's delta plan for its pending changes; on a failure it drops out."""
+        """A member's delta plan for its pending changes (a chained member's include its upstream
+        members' deltas in the job); on a failure it drops out."""
         try:
             changed = m.run.changes(self.snapshot)
+            for f in m.feeders:
+                if f.alone:
+                    raise NotChained(f"upstream member {f.st.display} refreshes on its own")
+                if f.plan is not None:
+                    source = next(s for s in m.st.sources if s.relid == f.st.relid)
+                    known = changed.get(source.relid, PendingChanges(source, 0, 0, 0, False))
+                    changed[source.relid] = replace(known, inserts=known.inserts + max(f.delta_rows, 1))
             m.delta_rows = sum(p.rows for p in changed.values())
             m.plan = m.run.batch_plan(changed) if changed else None
             if m.plan is None:
@@ -237,10 +316,24 @@ class _Batch:
     def _frame(self, m: _Member, window: Window) -> None:
         """A member's delta as Spark SQL over its registered reads; on a failure it drops out."""
         try:
+            for f in m.feeders:
+                if f.alone or (f.plan is not None and f.st.relid not in self.shared.fed):
+                    raise NotChained(f"upstream member {f.st.display} dropped out of the shared job")
             m.text, m.reads = m.run.delta_text(window, m.plan, self.shared)
         except Cancelled:
             raise
         except Exception as exc:
+            self._drop_out(m, exc)
+
+    def _feed(self, m: _Member) -> None:
+        """A member chained members read: its delta made a leaf they share; on a failure it drops out."""
+        assert m.reads is not None
+        try:
+            m.text = m.run.fed_text(m.plan, m.reads, self.shared)
+        except Cancelled:
+            raise
+        except Exception as exc:
+            m.text = None
             self._drop_out(m, exc)
 
     @staticmethod
@@ -278,7 +371,7 @@ class _Batch:
     def _stage(self, union: Any, live: Sequence[_Member], widths: Sequence[int]) -> None:
         """A large union: one JDBC write into one staging table, split into one per member in PostgreSQL."""
         conn = self.r.conn
-        name = f"batch_{live[0].history_id}"
+        name = f"batch_{self._lead()}"
         wide = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(name))
         cols: list[sql.Composable] = [sql.SQL("{} bigint").format(sql.Identifier(MEMBER))]
         for i, m in enumerate(live):
@@ -318,16 +411,21 @@ class _Batch:
             conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(wide))
 
     # ------------------------------------------------------------ step 4
+    def _lead(self) -> int | None:
+        """The history row of the first member (never a chained one): it records the shared job."""
+        return self.members[0].history_id if self.members else None
+
     def finish(self, shared: jobs.JobFigures) -> None:
         try:
             self.r.check_cancel()
         except Cancelled:
-            for m in self.members:
-                history.record_abandoned(self.r.conn, m.history_id)
+            self._abandon()
             raise
-        lead = self.members[0].history_id if self.members else None
+        lead = self._lead()
         for m in self.members:
-            if self.failed is not None or m.alone or m.rows is None:
+            if m.prepared is None:
+                result = self._chained(m, lead, shared)
+            elif self.failed is not None or m.alone or m.rows is None:
                 result = self._own(m.request, m.prepared, m.history_id)
             else:
                 result = self._apply(m, lead, shared)
@@ -335,22 +433,82 @@ class _Batch:
         if lead is not None and not self.lead_recorded:
             history.record_batch_jobs(self.r.conn, lead, len(self.members), shared, self.failed is not None)
         for request, prepared in self.alone:
-            self.results[request.st.pgt_id] = self._own(request, prepared, None)
+            self.results[request.st.pgt_id] = (
+                self._lone(request) if prepared is None else self._own(request, prepared, None)
+            )
 
-    def _apply(self, m: _Member, lead: int | None, shared: jobs.JobFigures) -> BatchResult:
+    def _chained(self, m: _Member, lead: int | None, shared: jobs.JobFigures) -> BatchResult:
+        """A chained member, once its upstream members applied: its gates passed at the batch's
+        snapshot with their apply transactions made visible (refresh/chained.py), then its rows
+        applied with that frontier - or, when they did not all apply exactly what the job
+        computed, refreshed on its own from their change buffers."""
+        request = m.request
+        if self.failed is not None or m.alone or m.rows is None or not all(f.applied for f in m.feeders):
+            return self._lone(request)
+        try:
+            snapshot = chained_frontier(self.snapshot, [f.run.xid for f in m.feeders])
+        except RefreshError as exc:
+            log.info("%s: refreshed on its own after the batch (%s)", m.st.display, exc)
+            return self._lone(request)
+        try:
+            prepared = self.r.prepare(
+                request.st,
+                request.request_ids,
+                request.initiated_by,
+                request.record_no_data,
+                request.force,
+                snapshot=snapshot,
+            )
+        except PgTrickleError as exc:  # recorded by prepare
+            return BatchResult(request.st, error=exc)
+        plan = prepared.plan
+        if plan.action in (Action.NO_DATA, Action.SKIP):
+            return BatchResult(request.st, RefreshOutcome(request.st, plan.action, plan.reason))
+        if member_why_alone(plan.action is Action.DIFFERENTIAL, len(prepared.layout.state_tables)):
+            return self._own(request, prepared, None)
+        st = replace(request.st, watermark_mark=prepared.mark)  # committed with the frontier
+        m.run.st = st
+        m.prepared = prepared
+        m.delta_rows = plan.delta_rows  # counted at that snapshot: its upstream members' rows included
+        m.history_id = history.start_history(self.r.conn, st, plan, request.initiated_by)
+        if lead is not None:
+            history.set_batch(self.r.conn, [lead, m.history_id])
+        return self._apply(m, lead, shared, snapshot)
+
+    def _lone(self, request: BatchRequest) -> BatchResult:
+        """A member refreshed exactly as it would be alone, planned now (after the batch's applies)."""
+        result = BatchResult(request.st)
+        try:
+            result.outcome = self.r.refresh(
+                request.st, request.initiated_by, request.request_ids, request.record_no_data, request.force
+            )
+        except Cancelled:
+            raise
+        except Exception as exc:  # recorded by the refresh
+            result.error = exc
+        return result
+
+    def _apply(
+        self, m: _Member, lead: int | None, shared: jobs.JobFigures, snapshot: str | None = None
+    ) -> BatchResult:
         """One member's own transaction; the first member's row records the shared job's figures."""
         result = BatchResult(m.st)
-        if m.history_id == lead:
+        if lead is not None and m.history_id == lead:
             figures = replace(shared, why=history.batch_jobs_why(lead, len(self.members), shared))
         else:
             figures = jobs.JobFigures(
                 0, 0, f"computed by the shared Spark job of batch {lead}, recorded there"
             )
-        assert m.rows is not None
+        assert m.rows is not None and m.prepared is not None and m.history_id is not None
         try:
             with jobs.attributed(figures, f"refresh {m.st.display}"):
                 inserted, deleted = m.run.apply_rows(
-                    m.rows, m.history_id, self.snapshot, self.lsn, m.request.request_ids, self.spark_seconds
+                    m.rows,
+                    m.history_id,
+                    snapshot or self.snapshot,
+                    self.lsn,
+                    m.request.request_ids,
+                    self.spark_seconds,
                 )
                 result.outcome = self.r.differential_outcome(
                     m.st,
@@ -364,6 +522,7 @@ class _Batch:
                 )
                 result.outcome.spark_jobs = figures.jobs
                 result.outcome.seconds = time.monotonic() - self.started
+            m.applied = True
             self.lead_recorded = self.lead_recorded or m.history_id == lead
         except FallbackToFull as exc:
             return self._full_instead(m, exc)
@@ -377,6 +536,7 @@ class _Batch:
         return result
 
     def _full_instead(self, m: _Member, why: FallbackToFull) -> BatchResult:
+        assert m.prepared is not None and m.history_id is not None
         result = BatchResult(m.st)
         with jobs.counting(f"pgtrickle-{m.st.pgt_id}", f"refresh {m.st.display}") as count:
             try:

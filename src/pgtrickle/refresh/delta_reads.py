@@ -43,6 +43,7 @@ from pgtrickle.dvm.kept import SCHEMA, StateTable, fingerprint
 from pgtrickle.dvm.keyed import KeySource, Restriction
 from pgtrickle.dvm.stored import StoredAggregate
 from pgtrickle.errors import PgTrickleError, UnsupportedQueryError
+from pgtrickle.refresh.chained import column_why_not
 from pgtrickle.refresh.context import RefreshContext
 from pgtrickle.refresh.shared_reads import SharedReads, buffer_columns
 from pgtrickle.spark import carry, jdbc, planning
@@ -64,6 +65,11 @@ BROADCAST_MAX_BYTES = 10 * 1024 * 1024
 
 class FallbackToFull(PgTrickleError):
     """This refresh cannot run differentially; the message says why (it runs FULL instead)."""
+
+
+class NotChained(PgTrickleError):
+    """A batch member cannot be computed from its upstream member's delta in the same job
+    (refresh/chained.py); the message says why (it refreshes on its own after that member)."""
 
 
 def should_push_down(table_rows: float, key_count: int) -> bool:
@@ -226,6 +232,10 @@ class DeltaReads:
                 bounded = True
             elif read.kind is ReadKind.POST:
                 assert isinstance(read.node, ir.Scan)
+                if self._fed(read.node.relation) is not None:
+                    raise NotChained(
+                        f"its plan reads the contents of {read.node.relation}, which changes in the same batch"
+                    )
                 df, bounded = self._post(read.node, restrictions.get(("post", read.node.relation)))
             else:
                 assert isinstance(read.node, ir.Materialized)
@@ -425,10 +435,37 @@ class DeltaReads:
         df = self._read(
             ("query", query, None), lambda: jdbc.read_query(self.r.spark, self.r.target, query, None), True
         )
-        if not flags:
+        if flags:
+            mine = flags[frontiers.index(self.window.frontier)]
+            df = df.where(spark_name(mine)).selectExpr(*(spark_name(c) for c in [*columns, WEIGHT]))
+        fed = self._fed(scan.relation)
+        if fed is None or restrict is not None:
             return df
-        mine = flags[frontiers.index(self.window.frontier)]
-        return df.where(spark_name(mine)).selectExpr(*(spark_name(c) for c in [*columns, WEIGHT]))
+        return self._with_fed(df, fed, source, columns, bases)
+
+    def _fed(self, relation: str) -> Any:
+        """The delta of the upstream member ``relation`` in the batch's job, if it is chained to it."""
+        if self.shared is None or not self.shared.fed or relation not in self._sources:
+            return None
+        return self.shared.fed.get(self._sources[relation].relid)
+
+    def _with_fed(
+        self, df: Any, fed: Any, source: Source, columns: Sequence[str], bases: Mapping[str, str]
+    ) -> Any:
+        """``delta(scan)`` of an upstream member of the batch: its buffer's rows in the window
+        (``df``) ⊎ its delta in the same job (``fed``), where every column crosses exactly
+        (:func:`~pgtrickle.refresh.chained.column_why_not`; NotChained otherwise)."""
+        read_types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+        job_types = {f.name: f.dataType.simpleString() for f in fed.schema.fields}
+        declared = dict(source.column_types)
+        for c in columns:
+            why = column_why_not(
+                c, declared.get(c, "?"), c in bases, job_types.get(c, "absent"), read_types.get(c, "absent")
+            )
+            if why is not None:
+                raise NotChained(f"{source.schema}.{source.name}: {why}")
+        self._count("chained_reads")
+        return df.unionAll(fed.selectExpr(*(spark_name(c) for c in [*columns, WEIGHT])))
 
     def _read(self, key: tuple[Any, ...], make: Callable[[], Any], bounded: bool) -> Any:
         """A JDBC read: this refresh's own, or the batch's shared one (:class:`SharedReads`)."""
@@ -485,6 +522,8 @@ class DeltaReads:
         a NULL is among them (``None``: more than :data:`PUSHDOWN_MAX_KEYS`)."""
         if keys in self._keys:
             return self._keys[keys]
+        if self._fed(keys.relation) is not None:
+            return None  # its change is partly in the batch's job, not yet in its buffer: no pushdown
         source = self._source(keys.relation)
         buf = self._buffer_cols.get(source.relid, {}).get(keys.column)
         found: tuple[list[Any], bool] | None = None

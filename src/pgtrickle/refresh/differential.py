@@ -125,6 +125,10 @@ class DifferentialRun:
         """The rules this run's plan applied (for the history)."""
         self.kept_rows: list[tuple[StateTable, list[tuple]]] = []
         """Each hidden state table's change computed by this run (applied with the stream table's)."""
+        self.report_xid = False
+        """Record the apply transaction's id in :attr:`xid` (a batch member feeding a chained one)."""
+        self.xid: int | None = None
+        """The apply transaction's id once committed (``None``: it wrote nothing, or not asked)."""
 
     # ---------------------------------------------------------------- main
     def run(self, history_id: int, request_ids: Sequence[int]) -> tuple[int, int, int, float]:
@@ -367,6 +371,18 @@ class DifferentialRun:
             reads.release()
             raise
 
+    def fed_text(self, prepared: Prepared, reads: DeltaReads, shared: SharedReads) -> str:
+        """For a batch whose chained members read this member's delta (refresh/chained.py): the
+        delta as a leaf computed once (:func:`~pgtrickle.spark.planning.computed_once`), offered
+        to them through ``shared``; the member's own rows (as :meth:`delta_text`) read it too, so
+        the job computes it once. Called once the reads it shares are persisted."""
+        value = planning.sql(self.r.spark, prepared.raw_sql or prepared.spark_sql, self.timings, "fed")
+        leaf = planning.computed_once(value, self.timings, "fed")
+        view = f"pgt_{self.st.pgt_id}_fed"
+        reads.provide(view, leaf, once=True)
+        shared.feed(self.st.relid, leaf)
+        return self._output(f"SELECT * FROM {view}", prepared.columns)
+
     def _computed_first(self, split: Split, reads: DeltaReads) -> str:
         """Register each sub-plan of ``split`` computed first as its view, a leaf computed once
         (:func:`~pgtrickle.spark.planning.computed_once`): Spark plans it once, here, and the plans
@@ -540,6 +556,9 @@ class DifferentialRun:
             user_triggers.finish(conn, st, triggers, inserted, deleted, history_id)
             if self.r.group is not None and apply is not None:
                 apply.cleanup()  # the group's transaction goes on: the next member makes its own
+            if self.report_xid:
+                xid = conn.execute("SELECT pg_current_xact_id_if_assigned()::text").fetchone()
+                self.xid = int(xid[0]) if xid and xid[0] is not None else None
             faults.point("refresh.before_commit")
         faults.point("refresh.after_commit")
         return inserted, deleted

@@ -31,6 +31,7 @@ class SharedReads:
         self._frames: dict[tuple[Any, ...], Any] = {}
         self._uses: dict[tuple[Any, ...], int] = {}
         self._bounded: set[tuple[Any, ...]] = set()
+        self._persisted: set[tuple[Any, ...]] = set()
         self._stats: dict[int, jdbc.TableStats] = {}
         self._buffer_cols: dict[int, dict[str, str]] = {}
         self.persisted: list[Any] = []
@@ -45,6 +46,10 @@ class SharedReads:
         reads them all, so one read of a change buffer serves members reading different columns."""
         self.asked = 0
         """Reads the members' plans asked for (each served by one of those made)."""
+        self.fed: dict[int, Any] = {}
+        """Per upstream member (its relid): its delta in the shared job (a DataFrame of its stored
+        columns and ``__pgt_w``), which the chained members reading it add to its change buffer's
+        rows (refresh/chained.py)."""
 
     def frame(self, key: tuple[Any, ...], make: Callable[[], Any], bounded: bool, uses: int = 1) -> Any:
         """The DataFrame of the read ``key`` (made by ``make`` the first time)."""
@@ -56,6 +61,11 @@ class SharedReads:
         if bounded:
             self._bounded.add(key)
         return self._frames[key]
+
+    def feed(self, relid: int, delta: Any) -> None:
+        """Offer the delta of the upstream member ``relid`` (computed by the shared job) to the
+        chained members reading it."""
+        self.fed[relid] = delta
 
     def add_window(self, relid: int, frontier: str) -> None:
         """A member reads ``relid``'s changes from ``frontier`` (before any member registers its reads)."""
@@ -83,10 +93,11 @@ class SharedReads:
         return {r: self._buffer_cols[r] for r in relids if self._buffer_cols.get(r)}
 
     def persist_shared(self) -> int:
-        """Persist every bounded read used more than once; how many were."""
+        """Persist every bounded read used more than once (not persisted yet); how many are."""
         for key, df in self._frames.items():
-            if key in self._bounded and self._uses.get(key, 0) > 1:
+            if key in self._bounded and self._uses.get(key, 0) > 1 and key not in self._persisted:
                 self.persisted.append(df.persist())
+                self._persisted.add(key)
         self.persisted_count = len(self.persisted)
         return self.persisted_count
 
@@ -100,7 +111,9 @@ class SharedReads:
         for df in self.persisted:
             df.unpersist()
         self.persisted.clear()
+        self._persisted.clear()
         self._frames.clear()
+        self.fed.clear()
 
 
 def buffer_columns(conn: psycopg.Connection, relids: Sequence[int]) -> dict[int, dict[str, str]]:

@@ -15,7 +15,7 @@ Everything here is pure: no I/O, no clock, no threads.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -125,14 +125,24 @@ class ReadySet:
     def start(self, key: int) -> None:
         self.start_together([key])
 
+    def can_follow(self, key: int, batch: Collection[int]) -> bool:
+        """Whether unit ``key`` may join ``batch`` (units about to start together) as a follower:
+        not started, reading at least one unit of ``batch``, and every unit it reads from either
+        finished or in ``batch`` (its batch computes it from their deltas: refresh/chained.py)."""
+        if key in self.done or key in self.running or key in batch:
+            return False
+        deps = self.deps.get(key, frozenset())
+        return bool(deps & set(batch)) and deps <= self.done | set(batch)
+
     def start_together(self, keys: Sequence[int]) -> None:
-        """Start ``keys`` as one refresh (a batch): they take one slot between them."""
+        """Start ``keys`` as one refresh (a batch): they take one slot between them. A unit may
+        read units before it in ``keys`` (a follower, :meth:`can_follow`)."""
         if not keys:
             raise ValueError("nothing to start")
-        for key in keys:
+        for i, key in enumerate(keys):
             if key in self.done or key in self.running:
                 raise ValueError(f"unit {key} was already started")
-            if not self.deps.get(key, frozenset()) <= self.done:
+            if not self.deps.get(key, frozenset()) <= self.done | set(keys[:i]):
                 raise ValueError(f"unit {key} cannot start before the units it reads from finished")
         if self.slots_used >= self.limit:
             raise ValueError(f"{self.limit} refresh(es) already running")
