@@ -238,14 +238,7 @@ class _Batch:
             self._plan_chained(request, feeders)
             return
         try:
-            prepared = self.r.prepare(
-                request.st,
-                request.request_ids,
-                request.initiated_by,
-                request.record_no_data,
-                request.force,
-                snapshot=self.snapshot,
-            )
+            prepared = self._prepare(request, self.snapshot)
         except PgTrickleError as exc:  # recorded by prepare
             self.results[request.st.pgt_id].error = exc
             return
@@ -262,6 +255,17 @@ class _Batch:
         history_id = history.start_history(self.r.conn, st, plan, request.initiated_by)
         run = DifferentialRun(self.r, st, prepared.analysis, prepared.layout)
         self.members.append(_Member(request, prepared, history_id, run))
+
+    def _prepare(self, request: BatchRequest, snapshot: str) -> Prepared:
+        """``request`` planned at ``snapshot`` through its gates (a failure recorded and raised)."""
+        return self.r.prepare(
+            request.st,
+            request.request_ids,
+            request.initiated_by,
+            request.record_no_data,
+            request.force,
+            snapshot=snapshot,
+        )
 
     def _plan_chained(self, request: BatchRequest, feeders: list[_Member]) -> None:
         """A member reading upstream members: chained to them when its refresh is a DIFFERENTIAL
@@ -451,14 +455,7 @@ class _Batch:
             log.info("%s: refreshed on its own after the batch (%s)", m.st.display, exc)
             return self._lone(request)
         try:
-            prepared = self.r.prepare(
-                request.st,
-                request.request_ids,
-                request.initiated_by,
-                request.record_no_data,
-                request.force,
-                snapshot=snapshot,
-            )
+            prepared = self._prepare(request, snapshot)
         except PgTrickleError as exc:  # recorded by prepare
             return BatchResult(request.st, error=exc)
         plan = prepared.plan
