@@ -11,7 +11,7 @@ from pgtrickle.daemon.loop import Scheduler
 from pgtrickle.refresh.plan import Action
 from tests.conftest import Database
 from tests.hypothesis_profiles import examples
-from tests.integration.helpers import DML_ROUNDS, assert_oracle, create_st
+from tests.integration.helpers import DML_ROUNDS, assert_oracle, create_st, refresh
 from tests.integration.test_batched_refresh import history, last_refresh_id, time_passes
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("spark")]
@@ -71,6 +71,47 @@ def test_a_chain_is_refreshed_by_one_spark_job(db: Database) -> None:
         report = scheduler.tick()
         assert {o.action for o in report.refreshed} <= {Action.NO_DATA}, report.refreshed
         assert_oracle(db)
+    finally:
+        scheduler.close()
+
+
+def test_every_type_that_crosses_in_the_job_does_so_exactly(db: Database) -> None:
+    """Each type of refresh/chained.py's IN_PLAN_TYPES, computed by the job and read back by the
+    next level (with and without rows of its own pending in the upstream's buffer): one Spark job,
+    exact - and so its Spark type is the one a JDBC read of the buffer gives."""
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
+    db.sql(
+        "CREATE TABLE typed (id int PRIMARY KEY, s smallint, i int, b bigint, flag boolean, t text,"
+        " vc varchar, f8 double precision, f4 real, d date)"
+    )
+    db.sql(
+        "INSERT INTO typed SELECT g, g, g * 10, g * 1000000000::bigint, g % 2 = 0, 't' || g, 'v' || g, g / 3.0,"
+        " g / 7.0, date '2026-01-01' + g FROM generate_series(1, 50) g"
+    )
+    columns = "id, s, i, b, flag, t, vc, f8, f4, d"
+    create_st(db, "t1", f"SELECT {columns} FROM typed", schedule="1h", refresh_mode="DIFFERENTIAL")
+    create_st(
+        db, "t2", f"SELECT {columns} FROM t1 WHERE flag OR s > 3", schedule="1h", refresh_mode="DIFFERENTIAL"
+    )
+    scheduler = scheduler_for(db)
+    try:
+        assert not scheduler.tick().failed
+        for round_ in range(2):
+            db.sql(
+                "INSERT INTO typed VALUES (%s, -3, 7, -9000000000, true, 'ü', 'x', -0.25, 1.5, '2030-02-28')",
+                (100 + round_,),
+            )
+            db.sql("UPDATE typed SET f8 = f8 * 3, f4 = f4 + 1, d = d + 1 WHERE id %% 5 = %s", (round_,))
+            if round_:  # t1 alone first: t2 then reads t1's buffer rows and t1's delta in the job
+                refresh(db, "t1")
+                db.sql("UPDATE typed SET t = t || '!', s = s + 1 WHERE id % 7 = 1")
+            time_passes(db)
+            before = last_refresh_id(db)
+            report = scheduler.tick()
+            assert not report.failed, report.failed
+            assert_oracle(db)
+            rows = history(db, before)
+            assert [r[0] for r in rows] == ["t1", "t2"] and sum(r[4] for r in rows) == 1, rows
     finally:
         scheduler.close()
 

@@ -306,6 +306,9 @@ class _Batch:
                     raise NotChained(f"upstream member {f.st.display} refreshes on its own")
                 if f.plan is not None:
                     source = next(s for s in m.st.sources if s.relid == f.st.relid)
+                    if source.relid not in changed:
+                        assert m.st.frontier is not None
+                        self.shared.nothing_pending(source.relid, m.st.frontier)
                     known = changed.get(source.relid, PendingChanges(source, 0, 0, 0, False))
                     changed[source.relid] = replace(known, inserts=known.inserts + max(f.delta_rows, 1))
             m.delta_rows = sum(p.rows for p in changed.values())

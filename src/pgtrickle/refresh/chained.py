@@ -31,31 +31,34 @@ from collections.abc import Iterable
 
 from pgtrickle.refresh.group_plan import frontier_with_own_xid
 
-IN_PLAN_TYPES = frozenset(
-    {
-        "smallint",
-        "integer",
-        "bigint",
-        "boolean",
-        "text",
-        "character varying",
-        "double precision",
-        "real",
-        "date",
-    }
-)
-"""PostgreSQL types whose values a Spark job computes exactly as PostgreSQL stores them."""
+IN_PLAN_TYPES = {
+    "smallint": "smallint",
+    "integer": "int",
+    "bigint": "bigint",
+    "boolean": "boolean",
+    "text": "string",
+    "character varying": "string",
+    "double precision": "double",
+    "real": "float",
+    "date": "date",
+}
+"""PostgreSQL types whose values a Spark job computes exactly as PostgreSQL stores them, and the
+Spark type (``simpleString``) a JDBC read of such a column gives."""
 
 
-def column_why_not(name: str, pg_type: str, carried: bool, job_type: str, read_type: str) -> str | None:
+def column_why_not(
+    name: str, pg_type: str, carried: bool, job_type: str, read_type: str | None = None
+) -> str | None:
     """Why column ``name`` of an upstream member (PostgreSQL type ``pg_type``) cannot cross from
     the job's delta to a downstream member's read (``None``: it can). ``carried``: its change
     buffer is read through spark/carry.py; ``job_type`` / ``read_type``: the Spark types of the
-    column in the job's delta and in the buffer's read (``simpleString``)."""
+    column in the job's delta and in the buffer's read (``simpleString``; ``None``: the buffer is
+    not read, its window being empty - the type a read would give)."""
     if pg_type not in IN_PLAN_TYPES:
         return f"column {name} is {pg_type}, which PostgreSQL may round, check or pad on write"
     if carried:
         return f"column {name} is read through an exact carry"
+    read_type = read_type or IN_PLAN_TYPES[pg_type]
     if job_type != read_type:
         return f"column {name} is {job_type} in the upstream delta but {read_type} when read back"
     return None

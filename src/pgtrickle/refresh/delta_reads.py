@@ -67,6 +67,15 @@ class FallbackToFull(PgTrickleError):
     """This refresh cannot run differentially; the message says why (it runs FULL instead)."""
 
 
+def _read_as_other(base_type: str | None) -> bool:
+    """Whether a column of ``base_type`` (``None``: read as it is) is read as another type (a
+    range check alone still reads the value as it is: spark/carry.py)."""
+    if base_type is None:
+        return False
+    how = carry.decide(base_type)
+    return how.kind == carry.RECARRIED or how.read_as is not None
+
+
 class NotChained(PgTrickleError):
     """A batch member cannot be computed from its upstream member's delta in the same job
     (refresh/chained.py); the message says why (it refreshes on its own after that member)."""
@@ -398,6 +407,11 @@ class DeltaReads:
             raise FallbackToFull(
                 f"the change buffer of {source.schema}.{source.name} does not carry column {missing[0]}"
             )
+        fed = self._fed(scan.relation)
+        bases = dict(self.r.carried_columns(source) or ())
+        empty = self.shared is not None and (source.relid, self.window.frontier) in self.shared.empty_windows
+        if fed is not None and restrict is None and empty:
+            return self._with_fed(None, fed, source, columns, bases)  # nothing to read
         buffer, window = self._buffer(source, for_spark=True)
         frontiers = self.shared.frontiers.get(source.relid, []) if self.shared is not None else []
         windows: list[sql.Composable] = []
@@ -408,7 +422,6 @@ class DeltaReads:
             windows = [window_predicate(f, self.window.snapshot) for f in frontiers]
             flags = [f"__pgt_in_{k}" for k in range(len(frontiers))]
             window = sql.SQL(" OR ").join(sql.SQL("({})").format(w) for w in windows)
-        bases = dict(self.r.carried_columns(source) or ())
         label = relation_key(source)
 
         def side(prefix: str, weight: int, actions: str) -> sql.Composed:
@@ -438,7 +451,6 @@ class DeltaReads:
         if flags:
             mine = flags[frontiers.index(self.window.frontier)]
             df = df.where(spark_name(mine)).selectExpr(*(spark_name(c) for c in [*columns, WEIGHT]))
-        fed = self._fed(scan.relation)
         if fed is None or restrict is not None:
             return df
         return self._with_fed(df, fed, source, columns, bases)
@@ -453,19 +465,22 @@ class DeltaReads:
         self, df: Any, fed: Any, source: Source, columns: Sequence[str], bases: Mapping[str, str]
     ) -> Any:
         """``delta(scan)`` of an upstream member of the batch: its buffer's rows in the window
-        (``df``) ⊎ its delta in the same job (``fed``), where every column crosses exactly
+        (``df``; ``None``: the window holds none, nothing is read) ⊎ its delta in the same job
+        (``fed``), where every column crosses exactly
         (:func:`~pgtrickle.refresh.chained.column_why_not`; NotChained otherwise)."""
-        read_types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+        read_types = {} if df is None else {f.name: f.dataType.simpleString() for f in df.schema.fields}
         job_types = {f.name: f.dataType.simpleString() for f in fed.schema.fields}
         declared = dict(source.column_types)
         for c in columns:
+            read_type = None if df is None else read_types.get(c, "absent")
             why = column_why_not(
-                c, declared.get(c, "?"), c in bases, job_types.get(c, "absent"), read_types.get(c, "absent")
+                c, declared.get(c, "?"), _read_as_other(bases.get(c)), job_types.get(c, "absent"), read_type
             )
             if why is not None:
                 raise NotChained(f"{source.schema}.{source.name}: {why}")
         self._count("chained_reads")
-        return df.unionAll(fed.selectExpr(*(spark_name(c) for c in [*columns, WEIGHT])))
+        change = fed.selectExpr(*(spark_name(c) for c in [*columns, WEIGHT]))
+        return change if df is None else df.unionAll(change)
 
     def _read(self, key: tuple[Any, ...], make: Callable[[], Any], bounded: bool) -> Any:
         """A JDBC read: this refresh's own, or the batch's shared one (:class:`SharedReads`)."""

@@ -46,6 +46,8 @@ class SharedReads:
         reads them all, so one read of a change buffer serves members reading different columns."""
         self.asked = 0
         """Reads the members' plans asked for (each served by one of those made)."""
+        self.empty_windows: set[tuple[int, str]] = set()
+        """(source relid, frontier) of windows known to hold no change (:meth:`nothing_pending`)."""
         self.fed: dict[int, Any] = {}
         """Per upstream member (its relid): its delta in the shared job (a DataFrame of its stored
         columns and ``__pgt_w``), which the chained members reading it add to its change buffer's
@@ -61,6 +63,11 @@ class SharedReads:
         if bounded:
             self._bounded.add(key)
         return self._frames[key]
+
+    def nothing_pending(self, relid: int, frontier: str) -> None:
+        """The change buffer of ``relid`` holds nothing in the window from ``frontier`` (a chained
+        member's upstream member: its change is the job's delta alone, nothing is read)."""
+        self.empty_windows.add((relid, frontier))
 
     def feed(self, relid: int, delta: Any) -> None:
         """Offer the delta of the upstream member ``relid`` (computed by the shared job) to the
