@@ -75,7 +75,9 @@ FAN = {
 }
 
 
-def run(limit: int, size: int, not_due: frozenset[int] = frozenset()) -> list[list[int]]:
+def run(
+    limit: int, size: int, not_due: frozenset[int] = frozenset(), not_following: frozenset[int] | None = None
+) -> list[list[int]]:
     units = plan_units([1, 2, 3, 4, 7, 5, 6], [])
     ready = ReadySet(units, unit_dependencies(units, FAN), limit)
     jobs: list[list[int]] = []
@@ -95,8 +97,15 @@ def run(limit: int, size: int, not_due: frozenset[int] = frozenset()) -> list[li
         future.set_result(job(None))
         return future
 
+    def follow(unit: Unit):  # type: ignore[no-untyped-def]
+        assert not_following is not None
+        return None if unit.key in not_following else prepare(unit)
+
     batching = Batching(
-        lambda u: "full" if u.key == 7 else None, lambda us: job_of([u.key for u in us]), size
+        lambda u: "full" if u.key == 7 else None,
+        lambda us: job_of([u.key for u in us]),
+        size,
+        None if not_following is None else follow,
     )
     run_units(ready, prepare, lambda u, r: None, lambda: False, submit, batching)
     assert ready.finished
@@ -134,6 +143,13 @@ def test_units_not_due_leave_the_batch_and_only_units_reading_the_batch_follow_i
     assert run(limit=1, size=32, not_due=frozenset({2, 3, 4, 6})) == [[1, 5], [7]]
     # A unit not due does not follow, and a lone refresh stays one.
     assert run(limit=1, size=32, not_due=frozenset({2, 3, 4, 5, 6})) == [[1], [7]]
+
+
+def test_a_follower_is_asked_through_the_follow_decision_when_there_is_one() -> None:
+    """The daemon's ``follow`` looks one tick ahead (daemon/loop.py): a unit it refuses waits for
+    its upstream units and is then asked as any unit is."""
+    assert run(limit=1, size=32, not_following=frozenset({6})) == [[1, 2, 3, 4, 5], [7], [6]]
+    assert run(limit=1, size=32, not_following=frozenset()) == [[1, 2, 3, 4, 5, 6], [7]]
 
 
 def test_a_follower_reads_only_finished_units_or_units_of_its_batch() -> None:

@@ -330,9 +330,9 @@ class Scheduler:
 
         due_now: dict[int, DueReason] = {}  # why each stream table started in this tick is due
 
-        def prepare(unit: Unit) -> Job | None:
+        def prepare(unit: Unit, ahead: float = 0.0) -> Job | None:
             at = clock()
-            reasons = {m: due(m, at) for m in unit.members}
+            reasons = {m: due(m, at + timedelta(seconds=ahead)) for m in unit.members}
             due_now.update((m, r) for m, r in reasons.items() if r is not None)
             if not any(reasons.values()):
                 for m in unit.members:
@@ -370,6 +370,9 @@ class Scheduler:
             lambda units: (
                 lambda w: refresh_batch_unit(w, [sts[u.key] for u in units], due_now, requested, forced)
             ),
+            # A follower due before the next tick joins now: ticks quantize due times anyway, and
+            # stream tables refreshed apart by milliseconds would otherwise fall due a tick apart.
+            lambda unit: prepare(unit, self.settings.tick_seconds),
         )
         if self.settings.max_parallel_refreshes > 1 and len(units) > 1:
             self.pool.run(ready, prepare, done, lambda: self.stop_requested, batching)

@@ -183,10 +183,15 @@ class Batching:
     job: Callable[[Sequence[Unit]], Job]
     """The job refreshing several due units as one batch."""
     max_size: int
+    follow: Callable[[Unit], Job | None] | None = None
+    """The job of a unit joining a batch as a follower, if due (``None``: the tick's ``prepare``)."""
 
 
 def tick_batching(
-    settings: Settings, sts: Mapping[int, StreamTable], job: Callable[[Sequence[Unit]], Job]
+    settings: Settings,
+    sts: Mapping[int, StreamTable],
+    job: Callable[[Sequence[Unit]], Job],
+    follow: Callable[[Unit], Job | None] | None = None,
 ) -> Batching | None:
     """How a tick over ``sts`` batches the stream tables ready together (``None``: max_batch_size 1)."""
     size = settings.max_batch_size
@@ -196,7 +201,7 @@ def tick_batching(
         i: BatchFacts(st.refresh_mode, st.frontier is not None, st.needs_reinit) for i, st in sts.items()
     }
     connect = settings.spark_remote is not None
-    return Batching(lambda unit: why_alone(unit, facts.get(unit.key), size, connect), job, size)
+    return Batching(lambda unit: why_alone(unit, facts.get(unit.key), size, connect), job, size, follow)
 
 
 def _chunks(waiting: Sequence[Unit], batching: Batching | None, free: int) -> list[list[Unit]]:
@@ -224,7 +229,7 @@ def _followers(
             break
         if not ready.can_follow(unit.key, taken) or batching.alone(unit) is not None:
             continue
-        job = prepare(unit)
+        job = (batching.follow or prepare)(unit)
         if job is not None:
             out.append((unit, job))
             taken.append(unit.key)
