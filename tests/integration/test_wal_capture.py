@@ -8,7 +8,8 @@ import time
 import psycopg
 import pytest
 
-from pgtrickle.cdc.wal import DecoderThread, WalDecoder, slot_name_for, wait_for_decoder
+from pgtrickle.cdc import pgoutput
+from pgtrickle.cdc.wal import SYNC_PREFIX, DecoderThread, WalDecoder, slot_name_for, wait_for_decoder
 from pgtrickle.refresh.plan import Action
 from pgtrickle.daemon.loop import Scheduler
 from pgtrickle.cdc.modes import CaptureManager
@@ -428,7 +429,15 @@ def test_binary_stream_restarts_in_text_mode_exactly_once(db: Database) -> None:
                 " FROM generate_series(4000, 4999) g"
             )
         db.sql("UPDATE typed SET txt = txt || '!' WHERE id % 2 = 0")
-        wait_for_decoder(db.conn, db.dsn)
+        # The thread's own decoder must decode this (not wait_for_decoder's in-process one, which
+        # takes the slot while the thread restarts in text mode and would decode it instead).
+        target = pgoutput.str_to_lsn(
+            db.scalar("SELECT pg_logical_emit_message(false, %s, '')::text", (SYNC_PREFIX,))
+        )
+        deadline = time.monotonic() + 120
+        while thread.decoder.flushed_lsn < target:
+            assert time.monotonic() < deadline, "the decoder thread did not catch up in 120 s"
+            time.sleep(0.05)
         assert not thread.decoder.binary and "binary send/receive" in str(thread.decoder.text_reason)
     finally:
         thread.stop()
