@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlglot
 from sqlglot import exp
 
-from pgtrickle.refresh.differential import data_error_state
+from pgtrickle.refresh.spark_job import data_error_state
 from pgtrickle.refresh.shared_reads import SharedReads
 from pgtrickle.refresh.tagged import SMALL_UNION_ROWS, union_sql
 

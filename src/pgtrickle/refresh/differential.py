@@ -35,8 +35,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,21 +70,18 @@ from pgtrickle.refresh.delta_reads import (
 from pgtrickle.refresh.layout_ddl import equality_operators
 from pgtrickle.refresh.output import finished_columns, for_copy, timestamps
 from pgtrickle.refresh.shared_reads import SharedReads
+from pgtrickle.refresh.spark_job import data_error_state, shuffle_sized
 from pgtrickle.refresh.state_merge import StateMerge
 from pgtrickle.refresh.state_tables import StateMismatch, apply_state_change
 from pgtrickle.refresh.tagged import split_rows, union_sql
 from pgtrickle.spark import carry, jdbc, planning
-from pgtrickle.spark.capabilities import capabilities, tag_jobs
+from pgtrickle.spark.capabilities import tag_jobs
 from pgtrickle.sql.ident import quote_ident
 
 __all__ = ["DifferentialRun", "FallbackToFull", "should_push_down", "spark_name"]
 
 COPY_MAX_ROWS = 200_000
 """Deltas up to this many rows are collected and COPYed; larger ones go by partitioned JDBC."""
-
-LIMIT_FIRST_ROUND = 100_000
-"""Partitions a collect's LIMIT scans in its first round (Spark's default, 1, then 4x more per
-round, runs a job per round over a plan of many partitions)."""
 
 
 @dataclass(frozen=True)
@@ -570,40 +566,6 @@ class DifferentialRun:
         return self.r.cached(
             ("equality", "kept", table.name), lambda: equality_operators(self.conn, relid[0])
         )
-
-
-def data_error_state(exc: BaseException) -> str | None:
-    """The SQLSTATE of a Spark error of class 22 (data exception: overflow, invalid cast, division
-    by zero...), ``None`` for any other error (pure)."""
-    get = getattr(exc, "getSqlState", None)
-    state = get() if callable(get) else None
-    return state if isinstance(state, str) and state.startswith("22") else None
-
-
-@contextmanager
-def shuffle_sized(spark: Any, changes: int, one_round: bool = False) -> Iterator[None]:
-    """Within: Spark's shuffle sized to a delta of ``changes`` rows, not to the sources (small
-    deltas skip AQE's re-planning); with ``one_round`` a LIMIT scans every partition in its first
-    round (one job: a batch's union of many plans has many partitions). The session's settings
-    come back after."""
-    partitions = max(1, min(capabilities(spark).parallelism, 1 + changes // 50_000))
-    tuned = {
-        "spark.sql.shuffle.partitions": str(partitions),
-        "spark.sql.adaptive.enabled": "false" if changes < 100_000 else "true",
-    }
-    if one_round:
-        tuned["spark.sql.limit.initialNumPartitions"] = str(LIMIT_FIRST_ROUND)
-    saved = {key: spark.conf.get(key) for key in tuned}
-    for key, value in tuned.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, old)
 
 
 def _split(compiled: Compiled | None, prefix: str) -> Split | None:
