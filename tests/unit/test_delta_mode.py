@@ -9,6 +9,7 @@ from pgtrickle.dvm.keyed import KeySource, Restriction
 from pgtrickle.dvm.layout import AUTO_KEEPS_NO_STATE, decide_mode, plan_layout
 from pgtrickle.dvm.pipeline import plan_delta
 from pgtrickle.dvm.stored import stored_aggregate, stored_rows
+from pgtrickle.refresh.state_merge import merge_statements
 
 TYPES = {
     "public.orders": {"id": "integer", "cust": "integer", "amount": "numeric(10,2)", "qty": "integer"},
@@ -48,7 +49,9 @@ def test_invertible_aggregate_keeps_its_state() -> None:
     "sql",
     [
         "SELECT o.cust, max(o.qty) AS m FROM public.orders o GROUP BY o.cust",  # not invertible
-        "SELECT o.cust, sum(o.qty) * 2 AS s FROM public.orders o GROUP BY o.cust",  # an expression above it
+        # an expression above it that is not arithmetic (computed in PostgreSQL from the state)
+        "SELECT o.cust, round(sum(o.amount) / 3, 2) AS s FROM public.orders o GROUP BY o.cust",
+        "SELECT o.cust, sum(o.qty)::text AS s FROM public.orders o GROUP BY o.cust",
         "SELECT o.cust, count(DISTINCT o.qty) AS d FROM public.orders o GROUP BY o.cust",
         "SELECT o.cust, sum(o.qty::float8) AS f FROM public.orders o GROUP BY o.cust",  # floats drift
     ],
@@ -57,6 +60,63 @@ def test_other_aggregates_recompute_their_touched_groups(sql: str) -> None:
     m = mode(sql, ["cust", "x"])
     assert m.differential and m.stored is None
     assert "touched groups, recompute" in m.rules
+
+
+def test_arithmetic_of_aggregates_is_computed_from_the_stored_state() -> None:
+    """A ratio of sums (TPC-H Q8, Q14) keeps its sums in hidden columns and is computed in
+    PostgreSQL from them: at a FULL refresh, in the merge's UPDATE and INSERT."""
+    sql = (
+        "SELECT o.cust, sum(CASE WHEN o.qty > 2 THEN o.amount * o.qty ELSE 0 END) / sum(o.amount * o.qty)"
+        " AS share, 100.00 * sum(o.amount) / count(*) AS pct, avg(o.amount) * 2 AS dbl"
+        " FROM public.orders o GROUP BY o.cust"
+    )
+    visible = ("cust", "share", "pct", "dbl")
+    m = mode(sql, list(visible))
+    assert m.differential and m.stored is not None, m.reason
+    assert "algebraic over stored state" in m.rules
+    assert [d.column for d in m.stored.derived] == ["share", "pct", "dbl"]
+    layout = plan_layout(visible, {}, '"public"."st"', m, True)
+    assert "share" not in layout.columns and all(c.startswith("__pgt_") for c in layout.columns[1:])
+    # each sum read at PostgreSQL's display scale (the hidden column holds Spark's)
+    assert layout.finalize.startswith('UPDATE "public"."st" SET "share" = ((round("__pgt_v_sum_1", 2))')
+    assert '"pct" = (100.00 * (round("__pgt_v_sum_2", 2)) / ("__pgt_v_count"))' in layout.finalize
+    assert (
+        '"dbl" = ((CASE WHEN ("__pgt_n_avg") > 0 THEN ((round("__pgt_s_avg", 2))::numeric' in layout.finalize
+    )
+    merge = merge_statements(m.stored, '"public"."st"', {}, {})
+    assert '"share" = ((round(CASE WHEN t."__pgt_n_sum' in merge.update
+    assert merge.insert.startswith('INSERT INTO "public"."st" ("cust", ') and '"share"' in merge.insert
+
+
+@pytest.mark.parametrize(
+    ("select", "stored"),
+    [
+        ("sum(t.fixed) / count(*)", True),
+        ("sum(t.g) / count(*)", True),  # integers: bigint division, as PostgreSQL's
+        ("sum(CASE WHEN t.g > 1 THEN t.fixed ELSE 0 END) / sum(t.fixed)", True),
+        ("sum(CASE WHEN t.g > 1 THEN t.fixed END) / sum(t.fixed)", True),
+        ("sum(CASE WHEN t.g > 1 THEN t.fixed ELSE 0::numeric END) / sum(t.fixed)", True),  # as normalized
+        # a zero of a larger scale than the other branch: the recomputed sum's scale would
+        # depend on whether one is summed, and a quotient's digits on that scale
+        ("sum(CASE WHEN t.g > 1 THEN t.fixed ELSE 0.000 END) / sum(t.fixed)", False),
+        ("sum(CASE WHEN t.g > 1 THEN t.fixed ELSE t.g END) / sum(t.fixed)", False),
+        ("sum(t.raw) / count(*)", False),  # an unconstrained numeric: every row its own scale
+        ("sum(t.fixed) / count(*) + t.g", True),  # a group key is stored as it is
+        ("sum(t.fixed) / count(*) || 'x'", False),  # not arithmetic
+    ],
+)
+def test_a_derived_column_reads_only_sums_whose_scale_a_recomputation_keeps(
+    select: str, stored: bool
+) -> None:
+    types = {"public.t": {"g": "integer", "raw": "numeric", "fixed": "numeric(10,2)"}}
+    m = decide_mode(
+        f"SELECT t.g, {select} AS x FROM public.t t GROUP BY t.g",
+        {"public.t": ["g", "raw", "fixed"]},
+        types,
+        ["g", "x"],
+    )
+    assert m.differential
+    assert (m.stored is not None) is stored, m.rules
 
 
 def test_an_avg_whose_display_scale_is_unknown_is_not_stored() -> None:

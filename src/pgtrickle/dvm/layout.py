@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pgtrickle.dvm import ir
 from pgtrickle.dvm.kept import StateTable, plan_state_tables
 from pgtrickle.dvm.pipeline import plan_delta
-from pgtrickle.dvm.stored import StoredAggregate, stored_aggregate
+from pgtrickle.dvm.stored import StoredAggregate, average_of, stored_aggregate
 from pgtrickle.errors import UnsupportedQueryError
 
 ROW_ID = "__pgt_row_id"
@@ -113,12 +113,6 @@ def average_expression(sum_column: str, count_column: str, pg_type: str, qualifi
     )
 
 
-def average_of(total: str, count: str, pg_type: str) -> str:
-    """:func:`average_expression` over SQL expressions ``total`` and ``count``."""
-    cast = "double precision" if pg_type in ("double precision", "real") else "numeric"
-    return f"CASE WHEN ({count}) > 0 THEN (({total})::{cast} / ({count})::{cast}) END"
-
-
 def plan_layout(
     visible: tuple[str, ...],
     visible_types: Mapping[str, str],
@@ -145,13 +139,13 @@ def plan_layout(
     columns = stored.written
     positions = tuple(columns.index(k) for k in stored.keys)
     finalize = ""
-    if stored.averages:
-        assignments = ", ".join(
-            f"{quote_ident(a.column)} = "
-            + average_expression(a.sum_column, a.count_column, visible_types.get(a.column, "numeric"))
-            for a in stored.averages
-        )
-        finalize = f"UPDATE {target} SET {assignments}"
+    assignments = [
+        f"{quote_ident(a.column)} = "
+        + average_expression(a.sum_column, a.count_column, visible_types.get(a.column, "numeric"))
+        for a in stored.averages
+    ] + [f"{quote_ident(d.column)} = {stored.derived_sql(d, quote_ident)}" for d in stored.derived]
+    if assignments:
+        finalize = f"UPDATE {target} SET {', '.join(assignments)}"
     return Layout(
         columns,
         stored.hidden,

@@ -10,7 +10,15 @@ aggregate's *state* (:func:`pgtrickle.dvm.rules.aggregate.state_node`) beside it
 - each AVG keeps a hidden sum ``__pgt_s_<column>`` and count ``__pgt_n_<column>``; the visible
   AVG column is computed **in PostgreSQL** from them (``sum::numeric / count``, exactly as
   PostgreSQL's own ``avg`` divides), so it agrees with the defining query to the last digit;
-- a hidden ``__pgt_count`` counts a group's rows (a group whose count reaches 0 disappears).
+- a hidden ``__pgt_count`` counts a group's rows (a group whose count reaches 0 disappears);
+- a visible column that is an *arithmetic expression* of the aggregate's columns (``sum(a) /
+  sum(b)``, ``100.00 * sum(x) / count(*)``: columns, numeric constants, ``+ - * /``, unary minus
+  and casts to a number type; :class:`Derived`) is computed **in PostgreSQL** from the stored
+  state too, like an AVG, so it is PostgreSQL's own value; the aggregate columns it reads that
+  are not visible themselves are kept in hidden ``__pgt_v_<column>``. A SUM it reads must have
+  the display scale a recomputation would give, since a quotient's digits depend on it: the
+  argument's scale is fixed by its type, or it is a CASE choosing between such values and the
+  constant 0 (a sum of zeros only is 0 whatever its scale).
 
 A differential refresh then reads the stored state of the touched groups (the stream table
 itself, ``Materialized(state, pre=True)``) instead of recomputing them from the sources:
@@ -20,7 +28,7 @@ identity of such a table is the hash of its group keys (one row per group).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlglot import exp
@@ -30,9 +38,10 @@ from pgtrickle.dvm.compile_sql import type_of
 from pgtrickle.dvm.compile_types import node_types
 from pgtrickle.dvm.rules import aggregate as aggregate_rule
 from pgtrickle.errors import UnsupportedQueryError
+from pgtrickle.sql.nodes import literal_decimal
 from pgtrickle.sql.numeric_scale import UNKNOWN, Shape, shape_of_type_name, shape_rule
 
-__all__ = ["StoredAggregate", "stored_aggregate", "stored_rows"]
+__all__ = ["Derived", "StoredAggregate", "average_of", "stored_aggregate", "stored_rows"]
 
 _HIDDEN_LIMIT = 63
 """PostgreSQL's identifier length."""
@@ -45,6 +54,15 @@ class Average:
     column: str
     sum_column: str
     count_column: str
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A visible column computed in PostgreSQL from the stored state: ``expression`` (PostgreSQL
+    semantics, as in the IR) over the root aggregate's columns."""
+
+    column: str
+    expression: exp.Expr
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,6 +80,12 @@ class StoredAggregate:
     averages: tuple[Average, ...]
     sums: tuple[tuple[str, str], ...] = ()
     """(stored sum column, stored column counting its non-NULL values): a sum over no value is NULL."""
+    derived: tuple[Derived, ...] = ()
+    stored_averages: tuple[tuple[str, str, str], ...] = ()
+    """(aggregate column, stored sum, stored count) of every AVG, visible or read by a derived column."""
+    scales: tuple[tuple[str, int], ...] = ()
+    """(aggregate column, PostgreSQL's display scale of its sum) of each SUM and AVG a derived
+    column reads: it reads the sum rounded to that scale (the same value)."""
 
     @property
     def written(self) -> tuple[str, ...]:
@@ -71,24 +95,89 @@ class StoredAggregate:
     def stored_of(self, state_column: str) -> str:
         return dict(self.names)[state_column]
 
+    def derived_sql(self, derived: Derived, value_of: Callable[[str], str]) -> str:
+        """PostgreSQL SQL of a derived column, ``value_of(stored column)`` giving the SQL of each
+        stored value it reads (``t."total"``, or the merged new value)."""
+        averages = {column: (total, count) for column, total, count in self.stored_averages}
+        stored = dict(self.names)
+        scales = dict(self.scales)
+        slots: dict[str, str] = {}
 
-def _renames(tree: ir.Node) -> tuple[ir.Aggregate, dict[str, str]] | None:
-    """The aggregate under ``tree`` and its column → the tree's column, when ``tree`` is it or
-    a projection renaming each of its columns exactly once."""
+        def slot(node: exp.Expr) -> exp.Expr:
+            if not isinstance(node, exp.Column):
+                return node
+            if node.name in averages:
+                total, count = averages[node.name]
+                value = average_of(
+                    f"round({value_of(total)}, {scales[node.name]})", value_of(count), "numeric"
+                )
+            elif node.name in scales:
+                value = f"round({value_of(stored[node.name])}, {scales[node.name]})"
+            else:
+                value = value_of(stored[node.name])
+            name = f"__PGT_SLOT_{len(slots)}__"
+            slots[name] = f"({value})"
+            return exp.var(name)
+
+        text = derived.expression.copy().transform(slot).sql(dialect="postgres")
+        for name, value in slots.items():
+            text = text.replace(name, value)
+        return f"({text})"
+
+
+def average_of(total: str, count: str, pg_type: str) -> str:
+    """PostgreSQL's ``avg`` from SQL expressions of its sum and count: ``sum / count`` in the AVG's
+    own type (``numeric`` for integers and numerics, ``double precision`` for floats), NULL
+    without values."""
+    cast = "double precision" if pg_type in ("double precision", "real") else "numeric"
+    return f"CASE WHEN ({count}) > 0 THEN (({total})::{cast} / ({count})::{cast}) END"
+
+
+_DERIVABLE = (
+    *(exp.Column, exp.Identifier, exp.Literal, exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Neg, exp.Paren),
+    *(exp.Cast, exp.DataType, exp.DataTypeParam),
+)
+"""What a column computed from the stored state may hold (an arithmetic expression)."""
+_NUMBER_TYPES = (exp.DType.DECIMAL, exp.DType.INT, exp.DType.BIGINT, exp.DType.SMALLINT)
+
+
+def _derivable(expression: exp.Expr, columns: set[str]) -> bool:
+    for node in expression.walk():
+        if not isinstance(node, _DERIVABLE):
+            return False
+        if isinstance(node, exp.Column) and (node.table or node.name not in columns):
+            return False
+        if isinstance(node, exp.Literal) and node.is_string:
+            return False
+        if isinstance(node, exp.Cast) and not node.to.is_type(*_NUMBER_TYPES):
+            return False
+    return any(isinstance(n, exp.Column) for n in expression.walk())
+
+
+def _shape(tree: ir.Node) -> tuple[ir.Aggregate, dict[str, str], tuple[Derived, ...]] | None:
+    """The aggregate under ``tree``, its columns shown as they are (column → the tree's column)
+    and the tree's columns derived from them, when ``tree`` is the aggregate or a projection of
+    its columns (each group key shown as it is) and arithmetic expressions of them."""
     if isinstance(tree, ir.Aggregate):
-        return tree, {c: c for c in tree.columns}
+        return tree, {c: c for c in tree.columns}, ()
     if not (isinstance(tree, ir.Project) and isinstance(tree.input, ir.Aggregate)):
         return None
+    root = tree.input
+    columns = set(root.columns)
     mapping: dict[str, str] = {}
+    derived: list[Derived] = []
     for name, expression in tree.outputs:
-        if not isinstance(expression, exp.Column) or expression.table:
+        if isinstance(expression, exp.Column) and not expression.table and expression.name not in mapping:
+            if expression.name not in columns:
+                return None
+            mapping[expression.name] = name
+        elif _derivable(expression, columns):
+            derived.append(Derived(name, expression))
+        else:
             return None
-        if expression.name in mapping:
-            return None
-        mapping[expression.name] = name
-    if set(mapping) != set(tree.input.columns):
+    if any(key not in mapping for key, _ in root.keys):
         return None
-    return tree.input, mapping
+    return root, mapping, tuple(derived)
 
 
 def _hidden_name(prefix: str, column: str, taken: set[str]) -> str:
@@ -125,6 +214,61 @@ def _not_storable(root: ir.Aggregate, column_types: Mapping[str, Mapping[str, st
     return False
 
 
+def _derived_scales(
+    root: ir.Aggregate, column_types: Mapping[str, Mapping[str, str]], derived: Sequence[Derived]
+) -> dict[str, int] | None:
+    """The display scale PostgreSQL gives each SUM and AVG sum a derived column reads, or
+    ``None`` when one is not known (:func:`_kept_scale`). A quotient's digits depend on its
+    operands' display scales, and the hidden sums carry Spark's decimal scale (``0::numeric``
+    is ``decimal(38,18)`` there), so a derived column reads each sum rounded to its own scale:
+    the same value, PostgreSQL's scale."""
+    types = node_types(root.input, column_types, {})
+    read = {c.name for d in derived for c in d.expression.find_all(exp.Column)}
+    scales: dict[str, int] = {}
+    for name, call in root.aggregates:
+        inner, argument, _, _ = ir.split_aggregate(call)
+        if name in read and isinstance(inner, (exp.Sum, exp.Avg)) and argument is not None:
+            if isinstance(inner, exp.Sum) and type_of(argument, types) in ("int2", "int4"):
+                continue  # a bigint: no scale (and rounding would make it a numeric)
+            scale = _kept_scale(argument, types)
+            if scale is None:
+                return None
+            scales[name] = scale
+    return scales
+
+
+def _kept_scale(argument: exp.Expr, types: Mapping[str, str | None]) -> int | None:
+    """The display scale of a SUM of ``argument`` as PostgreSQL computes it, when a stored sum
+    can have it: the argument's scale is the same on every row, or it is a CASE between values
+    of one fixed scale and constant zeros of no larger scale (the sums then differ in scale only
+    when every summed value is such a zero, and then both are zero)."""
+    fixed = _display_scale(argument, types)
+    if fixed is not None or not isinstance(argument, exp.Case):
+        return fixed
+    branches = [b.args.get("true") for b in argument.args.get("ifs") or []]
+    branches.append(argument.args.get("default") or exp.null())
+    scales: set[int | None] = set()
+    zeros: list[int] = [0]
+    for branch in branches:
+        if isinstance(branch, exp.Null):
+            continue
+        if _constant_zero(branch):
+            zeros.append(_display_scale(branch, types) or 0)
+            continue
+        scales.add(_display_scale(branch, types))
+    if len(scales) != 1:
+        return None
+    [scale] = scales
+    return scale if scale is not None and max(zeros) <= scale else None
+
+
+def _constant_zero(node: exp.Expr) -> bool:
+    """A constant 0, also cast (PostgreSQL's normalized text writes ``0::numeric``)."""
+    while isinstance(node, (exp.Cast, exp.Paren)):
+        node = node.this
+    return literal_decimal(node) == 0
+
+
 def _display_scale(expression: exp.Expr, types: Mapping[str, str | None]) -> int | None:
     """The display scale of a number expression, the same on every row, or ``None`` when its
     type does not fix it (an unconstrained ``numeric``; sql/numeric_scale.py's rules)."""
@@ -146,10 +290,10 @@ def stored_aggregate(
     """The stored state of ``tree`` (whose output columns are the stream table's ``visible``
     columns, by position), or ``None`` when its root is not an invertible aggregate (or sums
     floating-point values, or values of a type not known from ``column_types``)."""
-    found = _renames(tree)
+    found = _shape(tree)
     if found is None or len(tree.columns) != len(visible):
         return None
-    root, renames = found
+    root, renames, derived_columns = found
     try:
         if not aggregate_rule.invertible(root):
             return None
@@ -157,13 +301,16 @@ def stored_aggregate(
         return None
     if _not_storable(root, column_types):
         return None
+    scales = _derived_scales(root, column_types, derived_columns)
+    if scales is None:
+        return None
     by_position = dict(zip(tree.columns, visible, strict=True))
-    shown = {column: by_position[renames[column]] for column in root.columns}
+    shown = {column: by_position[renames[column]] for column in renames}
+    derived = tuple(Derived(by_position[d.column], d.expression) for d in derived_columns)
     state = aggregate_rule.state_node(root)
     taken = set(visible)
     names: list[tuple[str, str]] = []
     hidden: list[str] = []
-    averages: list[Average] = []
     sums: dict[str, str] = {}
     counts: dict[str, str] = {}
     for column in state.columns:
@@ -174,25 +321,42 @@ def stored_aggregate(
             stored = _hidden_name("", aggregate_rule.ROW_COUNT, taken)
         elif column.startswith("__pgt_s_"):
             owner = column.removeprefix("__pgt_s_")
-            stored = _hidden_name("__pgt_s_", shown[owner], taken)
+            stored = _hidden_name("__pgt_s_", shown.get(owner, owner), taken)
             sums[owner] = stored
         elif column.startswith("__pgt_n_"):
             owner = column.removeprefix("__pgt_n_")
-            stored = _hidden_name("__pgt_n_", shown[owner], taken)
+            stored = _hidden_name("__pgt_n_", shown.get(owner, owner), taken)
             counts[owner] = stored
+        elif column in root.columns:  # an aggregate column only a derived column reads
+            stored = _hidden_name("__pgt_v_", column, taken)
         else:  # pragma: no cover - state_node names every column one of the ways above
             raise ValueError(f"unexpected state column {column}")
         names.append((column, stored))
         hidden.append(stored)
+    averages: list[Average] = []
+    stored_averages: list[tuple[str, str, str]] = []
     for name, call in root.aggregates:
         if isinstance(ir.split_aggregate(call)[0], exp.Avg):
-            averages.append(Average(shown[name], sums[name], counts[name]))
+            stored_averages.append((name, sums[name], counts[name]))
+            if name in shown:
+                averages.append(Average(shown[name], sums[name], counts[name]))
     keys = tuple(shown[k] for k, _ in root.keys)
     stored_of = dict(names)
     sum_pairs = tuple(
         (stored_of[total], stored_of[count]) for total, count in aggregate_rule.sum_counts(root).items()
     )
-    return StoredAggregate(root, state, tuple(names), keys, tuple(hidden), tuple(averages), sum_pairs)
+    return StoredAggregate(
+        root,
+        state,
+        tuple(names),
+        keys,
+        tuple(hidden),
+        tuple(averages),
+        sum_pairs,
+        derived,
+        tuple(stored_averages),
+        tuple(sorted(scales.items())),
+    )
 
 
 def stored_rows(stored: StoredAggregate, state_rows: ir.Node) -> ir.Node:

@@ -181,6 +181,10 @@ class DeltaApply:
                     average.sum_column, average.count_column, types.get(average.column, "numeric"), "d."
                 )
             )
+        if stored is not None:
+            for derived in stored.derived:
+                names.append(derived.column)
+                values.append(stored.derived_sql(derived, lambda c: f"d.{quote_ident(c)}"))
         cols = ", ".join([*(quote_ident(c) for c in names), ROW_ID])
         return (
             f"INSERT INTO {self.st.qualified} AS t ({cols}) SELECT {', '.join(values)}, d.{ROW_ID}"

@@ -8,7 +8,8 @@ identity and every key (``IS NOT DISTINCT FROM``, or the type's own ``=``):
 1. DELETE the groups whose row count reaches 0;
 2. UPDATE the others: every count and sum += its change; a sum whose non-NULL count reaches 0
    becomes NULL; each AVG is recomputed from its new hidden sum and count exactly as
-   PostgreSQL's ``avg`` divides (:func:`pgtrickle.dvm.layout.average_of`);
+   PostgreSQL's ``avg`` divides (:func:`pgtrickle.dvm.stored.average_of`), and each column
+   derived from the state (``sum(a) / sum(b)``) from the new state, in PostgreSQL;
 3. INSERT the groups the table does not hold yet (their row count change is positive).
 
 Counted check: every delta row must be exactly one of these - a group the table does not hold
@@ -26,9 +27,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pgtrickle.db.query import scalar
-from pgtrickle.dvm.layout import ROW_ID, average_of
+from pgtrickle.dvm.layout import ROW_ID
 from pgtrickle.dvm.rules.aggregate import ROW_COUNT
-from pgtrickle.dvm.stored import StoredAggregate
+from pgtrickle.dvm.stored import StoredAggregate, average_of
 from pgtrickle.refresh.delta_apply import (
     DELTA_TABLE,
     RAW_TABLE,
@@ -94,6 +95,10 @@ def merge_statements(
             pg_type = types.get(average.column, "numeric")
             out.append(
                 (average.column, average_of(state[average.sum_column], state[average.count_column], pg_type))
+            )
+        for derived in stored.derived:
+            out.append(
+                (derived.column, stored.derived_sql(derived, lambda c: state.get(c) or f"d.{quote_ident(c)}"))
             )
         return out
 
