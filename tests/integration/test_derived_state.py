@@ -25,6 +25,10 @@ QUERIES = {
     "share": "SELECT extract(year FROM o.d) AS yr, sum(CASE WHEN c.nation = 'BR' THEN o.amount * (1 - o.disc)"
     " ELSE 0 END) / sum(o.amount * (1 - o.disc)) AS share FROM orders o JOIN customers c ON c.cid = o.cust"
     " GROUP BY extract(year FROM o.d)",
+    # Q8 as TPC-H writes it: the sums read columns of a derived table
+    "share_dt": "SELECT yr, sum(CASE WHEN nation = 'BR' THEN volume ELSE 0 END) / sum(volume) AS share"
+    " FROM (SELECT extract(year FROM o.d) AS yr, o.amount * (1 - o.disc) AS volume, c.nation"
+    " FROM orders o, customers c WHERE c.cid = o.cust) AS all_nations GROUP BY yr",
     # Q14: one row, no group key
     "promo": "SELECT 100.00 * sum(CASE WHEN o.qty > 5 THEN o.amount ELSE 0 END) / sum(o.amount) AS promo"
     " FROM orders o",

@@ -119,6 +119,20 @@ def test_a_derived_column_reads_only_sums_whose_scale_a_recomputation_keeps(
     assert (m.stored is not None) is stored, m.rules
 
 
+def test_a_sum_of_a_derived_tables_column_has_the_scale_of_its_expression() -> None:
+    """TPC-H Q8 sums ``volume`` of a derived table (``amount * qty AS volume``): its display
+    scale is its expression's, which the derived column's own type does not say."""
+    m = mode(
+        "SELECT v.cust, sum(CASE WHEN v.big THEN v.volume ELSE 0 END) / sum(v.volume) AS share,"
+        " avg(v.volume) AS a FROM (SELECT o.cust, o.qty > 2 AS big, o.amount * o.qty AS volume"
+        " FROM public.orders o WHERE o.id > 0) AS v GROUP BY v.cust",
+        ["cust", "share", "a"],
+    )
+    assert m.stored is not None, m.rules
+    assert m.stored.scales == (("sum", 2), ("sum_1", 2))
+    assert [a.column for a in m.stored.averages] == ["a"]
+
+
 def test_an_avg_whose_display_scale_is_unknown_is_not_stored() -> None:
     """An unconstrained numeric reaches Spark as decimal(38,18): a hidden sum of it would have 18
     fraction digits, and PostgreSQL's sum / count rounds by the sum's display scale. Such an AVG

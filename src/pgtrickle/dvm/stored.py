@@ -209,7 +209,10 @@ def _not_storable(root: ir.Aggregate, column_types: Mapping[str, Mapping[str, st
             found = type_of(argument, types)
             if found is None or any(word in found for word in ("double", "real", "float")):
                 return True
-            if isinstance(inner, exp.Avg) and _display_scale(argument, types) is None:
+            if (
+                isinstance(inner, exp.Avg)
+                and _display_scale(*_defined(argument, root.input, column_types)) is None
+            ):
                 return True
     return False
 
@@ -230,11 +233,33 @@ def _derived_scales(
         if name in read and isinstance(inner, (exp.Sum, exp.Avg)) and argument is not None:
             if isinstance(inner, exp.Sum) and type_of(argument, types) in ("int2", "int4"):
                 continue  # a bigint: no scale (and rounding would make it a numeric)
-            scale = _kept_scale(argument, types)
+            scale = _kept_scale(*_defined(argument, root.input, column_types))
             if scale is None:
                 return None
             scales[name] = scale
     return scales
+
+
+def _defined(
+    argument: exp.Expr, node: ir.Node, column_types: Mapping[str, Mapping[str, str]]
+) -> tuple[exp.Expr, dict[str, str | None]]:
+    """``argument`` (over ``node``'s columns) with the columns the projections under it compute
+    replaced by their expressions, and the types of the columns it then reads: a derived
+    table's ``l_extendedprice * (1 - l_discount) AS volume`` has the display scale of its
+    expression, which the column's type (``numeric``) does not say."""
+    expression = argument.copy()
+    while isinstance(node, (ir.Filter, ir.Project)):
+        if isinstance(node, ir.Project):
+            outputs = dict(node.outputs)
+
+            def inline(n: exp.Expr, outputs: dict[str, exp.Expr] = outputs) -> exp.Expr:
+                if isinstance(n, exp.Column) and not n.table and n.name in outputs:
+                    return exp.Paren(this=outputs[n.name].copy())
+                return n
+
+            expression = expression.transform(inline)
+        node = node.input
+    return expression, node_types(node, column_types, {})
 
 
 def _kept_scale(argument: exp.Expr, types: Mapping[str, str | None]) -> int | None:
