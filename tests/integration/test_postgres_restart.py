@@ -166,7 +166,15 @@ def test_daemon_rides_through_fast_and_immediate_restarts(
                     "SELECT count(*) FROM pgtrickle.pgt_refresh_history h JOIN pgtrickle.pgt_stream_tables s"
                     " USING (pgt_id) WHERE s.pgt_name = 'big_events' AND h.status = 'ABANDONED'"
                 )
-                assert now_abandoned == abandoned + 1, "the refresh cut off in its apply is not ABANDONED"
+                statuses = db.sql(
+                    "SELECT h.refresh_id, h.status, h.error_message FROM pgtrickle.pgt_refresh_history h"
+                    " JOIN pgtrickle.pgt_stream_tables s USING (pgt_id) WHERE s.pgt_name = 'big_events'"
+                    " ORDER BY h.refresh_id DESC LIMIT 8"
+                )
+                assert now_abandoned == abandoned + 1, (
+                    f"the refresh cut off in its apply is not ABANDONED; big_events' latest history: {statuses};"
+                    f" the daemon's log:\n{daemon.output(20_000)}"
+                )
             writers.resume()
         daemon.check_alive()
     finally:
