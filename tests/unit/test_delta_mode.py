@@ -75,6 +75,9 @@ def test_arithmetic_of_aggregates_is_computed_from_the_stored_state() -> None:
     assert m.differential and m.stored is not None, m.reason
     assert "algebraic over stored state" in m.rules
     assert [d.column for d in m.stored.derived] == ["share", "pct", "dbl"]
+    assert m.rules.endswith(
+        "Aggregate: algebraic over stored state; Project: arithmetic of the stored state, in PostgreSQL"
+    )
     layout = plan_layout(visible, {}, '"public"."st"', m, True)
     assert "share" not in layout.columns and all(c.startswith("__pgt_") for c in layout.columns[1:])
     # each sum read at PostgreSQL's display scale (the hidden column holds Spark's)

@@ -74,6 +74,8 @@ def decide_mode(
         rule = step.rule
         if stored is not None and step.node is stored.root:
             rule = "algebraic over stored state"
+        elif stored is not None and stored.derived and step.node is plan.tree:
+            rule = "arithmetic of the stored state, in PostgreSQL"
         steps.append((type(step.node).__name__, rule))
     rules = _rules(steps)
     reason = plan.full_refresh_reason
