@@ -81,8 +81,6 @@ class StoredAggregate:
     sums: tuple[tuple[str, str], ...] = ()
     """(stored sum column, stored column counting its non-NULL values): a sum over no value is NULL."""
     derived: tuple[Derived, ...] = ()
-    stored_averages: tuple[tuple[str, str, str], ...] = ()
-    """(aggregate column, stored sum, stored count) of every AVG, visible or read by a derived column."""
     scales: tuple[tuple[str, int], ...] = ()
     """(aggregate column, PostgreSQL's display scale of its sum) of each SUM and AVG a derived
     column reads: it reads the sum rounded to that scale (the same value)."""
@@ -98,7 +96,6 @@ class StoredAggregate:
     def derived_sql(self, derived: Derived, value_of: Callable[[str], str]) -> str:
         """PostgreSQL SQL of a derived column, ``value_of(stored column)`` giving the SQL of each
         stored value it reads (``t."total"``, or the merged new value)."""
-        averages = {column: (total, count) for column, total, count in self.stored_averages}
         stored = dict(self.names)
         scales = dict(self.scales)
         slots: dict[str, str] = {}
@@ -106,8 +103,8 @@ class StoredAggregate:
         def slot(node: exp.Expr) -> exp.Expr:
             if not isinstance(node, exp.Column):
                 return node
-            if node.name in averages:
-                total, count = averages[node.name]
+            if f"__pgt_s_{node.name}" in stored:  # an AVG, from its hidden sum and count
+                total, count = stored[f"__pgt_s_{node.name}"], stored[f"__pgt_n_{node.name}"]
                 value = average_of(
                     f"round({value_of(total)}, {scales[node.name]})", value_of(count), "numeric"
                 )
@@ -359,12 +356,9 @@ def stored_aggregate(
         names.append((column, stored))
         hidden.append(stored)
     averages: list[Average] = []
-    stored_averages: list[tuple[str, str, str]] = []
     for name, call in root.aggregates:
-        if isinstance(ir.split_aggregate(call)[0], exp.Avg):
-            stored_averages.append((name, sums[name], counts[name]))
-            if name in shown:
-                averages.append(Average(shown[name], sums[name], counts[name]))
+        if isinstance(ir.split_aggregate(call)[0], exp.Avg) and name in shown:
+            averages.append(Average(shown[name], sums[name], counts[name]))
     keys = tuple(shown[k] for k, _ in root.keys)
     stored_of = dict(names)
     sum_pairs = tuple(
@@ -379,7 +373,6 @@ def stored_aggregate(
         tuple(averages),
         sum_pairs,
         derived,
-        tuple(stored_averages),
         tuple(sorted(scales.items())),
     )
 
