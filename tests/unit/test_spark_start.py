@@ -73,3 +73,63 @@ def test_missing_java_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SparkError, match="no java on PATH; install one"):
         check_java()
+
+
+def _gateway_exited() -> Exception:
+    from pyspark.errors import PySparkRuntimeError
+
+    return PySparkRuntimeError(errorClass="JAVA_GATEWAY_EXITED", messageParameters={})
+
+
+def test_a_jvm_that_exits_before_reporting_its_port_is_retried() -> None:
+    from pgtrickle.spark.session import LAUNCH_PAUSES, launch
+
+    calls: list[int] = []
+    pauses: list[float] = []
+
+    def start() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise _gateway_exited()
+        return "session"
+
+    assert launch(start, sleep=pauses.append) == "session"
+    assert len(calls) == 3
+    assert pauses == list(LAUNCH_PAUSES)
+
+
+def test_a_jvm_that_never_starts_fails_after_the_last_attempt() -> None:
+    from pyspark.errors import PySparkRuntimeError
+
+    from pgtrickle.spark.session import LAUNCH_ATTEMPTS, launch
+
+    calls: list[int] = []
+
+    def start() -> str:
+        calls.append(1)
+        raise _gateway_exited()
+
+    with pytest.raises(PySparkRuntimeError):
+        launch(start, sleep=lambda _s: None)
+    assert len(calls) == LAUNCH_ATTEMPTS
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("JAVA_GATEWAY_EXITED"),  # the text alone does not make it a gateway exit
+        RuntimeError("Java gateway process exited before sending its port number"),
+    ],
+)
+def test_other_start_errors_are_not_retried(error: Exception) -> None:
+    from pgtrickle.spark.session import launch
+
+    calls: list[int] = []
+
+    def start() -> str:
+        calls.append(1)
+        raise error
+
+    with pytest.raises(type(error)):
+        launch(start, sleep=lambda _s: None)
+    assert len(calls) == 1

@@ -194,15 +194,52 @@ def _start_local(settings: Settings):
     for key, value in conf.items():
         builder = builder.config(key, value)
     try:
-        session = builder.getOrCreate()
+        session = launch(builder.getOrCreate)
     except Exception as exc:
         detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SparkError(
             f"Spark could not start with master {settings.spark_master!r}: {detail}; check the master "
-            "(--spark-master / PGTRICKLE_SPARK_MASTER) and any PGTRICKLE_SPARK_CONF settings"
+            "(--spark-master / PGTRICKLE_SPARK_MASTER) and any PGTRICKLE_SPARK_CONF settings (the "
+            "JVM's own message, if it printed one, is on standard error above)"
         ) from exc
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+#: Attempts at starting the driver JVM, and the pause before each retry (seconds). A JVM that
+#: exits before handing PySpark its port is retried: seen once in CI, where one of three test
+#: workers starting their JVMs at the same moment got JAVA_GATEWAY_EXITED and the others did not.
+#: A JVM that cannot start at all (a bad option, no memory) fails the same way each time and is
+#: reported after the last attempt, a few seconds later than without retries.
+LAUNCH_ATTEMPTS = 3
+LAUNCH_PAUSES = (1.0, 3.0)
+
+
+def launch_failed_transiently(exc: BaseException) -> bool:
+    """Whether a failed ``getOrCreate`` is the JVM exiting before it reported its port (pure).
+
+    Decided by PySpark's error class, never by the message text."""
+    error_class = getattr(exc, "getErrorClass", None)
+    return callable(error_class) and error_class() == "JAVA_GATEWAY_EXITED"
+
+
+def launch(start: Any, sleep: Any = time.sleep) -> Any:
+    """``start()``, retried while the JVM exits before reporting its port (up to LAUNCH_ATTEMPTS)."""
+    for attempt in range(1, LAUNCH_ATTEMPTS + 1):
+        try:
+            return start()
+        except Exception as exc:
+            if attempt == LAUNCH_ATTEMPTS or not launch_failed_transiently(exc):
+                raise
+            pause = LAUNCH_PAUSES[min(attempt, len(LAUNCH_PAUSES)) - 1]
+            log.warning(
+                "the Spark driver JVM exited before it started (attempt %d of %d); retrying in %.0fs",
+                attempt,
+                LAUNCH_ATTEMPTS,
+                pause,
+            )
+            sleep(pause)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def child_session(parent, settings: Settings):
