@@ -9,6 +9,7 @@ starts at ``pg_snapshot_xmin(S1)``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -47,6 +48,14 @@ def batches_table(buffer_name: str) -> sql.Identifier:
     return sql.Identifier("pgtrickle_changes", f"{buffer_name}_batches")
 
 
+_WINDOW = sql.SQL(
+    "WHERE xid >= pg_snapshot_xmin(%(f)s::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, %(f)s::pg_snapshot)"
+    " AND pg_visible_in_snapshot(xid, %(u)s::pg_snapshot)"
+)
+"""The rows of a buffer in the window (``%(f)s``, ``%(u)s``]: written by a transaction visible in
+``u`` and not in ``f``."""
+
+
 def pending_changes(
     conn: psycopg.Connection, sources: tuple[Source, ...], frontier: str, upto: str
 ) -> list[PendingChanges]:
@@ -55,10 +64,7 @@ def pending_changes(
     ``upto`` is a snapshot taken before this read; with WAL capture the
     buffers may already hold later transactions, which it excludes.
     """
-    window = sql.SQL(
-        "WHERE xid >= pg_snapshot_xmin(%(f)s::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, %(f)s::pg_snapshot)"
-        " AND pg_visible_in_snapshot(xid, %(u)s::pg_snapshot)"
-    )
+    window = _WINDOW
     result = []
     for source in sources:
         # Counted on the buffer's tables, not its view: a batch knows its size without
@@ -77,6 +83,36 @@ def pending_changes(
         assert row is not None
         result.append(PendingChanges(source, int(row[0]), int(row[1]), int(row[2]), bool(row[3])))
     return result
+
+
+def updates_change(
+    conn: psycopg.Connection,
+    source: Source,
+    columns: Sequence[str],
+    frontier: str,
+    upto: str,
+) -> bool:
+    """Whether an UPDATE of ``source`` in the window (``frontier``, ``upto``] changed one of
+    ``columns`` (buffer column names without their ``new_``/``old_`` prefix).
+
+    Compared by stored image (``record_image_eq``, as ``REFRESH MATERIALIZED VIEW CONCURRENTLY``
+    compares rows): ``1.0`` and ``1.00`` differ, two NULLs do not, and no operator of the column's
+    type runs (a user's ``=`` never runs with the daemon's rights). An update whose columns all
+    keep their image leaves every query reading only those columns as it was.
+    """
+    if not columns:
+        return False
+    new = sql.SQL(", ").join(sql.Identifier("new_" + c) for c in columns)
+    old = sql.SQL(", ").join(sql.Identifier("old_" + c) for c in columns)
+    row = conn.execute(
+        sql.SQL(
+            "SELECT EXISTS (SELECT 1 FROM {} {} AND action = 'U'"
+            " AND NOT pg_catalog.record_image_eq(ROW({}), ROW({})))"
+        ).format(rows_table(source.buffer_name), _WINDOW, new, old),
+        {"f": frontier, "u": upto},
+    ).fetchone()
+    assert row is not None
+    return bool(row[0])
 
 
 def written_by(conn: psycopg.Connection, source: Source, xid: int) -> PendingChanges:

@@ -34,6 +34,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,7 +56,7 @@ from pgtrickle.dvm.pipeline import plan_delta
 from pgtrickle.dvm.shared import Split
 from pgtrickle.dvm.state_change import state_change
 from pgtrickle.errors import UnsupportedQueryError
-from pgtrickle.refresh import commit, history, user_triggers
+from pgtrickle.refresh import commit, history, unread_updates, user_triggers
 from pgtrickle.refresh.context import RefreshContext
 from pgtrickle.refresh.delta_apply import DeltaApply, DeltaMismatch, Staged, own_buffer
 from pgtrickle.refresh.delta_reads import (
@@ -77,6 +78,8 @@ from pgtrickle.refresh.tagged import split_rows, union_sql
 from pgtrickle.spark import carry, jdbc, planning
 from pgtrickle.spark.capabilities import tag_jobs
 from pgtrickle.sql.ident import quote_ident
+
+log = logging.getLogger(__name__)
 
 __all__ = ["DifferentialRun", "FallbackToFull", "should_push_down", "spark_name"]
 
@@ -125,6 +128,8 @@ class DifferentialRun:
         """Record the apply transaction's id in :attr:`xid` (a batch member feeding a chained one)."""
         self.xid: int | None = None
         """The apply transaction's id once committed (``None``: it wrote nothing, or not asked)."""
+        self.pending_rows = 0
+        """The changes pending in the window, every source's (for the history)."""
 
     # ---------------------------------------------------------------- main
     def run(self, history_id: int, request_ids: Sequence[int]) -> tuple[int, int, int, float]:
@@ -156,7 +161,7 @@ class DifferentialRun:
         inserted, deleted = self.apply_rows(
             rows, history_id, self.r.commit_snapshot(snapshot), lsn, request_ids, spark_seconds
         )
-        return inserted, deleted, sum(p.rows for p in changed.values()), spark_seconds
+        return inserted, deleted, self.pending_rows, spark_seconds
 
     def changes(self, snapshot: str) -> dict[int, PendingChanges]:
         """The changes pending per source between the frontier and ``snapshot`` (a truncated source:
@@ -171,7 +176,34 @@ class DifferentialRun:
             raise FallbackToFull(
                 f"source {truncated[0].schema}.{truncated[0].name} was truncated or refreshed in full"
             )
-        return {p.source.relid: p for p in pending if p.rows > 0}
+        found = {p.source.relid: p for p in pending if p.rows > 0}
+        self.pending_rows = sum(p.rows for p in found.values())
+        return self._affecting(found, snapshot)
+
+    def _affecting(self, pending: dict[int, PendingChanges], snapshot: str) -> dict[int, PendingChanges]:
+        """``pending`` without the sources whose changes leave every column the query reads as it was
+        (refresh/unread_updates.py)."""
+        tree = self.mode.tree
+        if tree is None:
+            return pending
+        columns = self.r.cached(
+            ("query-columns", self.st.pgt_id, self.st.normalized_query),
+            lambda: unread_updates.query_columns(tree),
+        )
+        group = self.r.group
+        assert self.st.frontier is not None
+        kept, skipped = unread_updates.affecting(
+            self.conn,
+            pending,
+            columns,
+            self.st.frontier,
+            snapshot,
+            lambda source: group is not None and group.reads_from_group(source),
+        )
+        if skipped:
+            self.timings["updates_not_read"] = skipped
+            log.debug("%s: %d update(s) change no column the query reads", self.st.display, skipped)
+        return kept
 
     def _from_group(self, window: PendingChanges) -> PendingChanges:
         """An upstream member's change in an atomic group: what the group's transaction wrote into
