@@ -307,7 +307,9 @@ class _Batch:
                     raise NotChained(f"upstream member {f.st.display} refreshes on its own")
                 if f.plan is not None:
                     source = next(s for s in m.st.sources if s.relid == f.st.relid)
-                    if source.relid not in changed:
+                    if source.relid not in m.run.pending_sources:
+                        # Truly empty, not only left out for this member (unread updates): the
+                        # window is shared by every member at this frontier.
                         assert m.st.frontier is not None
                         self.shared.nothing_pending(source.relid, m.st.frontier)
                     known = changed.get(source.relid, PendingChanges(source, 0, 0, 0, False))

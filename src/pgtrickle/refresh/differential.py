@@ -34,7 +34,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -78,8 +77,6 @@ from pgtrickle.refresh.tagged import split_rows, union_sql
 from pgtrickle.spark import carry, jdbc, planning
 from pgtrickle.spark.capabilities import tag_jobs
 from pgtrickle.sql.ident import quote_ident
-
-log = logging.getLogger(__name__)
 
 __all__ = ["DifferentialRun", "FallbackToFull", "should_push_down", "spark_name"]
 
@@ -130,6 +127,8 @@ class DifferentialRun:
         """The apply transaction's id once committed (``None``: it wrote nothing, or not asked)."""
         self.pending_rows = 0
         """The changes pending in the window, every source's (for the history)."""
+        self.pending_sources: frozenset[int] = frozenset()
+        """The sources with any change pending in the window (those :meth:`changes` leaves out too)."""
 
     # ---------------------------------------------------------------- main
     def run(self, history_id: int, request_ids: Sequence[int]) -> tuple[int, int, int, float]:
@@ -178,32 +177,20 @@ class DifferentialRun:
             )
         found = {p.source.relid: p for p in pending if p.rows > 0}
         self.pending_rows = sum(p.rows for p in found.values())
+        self.pending_sources = frozenset(found)
         return self._affecting(found, snapshot)
 
     def _affecting(self, pending: dict[int, PendingChanges], snapshot: str) -> dict[int, PendingChanges]:
-        """``pending`` without the sources whose changes leave every column the query reads as it was
-        (refresh/unread_updates.py)."""
-        tree = self.mode.tree
-        if tree is None:
+        """``pending`` but the sources whose changes the query cannot see (refresh/unread_updates.py)."""
+        tree, group, st = self.mode.tree, self.r.group, self.st
+        if tree is None or st.frontier is None:
             return pending
-        columns = self.r.cached(
-            ("query-columns", self.st.pgt_id, self.st.normalized_query),
-            lambda: unread_updates.query_columns(tree),
+        key = ("query-columns", st.pgt_id, st.normalized_query)
+        columns = self.r.cached(key, lambda: unread_updates.query_columns(tree))
+        skip = (lambda source: group.reads_from_group(source)) if group is not None else (lambda _s: False)
+        return unread_updates.affecting(
+            self.conn, pending, columns, (st.frontier, snapshot), skip, self.timings
         )
-        group = self.r.group
-        assert self.st.frontier is not None
-        kept, skipped = unread_updates.affecting(
-            self.conn,
-            pending,
-            columns,
-            self.st.frontier,
-            snapshot,
-            lambda source: group is not None and group.reads_from_group(source),
-        )
-        if skipped:
-            self.timings["updates_not_read"] = skipped
-            log.debug("%s: %d update(s) change no column the query reads", self.st.display, skipped)
-        return kept
 
     def _from_group(self, window: PendingChanges) -> PendingChanges:
         """An upstream member's change in an atomic group: what the group's transaction wrote into

@@ -16,6 +16,7 @@ whose change is its group's transaction's, not its buffer's window).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 
 import psycopg
@@ -27,6 +28,8 @@ from pgtrickle.refresh.delta_reads import relation_key
 from pgtrickle.refresh.shared_reads import buffer_columns
 
 __all__ = ["affecting", "query_columns"]
+
+log = logging.getLogger(__name__)
 
 
 def query_columns(tree: ir.Node) -> dict[str, frozenset[str]]:
@@ -57,24 +60,26 @@ def affecting(
     conn: psycopg.Connection,
     pending: Mapping[int, PendingChanges],
     columns: Mapping[str, frozenset[str]],
-    frontier: str,
-    snapshot: str,
+    window: tuple[str, str],
     skip: Callable[[Source], bool],
-) -> tuple[dict[int, PendingChanges], int]:
-    """``pending`` without the sources whose updates in (``frontier``, ``snapshot``] change no column
-    of ``columns``; and how many updates were left out."""
+    timings: dict[str, float],
+) -> dict[int, PendingChanges]:
+    """``pending`` without the sources whose updates in the window (frontier, snapshot] change no
+    column of ``columns``; how many updates were left out goes into ``timings["updates_not_read"]``."""
     found = [p for p in candidates(pending, columns) if not skip(p.source)]
     out = dict(pending)
     if not found:
-        return out, 0
+        return out
     carried = buffer_columns(conn, [p.source.relid for p in found])
-    left_out = 0
     for p in found:
         mapping = carried.get(p.source.relid, {})
         read = sorted(columns[relation_key(p.source)])
         if any(c not in mapping for c in read):
             continue
-        if not updates_change(conn, p.source, [mapping[c] for c in read], frontier, snapshot):
+        if not updates_change(conn, p.source, [mapping[c] for c in read], *window):
             del out[p.source.relid]
-            left_out += p.updates
-    return out, left_out
+            timings["updates_not_read"] = timings.get("updates_not_read", 0) + p.updates
+            log.debug(
+                "%d update(s) of %s change no column the query reads", p.updates, relation_key(p.source)
+            )
+    return out
