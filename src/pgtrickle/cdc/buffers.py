@@ -64,7 +64,6 @@ def pending_changes(
     ``upto`` is a snapshot taken before this read; with WAL capture the
     buffers may already hold later transactions, which it excludes.
     """
-    window = _WINDOW
     result = []
     for source in sources:
         # Counted on the buffer's tables, not its view: a batch knows its size without
@@ -72,13 +71,13 @@ def pending_changes(
         query = sql.SQL(
             "SELECT count(*) FILTER (WHERE action = 'I'), count(*) FILTER (WHERE action = 'D'),"
             " count(*) FILTER (WHERE action = 'U'), coalesce(bool_or(action = 'T'), false) FROM {} {}"
-        ).format(rows_table(source.buffer_name), window)
+        ).format(rows_table(source.buffer_name), _WINDOW)
         if source.kind == "TABLE":
             query = sql.SQL(
                 "SELECT sum(i), sum(d), sum(u), bool_or(t) FROM ({} UNION ALL"
                 " SELECT coalesce(sum(n_changes) FILTER (WHERE action = 'I'), 0),"
                 " coalesce(sum(n_changes) FILTER (WHERE action = 'D'), 0), 0, false FROM {} {}) AS x (i, d, u, t)"
-            ).format(query, batches_table(source.buffer_name), window)
+            ).format(query, batches_table(source.buffer_name), _WINDOW)
         row = conn.execute(query, {"f": frontier, "u": upto}).fetchone()
         assert row is not None
         result.append(PendingChanges(source, int(row[0]), int(row[1]), int(row[2]), bool(row[3])))

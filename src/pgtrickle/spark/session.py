@@ -17,13 +17,15 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pgtrickle.config import Settings
 from pgtrickle.errors import SparkError
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _lock = threading.Lock()
 _session = None
@@ -223,7 +225,7 @@ def launch_failed_transiently(exc: BaseException) -> bool:
     return callable(error_class) and error_class() == "JAVA_GATEWAY_EXITED"
 
 
-def launch(start: Any, sleep: Any = time.sleep) -> Any:
+def launch(start: Callable[[], _T], sleep: Callable[[float], object] = time.sleep) -> _T:
     """``start()``, retried while the JVM exits before reporting its port (up to LAUNCH_ATTEMPTS)."""
     for attempt in range(1, LAUNCH_ATTEMPTS + 1):
         try:
