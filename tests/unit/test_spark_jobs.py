@@ -126,7 +126,9 @@ def test_tree_text_and_document_of_an_aggregate_of_an_aggregate() -> None:
     lines = tree_lines(tree)
     assert lines[0].startswith("Project ") and lines[1].startswith("  Aggregate group by ")
     [hidden] = [line for line in lines if "materialized:" in line]
-    assert hidden.startswith("      Aggregate ") and materialize.AGGREGATE_OF_AGGREGATE in hidden
+    assert hidden.startswith("        Aggregate ") and materialize.AGGREGATE_OF_AGGREGATE in hidden
+    # The inner COUNT keeps its state (with the group's row count), read through its projection.
+    assert "__pgt_count = COUNT(*)" in hidden and "delta: algebraic over stored state" in hidden
     assert lines[-2:] == [
         "hidden state tables:",
         f"  pgtrickle_changes.state_1_0_abc: Aggregate, {materialize.AGGREGATE_OF_AGGREGATE}",
@@ -146,7 +148,7 @@ def test_tree_text_and_document_of_an_aggregate_of_an_aggregate() -> None:
     root = doc["root"]
     assert set(root) == {"operator", "facts", "columns", "rule", "materialized", "shared", "inputs"}
     assert (root["operator"], root["columns"], root["rule"]) == ("Project", ["n", "c"], "linear")
-    inner = root["inputs"][0]["inputs"][0]["inputs"][0]
+    inner = root["inputs"][0]["inputs"][0]["inputs"][0]["inputs"][0]
     assert inner["operator"] == "Aggregate" and inner["materialized"] == materialize.AGGREGATE_OF_AGGREGATE
     assert inner["inputs"][0]["operator"] == "Scan" and inner["inputs"][0]["inputs"] == []
 

@@ -28,7 +28,6 @@ stream table's last refresh, and a FULL refresh of the stream table rebuilds it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
@@ -52,29 +51,6 @@ class Integrated:
     changes: tuple[tuple[ir.Node, ir.Node | None], ...]
 
 
-def _rebuild(node: ir.Node, replace: dict[int, ir.Node], memo: dict[int, ir.Node]) -> ir.Node:
-    """``node`` with every node whose ``id`` is in ``replace`` swapped; shared subtrees stay shared."""
-    key = id(node)
-    if key in memo:
-        return memo[key]
-    if key in replace:
-        memo[key] = replace[key]
-        return memo[key]
-    changes: dict[str, object] = {}
-    for f in dataclasses.fields(node):
-        value = getattr(node, f.name)
-        if isinstance(value, ir.Node) and not isinstance(node, (ir.Delta, ir.Materialized)):
-            new = _rebuild(value, replace, memo)
-            if new is not value:
-                changes[f.name] = new
-        elif isinstance(value, tuple) and value and all(isinstance(v, ir.Node) for v in value):
-            items = tuple(_rebuild(v, replace, memo) for v in value)
-            if any(a is not b for a, b in zip(items, value, strict=True)):
-                changes[f.name] = items
-    memo[key] = dataclasses.replace(node, **changes) if changes else node
-    return memo[key]
-
-
 def substitute_post(plan: ir.Node, posts: Mapping[ir.Node, ir.Node]) -> ir.Node:
     """``plan`` with every ``Materialized(m)`` (not ``pre``) of a node ``m`` in ``posts``
     replaced by ``posts[m]``; one replacement object per ``m``, so it is compiled once."""
@@ -84,7 +60,7 @@ def substitute_post(plan: ir.Node, posts: Mapping[ir.Node, ir.Node]) -> ir.Node:
             replace[id(n)] = posts[n.node]
     if not replace:
         return plan
-    return _rebuild(plan, replace, {})
+    return ir.replace_nodes(plan, replace)
 
 
 def integrate(

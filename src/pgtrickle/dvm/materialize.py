@@ -20,7 +20,9 @@ The decisions (:func:`decide`), each with its reason:
 - :data:`AGGREGATE_OF_AGGREGATE` — an ``Aggregate`` (through ``Filter``/``Project``) read by
   another ``Aggregate``: the outer one's touched groups do not bound the inner one's.
 
-The root is never materialized: it is the stream table itself.
+The root is never materialized: it is the stream table itself. Where a kept node is a
+``Filter``/``Project`` chain over an aggregate's state (:mod:`pgtrickle.dvm.kept_state`), the state
+node is kept instead: the chain above it is linear.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 from sqlglot import exp
 
 from pgtrickle.dvm import ir
+from pgtrickle.dvm.rules.aggregate import kept_aggregate, original_of
 
 TOPK_INPUT = "the input of a TopK: its visible rows depend on all of it"
 AGGREGATE_JOINED_ON_VALUES = "an aggregate joined on its aggregate (non-group) columns or cross joined"
@@ -78,4 +81,9 @@ def decide(root: ir.Node) -> dict[ir.Node, str]:
             if found is not None:
                 out.setdefault(found[0], AGGREGATE_OF_AGGREGATE)
     out.pop(root, None)
+    for node, reason in list(out.items()):
+        chained = kept_aggregate(node)
+        if chained is not None and chained.chain and original_of(chained.aggregate) is not None:
+            del out[node]
+            out.setdefault(chained.aggregate, reason)
     return out

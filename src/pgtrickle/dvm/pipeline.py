@@ -24,12 +24,13 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from pgtrickle.dvm import ir, materialize, rules
+from pgtrickle.dvm import ir, kept_state, materialize, rules
 from pgtrickle.dvm.compile import Compiled, Reads, compile_ir
 from pgtrickle.dvm.compile_sql import Dialect
 from pgtrickle.dvm.integrate import integrate
 from pgtrickle.dvm.lower import lower
 from pgtrickle.dvm.rules import aggregate as aggregate_rule
+from pgtrickle.dvm.stored import not_storable
 from pgtrickle.sql.translate import parse_query
 
 __all__ = ["DeltaPlan", "Step", "ViewNames", "plan_delta", "rule_of", "steps_of"]
@@ -136,7 +137,9 @@ def rule_of(
     if not _touched(node, changed, memo):
         return UNCHANGED
     if not is_root and any(m is node for m in materialized):
-        if aggregate_rule.kept_aggregate(node) is not None:
+        if aggregate_rule.original_of(node) is not None:
+            own = ALGEBRAIC
+        elif aggregate_rule.kept_aggregate(node) is not None:
             own = KEPT_GROUPS
         else:
             own = rule_of(node, changed=changed, stored_state=False, _memo=memo)
@@ -247,6 +250,10 @@ def plan_delta(
     """
     tree = lower(parse_query(pg_sql), schema)
     materialized = materialize.decide(tree)
+    if materialized and column_types is not None:
+        types = column_types
+        tree = kept_state.rewrite(tree, materialized, lambda a: not not_storable(a, types))
+        materialized = materialize.decide(tree)
     changed = frozenset(changed)
     resolver = reads or ViewNames()
 

@@ -41,7 +41,7 @@ from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.sql.nodes import literal_decimal
 from pgtrickle.sql.numeric_scale import UNKNOWN, Shape, shape_of_type_name, shape_rule
 
-__all__ = ["Derived", "StoredAggregate", "average_of", "stored_aggregate", "stored_rows"]
+__all__ = ["Derived", "StoredAggregate", "average_of", "not_storable", "stored_aggregate", "stored_rows"]
 
 _HIDDEN_LIMIT = 63
 """PostgreSQL's identifier length."""
@@ -188,7 +188,7 @@ def _hidden_name(prefix: str, column: str, taken: set[str]) -> str:
     return name
 
 
-def _not_storable(root: ir.Aggregate, column_types: Mapping[str, Mapping[str, str]]) -> bool:
+def not_storable(root: ir.Aggregate, column_types: Mapping[str, Mapping[str, str]]) -> bool:
     """Whether a SUM or AVG cannot be kept as stored state, so the aggregate recomputes its
     touched groups instead (where the quotient is exact or refused, sql/numeric_scale.py):
 
@@ -321,7 +321,7 @@ def stored_aggregate(
             return None
     except UnsupportedQueryError:  # an aggregate split_aggregate does not know (bool_and, ...)
         return None
-    if _not_storable(root, column_types):
+    if not_storable(root, column_types):
         return None
     scales = _derived_scales(root, column_types, derived_columns)
     if scales is None:

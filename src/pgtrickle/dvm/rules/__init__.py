@@ -142,6 +142,11 @@ class _Fold:
             return node
         return dataclasses.replace(node, **changes)
 
+    def _over_materialized(self, node: ir.Node) -> bool:
+        while isinstance(node, (ir.Filter, ir.Project)):
+            node = node.input
+        return node in self.materialized
+
     def pre(self, node: ir.Node) -> ir.Node:
         key = node
         if key not in self._pre:
@@ -150,6 +155,9 @@ class _Fold:
                 self._pre[key] = self.post(node)
             elif key in self.materialized:
                 self._pre[key] = ir.Materialized(node, pre=True)
+            elif isinstance(node, (ir.Filter, ir.Project)) and self._over_materialized(node):
+                # Linear over a hidden table: the table as stored, through the same chain.
+                self._pre[key] = dataclasses.replace(node, input=self.pre(node.input))
             else:
                 self._pre[key] = ir.UnionAll((self.post(node), ir.Negate(change)), node.columns)
         return self._pre[key]
@@ -180,10 +188,17 @@ def delta_kept(
     """The change of ``node``, kept in a hidden state table (``materialized``: the nodes kept
     under it). An aggregate (through ``Filter``/``Project`` keeping its group keys) reads the old
     rows of its touched groups from its own table, ``Materialized(node, pre=True)``
-    (:func:`aggregate.recompute_kept`); any other node takes its rule, as :func:`delta`."""
+    (:func:`aggregate.recompute_kept`); the state of an additive aggregate
+    (:mod:`pgtrickle.dvm.kept_state`) takes the algebraic rule over its own table
+    (:func:`aggregate.delta_state`); any other node takes its rule, as :func:`delta`."""
     fold = _Fold(node, frozenset(changed), materialized)
+    if not fold.touched(node):
+        return None
+    original = aggregate.original_of(node)
+    if original is not None:  # the state of an additive aggregate (pgtrickle.dvm.kept_state)
+        return aggregate.delta_state(original, fold)
     found = aggregate.kept_aggregate(node)
-    if found is None or not fold.touched(node):
+    if found is None:
         return fold.delta(node)
     return aggregate.recompute_kept(node, found, fold)
 

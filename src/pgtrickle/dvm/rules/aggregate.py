@@ -51,7 +51,10 @@ from pgtrickle.dvm.rules.common import Context, col, minus, null_safe_match, res
 ROW_COUNT = "__pgt_count"
 """The state's hidden row count of a group."""
 
-_STATES: weakref.WeakKeyDictionary[ir.Aggregate, ir.Aggregate] = weakref.WeakKeyDictionary()
+# An aggregate → its state node (held weakly: a plan holds the state it reads) and a state node →
+# its aggregate (held strongly, for as long as the state node lives). No cycle keeps either alive.
+_STATES: weakref.WeakKeyDictionary[ir.Aggregate, weakref.ref[ir.Aggregate]] = weakref.WeakKeyDictionary()
+_ORIGINALS: weakref.WeakKeyDictionary[ir.Aggregate, ir.Aggregate] = weakref.WeakKeyDictionary()
 
 
 def invertible(node: ir.Aggregate) -> bool:
@@ -59,6 +62,16 @@ def invertible(node: ir.Aggregate) -> bool:
     for _, call in node.aggregates:
         inner, _, distinct, _ = ir.split_aggregate(call)
         if distinct or not isinstance(inner, (exp.Count, exp.Sum, exp.Avg)):
+            return False
+    return True
+
+
+def additive(node: ir.Aggregate) -> bool:
+    """Whether every aggregate is COUNT or SUM without DISTINCT (FILTER allowed): the state is
+    the visible columns plus counts, so its visible rows are a projection of it (no quotient)."""
+    for _, call in node.aggregates:
+        inner, _, distinct, _ = ir.split_aggregate(call)
+        if distinct or not isinstance(inner, (exp.Count, exp.Sum)):
             return False
     return True
 
@@ -103,12 +116,20 @@ def sum_counts(node: ir.Aggregate) -> dict[str, str]:
 
 
 def state_node(node: ir.Aggregate) -> ir.Aggregate:
-    """The stored state of an invertible aggregate (the same object for the same node)."""
-    state = _STATES.get(node)
+    """The stored state of an invertible aggregate (the same object for the same node, while
+    anything holds it)."""
+    held = _STATES.get(node)
+    state = None if held is None else held()
     if state is None:
         state = ir.Aggregate(node.input, node.keys, _state_columns(node))
-        _STATES[node] = state
+        _STATES[node] = weakref.ref(state)
+        _ORIGINALS[state] = node
     return state
+
+
+def original_of(state: ir.Node) -> ir.Aggregate | None:
+    """The aggregate whose :func:`state_node` ``state`` is (``None``: it is no state node)."""
+    return _ORIGINALS.get(state) if isinstance(state, ir.Aggregate) else None
 
 
 def visible(node: ir.Aggregate, state_rows: ir.Node) -> ir.Node:
