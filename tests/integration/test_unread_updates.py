@@ -99,3 +99,37 @@ def test_inserts_beside_unread_updates_keep_the_source(db: Database) -> None:
     db.sql("DELETE FROM orders WHERE id = 150")
     [outcome] = refresh_and_check(db, "by_region")
     assert outcome.action.value == "DIFFERENTIAL" and "updates_not_read" not in outcome.timings, outcome
+
+
+def test_unread_updates_beside_real_changes_bound_no_reads(db: Database) -> None:
+    """An update that leaves every read column as it was is left out of its source's change even
+    when the source has real changes too: the keys that bound the other side's read (the lines
+    of the changed orders) are those of the real changes only. Control: updates of a read
+    column add their keys."""
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
+    db.sql("CREATE TABLE orders (id int PRIMARY KEY, cust int, priority text)")
+    db.sql("CREATE TABLE lines (oid int, qty int)")
+    db.sql("INSERT INTO orders SELECT g, 1 + g % 30, 'low' FROM generate_series(1, 3000) g")
+    db.sql("INSERT INTO lines SELECT 1 + g % 3000, g % 7 FROM generate_series(1, 12000) g")
+    db.sql("CREATE INDEX ON lines (oid)")
+    db.sql("ANALYZE orders, lines")
+    create_st(
+        db,
+        "by_customer",
+        "SELECT o.cust, sum(l.qty) AS qty, count(*) AS n FROM orders o JOIN lines l ON l.oid = o.id"
+        " GROUP BY o.cust",
+        refresh_mode="DIFFERENTIAL",
+    )
+    refresh_and_check(db, "by_customer")
+    db.sql("INSERT INTO orders VALUES (3001, 7, 'low'), (3002, 8, 'low')")
+    db.sql("INSERT INTO lines VALUES (3001, 5), (3002, 6)")
+    db.sql("UPDATE orders SET priority = 'high' WHERE id % 10 = 0")  # 300 updates, none read
+    db.sql("UPDATE orders SET cust = cust WHERE id % 10 = 1")  # 300 more, each column as it was
+    db.sql("DELETE FROM orders WHERE id = 5")
+    [outcome] = refresh_and_check(db, "by_customer")
+    assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+    assert 1 <= outcome.timings.get("pushed_down_keys", 0) <= 6, outcome.timings
+    db.sql("UPDATE orders SET cust = cust % 29 + 2 WHERE id % 10 = 0")  # a read column: 300 keys
+    [outcome] = refresh_and_check(db, "by_customer")
+    assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+    assert outcome.timings.get("pushed_down_keys", 0) >= 300, outcome.timings

@@ -101,17 +101,25 @@ def updates_change(
     """
     if not columns:
         return False
-    new = sql.SQL(", ").join(sql.Identifier("new_" + c) for c in columns)
-    old = sql.SQL(", ").join(sql.Identifier("old_" + c) for c in columns)
     row = conn.execute(
-        sql.SQL(
-            "SELECT EXISTS (SELECT 1 FROM {} {} AND action = 'U'"
-            " AND NOT pg_catalog.record_image_eq(ROW({}), ROW({})))"
-        ).format(rows_table(source.buffer_name), _WINDOW, new, old),
+        sql.SQL("SELECT EXISTS (SELECT 1 FROM {} {} AND action = 'U' AND NOT {})").format(
+            rows_table(source.buffer_name), _WINDOW, images_equal(columns)
+        ),
         {"f": frontier, "u": upto},
     ).fetchone()
     assert row is not None
     return bool(row[0])
+
+
+def images_equal(columns: Sequence[str]) -> sql.Composed:
+    """SQL true for a buffer row whose ``new_`` and ``old_`` images of ``columns`` (buffer column
+    names without the prefix; at least one) are stored alike: ``record_image_eq`` — ``1.0`` and
+    ``1.00`` differ, two NULLs do not, and no operator of the columns' types runs."""
+    if not columns:
+        raise ValueError("images_equal needs at least one column")
+    new = sql.SQL(", ").join(sql.Identifier("new_" + c) for c in columns)
+    old = sql.SQL(", ").join(sql.Identifier("old_" + c) for c in columns)
+    return sql.SQL("pg_catalog.record_image_eq(ROW({}), ROW({}))").format(new, old)
 
 
 def written_by(conn: psycopg.Connection, source: Source, xid: int) -> PendingChanges:

@@ -36,6 +36,7 @@ import psycopg
 from psycopg import sql
 
 from pgtrickle.catalog.store import Source, StreamTable
+from pgtrickle.cdc.buffers import images_equal
 from pgtrickle.db.columns import column_types
 from pgtrickle.dvm import ir
 from pgtrickle.dvm.compile import Compiled, ReadKind
@@ -212,6 +213,33 @@ class DeltaReads:
         if self.shared is not None:
             wanted |= self.shared.columns.get(scan.relation, set())
         return [c for c, _ in source.column_types if c in wanted]
+
+    def _compared(self, relation: str) -> list[str]:
+        """The buffer columns of ``relation`` every read of its change carries (the columns any
+        plan of this refresh, or of its batch, reads): an UPDATE that left all of them stored as
+        they were is left out of its change and of its keys (:meth:`_unchanged_updates`)."""
+        source = self._source(relation)
+        wanted = set(self._read_columns.get(relation, frozenset()))
+        if self.shared is not None:
+            wanted |= self.shared.columns.get(relation, set())
+        available = self._buffer_cols.get(source.relid, {})
+        if any(c not in available for c in wanted):
+            return []
+        return [available[c] for c, _ in source.column_types if c in wanted]
+
+    def _unchanged_updates(self, relation: str) -> sql.Composable:
+        """`` AND NOT (<an UPDATE that changed none of the compared columns>)``, or nothing.
+
+        Such an update's old and new rows are the same row over every column a read carries: in
+        the change they cancel (the Z-set is the same without them), and the keys they would add
+        bound no row the change needs. Left out, the touched keys — and the rows read by them —
+        are those of real changes only (TPC-H: an order's priority update, which most queries do
+        not read, no longer makes its lines read). The image comparison is the one the
+        unread-updates rule uses (:func:`pgtrickle.cdc.buffers.images_equal`)."""
+        compared = self._compared(relation)
+        if not compared:
+            return sql.SQL("")
+        return sql.SQL(" AND NOT (action = 'U' AND {})").format(images_equal(compared))
 
     def register(
         self,
@@ -423,6 +451,12 @@ class DeltaReads:
             flags = [f"__pgt_in_{k}" for k in range(len(frontiers))]
             window = sql.SQL(" OR ").join(sql.SQL("({})").format(w) for w in windows)
         label = relation_key(source)
+        compared = set(self._compared(scan.relation))
+        if compared and not {available[c] for c in columns} <= compared:
+            raise FallbackToFull(  # never expected: the compared columns are every column read
+                f"the change of {source.schema}.{source.name} carries columns its keys do not compare"
+            )
+        unchanged = self._unchanged_updates(scan.relation)
 
         def side(prefix: str, weight: int, actions: str) -> sql.Composed:
             select: list[sql.Composable] = [
@@ -439,8 +473,8 @@ class DeltaReads:
                 sql.SQL("{} AS {}").format(w, sql.Identifier(f)) for w, f in zip(windows, flags, strict=True)
             ]
             bound = sql.SQL("") if restrict is None else sql.SQL(" AND ") + sql.SQL(restrict(prefix))
-            return sql.SQL("SELECT {} FROM {} WHERE ({}) AND action IN ({}){}").format(
-                sql.SQL(", ").join(select), buffer, window, sql.SQL(actions), bound
+            return sql.SQL("SELECT {} FROM {} WHERE ({}) AND action IN ({}){}{}").format(
+                sql.SQL(", ").join(select), buffer, window, sql.SQL(actions), unchanged, bound
             )
 
         text = sql.SQL("{} UNION ALL {}").format(side("new_", 1, "'I', 'U'"), side("old_", -1, "'D', 'U'"))
@@ -527,6 +561,7 @@ class DeltaReads:
         values = list(dict.fromkeys(values))
         if not should_push_down(table_rows, len(values)):
             return None
+        self.timings["pushed_down_keys"] = self.timings.get("pushed_down_keys", 0) + len(values)
         literal = sql.Literal(values).as_string(self.conn)
         column = column or quote_ident(restriction.column)
         condition = f"{column} = ANY(CAST({literal} AS {key_types.pop()}[]))"
@@ -547,13 +582,14 @@ class DeltaReads:
             rows = self.conn.execute(
                 sql.SQL(
                     "SELECT DISTINCT v FROM (SELECT {n} AS v FROM {b} WHERE {w}"
-                    " AND action IN ('I','U') UNION ALL SELECT {o} FROM {b} WHERE {w}"
-                    " AND action IN ('D','U')) s LIMIT {lim}"
+                    " AND action IN ('I','U'){u} UNION ALL SELECT {o} FROM {b} WHERE {w}"
+                    " AND action IN ('D','U'){u}) s LIMIT {lim}"
                 ).format(
                     n=sql.Identifier("new_" + buf),
                     o=sql.Identifier("old_" + buf),
                     b=buffer,
                     w=window,
+                    u=self._unchanged_updates(keys.relation),
                     lim=sql.Literal(PUSHDOWN_MAX_KEYS + 2),
                 )
             ).fetchall()
