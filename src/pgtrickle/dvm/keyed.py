@@ -40,7 +40,7 @@ key is a group, and ``IS NOT DISTINCT FROM`` matches it).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pgtrickle.dvm import ir
 from pgtrickle.dvm.keyed_sources import KeySource, Sources, equalities, plain, window_partition
@@ -52,10 +52,19 @@ __all__ = ["KeySource", "Restriction", "restrictions"]
 class Restriction:
     """Read only the rows whose ``column`` holds a value of one of ``keys`` (sorted, at least one).
     ``column`` is a source column for a base relation's read, a column of the node for a hidden
-    table's read."""
+    table's read.
+
+    ``alternatives``: the other columns every use bounds, each with its keys (the fewest sources
+    first). Any one of them bounds the read as well; which selects the fewest rows depends on the
+    keys' count and the column's statistics, which the reader knows (refresh/delta_reads.py)."""
 
     column: str
     keys: tuple[KeySource, ...]
+    alternatives: tuple[tuple[str, tuple[KeySource, ...]], ...] = field(default=(), compare=False)
+
+    def candidates(self) -> tuple[Restriction, ...]:
+        """This bound and each alternative, as restrictions of their own (this one first)."""
+        return (self, *(Restriction(column, keys) for column, keys in self.alternatives))
 
 
 Demand = frozenset[tuple[str, frozenset[KeySource]]]
@@ -141,17 +150,21 @@ class _Walk:
 
 
 def _bound(demands: list[Demand]) -> Restriction | None:
-    """One column every use demands, with the union of the uses' sources (the fewest)."""
-    best: tuple[int, str, frozenset[KeySource]] | None = None
+    """The columns every use demands, each with the union of the uses' sources: the one with the
+    fewest sources, the others as its alternatives."""
+    found: list[tuple[int, str, tuple[KeySource, ...]]] = []
     columns = set.intersection(*({c for c, _ in d} for d in demands)) if demands else set()
     for column in sorted(columns):
         union: frozenset[KeySource] = frozenset()
         for d in demands:
             options = [k for c, k in d if c == column]
             union |= min(options, key=lambda k: (len(k), sorted(k)))
-        if best is None or len(union) < best[0]:
-            best = (len(union), column, union)
-    return None if best is None else Restriction(best[1], tuple(sorted(best[2])))
+        found.append((len(union), column, tuple(sorted(union))))
+    if not found:
+        return None
+    found.sort(key=lambda f: (f[0], f[1]))
+    (_, column, keys), *others = found
+    return Restriction(column, keys, tuple((c, k) for _, c, k in others))
 
 
 def restrictions(*plans: ir.Node | None) -> dict[ReadKey, Restriction]:

@@ -62,10 +62,11 @@ from pgtrickle.errors import PgTrickleError, RefreshError
 from pgtrickle.refresh import history
 from pgtrickle.refresh.chained import chained_frontier
 from pgtrickle.refresh.delta_apply import Staged
-from pgtrickle.refresh.delta_reads import DeltaReads, FallbackToFull, NotChained, Window
+from pgtrickle.refresh.delta_reads import DeltaReads, Window
 from pgtrickle.refresh.differential import COPY_MAX_ROWS, DifferentialRun
 from pgtrickle.refresh.engine import Cancelled, Prepared, Refresher, RefreshOutcome
 from pgtrickle.refresh.plan import Action
+from pgtrickle.refresh.read_names import FallbackToFull, NotChained
 from pgtrickle.refresh.shared_reads import SharedReads
 from pgtrickle.refresh.spark_job import shuffle_sized
 from pgtrickle.refresh.tagged import MEMBER, split_rows, union_sql

@@ -40,32 +40,32 @@ from pgtrickle.cdc.buffers import images_equal
 from pgtrickle.db.columns import column_types
 from pgtrickle.dvm import ir
 from pgtrickle.dvm.compile import Compiled, ReadKind
-from pgtrickle.dvm.kept import SCHEMA, StateTable, fingerprint
+from pgtrickle.dvm.kept import SCHEMA, StateTable
 from pgtrickle.dvm.keyed import KeySource, Restriction
 from pgtrickle.dvm.stored import StoredAggregate
-from pgtrickle.errors import PgTrickleError, UnsupportedQueryError
 from pgtrickle.refresh.chained import column_why_not
 from pgtrickle.refresh.context import RefreshContext
+from pgtrickle.refresh.key_bounds import (
+    PUSHDOWN_MAX_KEYS,
+    PUSHDOWN_MIN_ROWS,
+    narrowest,
+    rows_per_value,
+    should_push_down,
+)
+from pgtrickle.refresh.read_names import (
+    FallbackToFull,
+    NotChained,
+    relation_key,
+    spark_name,
+)
 from pgtrickle.refresh.shared_reads import SharedReads, buffer_columns
 from pgtrickle.spark import carry, jdbc, planning
 from pgtrickle.spark.capabilities import capabilities
 from pgtrickle.sql.ident import quote_ident
 
 WEIGHT = ir.WEIGHT
-KEPT_PREFIX = "pgt_kept_"
-"""Spark views of hidden state tables: ``pgt_kept_<pgt id>_<fingerprint>``."""
-KEPT_CHANGE_PREFIX = "pgt_kept_change_"
-"""Spark views of hidden state tables' changes: ``pgt_kept_change_<pgt id>_<fingerprint>``."""
-
-PUSHDOWN_MIN_ROWS = 10_000
-"""Tables smaller than this are read whole: a key filter would not pay for itself."""
-PUSHDOWN_MAX_KEYS = 100_000
 BROADCAST_MAX_BYTES = 10 * 1024 * 1024
 """Whole tables read for a join up to this size (by relpages) are broadcast to the change's side."""
-
-
-class FallbackToFull(PgTrickleError):
-    """This refresh cannot run differentially; the message says why (it runs FULL instead)."""
 
 
 def _read_as_other(base_type: str | None) -> bool:
@@ -77,86 +77,11 @@ def _read_as_other(base_type: str | None) -> bool:
     return how.kind == carry.RECARRIED or how.read_as is not None
 
 
-class NotChained(PgTrickleError):
-    """A batch member cannot be computed from its upstream member's delta in the same job
-    (refresh/chained.py); the message says why (it refreshes on its own after that member)."""
-
-
-def should_push_down(table_rows: float, key_count: int) -> bool:
-    """Read only the rows matching the change's keys? (pure)"""
-    return table_rows >= PUSHDOWN_MIN_ROWS and key_count <= PUSHDOWN_MAX_KEYS and key_count * 4 < table_rows
-
-
 def window_predicate(frontier: str, upto: str) -> sql.Composed:
     return sql.SQL(
         "xid >= pg_snapshot_xmin({f}::pg_snapshot) AND NOT pg_visible_in_snapshot(xid, {f}::pg_snapshot)"
         " AND pg_visible_in_snapshot(xid, {u}::pg_snapshot)"
     ).format(f=sql.Literal(frontier), u=sql.Literal(upto))
-
-
-def spark_name(name: str) -> str:
-    """A column name as a Spark column reference (backquoted)."""
-    return "`" + name.replace("`", "``") + "`"
-
-
-def relation_key(source: Source) -> str:
-    """The name the lowering gives ``source`` (``schema.table``, as the schema map keys it)."""
-    return f"{source.schema}.{source.name}"
-
-
-class ReadNames:
-    """The :class:`~pgtrickle.dvm.compile.Reads` of one stream table's plans: a view per source
-    and kind (``pgt_<id>_post_<relid>``, ``pgt_<id>_delta_<relid>``, ``pgt_<id>_state``)."""
-
-    def __init__(
-        self,
-        pgt_id: int,
-        relids: Mapping[str, int],
-        kept: Mapping[str, StateTable] | None = None,
-        fingerprint_of: Callable[[ir.Node], str] | None = None,
-    ) -> None:
-        self._pgt_id = pgt_id
-        self._relids = relids
-        self._kept = kept or {}
-        self._fingerprint_of = fingerprint_of
-
-    def _relid(self, scan: ir.Scan) -> int:
-        if scan.relation not in self._relids:
-            raise UnsupportedQueryError(f"the query reads {scan.relation}, which is not a recorded source")
-        return self._relids[scan.relation]
-
-    def post(self, scan: ir.Scan) -> str:
-        return f"pgt_{self._pgt_id}_post_{self._relid(scan)}"
-
-    def delta(self, scan: ir.Scan) -> str:
-        return f"pgt_{self._pgt_id}_delta_{self._relid(scan)}"
-
-    def materialized(self, node: ir.Materialized) -> str:
-        if not node.pre and not node.change:
-            raise UnsupportedQueryError(
-                "the plan reads a hidden table at the snapshot, which no refresh stores"
-            )
-        if self._kept and self._fingerprint_of is not None:
-            fp = self._fingerprint_of(node.node)
-            if fp in self._kept:
-                return f"{KEPT_CHANGE_PREFIX if node.change else KEPT_PREFIX}{self._pgt_id}_{fp}"
-        return f"pgt_{self._pgt_id}_state"
-
-    def kept_table(self, node: ir.Node) -> StateTable:
-        """The hidden state table keeping ``node`` (FallbackToFull when there is none)."""
-        fp = self._fingerprint_of(node) if self._fingerprint_of is not None else None
-        if fp is None or fp not in self._kept:
-            raise FallbackToFull("a node the query keeps has no hidden state table yet")
-        return self._kept[fp]
-
-    def kept_views(self) -> dict[str, StateTable]:
-        """The Spark view name of every hidden state table."""
-        return {f"{KEPT_PREFIX}{self._pgt_id}_{fp}": table for fp, table in self._kept.items()}
-
-    def kept_change_view(self, table: StateTable) -> str:
-        """The Spark view of a hidden state table's change (registered by the refresh once it
-        has computed the change, before any plan reading it runs)."""
-        return f"{KEPT_CHANGE_PREFIX}{self._pgt_id}_{fingerprint(table.query)}"
 
 
 @dataclass(frozen=True)
@@ -302,6 +227,8 @@ class DeltaReads:
     def _post(self, scan: ir.Scan, restriction: Restriction | None) -> tuple[Any, bool]:
         source = self._source(scan.relation)
         stats = self._stats[source.relid]
+        if restriction is not None and restriction.alternatives:
+            restriction = self._narrowest(restriction, source, stats.reltuples)
         condition = self._condition(restriction, stats.reltuples)
         spark = self.r.spark
         snap_id = self.window.snap_id
@@ -547,9 +474,25 @@ class DeltaReads:
         the SQL of the restricted column (default: ``restriction.column``, quoted)."""
         if restriction is None:
             return None
+        found = self._key_values(restriction)
+        if found is None:
+            return None
+        values, with_null, key_type = found
+        if not should_push_down(table_rows, len(values)):
+            return None
+        self.timings["pushed_down_keys"] = self.timings.get("pushed_down_keys", 0) + len(values)
+        literal = sql.Literal(values).as_string(self.conn)
+        column = column or quote_ident(restriction.column)
+        condition = f"{column} = ANY(CAST({literal} AS {key_type}[]))"
+        return f"({condition} OR {column} IS NULL)" if with_null else condition
+
+    def _key_values(self, restriction: Restriction) -> tuple[list[Any], bool, str] | None:
+        """The distinct non-NULL key values of ``restriction``, whether a NULL is among them, and
+        their type (``None``: too many, or keys of several types — no one array holds them all
+        exactly)."""
         key_types = {dict(self._source(k.relation).column_types)[k.column] for k in restriction.keys}
         if len(key_types) != 1:
-            return None  # keys of several types: no one array holds them all exactly
+            return None
         values: list[Any] = []
         with_null = False
         for keys in restriction.keys:
@@ -558,14 +501,20 @@ class DeltaReads:
                 return None
             values += found[0]
             with_null |= found[1]
-        values = list(dict.fromkeys(values))
-        if not should_push_down(table_rows, len(values)):
-            return None
-        self.timings["pushed_down_keys"] = self.timings.get("pushed_down_keys", 0) + len(values)
-        literal = sql.Literal(values).as_string(self.conn)
-        column = column or quote_ident(restriction.column)
-        condition = f"{column} = ANY(CAST({literal} AS {key_types.pop()}[]))"
-        return f"({condition} OR {column} IS NULL)" if with_null else condition
+        return list(dict.fromkeys(values)), with_null, key_types.pop()
+
+    def _narrowest(self, restriction: Restriction, source: Source, table_rows: float) -> Restriction:
+        """Of the columns that bound a read, the one whose keys select the fewest rows
+        (:func:`~pgtrickle.refresh.key_bounds.narrowest`)."""
+        candidates = restriction.candidates()
+        if table_rows < PUSHDOWN_MIN_ROWS:
+            return restriction
+        counts: dict[str, int | None] = {}
+        for candidate in candidates:
+            found = self._key_values(candidate)
+            counts[candidate.column] = None if found is None else len(found[0]) + found[1]
+        per_value = rows_per_value(self.conn, source, [c.column for c in candidates], table_rows)
+        return narrowest(candidates, counts, per_value, table_rows)
 
     def delta_keys(self, keys: KeySource) -> tuple[list[Any], bool] | None:
         """The distinct non-NULL values of a source column in the window's changes, and whether

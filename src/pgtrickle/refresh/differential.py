@@ -58,17 +58,11 @@ from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.refresh import commit, history, unread_updates, user_triggers
 from pgtrickle.refresh.context import RefreshContext
 from pgtrickle.refresh.delta_apply import DeltaApply, DeltaMismatch, Staged, own_buffer
-from pgtrickle.refresh.delta_reads import (
-    DeltaReads,
-    FallbackToFull,
-    ReadNames,
-    Window,
-    relation_key,
-    should_push_down,
-    spark_name,
-)
+from pgtrickle.refresh.delta_reads import DeltaReads, Window
+from pgtrickle.refresh.key_bounds import should_push_down
 from pgtrickle.refresh.layout_ddl import equality_operators
 from pgtrickle.refresh.output import finished_columns, for_copy, timestamps
+from pgtrickle.refresh.read_names import FallbackToFull, ReadNames, relation_key, spark_name
 from pgtrickle.refresh.shared_reads import SharedReads
 from pgtrickle.refresh.spark_job import data_error_state, shuffle_sized
 from pgtrickle.refresh.state_merge import StateMerge

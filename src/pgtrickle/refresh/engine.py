@@ -44,7 +44,6 @@ from pgtrickle.ops import health
 from pgtrickle.ops.error_redaction import full_error, public_error, redact_message
 from pgtrickle.refresh import history
 from pgtrickle.refresh.context import GroupContext, ProgressFn
-from pgtrickle.refresh.delta_reads import FallbackToFull
 from pgtrickle.refresh.differential import DifferentialRun
 from pgtrickle.refresh.full import FullRun
 from pgtrickle.refresh.gating import Gating
@@ -54,6 +53,7 @@ from pgtrickle.refresh.plan import (
     ModeContext,
     RefreshPlan,
 )
+from pgtrickle.refresh.read_names import FallbackToFull
 from pgtrickle.spark import carry, jdbc
 from pgtrickle.spark.capabilities import join_count
 from pgtrickle.spark.jobs import counting

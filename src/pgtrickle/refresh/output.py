@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pgtrickle.dvm.layout import ROW_ID
-from pgtrickle.refresh.delta_reads import spark_name
+from pgtrickle.refresh.read_names import spark_name
 
 __all__ = ["finish_output", "finished_columns", "for_copy", "timestamps"]
 

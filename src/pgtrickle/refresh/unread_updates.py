@@ -24,7 +24,7 @@ import psycopg
 from pgtrickle.catalog.store import Source
 from pgtrickle.cdc.buffers import PendingChanges, updates_change
 from pgtrickle.dvm import ir
-from pgtrickle.refresh.delta_reads import relation_key
+from pgtrickle.refresh.read_names import relation_key
 from pgtrickle.refresh.shared_reads import buffer_columns
 
 __all__ = ["affecting", "query_columns"]
