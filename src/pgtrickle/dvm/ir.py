@@ -44,7 +44,7 @@ compiler may memoize per node.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -378,6 +378,28 @@ def replace_nodes(node: Node, replace: Mapping[int, Node]) -> Node:
                 if any(a is not b for a, b in zip(items, value, strict=True)):
                     changes[f.name] = items
         memo[key] = dataclasses.replace(current, **changes) if changes else current
+        return memo[key]
+
+    return rebuild(node)
+
+
+def transform(node: Node, fn: Callable[[Node], Node]) -> Node:
+    """``node``'s tree rebuilt bottom up, each node (its inputs already transformed) replaced by
+    ``fn(node)``; what lies under a ``Delta`` or ``Materialized`` is left alone, and a shared
+    subtree stays one object."""
+    memo: dict[int, Node] = {}
+
+    def rebuild(current: Node) -> Node:
+        key = id(current)
+        if key not in memo:
+            swapped: dict[int, Node] = {}
+            if not isinstance(current, (Delta, Materialized)):
+                for child in current.inputs:
+                    new = rebuild(child)
+                    if new is not child:
+                        swapped[id(child)] = new
+            rebuilt = replace_nodes(current, swapped) if swapped else current
+            memo[key] = fn(rebuilt)
         return memo[key]
 
     return rebuild(node)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from pgtrickle.dvm import ir
 from pgtrickle.dvm.compile import compile_ir
+from pgtrickle.dvm.rules import aggregate
 
 __all__ = ["SCHEMA", "StateTable", "fingerprint", "node_query", "plan_state_tables"]
 
@@ -37,6 +38,17 @@ class StateTable:
     @property
     def columns(self) -> tuple[str, ...]:
         return self.node.columns
+
+    @property
+    def hash_positions(self) -> tuple[int, ...]:
+        """The columns its row identity ``__pgt_row_id`` hashes: an aggregate's kept state has one
+        row per group and is identified by its group keys (its sums are added to in Spark, whose
+        decimal types differ from the ones a FULL refresh computes them with); any other node by
+        every column."""
+        if aggregate.original_of(self.node) is not None:
+            assert isinstance(self.node, ir.Aggregate)
+            return tuple(range(len(self.node.keys)))
+        return tuple(range(len(self.columns)))
 
     @property
     def qualified(self) -> str:

@@ -19,6 +19,8 @@ The decisions (:func:`decide`), each with its reason:
   cross join: the join's touched keys do not select groups, so its value would be computed whole.
 - :data:`AGGREGATE_OF_AGGREGATE` — an ``Aggregate`` (through ``Filter``/``Project``) read by
   another ``Aggregate``: the outer one's touched groups do not bound the inner one's.
+- :data:`SEMI_JOIN_COUNTS` — the right side of a semi/anti join counted per join key
+  (:mod:`pgtrickle.dvm.semijoin_counts`): kept so that its existence flips read it by key.
 
 The root is never materialized: it is the stream table itself. Where a kept node is a
 ``Filter``/``Project`` chain over an aggregate's state (:mod:`pgtrickle.dvm.kept_state`), the state
@@ -31,10 +33,12 @@ from sqlglot import exp
 
 from pgtrickle.dvm import ir
 from pgtrickle.dvm.rules.aggregate import kept_aggregate, original_of
+from pgtrickle.dvm.semijoin_counts import is_count
 
 TOPK_INPUT = "the input of a TopK: its visible rows depend on all of it"
 AGGREGATE_JOINED_ON_VALUES = "an aggregate joined on its aggregate (non-group) columns or cross joined"
 AGGREGATE_OF_AGGREGATE = "an aggregate read by another aggregate"
+SEMI_JOIN_COUNTS = "the right side of a semi or anti join over a join, as its rows' count per join key"
 
 
 def _referenced(expression: exp.Expr) -> set[str]:
@@ -71,6 +75,10 @@ def decide(root: ir.Node) -> dict[ir.Node, str]:
         if isinstance(node, ir.TopK) and not isinstance(node.input, (ir.Scan, ir.Values)):
             out.setdefault(node.input, TOPK_INPUT)
         elif isinstance(node, ir.Join):
+            if node.kind in (ir.JoinKind.SEMI, ir.JoinKind.ANTI):
+                counted = trace(node.right, set(node.right.columns))
+                if counted is not None and is_count(counted[0]):
+                    out.setdefault(counted[0], SEMI_JOIN_COUNTS)
             used = None if node.condition is None else _referenced(node.condition)
             for side in (node.left, node.right):
                 found = trace(side, set(side.columns) if used is None else used & set(side.columns))

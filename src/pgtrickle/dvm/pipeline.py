@@ -24,7 +24,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from pgtrickle.dvm import ir, kept_state, materialize, rules
+from pgtrickle.dvm import ir, kept_state, materialize, rules, semijoin_counts
 from pgtrickle.dvm.compile import Compiled, Reads, compile_ir
 from pgtrickle.dvm.compile_sql import Dialect
 from pgtrickle.dvm.integrate import integrate
@@ -249,6 +249,8 @@ def plan_delta(
         InvalidPlanError: the plan breaks the IR's contract (a bug, not bad input).
     """
     tree = lower(parse_query(pg_sql), schema)
+    if keep_state:
+        tree = semijoin_counts.rewrite(tree)
     materialized = materialize.decide(tree)
     if materialized and column_types is not None:
         types = column_types

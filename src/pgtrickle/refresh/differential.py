@@ -66,7 +66,7 @@ from pgtrickle.refresh.read_names import FallbackToFull, ReadNames, relation_key
 from pgtrickle.refresh.shared_reads import SharedReads
 from pgtrickle.refresh.spark_job import data_error_state, shuffle_sized
 from pgtrickle.refresh.state_merge import StateMerge
-from pgtrickle.refresh.state_tables import StateMismatch, apply_state_change
+from pgtrickle.refresh.state_tables import StateMismatch, apply_state_change, as_stored, stored_decimals
 from pgtrickle.refresh.tagged import split_rows, union_sql
 from pgtrickle.spark import carry, jdbc, planning
 from pgtrickle.spark.capabilities import tag_jobs
@@ -411,13 +411,14 @@ class DifferentialRun:
         reads.register(change.main, prepared.restrictions, prepared.read_columns)
         text = self._computed_first(change, reads)
         value = planning.sql(self.r.spark, text, self.timings, "kept")
+        value = as_stored(value, stored_decimals(self.conn, table))
         leaf = planning.computed_once(value, self.timings, "kept")
         reads.provide(view, leaf, once=True)
         n = len(table.columns)
         columns = list(leaf.columns)
         names = [f"c{i}" for i in range(n)] + columns[n:]
         named = ", ".join(f"{spark_name(c)} AS {spark_name(m)}" for c, m in zip(columns, names, strict=True))
-        select = ", ".join(finished_columns(names, timestamps(leaf.schema), tuple(range(n))))
+        select = ", ".join(finished_columns(names, timestamps(leaf.schema), table.hash_positions))
         return leaf, f"SELECT {select} FROM (SELECT {named} FROM {view}) AS __pgt_k"
 
     def _one_job(

@@ -197,7 +197,7 @@ class FullRun:
                 f"explode(sequence(CAST(1 AS BIGINT), {spark_name('__pgt_w')})) AS __pgt_i",
             ).drop("__pgt_i")
             n = len(table.columns)
-            rows = finish_output(expanded, n, tuple(range(n))).limit(COPY_THRESHOLD_ROWS + 1).collect()
+            rows = finish_output(expanded, n, table.hash_positions).limit(COPY_THRESHOLD_ROWS + 1).collect()
             if len(rows) > COPY_THRESHOLD_ROWS:
                 raise RefreshError(
                     f"the hidden state table {table.name} of {st.display} would hold more than "

@@ -19,20 +19,31 @@ are PostgreSQL's own for that query — planned, never run — stored as
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
+from pgtrickle.db.columns import column_types
 from pgtrickle.dvm.kept import SCHEMA, StateTable
 from pgtrickle.refresh.delta_apply import same_value
 
-__all__ = ["apply_state_change", "drop_state_tables", "ensure_state_tables", "fill_state_table"]
+__all__ = [
+    "apply_state_change",
+    "as_stored",
+    "drop_state_tables",
+    "ensure_state_tables",
+    "fill_state_table",
+    "stored_decimals",
+]
 
 ROW_ID = "__pgt_row_id"
 WEIGHT = "__pgt_w"
 _DELTA = "__pgt_state_delta"
 _PROBE = "__pgt_state_probe"
+_NUMERIC = re.compile(r"numeric\((\d+),(\d+)\)")
 
 
 def _identifier(table: StateTable) -> sql.Composed:
@@ -112,6 +123,47 @@ def drop_state_tables(conn: psycopg.Connection, pgt_id: int) -> int:
     """Drop every state table of ``pgt_id`` (the stream table no longer keeps any node)."""
     row = conn.execute("SELECT pgtrickle._drop_state_tables(%s)", (pgt_id,)).fetchone()
     return int(row[0]) if row else 0
+
+
+def stored_decimals(conn: psycopg.Connection, table: StateTable) -> dict[str, tuple[int, int]]:
+    """The ``numeric(precision, scale)`` columns of the table, as the FULL refresh that filled it
+    set them from Spark's decimal types (:func:`fill_state_table`)."""
+    out: dict[str, tuple[int, int]] = {}
+    for column, type_name in column_types(conn, table.qualified).items():
+        found = _NUMERIC.fullmatch(type_name)
+        if found is not None:
+            out[column] = (int(found.group(1)), int(found.group(2)))
+    return out
+
+
+def as_stored(df: Any, decimals: Mapping[str, tuple[int, int]]) -> Any:
+    """A hidden table's change (a Spark DataFrame) with each decimal column cast to the type the
+    FULL refresh computed it with (``decimals``: :func:`stored_decimals`). An additive state's
+    sums are added to in Spark, which widens their decimal type; the rows read above it from the
+    table and from its change must have one type, or the rows computed from them would hash to
+    other row identities than a FULL refresh gives them. With ANSI mode on, a value that does not
+    fit raises instead of becoming NULL."""
+    from pyspark.sql.types import DecimalType
+
+    wanted = []
+    changed = False
+    for field in df.schema.fields:
+        name = field.name.replace("`", "``")
+        target = decimals.get(field.name)
+        if (
+            target is not None
+            and isinstance(field.dataType, DecimalType)
+            and (
+                field.dataType.precision,
+                field.dataType.scale,
+            )
+            != target
+        ):
+            wanted.append(f"CAST(`{name}` AS DECIMAL({target[0]}, {target[1]})) AS `{name}`")
+            changed = True
+        else:
+            wanted.append(f"`{name}`")
+    return df.selectExpr(*wanted) if changed else df
 
 
 class StateMismatch(Exception):
