@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pgtrickle.dvm import ir, keyed
+from pgtrickle.dvm import ir, ir_rewrite, keyed
 from pgtrickle.dvm.integrate import integrate
 from pgtrickle.dvm.keyed import KeySource, Restriction
 from pgtrickle.dvm.materialize import decide
@@ -67,7 +67,7 @@ def _restricted(
                 restriction = found[("materialized", node.node)]
                 predicate = _member(restriction.column, _key_values(restriction, env))
                 replace[id(node)] = ir.Filter(node, predicate)  # type: ignore[arg-type]
-        out.append(ir.replace_nodes(plan, replace) if replace else plan)
+        out.append(ir_rewrite.replace_nodes(plan, replace) if replace else plan)
     return out, env
 
 

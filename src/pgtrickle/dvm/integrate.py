@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from pgtrickle.dvm import ir, rules
+from pgtrickle.dvm import ir, ir_rewrite, rules
 
 __all__ = ["Integrated", "integrate", "substitute_post"]
 
@@ -60,7 +60,7 @@ def substitute_post(plan: ir.Node, posts: Mapping[ir.Node, ir.Node]) -> ir.Node:
             replace[id(n)] = posts[n.node]
     if not replace:
         return plan
-    return ir.replace_nodes(plan, replace)
+    return ir_rewrite.replace_nodes(plan, replace)
 
 
 def integrate(

@@ -43,8 +43,7 @@ compiler may memoize per node.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -351,58 +350,6 @@ def walk(node: Node) -> Iterator[Node]:
         for child in reversed(current.inputs):
             if id(child) not in seen:
                 stack.append((child, False))
-
-
-def replace_nodes(node: Node, replace: Mapping[int, Node]) -> Node:
-    """``node``'s tree with every node whose ``id`` is a key of ``replace`` swapped for its value;
-    what lies under a ``Delta`` or ``Materialized`` is left alone, and a shared subtree stays one
-    object (the same object when nothing under it is swapped)."""
-    memo: dict[int, Node] = {}
-
-    def rebuild(current: Node) -> Node:
-        key = id(current)
-        if key in memo:
-            return memo[key]
-        if key in replace:
-            memo[key] = replace[key]
-            return memo[key]
-        changes: dict[str, object] = {}
-        for f in dataclasses.fields(current):
-            value = getattr(current, f.name)
-            if isinstance(value, Node) and not isinstance(current, (Delta, Materialized)):
-                new = rebuild(value)
-                if new is not value:
-                    changes[f.name] = new
-            elif isinstance(value, tuple) and value and all(isinstance(v, Node) for v in value):
-                items = tuple(rebuild(v) for v in value)
-                if any(a is not b for a, b in zip(items, value, strict=True)):
-                    changes[f.name] = items
-        memo[key] = dataclasses.replace(current, **changes) if changes else current
-        return memo[key]
-
-    return rebuild(node)
-
-
-def transform(node: Node, fn: Callable[[Node], Node]) -> Node:
-    """``node``'s tree rebuilt bottom up, each node (its inputs already transformed) replaced by
-    ``fn(node)``; what lies under a ``Delta`` or ``Materialized`` is left alone, and a shared
-    subtree stays one object."""
-    memo: dict[int, Node] = {}
-
-    def rebuild(current: Node) -> Node:
-        key = id(current)
-        if key not in memo:
-            swapped: dict[int, Node] = {}
-            if not isinstance(current, (Delta, Materialized)):
-                for child in current.inputs:
-                    new = rebuild(child)
-                    if new is not child:
-                        swapped[id(child)] = new
-            rebuilt = replace_nodes(current, swapped) if swapped else current
-            memo[key] = fn(rebuilt)
-        return memo[key]
-
-    return rebuild(node)
 
 
 def scans(node: Node) -> list[Scan]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from pgtrickle.dvm import ir
+from pgtrickle.dvm import ir, ir_rewrite
 from pgtrickle.dvm.rules import aggregate
 from pgtrickle.errors import UnsupportedQueryError
 
@@ -52,4 +52,4 @@ def rewrite(tree: ir.Node, kept: Collection[ir.Node], exact: Callable[[ir.Aggreg
             continue
         a = found.aggregate
         replace[id(a)] = aggregate.visible(a, aggregate.state_node(a))
-    return ir.replace_nodes(tree, replace) if replace else tree
+    return ir_rewrite.replace_nodes(tree, replace) if replace else tree

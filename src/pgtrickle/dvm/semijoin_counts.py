@@ -24,7 +24,7 @@ import dataclasses
 
 from sqlglot import exp
 
-from pgtrickle.dvm import ir
+from pgtrickle.dvm import ir, ir_rewrite
 
 __all__ = ["SEMI_COUNT", "counted_keys", "is_count", "rewrite"]
 
@@ -88,4 +88,4 @@ def _counted(node: ir.Node) -> ir.Node:
 def rewrite(tree: ir.Node) -> ir.Node:
     """``tree`` with the right side of every eligible SEMI/ANTI join counted (see the module
     docstring); ``tree`` itself when there is none."""
-    return ir.transform(tree, _counted)
+    return ir_rewrite.transform(tree, _counted)
