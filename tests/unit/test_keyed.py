@@ -20,7 +20,7 @@ from pgtrickle.dvm.integrate import integrate
 from pgtrickle.dvm.keyed import KeySource, Restriction
 from pgtrickle.dvm.materialize import decide
 from pgtrickle.dvm.reference import Table, evaluate
-from tests.unit.test_delta_rules import R1, R2, TREE_KINDS, e, envs, expected_change, order, trees
+from tests.unit.test_delta_rules import R1, R2, R3, TREE_KINDS, e, envs, expected_change, order, trees
 from tests.unit.test_integrate import _prove_over_r1_r2
 
 RESTRICTED = "#restricted"
@@ -53,9 +53,14 @@ def _restricted(
         if kind == "post":
             assert isinstance(what, str)
             table = env[what]
-            position = table.columns.index(restriction.column)
-            values = _key_values(restriction, env)
-            rows = Counter({row: w for row, w in table.post.items() if row[position] in values})
+            # A row is read when any part's column holds one of its keys (the parts are OR-ed).
+            bounds = [
+                (table.columns.index(column), _key_values(Restriction(column, keys), env))
+                for column, keys in restriction.parts()
+            ]
+            rows = Counter(
+                {row: w for row, w in table.post.items() if any(row[i] in values for i, values in bounds)}
+            )
             env[what + RESTRICTED] = Table(table.columns, rows)
     out = []
     for plan in plans:
@@ -179,3 +184,29 @@ def test_a_read_bounded_by_two_columns_offers_both() -> None:
     assert restriction == Restriction("c", (KeySource("r1", "a"),))
     assert restriction.alternatives == (("d", (KeySource("r1", "b"),)),)
     assert [r.column for r in restriction.candidates()] == ["c", "d"]
+
+
+def test_a_read_each_use_bounds_by_its_own_column_is_bounded_by_their_or() -> None:
+    """r2 read twice: joined to r1's change on c, and to r3's change on d (a self-join through
+    two paths): no one column bounds both uses, their OR does."""
+    r2_again = ir.Scan("r2", ("c", "d"), ("c2", "d2"))
+    left = ir.Join(ir.JoinKind.INNER, R1, R2, e("a = c"))
+    right = ir.Join(ir.JoinKind.INNER, R3, r2_again, e("e = d2"))
+    root = ir.UnionAll(
+        (
+            ir.Project(left, (("x", e("c")), ("y", e("d")))),
+            ir.Project(right, (("x", e("c2")), ("y", e("d2")))),
+        ),
+        ("x", "y"),
+    )
+    plan = integrate(root, frozenset({"r1", "r3"}), []).plan
+    restriction = keyed.restrictions(plan)[("post", "r2")]
+    assert restriction.parts() == (("c", (KeySource("r1", "a"),)), ("d", (KeySource("r3", "e"),)))
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(envs(("r1", "r2", "r3")))
+    def prove(drawn: tuple[dict[str, Table], frozenset[str]]) -> None:
+        env, changed = drawn
+        _check(root, env, changed, [])  # the OR-bounded read gives the exact change
+
+    prove()

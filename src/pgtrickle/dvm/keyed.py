@@ -31,7 +31,9 @@ comes from change columns, through the operators that keep values). A demand pas
 Everything else (TopK, a window without a common partition, an outer join's padded column)
 drops the demands: its input is read whole. Each read gets, per use, the demands reaching it;
 a column demanded by every use is bounded by the union of those uses' sources (a use bounded by
-fewer keys is also bounded by more).
+fewer keys is also bounded by more). A base relation no one column bounds is bounded by the OR
+of each use's own column (TPC-H Q9's lines: by the changed orders' keys for one term, by the
+changed part-suppliers' parts for another).
 
 A restriction is a superset filter: the caller may also keep rows whose column is NULL (a NULL
 key is a group, and ``IS NOT DISTINCT FROM`` matches it).
@@ -61,10 +63,18 @@ class Restriction:
     column: str
     keys: tuple[KeySource, ...]
     alternatives: tuple[tuple[str, tuple[KeySource, ...]], ...] = field(default=(), compare=False)
+    others: tuple[tuple[str, tuple[KeySource, ...]], ...] = ()
+    """Further ``(column, keys)`` bounds OR-ed with this one (a base relation's read only): no one
+    column bounds every use, but every use is bounded by one of these columns, so the rows
+    holding a key in any of them are all the uses need."""
 
     def candidates(self) -> tuple[Restriction, ...]:
         """This bound and each alternative, as restrictions of their own (this one first)."""
         return (self, *(Restriction(column, keys) for column, keys in self.alternatives))
+
+    def parts(self) -> tuple[tuple[str, tuple[KeySource, ...]], ...]:
+        """Every ``(column, keys)`` OR-ed: this bound's own, then :attr:`others`."""
+        return ((self.column, self.keys), *self.others)
 
 
 Demand = frozenset[tuple[str, frozenset[KeySource]]]
@@ -149,9 +159,23 @@ class _Walk:
         self.uses.setdefault(key, []).append(demand)
 
 
-def _bound(demands: list[Demand]) -> Restriction | None:
+def _disjunction(demands: list[Demand]) -> Restriction | None:
+    """When every use demands some column: each use's own best column (the fewest sources), the
+    sources of the uses choosing one column merged, OR-ed."""
+    chosen: dict[str, frozenset[KeySource]] = {}
+    for d in demands:
+        if not d:
+            return None
+        column, keys = min(d, key=lambda ck: (len(ck[1]), ck[0], sorted(ck[1])))
+        chosen[column] = chosen.get(column, frozenset()) | keys
+    (column, keys), *others = sorted(chosen.items())
+    return Restriction(column, tuple(sorted(keys)), (), tuple((c, tuple(sorted(k))) for c, k in others))
+
+
+def _bound(demands: list[Demand], disjunctive: bool = False) -> Restriction | None:
     """The columns every use demands, each with the union of the uses' sources: the one with the
-    fewest sources, the others as its alternatives."""
+    fewest sources, the others as its alternatives. With none and ``disjunctive``: the
+    :func:`_disjunction` of the uses' own columns, if every use has one."""
     found: list[tuple[int, str, tuple[KeySource, ...]]] = []
     columns = set.intersection(*({c for c, _ in d} for d in demands)) if demands else set()
     for column in sorted(columns):
@@ -161,7 +185,7 @@ def _bound(demands: list[Demand]) -> Restriction | None:
             union |= min(options, key=lambda k: (len(k), sorted(k)))
         found.append((len(union), column, tuple(sorted(union))))
     if not found:
-        return None
+        return _disjunction(demands) if disjunctive and demands else None
     found.sort(key=lambda f: (f[0], f[1]))
     (_, column, keys), *others = found
     return Restriction(column, keys, tuple((c, k) for _, c, k in others))
@@ -177,7 +201,7 @@ def restrictions(*plans: ir.Node | None) -> dict[ReadKey, Restriction]:
             walk.visit(plan, _EMPTY)
     out: dict[ReadKey, Restriction] = {}
     for key, demands in walk.uses.items():
-        found = _bound(demands)
+        found = _bound(demands, disjunctive=key[0] == "post")
         if found is not None:
             out[key] = found
     return out

@@ -229,6 +229,14 @@ class DeltaReads:
         stats = self._stats[source.relid]
         if restriction is not None and restriction.alternatives:
             restriction = self._narrowest(restriction, source, stats.reltuples)
+        group = self.r.group
+        if (
+            restriction is not None
+            and restriction.others
+            and group is not None
+            and group.reads_from_group(source)
+        ):
+            restriction = None  # its change in the group's transaction is bounded by one column only
         condition = self._condition(restriction, stats.reltuples)
         spark = self.r.spark
         snap_id = self.window.snap_id
@@ -257,7 +265,6 @@ class DeltaReads:
                 df = df.hint("broadcast")
             self._count("whole_table_reads")
         df = df.selectExpr(*(spark_name(c) for c in self._columns(scan, source)))
-        group = self.r.group
         if group is not None and group.reads_from_group(source):
             df = self._after_group_change(scan, source, df, None if condition is None else restriction)
         return df, condition is not None
@@ -470,21 +477,29 @@ class DeltaReads:
         self, restriction: Restriction | None, table_rows: float, column: str | None = None
     ) -> str | None:
         """``column = ANY(keys)`` (PostgreSQL text) when reading only those rows pays: the keys
-        are the values of every change column of ``restriction.keys`` (of one type). ``column``:
-        the SQL of the restricted column (default: ``restriction.column``, quoted)."""
-        if restriction is None:
+        are the values of every change column of ``restriction.keys`` (of one type); a
+        restriction with :attr:`~Restriction.others` ORs one such test per column. ``column``:
+        the SQL of the restricted column (default: ``restriction.column``, quoted; not with
+        ``others``)."""
+        if restriction is None or (restriction.others and column is not None):
             return None
-        found = self._key_values(restriction)
-        if found is None:
+        tests: list[str] = []
+        total = 0
+        for part_column, keys in restriction.parts():
+            found = self._key_values(Restriction(part_column, keys))
+            if found is None:
+                return None
+            values, with_null, key_type = found
+            total += len(values)
+            literal = sql.Literal(values).as_string(self.conn)
+            quoted = column or quote_ident(part_column)
+            tests.append(f"{quoted} = ANY(CAST({literal} AS {key_type}[]))")
+            if with_null:
+                tests.append(f"{quoted} IS NULL")
+        if not should_push_down(table_rows, total):
             return None
-        values, with_null, key_type = found
-        if not should_push_down(table_rows, len(values)):
-            return None
-        self.timings["pushed_down_keys"] = self.timings.get("pushed_down_keys", 0) + len(values)
-        literal = sql.Literal(values).as_string(self.conn)
-        column = column or quote_ident(restriction.column)
-        condition = f"{column} = ANY(CAST({literal} AS {key_type}[]))"
-        return f"({condition} OR {column} IS NULL)" if with_null else condition
+        self.timings["pushed_down_keys"] = self.timings.get("pushed_down_keys", 0) + total
+        return tests[0] if len(tests) == 1 else "(" + " OR ".join(tests) + ")"
 
     def _key_values(self, restriction: Restriction) -> tuple[list[Any], bool, str] | None:
         """The distinct non-NULL key values of ``restriction``, whether a NULL is among them, and
