@@ -88,6 +88,8 @@ class QueryResult:
     full_s: list[float] = field(default_factory=list)
     matview_s: list[float] = field(default_factory=list)
     diff_actions: list[str] = field(default_factory=list)
+    diff_jobs: list[int | None] = field(default_factory=list)
+    """Spark jobs of each measured DIFFERENTIAL refresh, as its history row records them."""
     oracle_exact: list[int] = field(default_factory=list)
     """Rows in the two-way EXCEPT ALL (missing + extra) of the DIFFERENTIAL stream table, per round."""
     oracle_rounded: list[int] = field(default_factory=list)
@@ -242,10 +244,10 @@ def rounded_mismatch(conn: psycopg.Connection, name: str) -> int:
     )
 
 
-def timed_refresh(settings: Settings, dsn: str, name: str) -> tuple[float, str]:
+def timed_refresh(settings: Settings, dsn: str, name: str) -> tuple[float, str, int | None]:
     started = time.monotonic()
     [outcome] = refresh_sync(settings, dsn, [name])
-    return time.monotonic() - started, outcome.action.value
+    return time.monotonic() - started, outcome.action.value, outcome.spark_jobs
 
 
 def run_round(
@@ -255,8 +257,8 @@ def run_round(
         if not res.accepted:
             continue
         try:
-            diff, action = timed_refresh(settings, dsn, f"{name}_diff")
-            full, _ = timed_refresh(settings, dsn, f"{name}_full")
+            diff, action, jobs = timed_refresh(settings, dsn, f"{name}_diff")
+            full, _, _ = timed_refresh(settings, dsn, f"{name}_full")
             started = time.monotonic()
             conn.execute(f"REFRESH MATERIALIZED VIEW {name}_mv")
             mv = time.monotonic() - started
@@ -280,6 +282,7 @@ def run_round(
         res.full_s.append(round(full, 4))
         res.matview_s.append(round(mv, 4))
         res.diff_actions.append(action)
+        res.diff_jobs.append(jobs)
         res.oracle_exact.append(exact)
         res.oracle_rounded.append(rounded)
         res.full_oracle_exact.append(full_exact)
@@ -295,7 +298,7 @@ def run_round(
         if full_exact:
             flag += f"  FULL ORACLE: {full_exact} rows differ"
         print(
-            f"    {name}: diff {diff:6.3f}s ({action})  full {full:6.3f}s  matview {mv:6.3f}s{flag}",
+            f"    {name}: diff {diff:6.3f}s ({action}, {jobs} Spark jobs)  full {full:6.3f}s  matview {mv:6.3f}s{flag}",
             flush=True,
         )
     cleanup_buffers(conn)
@@ -330,6 +333,9 @@ def summary_rows(results: dict[str, QueryResult]) -> list[list[Any]]:
             continue
         m = r.medians()
         actions = ", ".join(f"{a}×{r.diff_actions.count(a)}" for a in sorted(set(r.diff_actions))) or "–"
+        jobs = sorted({j for j in r.diff_jobs if j is not None})
+        if jobs:
+            actions += f" ({'/'.join(map(str, jobs))} Spark job{'s' if jobs != [1] else ''})"
         wrong = max([*r.oracle_exact, *r.full_oracle_exact], default=0)
         ok = "✓" if not wrong else f"**✗ {wrong} rows**"
         rows.append(
