@@ -25,7 +25,9 @@ def test_unknowns_keep_the_first_candidate() -> None:
     """No statistics: every column counts as the whole table, so the first (fewest key sources)
     stays; too many keys to list rules a candidate out."""
     assert narrowest(CANDIDATES, {"l_suppkey": 5, "l_partkey": 5}, {}, LINES) is BY_SUPPLIER
-    assert narrowest(CANDIDATES, {"l_suppkey": None, "l_partkey": 8_000}, {"l_partkey": 30.0}, LINES) is BY_PART
+    assert (
+        narrowest(CANDIDATES, {"l_suppkey": None, "l_partkey": 8_000}, {"l_partkey": 30.0}, LINES) is BY_PART
+    )
     assert narrowest(CANDIDATES, {"l_suppkey": None, "l_partkey": None}, {}, LINES) is BY_SUPPLIER
 
 
@@ -35,7 +37,12 @@ def test_a_lone_candidate_is_itself() -> None:
 
 @pytest.mark.parametrize(
     ("rows", "keys", "expected"),
-    [(PUSHDOWN_MIN_ROWS - 1, 1, False), (LINES, 100, True), (LINES, 2_000_000, False), (40_000, 10_000, False)],
+    [
+        (PUSHDOWN_MIN_ROWS - 1, 1, False),
+        (LINES, 100, True),
+        (LINES, 2_000_000, False),
+        (40_000, 10_000, False),
+    ],
 )
 def test_should_push_down(rows: int, keys: int, expected: bool) -> None:
     assert should_push_down(rows, keys) is expected
