@@ -152,7 +152,8 @@ class DeltaReads:
             return []
         return [available[c] for c, _ in source.column_types if c in wanted]
 
-    def _unchanged_updates(self, relation: str) -> sql.Composable:
+    @staticmethod
+    def _unchanged_updates(compared: Sequence[str]) -> sql.Composable:
         """`` AND NOT (<an UPDATE that changed none of the compared columns>)``, or nothing.
 
         Such an update's old and new rows are the same row over every column a read carries: in
@@ -160,8 +161,8 @@ class DeltaReads:
         bound no row the change needs. Left out, the touched keys — and the rows read by them —
         are those of real changes only (TPC-H: an order's priority update, which most queries do
         not read, no longer makes its lines read). The image comparison is the one the
-        unread-updates rule uses (:func:`pgtrickle.cdc.buffers.images_equal`)."""
-        compared = self._compared(relation)
+        unread-updates rule uses (:func:`pgtrickle.cdc.buffers.images_equal`); ``compared``:
+        :meth:`_compared`."""
         if not compared:
             return sql.SQL("")
         return sql.SQL(" AND NOT (action = 'U' AND {})").format(images_equal(compared))
@@ -385,12 +386,12 @@ class DeltaReads:
             flags = [f"__pgt_in_{k}" for k in range(len(frontiers))]
             window = sql.SQL(" OR ").join(sql.SQL("({})").format(w) for w in windows)
         label = relation_key(source)
-        compared = set(self._compared(scan.relation))
-        if compared and not {available[c] for c in columns} <= compared:
+        compared = self._compared(scan.relation)
+        if compared and not {available[c] for c in columns} <= set(compared):
             raise FallbackToFull(  # never expected: the compared columns are every column read
                 f"the change of {source.schema}.{source.name} carries columns its keys do not compare"
             )
-        unchanged = self._unchanged_updates(scan.relation)
+        unchanged = self._unchanged_updates(compared)
 
         def side(prefix: str, weight: int, actions: str) -> sql.Composed:
             select: list[sql.Composable] = [
@@ -553,7 +554,7 @@ class DeltaReads:
                     o=sql.Identifier("old_" + buf),
                     b=buffer,
                     w=window,
-                    u=self._unchanged_updates(keys.relation),
+                    u=self._unchanged_updates(self._compared(keys.relation)),
                     lim=sql.Literal(PUSHDOWN_MAX_KEYS + 2),
                 )
             ).fetchall()

@@ -57,23 +57,24 @@ _STATES: weakref.WeakKeyDictionary[ir.Aggregate, weakref.ref[ir.Aggregate]] = we
 _ORIGINALS: weakref.WeakKeyDictionary[ir.Aggregate, ir.Aggregate] = weakref.WeakKeyDictionary()
 
 
-def invertible(node: ir.Aggregate) -> bool:
-    """Whether every aggregate is COUNT, SUM or AVG without DISTINCT (FILTER allowed)."""
+def _calls_only(node: ir.Aggregate, functions: tuple[type[exp.Expr], ...]) -> bool:
+    """Whether every aggregate of ``node`` calls one of ``functions``, without DISTINCT."""
     for _, call in node.aggregates:
         inner, _, distinct, _ = ir.split_aggregate(call)
-        if distinct or not isinstance(inner, (exp.Count, exp.Sum, exp.Avg)):
+        if distinct or not isinstance(inner, functions):
             return False
     return True
+
+
+def invertible(node: ir.Aggregate) -> bool:
+    """Whether every aggregate is COUNT, SUM or AVG without DISTINCT (FILTER allowed)."""
+    return _calls_only(node, (exp.Count, exp.Sum, exp.Avg))
 
 
 def additive(node: ir.Aggregate) -> bool:
     """Whether every aggregate is COUNT or SUM without DISTINCT (FILTER allowed): the state is
     the visible columns plus counts, so its visible rows are a projection of it (no quotient)."""
-    for _, call in node.aggregates:
-        inner, _, distinct, _ = ir.split_aggregate(call)
-        if distinct or not isinstance(inner, (exp.Count, exp.Sum)):
-            return False
-    return True
+    return _calls_only(node, (exp.Count, exp.Sum))
 
 
 def _with(call: exp.Expr, new: exp.Expr) -> exp.Expr:
