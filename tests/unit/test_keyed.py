@@ -27,12 +27,19 @@ RESTRICTED = "#restricted"
 
 
 def _key_values(restriction: Restriction, env: dict[str, Table]) -> set[object]:
-    """The values the window's changes hold in the restriction's key columns (old and new rows)."""
+    """The values the restriction's keys hold: a change column's in the window's changes (old
+    and new rows), a derived source's in the rows the read of its relation keeps (its table in
+    ``env`` under ``relation + RESTRICTED``, which :func:`_restricted` computes first)."""
     values: set[object] = set()
     for source in restriction.keys:
-        table = env[source.relation]
+        if source.derived:
+            table = env[source.relation + RESTRICTED]
+            rows = table.post
+        else:
+            table = env[source.relation]
+            rows = table.delta
         position = table.columns.index(source.column)
-        values |= {row[position] for row, w in table.delta.items() if w != 0}
+        values |= {row[position] for row, w in rows.items() if w != 0}
     return values
 
 
@@ -43,14 +50,25 @@ def _member(column: str, values: set[object]) -> ir.Node | object:
     return e(" OR ".join(terms) if terms else "FALSE")
 
 
+def _depends(restriction: Restriction) -> set[str]:
+    """The relations whose restricted reads a restriction's derived sources take values from."""
+    return {k.relation for _, keys in restriction.parts() for k in keys if k.derived}
+
+
 def _restricted(
     plans: list[ir.Node], found: dict[keyed.ReadKey, Restriction], env: dict[str, Table]
 ) -> tuple[list[ir.Node], dict[str, Table]]:
     """``plans`` reading only the rows each restriction keeps: a restricted base relation is read
-    from a copy of its table holding only them, a hidden table through a filter."""
+    from a copy of its table holding only them, a hidden table through a filter. A read bounded
+    by derived sources is computed after the reads it takes values from (the restrictions
+    promise no cycle: one would fail here)."""
     env = dict(env)
-    for (kind, what), restriction in found.items():
-        if kind == "post":
+    posts = {what: r for (kind, what), r in found.items() if kind == "post"}
+    while posts:
+        ready = [what for what, r in posts.items() if all(d + RESTRICTED in env for d in _depends(r))]
+        assert ready, f"derived bounds form a cycle: {posts}"
+        for what in sorted(ready, key=str):
+            restriction = posts.pop(what)
             assert isinstance(what, str)
             table = env[what]
             # A row is read when any part's column holds one of its keys (the parts are OR-ed).

@@ -42,6 +42,7 @@ key is a group, and ``IS NOT DISTINCT FROM`` matches it).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from pgtrickle.dvm import ir
@@ -159,49 +160,111 @@ class _Walk:
         self.uses.setdefault(key, []).append(demand)
 
 
+def _derived(keys: Iterable[KeySource]) -> int:
+    return sum(k.derived for k in keys)
+
+
+def _rank(column: str, keys: AbstractSet[KeySource]) -> tuple[int, int, str, list[KeySource]]:
+    """Which of a use's bounding columns to prefer: change keys before derived ones (a derived
+    bound waits for another read's bound, and is the first dropped), then the fewest sources."""
+    return (_derived(keys), len(keys), column, sorted(keys))
+
+
 def _disjunction(demands: list[Demand]) -> Restriction | None:
-    """When every use demands some column: each use's own best column (the fewest sources), the
+    """When every use demands some column: each use's own best column (:func:`_rank`), the
     sources of the uses choosing one column merged, OR-ed."""
     chosen: dict[str, frozenset[KeySource]] = {}
     for d in demands:
         if not d:
             return None
-        column, keys = min(d, key=lambda ck: (len(ck[1]), ck[0], sorted(ck[1])))
+        column, keys = min(d, key=lambda ck: _rank(*ck))
         chosen[column] = chosen.get(column, frozenset()) | keys
     (column, keys), *others = sorted(chosen.items())
     return Restriction(column, tuple(sorted(keys)), (), tuple((c, tuple(sorted(k))) for c, k in others))
 
 
 def _bound(demands: list[Demand], disjunctive: bool = False) -> Restriction | None:
-    """The columns every use demands, each with the union of the uses' sources: the one with the
-    fewest sources, the others as its alternatives. With none and ``disjunctive``: the
-    :func:`_disjunction` of the uses' own columns, if every use has one."""
-    found: list[tuple[int, str, tuple[KeySource, ...]]] = []
+    """The columns every use demands, each with the union of the uses' sources: the best one
+    (:func:`_rank`), the others bounded by changes' keys as its alternatives. With none and
+    ``disjunctive``: the :func:`_disjunction` of the uses' own columns, if every use has one."""
+    found: list[tuple[tuple[int, int, str, list[KeySource]], str, tuple[KeySource, ...]]] = []
     columns = set.intersection(*({c for c, _ in d} for d in demands)) if demands else set()
     for column in sorted(columns):
         union: frozenset[KeySource] = frozenset()
         for d in demands:
             options = [k for c, k in d if c == column]
-            union |= min(options, key=lambda k: (len(k), sorted(k)))
-        found.append((len(union), column, tuple(sorted(union))))
+            union |= min(options, key=lambda k: _rank(column, k))
+        found.append((_rank(column, union), column, tuple(sorted(union))))
     if not found:
         return _disjunction(demands) if disjunctive and demands else None
-    found.sort(key=lambda f: (f[0], f[1]))
+    found.sort(key=lambda f: f[0])
     (_, column, keys), *others = found
-    return Restriction(column, keys, tuple((c, k) for _, c, k in others))
+    # An alternative is chosen by its keys' count (refresh/key_bounds.narrowest), which a
+    # derived bound has not before its read runs: only change-keyed ones are offered.
+    offered = tuple((c, k) for _, c, k in others if not _derived(k))
+    return Restriction(column, keys, offered)
+
+
+Ban = tuple[ReadKey, KeySource]
+"""A derived source a read may not be bounded by (its relation unbounded, or a cycle)."""
+
+
+def _unresolved(found: dict[ReadKey, Restriction]) -> set[Ban]:
+    """The derived sources of ``found`` that cannot bound a read: their relation's ``post`` read
+    is not bounded, or they close a cycle of reads bounded by each other's rows (one edge of
+    each cycle: the read it leaves and the source). Every other derived source refers to a read
+    that is bounded without it, directly or through a chain that ends in changes' keys."""
+    edges: dict[ReadKey, list[tuple[ReadKey, KeySource]]] = {}
+    bans: set[Ban] = set()
+    for key, restriction in found.items():
+        for _, keys in restriction.parts():
+            for source in keys:
+                if not source.derived:
+                    continue
+                target: ReadKey = ("post", source.relation)
+                if target not in found:
+                    bans.add((key, source))
+                else:
+                    edges.setdefault(key, []).append((target, source))
+    if bans:
+        return bans
+    state: dict[ReadKey, int] = {}  # 1: on the path, 2: done
+
+    def visit(key: ReadKey) -> None:
+        state[key] = 1
+        for target, source in sorted(edges.get(key, []), key=lambda e: (str(e[0][1]), e[1])):
+            if state.get(target) == 1:
+                bans.add((key, source))
+            elif target not in state:
+                visit(target)
+        state[key] = 2
+
+    for key in sorted(edges, key=lambda k: (k[0], str(k[1]))):
+        if key not in state:
+            visit(key)
+    return bans
 
 
 def restrictions(*plans: ir.Node | None) -> dict[ReadKey, Restriction]:
     """For each read of ``plans`` (read through the same views) that every use bounds by a
     change's keys, one such bound (reads read whole are absent). Keys: ``("post", relation)``,
-    ``("materialized", node)``."""
+    ``("materialized", node)``. A bound by derived sources (``KeySource.derived``) refers to a
+    ``post`` read that is itself bounded, and no read depends on its own rows that way."""
     walk = _Walk()
     for plan in plans:
         if plan is not None:
             walk.visit(plan, _EMPTY)
-    out: dict[ReadKey, Restriction] = {}
-    for key, demands in walk.uses.items():
-        found = _bound(demands, disjunctive=key[0] == "post")
-        if found is not None:
-            out[key] = found
-    return out
+    banned: set[Ban] = set()
+    while True:
+        out: dict[ReadKey, Restriction] = {}
+        for key, demands in walk.uses.items():
+            usable = [
+                frozenset((c, k) for c, k in d if not any((key, s) in banned for s in k)) for d in demands
+            ]
+            found = _bound(usable, disjunctive=key[0] == "post")
+            if found is not None:
+                out[key] = found
+        more = _unresolved(out)
+        if not more:
+            return out
+        banned |= more

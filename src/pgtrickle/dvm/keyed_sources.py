@@ -3,8 +3,13 @@
 Pure: no I/O. Key pushdown (:mod:`pgtrickle.dvm.keyed`) bounds a read by the values a change
 holds; :meth:`Sources.of` says, for a column of a plan node, the change columns (``KeySource``:
 a base relation's change buffer column) whose values include every value of that column — or
-``None`` when some value may come from elsewhere (a whole table, a computed expression, a hidden
-table's change). The values pass unchanged through:
+``None`` when some value may come from elsewhere (a computed expression, a hidden table's
+change). A column of a base relation's ``post`` read gives a *derived* source: the values of
+that column in the rows the read of the relation keeps — bounded only when that read is itself
+bounded (:func:`pgtrickle.dvm.keyed.restrictions` checks, and breaks cycles). TPC-H Q10's
+changed customers reach their orders by key, and the orders' lines by the keys of the orders
+read (``l_orderkey IN (SELECT o_orderkey FROM orders WHERE o_custkey = ANY(keys))``). The
+values pass unchanged through:
 
 - ``Filter``, ``Negate``, ``Distinct``, ``TopK`` (a subset of the input's rows), ``Window`` (its
   input's columns), a ``Project`` or ``Aggregate`` column that is a plain column (a group key);
@@ -31,10 +36,13 @@ __all__ = ["KeySource", "Sources", "equalities", "plain", "window_partition"]
 
 @dataclass(frozen=True, order=True)
 class KeySource:
-    """The values of ``column`` (a source column of ``relation``) in the window's changes."""
+    """The values of ``column`` (a source column of ``relation``) in the window's changes; or,
+    ``derived``, in the rows the refresh reads of ``relation``'s contents (its ``post`` read,
+    bounded as :func:`pgtrickle.dvm.keyed.restrictions` bounds it)."""
 
     relation: str
     column: str
+    derived: bool = False
 
 
 def _conjuncts(condition: exp.Expr | None) -> Iterator[exp.Expr]:
@@ -99,6 +107,9 @@ class Sources:
         return found
 
     def _compute(self, node: ir.Node, column: str) -> Found:
+        if isinstance(node, ir.Scan):
+            source = node.source_columns[node.output.index(column)]
+            return frozenset({KeySource(node.relation, source, derived=True)})
         if isinstance(node, ir.Delta):
             scan = node.scan
             if column in scan.output:
@@ -126,15 +137,19 @@ class Sources:
         return None
 
     def _join(self, node: ir.Join, column: str) -> Found:
+        """The column's own side's sources or, for a SEMI or INNER join, those of the other
+        column of an equality: the ones with the fewest derived sources, then the fewest."""
         side = node.left if column in node.left.columns else node.right
-        found = self.of(side, column)
-        if found is not None or node.kind is ir.JoinKind.ANTI:
-            return found
-        for a, b in equalities(node.condition):
-            other = b if a == column else a if b == column else None
-            if other is None:
-                continue
-            other_side = node.left if other in node.left.columns else node.right
-            if other in other_side.columns and (found := self.of(other_side, other)) is not None:
-                return found
-        return None
+        options = [self.of(side, column)]
+        if node.kind is not ir.JoinKind.ANTI:
+            for a, b in equalities(node.condition):
+                other = b if a == column else a if b == column else None
+                if other is None:
+                    continue
+                other_side = node.left if other in node.left.columns else node.right
+                if other in other_side.columns:
+                    options.append(self.of(other_side, other))
+        found = [f for f in options if f is not None]
+        if not found:
+            return None
+        return min(found, key=lambda f: (sum(k.derived for k in f), len(f), sorted(f)))

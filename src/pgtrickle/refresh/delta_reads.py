@@ -45,13 +45,7 @@ from pgtrickle.dvm.keyed import KeySource, Restriction
 from pgtrickle.dvm.stored import StoredAggregate
 from pgtrickle.refresh.chained import column_why_not
 from pgtrickle.refresh.context import RefreshContext
-from pgtrickle.refresh.key_bounds import (
-    PUSHDOWN_MAX_KEYS,
-    PUSHDOWN_MIN_ROWS,
-    narrowest,
-    rows_per_value,
-    should_push_down,
-)
+from pgtrickle.refresh.key_pushdown import KeyPushdown
 from pgtrickle.refresh.read_names import (
     FallbackToFull,
     NotChained,
@@ -94,7 +88,7 @@ class Window:
     coord: psycopg.Connection
 
 
-class DeltaReads:
+class DeltaReads(KeyPushdown):
     """Registers the reads of one refresh's plan (see the module docstring)."""
 
     def __init__(
@@ -123,6 +117,8 @@ class DeltaReads:
             self._stats = shared.stats(window.coord, relids)
             self._buffer_cols = shared.buffer_columns(self.conn, [s.relid for s in st.sources])
         self._keys: dict[KeySource, tuple[list[Any], bool] | None] = {}
+        self._restrictions: Mapping[tuple[str, object], Restriction] = {}
+        self._post_conditions: dict[str, str | None] = {}
         self.persisted: list[Any] = []
         self._read_columns: Mapping[str, frozenset[str]] = {}
         self.kept_views: Mapping[str, StateTable] = {}
@@ -176,6 +172,8 @@ class DeltaReads:
         """Register every read of ``compiled``; ``read_columns``: per relation, the source columns
         any Scan of the plan reads (the view of a relation holds them all)."""
         self._read_columns = read_columns
+        self._restrictions = restrictions
+        self._post_conditions = {}
         for read in compiled.reads:
             assert isinstance(read.name, str)
             if read.name in self._registered:
@@ -199,7 +197,7 @@ class DeltaReads:
                     raise NotChained(
                         f"its plan reads the contents of {read.node.relation}, which changes in the same batch"
                     )
-                df, bounded = self._post(read.node, restrictions.get(("post", read.node.relation)))
+                df, bounded = self._post(read.node)
             else:
                 assert isinstance(read.node, ir.Materialized)
                 df, bounded = self._state(read.node, restrictions.get(("materialized", read.node.node)))
@@ -225,20 +223,12 @@ class DeltaReads:
             raise FallbackToFull(f"the query reads {relation}, which is not a recorded source")
         return self._sources[relation]
 
-    def _post(self, scan: ir.Scan, restriction: Restriction | None) -> tuple[Any, bool]:
+    def _post(self, scan: ir.Scan) -> tuple[Any, bool]:
         source = self._source(scan.relation)
         stats = self._stats[source.relid]
-        if restriction is not None and restriction.alternatives:
-            restriction = self._narrowest(restriction, source, stats.reltuples)
+        restriction = self.post_restriction(scan.relation)
+        condition = self.post_condition(scan.relation)
         group = self.r.group
-        if (
-            restriction is not None
-            and restriction.others
-            and group is not None
-            and group.reads_from_group(source)
-        ):
-            restriction = None  # its change in the group's transaction is bounded by one column only
-        condition = self._condition(restriction, stats.reltuples)
         spark = self.r.spark
         snap_id = self.window.snap_id
         if condition is not None:
@@ -472,97 +462,6 @@ class DeltaReads:
             return sql.Identifier("pgtrickle_changes", source.buffer_name), group.changes.predicate()
         buffer = sql.Identifier("pgtrickle_changes", source.buffer_name)
         return buffer, window_predicate(self.window.frontier, self.window.snapshot)
-
-    # ------------------------------------------------------------ key pushdown
-    def _condition(
-        self, restriction: Restriction | None, table_rows: float, column: str | None = None
-    ) -> str | None:
-        """``column = ANY(keys)`` (PostgreSQL text) when reading only those rows pays: the keys
-        are the values of every change column of ``restriction.keys`` (of one type); a
-        restriction with :attr:`~Restriction.others` ORs one such test per column. ``column``:
-        the SQL of the restricted column (default: ``restriction.column``, quoted; not with
-        ``others``)."""
-        if restriction is None or (restriction.others and column is not None):
-            return None
-        tests: list[str] = []
-        total = 0
-        for part_column, keys in restriction.parts():
-            found = self._key_values(Restriction(part_column, keys))
-            if found is None:
-                return None
-            values, with_null, key_type = found
-            total += len(values)
-            literal = sql.Literal(values).as_string(self.conn)
-            quoted = column or quote_ident(part_column)
-            tests.append(f"{quoted} = ANY(CAST({literal} AS {key_type}[]))")
-            if with_null:
-                tests.append(f"{quoted} IS NULL")
-        if not should_push_down(table_rows, total):
-            return None
-        self.timings["pushed_down_keys"] = self.timings.get("pushed_down_keys", 0) + total
-        return tests[0] if len(tests) == 1 else "(" + " OR ".join(tests) + ")"
-
-    def _key_values(self, restriction: Restriction) -> tuple[list[Any], bool, str] | None:
-        """The distinct non-NULL key values of ``restriction``, whether a NULL is among them, and
-        their type (``None``: too many, or keys of several types — no one array holds them all
-        exactly)."""
-        key_types = {dict(self._source(k.relation).column_types)[k.column] for k in restriction.keys}
-        if len(key_types) != 1:
-            return None
-        values: list[Any] = []
-        with_null = False
-        for keys in restriction.keys:
-            found = self.delta_keys(keys)
-            if found is None:
-                return None
-            values += found[0]
-            with_null |= found[1]
-        return list(dict.fromkeys(values)), with_null, key_types.pop()
-
-    def _narrowest(self, restriction: Restriction, source: Source, table_rows: float) -> Restriction:
-        """Of the columns that bound a read, the one whose keys select the fewest rows
-        (:func:`~pgtrickle.refresh.key_bounds.narrowest`)."""
-        candidates = restriction.candidates()
-        if table_rows < PUSHDOWN_MIN_ROWS:
-            return restriction
-        counts: dict[str, int | None] = {}
-        for candidate in candidates:
-            found = self._key_values(candidate)
-            counts[candidate.column] = None if found is None else len(found[0]) + found[1]
-        per_value = rows_per_value(self.conn, source, [c.column for c in candidates], table_rows)
-        return narrowest(candidates, counts, per_value, table_rows)
-
-    def delta_keys(self, keys: KeySource) -> tuple[list[Any], bool] | None:
-        """The distinct non-NULL values of a source column in the window's changes, and whether
-        a NULL is among them (``None``: more than :data:`PUSHDOWN_MAX_KEYS`)."""
-        if keys in self._keys:
-            return self._keys[keys]
-        if self._fed(keys.relation) is not None:
-            return None  # its change is partly in the batch's job, not yet in its buffer: no pushdown
-        source = self._source(keys.relation)
-        buf = self._buffer_cols.get(source.relid, {}).get(keys.column)
-        found: tuple[list[Any], bool] | None = None
-        if buf is not None:
-            buffer, window = self._buffer(source, for_spark=False)
-            rows = self.conn.execute(
-                sql.SQL(
-                    "SELECT DISTINCT v FROM (SELECT {n} AS v FROM {b} WHERE {w}"
-                    " AND action IN ('I','U'){u} UNION ALL SELECT {o} FROM {b} WHERE {w}"
-                    " AND action IN ('D','U'){u}) s LIMIT {lim}"
-                ).format(
-                    n=sql.Identifier("new_" + buf),
-                    o=sql.Identifier("old_" + buf),
-                    b=buffer,
-                    w=window,
-                    u=self._unchanged_updates(self._compared(keys.relation)),
-                    lim=sql.Literal(PUSHDOWN_MAX_KEYS + 2),
-                )
-            ).fetchall()
-            values = [r[0] for r in rows if r[0] is not None]
-            if len(values) <= PUSHDOWN_MAX_KEYS:
-                found = (values, len(values) < len(rows))
-        self._keys[keys] = found
-        return found
 
     def _count(self, what: str) -> None:
         self.timings[what] = self.timings.get(what, 0) + 1

@@ -1,0 +1,224 @@
+"""Key pushdown, the SQL: the condition that reads only a restriction's rows in PostgreSQL.
+
+:func:`pgtrickle.dvm.keyed.restrictions` bounds each read of a delta plan by the keys of a change
+(``KeySource``), or by the rows another read keeps (a *derived* ``KeySource``). This renders a
+bound as a condition PostgreSQL evaluates in the read's JDBC query, at the refresh's exported
+snapshot:
+
+- a change's keys: their distinct values, listed (``col = ANY(CAST(<values> AS type[]))``), one
+  query on the change buffer each (:meth:`KeyPushdown.delta_keys`);
+- a derived source ``(relation, column)``: ``col IN (SELECT column FROM relation WHERE <the
+  condition of relation's own read>)`` — the same rows its own read keeps, at the same
+  snapshot, so no value the plan meets is missed (TPC-H Q10's lines of the changed customers'
+  orders: ``l_orderkey IN (SELECT o_orderkey FROM orders WHERE o_custkey = ANY(...))``). A NULL
+  among those values keeps the rows whose column is NULL too (a NULL group key, an
+  ``IS NOT DISTINCT FROM`` join). When the relation's own read is whole (small, or too many
+  keys), nothing bounds this one either;
+- several parts (:attr:`~pgtrickle.dvm.keyed.Restriction.others`) are OR-ed.
+
+Whether a bound pays, and which column bounds a read best, are the pure decisions of
+:mod:`pgtrickle.refresh.key_bounds`. This is a mixin of :class:`~pgtrickle.refresh.delta_reads.DeltaReads`,
+which provides the sources, the change buffers and the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgtrickle.catalog.store import Source
+from pgtrickle.dvm.keyed import KeySource, Restriction
+from pgtrickle.refresh.context import RefreshContext
+from pgtrickle.refresh.key_bounds import (
+    PUSHDOWN_MAX_KEYS,
+    PUSHDOWN_MIN_ROWS,
+    narrowest,
+    rows_per_value,
+    should_push_down,
+)
+from pgtrickle.spark import jdbc
+from pgtrickle.sql.ident import quote_ident
+
+__all__ = ["KeyPushdown"]
+
+
+def derived_relations(restriction: Restriction) -> set[str]:
+    """The relations whose reads' rows bound ``restriction`` (its derived sources')."""
+    return {k.relation for _, keys in restriction.parts() for k in keys if k.derived}
+
+
+class KeyPushdown:
+    """The conditions of key-bounded reads; mixed into ``DeltaReads`` (which sets the state)."""
+
+    r: RefreshContext
+    conn: psycopg.Connection
+    timings: dict[str, float]
+    _keys: dict[KeySource, tuple[list[Any], bool] | None]
+    _stats: Mapping[int, jdbc.TableStats]
+    _buffer_cols: Mapping[int, Mapping[str, str]]
+    _restrictions: Mapping[tuple[str, object], Restriction]
+    _post_conditions: dict[str, str | None]
+
+    # Provided by DeltaReads.
+    def _source(self, relation: str) -> Source:
+        raise NotImplementedError
+
+    def _buffer(self, source: Source, for_spark: bool) -> tuple[sql.Composable, sql.Composable]:
+        raise NotImplementedError
+
+    def _compared(self, relation: str) -> list[str]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _unchanged_updates(compared: Sequence[str]) -> sql.Composable:
+        raise NotImplementedError
+
+    def _fed(self, relation: str) -> Any:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ conditions
+    def post_restriction(self, relation: str) -> Restriction | None:
+        """The bound of ``relation``'s ``post`` read as it is read: the narrowest of its columns,
+        none for an atomic group's upstream member bounded by more than one column or by other
+        reads' rows (its change in the group's transaction is bounded by its own keys only)."""
+        restriction = self._restrictions.get(("post", relation))
+        if restriction is None:
+            return None
+        source = self._source(relation)
+        if restriction.alternatives:
+            restriction = self._narrowest(restriction, source, self._stats[source.relid].reltuples)
+        group = self.r.group
+        if (
+            (restriction.others or derived_relations(restriction))
+            and group is not None
+            and group.reads_from_group(source)
+        ):
+            return None
+        return restriction
+
+    def post_condition(self, relation: str) -> str | None:
+        """The condition of ``relation``'s ``post`` read (``None``: read whole); the same text
+        every time it is asked, so a derived bound selects exactly the rows that read keeps."""
+        if relation not in self._post_conditions:
+            source = self._source(relation)
+            self._post_conditions[relation] = self._condition(
+                self.post_restriction(relation), self._stats[source.relid].reltuples
+            )
+        return self._post_conditions[relation]
+
+    def _condition(
+        self, restriction: Restriction | None, table_rows: float, column: str | None = None
+    ) -> str | None:
+        """The condition reading only ``restriction``'s rows, when that pays (module docstring);
+        ``column``: the SQL of the restricted column (default: ``restriction.column``, quoted;
+        not with :attr:`~Restriction.others` or derived sources)."""
+        if restriction is None or (
+            column is not None and (restriction.others or derived_relations(restriction))
+        ):
+            return None
+        tests: list[str] = []
+        total = 0
+        for part_column, keys in restriction.parts():
+            quoted = column or quote_ident(part_column)
+            changes = tuple(k for k in keys if not k.derived)
+            if changes:
+                found = self._key_values(Restriction(part_column, changes))
+                if found is None:
+                    return None
+                values, with_null, key_type = found
+                total += len(values)
+                literal = sql.Literal(values).as_string(self.conn)
+                tests.append(f"{quoted} = ANY(CAST({literal} AS {key_type}[]))")
+                if with_null:
+                    tests.append(f"{quoted} IS NULL")
+            for source in sorted(k for k in keys if k.derived):
+                test = self._derived_test(quoted, source)
+                if test is None:
+                    return None
+                tests.append(test)
+        if not should_push_down(table_rows, total):
+            return None
+        self.timings["pushed_down_keys"] = self.timings.get("pushed_down_keys", 0) + total
+        return tests[0] if len(tests) == 1 else "(" + " OR ".join(tests) + ")"
+
+    def _derived_test(self, quoted: str, source: KeySource) -> str | None:
+        """``quoted IN (<source.column of the rows source.relation's read keeps>)``, NULL
+        included when one of them holds NULL (``None``: that read is whole)."""
+        bound = self.post_condition(source.relation)
+        if bound is None:
+            return None
+        table = self._source(source.relation).qualified
+        column = quote_ident(source.column)
+        self.timings["derived_bounds"] = self.timings.get("derived_bounds", 0) + 1
+        return (
+            f"({quoted} IN (SELECT {column} FROM {table} WHERE {bound}) OR ({quoted} IS NULL AND"
+            f" EXISTS (SELECT FROM {table} WHERE ({bound}) AND {column} IS NULL)))"
+        )
+
+    def _key_values(self, restriction: Restriction) -> tuple[list[Any], bool, str] | None:
+        """The distinct non-NULL key values of ``restriction``, whether a NULL is among them, and
+        their type (``None``: too many, derived sources (not listed), or keys of several types —
+        no one array holds them all exactly)."""
+        if derived_relations(restriction):
+            return None
+        key_types = {dict(self._source(k.relation).column_types)[k.column] for k in restriction.keys}
+        if len(key_types) != 1:
+            return None
+        values: list[Any] = []
+        with_null = False
+        for keys in restriction.keys:
+            found = self.delta_keys(keys)
+            if found is None:
+                return None
+            values += found[0]
+            with_null |= found[1]
+        return list(dict.fromkeys(values)), with_null, key_types.pop()
+
+    def _narrowest(self, restriction: Restriction, source: Source, table_rows: float) -> Restriction:
+        """Of the columns that bound a read, the one whose keys select the fewest rows
+        (:func:`~pgtrickle.refresh.key_bounds.narrowest`)."""
+        candidates = restriction.candidates()
+        if table_rows < PUSHDOWN_MIN_ROWS:
+            return restriction
+        counts: dict[str, int | None] = {}
+        for candidate in candidates:
+            found = self._key_values(candidate)
+            counts[candidate.column] = None if found is None else len(found[0]) + found[1]
+        per_value = rows_per_value(self.conn, source, [c.column for c in candidates], table_rows)
+        return narrowest(candidates, counts, per_value, table_rows)
+
+    def delta_keys(self, keys: KeySource) -> tuple[list[Any], bool] | None:
+        """The distinct non-NULL values of a source column in the window's changes, and whether
+        a NULL is among them (``None``: more than :data:`PUSHDOWN_MAX_KEYS`)."""
+        assert not keys.derived
+        if keys in self._keys:
+            return self._keys[keys]
+        if self._fed(keys.relation) is not None:
+            return None  # its change is partly in the batch's job, not yet in its buffer: no pushdown
+        source = self._source(keys.relation)
+        buf = self._buffer_cols.get(source.relid, {}).get(keys.column)
+        found: tuple[list[Any], bool] | None = None
+        if buf is not None:
+            buffer, window = self._buffer(source, for_spark=False)
+            rows = self.conn.execute(
+                sql.SQL(
+                    "SELECT DISTINCT v FROM (SELECT {n} AS v FROM {b} WHERE {w}"
+                    " AND action IN ('I','U'){u} UNION ALL SELECT {o} FROM {b} WHERE {w}"
+                    " AND action IN ('D','U'){u}) s LIMIT {lim}"
+                ).format(
+                    n=sql.Identifier("new_" + buf),
+                    o=sql.Identifier("old_" + buf),
+                    b=buffer,
+                    w=window,
+                    u=self._unchanged_updates(self._compared(keys.relation)),
+                    lim=sql.Literal(PUSHDOWN_MAX_KEYS + 2),
+                )
+            ).fetchall()
+            values = [r[0] for r in rows if r[0] is not None]
+            if len(values) <= PUSHDOWN_MAX_KEYS:
+                found = (values, len(values) < len(rows))
+        self._keys[keys] = found
+        return found
