@@ -83,8 +83,8 @@ def _chain_sources(db: Database) -> None:
     db.sql("CREATE TABLE customers (id int PRIMARY KEY, bal numeric(10,2))")
     db.sql("CREATE TABLE orders (id int PRIMARY KEY, cust int)")
     db.sql("CREATE TABLE lines (id int PRIMARY KEY, oid int, qty int, flag text)")
-    db.sql("INSERT INTO customers SELECT g, g * 1.25 FROM generate_series(1, 3000) g")
-    db.sql("INSERT INTO orders SELECT g, 1 + g % 3000 FROM generate_series(1, 12000) g")
+    db.sql("INSERT INTO customers SELECT g, g * 1.25 FROM generate_series(1, 12000) g")
+    db.sql("INSERT INTO orders SELECT g, nullif(g % 3000, 0) FROM generate_series(1, 12000) g")
     db.sql(
         "INSERT INTO lines SELECT g, 1 + g % 12000, g % 11,"
         " CASE WHEN g % 3 = 0 THEN 'R' ELSE 'N' END FROM generate_series(1, 40000) g"
@@ -105,6 +105,13 @@ def test_a_read_reached_through_another_read_is_bounded_by_its_rows(db: Database
     assert outcome.action.value == "DIFFERENTIAL", outcome.reason
     # The orders by the three customers, the lines by the orders read; nothing read whole.
     assert outcome.timings.get("key_filtered_reads") == 2, outcome.timings
+    assert outcome.timings.get("derived_bounds", 0) >= 1, outcome.timings
+    assert "whole_table_reads" not in outcome.timings, outcome.timings
+    # Changed lines reach their orders by key, and the orders' customers (a nullable column:
+    # some orders have none) through the orders read.
+    db.sql("UPDATE lines SET qty = qty + 1 WHERE id IN (3, 6, 9)")
+    [outcome] = refresh_and_check(db, "revenue")
+    assert outcome.action.value == "DIFFERENTIAL", outcome.reason
     assert outcome.timings.get("derived_bounds", 0) >= 1, outcome.timings
     assert "whole_table_reads" not in outcome.timings, outcome.timings
 

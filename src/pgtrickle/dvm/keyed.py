@@ -41,7 +41,7 @@ key is a group, and ``IS NOT DISTINCT FROM`` matches it).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -205,66 +205,35 @@ def _bound(demands: list[Demand], disjunctive: bool = False) -> Restriction | No
     return Restriction(column, keys, offered)
 
 
-Ban = tuple[ReadKey, KeySource]
-"""A derived source a read may not be bounded by (its relation unbounded, or a cycle)."""
-
-
-def _unresolved(found: dict[ReadKey, Restriction]) -> set[Ban]:
-    """The derived sources of ``found`` that cannot bound a read: their relation's ``post`` read
-    is not bounded, or they close a cycle of reads bounded by each other's rows (one edge of
-    each cycle: the read it leaves and the source). Every other derived source refers to a read
-    that is bounded without it, directly or through a chain that ends in changes' keys."""
-    edges: dict[ReadKey, list[tuple[ReadKey, KeySource]]] = {}
-    bans: set[Ban] = set()
-    for key, restriction in found.items():
-        for _, keys in restriction.parts():
-            for source in keys:
-                if not source.derived:
-                    continue
-                target: ReadKey = ("post", source.relation)
-                if target not in found:
-                    bans.add((key, source))
-                else:
-                    edges.setdefault(key, []).append((target, source))
-    if bans:
-        return bans
-    state: dict[ReadKey, int] = {}  # 1: on the path, 2: done
-
-    def visit(key: ReadKey) -> None:
-        state[key] = 1
-        for target, source in sorted(edges.get(key, []), key=lambda e: (str(e[0][1]), e[1])):
-            if state.get(target) == 1:
-                bans.add((key, source))
-            elif target not in state:
-                visit(target)
-        state[key] = 2
-
-    for key in sorted(edges, key=lambda k: (k[0], str(k[1]))):
-        if key not in state:
-            visit(key)
-    return bans
+def _usable(demand: Demand, bounded: Mapping[ReadKey, Restriction]) -> Demand:
+    """The pairs of ``demand`` whose derived sources (if any) name reads already bounded."""
+    return frozenset(
+        (c, k) for c, k in demand if all(not s.derived or ("post", s.relation) in bounded for s in k)
+    )
 
 
 def restrictions(*plans: ir.Node | None) -> dict[ReadKey, Restriction]:
     """For each read of ``plans`` (read through the same views) that every use bounds by a
     change's keys, one such bound (reads read whole are absent). Keys: ``("post", relation)``,
-    ``("materialized", node)``. A bound by derived sources (``KeySource.derived``) refers to a
-    ``post`` read that is itself bounded, and no read depends on its own rows that way."""
+    ``("materialized", node)``.
+
+    Derived sources (``KeySource.derived``) are admitted in rounds: first the reads bounded by
+    changes' keys alone, then the reads bounded with derived sources naming reads bounded in an
+    earlier round, until no more read is bounded. So a derived bound always names a bounded
+    read, and no read depends on its own rows, directly or through others."""
     walk = _Walk()
     for plan in plans:
         if plan is not None:
             walk.visit(plan, _EMPTY)
-    banned: set[Ban] = set()
+    out: dict[ReadKey, Restriction] = {}
     while True:
-        out: dict[ReadKey, Restriction] = {}
+        found = {}
         for key, demands in walk.uses.items():
-            usable = [
-                frozenset((c, k) for c, k in d if not any((key, s) in banned for s in k)) for d in demands
-            ]
-            found = _bound(usable, disjunctive=key[0] == "post")
-            if found is not None:
-                out[key] = found
-        more = _unresolved(out)
-        if not more:
+            if key in out:
+                continue
+            bound = _bound([_usable(d, out) for d in demands], disjunctive=key[0] == "post")
+            if bound is not None:
+                found[key] = bound
+        if not found:
             return out
-        banned |= more
+        out.update(found)

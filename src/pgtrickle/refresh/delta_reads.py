@@ -119,6 +119,7 @@ class DeltaReads(KeyPushdown):
         self._keys: dict[KeySource, tuple[list[Any], bool] | None] = {}
         self._restrictions: Mapping[tuple[str, object], Restriction] = {}
         self._post_conditions: dict[str, str | None] = {}
+        self._not_nulls: dict[int, frozenset[str]] = {}
         self.persisted: list[Any] = []
         self._read_columns: Mapping[str, frozenset[str]] = {}
         self.kept_views: Mapping[str, StateTable] = {}
