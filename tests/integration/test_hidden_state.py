@@ -14,6 +14,7 @@ import random
 
 import pytest
 
+from pgtrickle.dvm import materialize
 from pgtrickle.refresh import differential
 from pgtrickle.refresh.plan import Action
 from tests.conftest import Database
@@ -90,6 +91,11 @@ def test_kept_nodes_refresh_differential_and_exact(shop: Database, name: str) ->
     assert [o.action for o in refresh_and_check(db, name)] == [Action.FULL]
     kept = db.sql("SELECT relid::regclass::text, reason FROM pgtrickle.pgt_state_tables")
     assert kept, "the query keeps a node in a hidden state table"
+    if name == "orders_per_customer_count":
+        # The inner count per customer, and the root's count per count as its state.
+        assert sorted(reason for _, reason in kept) == sorted(
+            [materialize.AGGREGATE_OF_AGGREGATE, materialize.ROOT_STATE]
+        )
     rng = random.Random(name)
     next_id = [10_000]
     for _ in range(4):
@@ -142,16 +148,18 @@ def test_kept_shapes_read_their_sources_by_the_touched_keys(shop: Database, name
 def test_a_kept_change_over_the_copy_limit_still_refreshes_exactly(
     shop: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A union of the hidden table's change and the delta over COPY_MAX_ROWS rows (here 3): the
-    hidden table's change (2 rows) is collected on its own, the delta (4 rows) staged by JDBC -
-    more jobs, still DIFFERENTIAL and exact."""
+    """A union of the hidden tables' changes and the delta over COPY_MAX_ROWS rows (here 4): each
+    hidden table's change (the count per customer: 2 rows; the root's state: 4) is collected on
+    its own, then the delta (4 rows) - more jobs, still DIFFERENTIAL and exact. (A delta over the
+    limit is staged by JDBC: test_differential.py.)"""
     db = shop
     name = "orders_per_customer_count"
     create_st(db, name, QUERIES[name], refresh_mode="DIFFERENTIAL")
     assert [o.action for o in refresh_and_check(db, name)] == [Action.FULL]
-    monkeypatch.setattr(differential, "COPY_MAX_ROWS", 3)
+    monkeypatch.setattr(differential, "COPY_MAX_ROWS", 4)
     # Customer 11 (3 orders) gains one: the kept count changes by 2 rows (its old and new count),
-    # the histogram by 4 (customers with 3 orders one fewer, with 4 one more): a union of 6.
+    # the histogram and its state by 4 each (customers with 3 orders one fewer, with 4 one more):
+    # a union of 10.
     db.sql("INSERT INTO hs.orders VALUES (90001, 11, 1.5)")
     [outcome] = refresh_and_check(db, name)
     assert outcome.action is Action.DIFFERENTIAL, outcome.reason

@@ -122,16 +122,20 @@ def test_tree_text_and_document_of_an_aggregate_of_an_aggregate() -> None:
         " GROUP BY orders.customer) x GROUP BY x.n",
         (ORDERS,),
     )
-    tree = plan_tree(st, {0: "pgtrickle_changes.state_1_0_abc"})
+    tree = plan_tree(st, {0: "pgtrickle_changes.state_1_0_abc", 1: "pgtrickle_changes.state_1_1_def"})
     lines = tree_lines(tree)
-    assert lines[0].startswith("Project ") and lines[1].startswith("  Aggregate group by ")
-    [hidden] = [line for line in lines if "materialized:" in line]
-    assert hidden.startswith("        Aggregate ") and materialize.AGGREGATE_OF_AGGREGATE in hidden
-    # The inner COUNT keeps its state (with the group's row count), read through its projection.
-    assert "__pgt_count = COUNT(*)" in hidden and "delta: algebraic over stored state" in hidden
-    assert lines[-2:] == [
+    assert lines[0].startswith("Project ") and lines[1].startswith("  Project ")
+    root_state, inner = [line for line in lines if "materialized:" in line]
+    assert inner.startswith("          Aggregate ") and materialize.AGGREGATE_OF_AGGREGATE in inner
+    # The inner COUNT keeps its state (with the group's row count), read through its projection;
+    # so does the root COUNT (the stream table stores no state when the query keeps nodes).
+    assert "__pgt_count = COUNT(*)" in inner and "delta: algebraic over stored state" in inner
+    assert root_state.startswith("    Aggregate ") and materialize.ROOT_STATE in root_state
+    assert "delta: algebraic over stored state" in root_state
+    assert lines[-3:] == [
         "hidden state tables:",
         f"  pgtrickle_changes.state_1_0_abc: Aggregate, {materialize.AGGREGATE_OF_AGGREGATE}",
+        f"  pgtrickle_changes.state_1_1_def: Aggregate, {materialize.ROOT_STATE}",
     ]
     doc = tree_document(tree)
     assert doc["error"] is None and doc["full_refresh_reason"] is None
@@ -141,14 +145,22 @@ def test_tree_text_and_document_of_an_aggregate_of_an_aggregate() -> None:
             "table": "pgtrickle_changes.state_1_0_abc",
             "operator": "Aggregate",
             "reason": materialize.AGGREGATE_OF_AGGREGATE,
-        }
+        },
+        {
+            "position": 1,
+            "table": "pgtrickle_changes.state_1_1_def",
+            "operator": "Aggregate",
+            "reason": materialize.ROOT_STATE,
+        },
     ]
     unmade = tree_lines(plan_tree(st))
     assert unmade[-1].startswith("  (not made yet: the next refresh makes and fills it): Aggregate, ")
     root = doc["root"]
     assert set(root) == {"operator", "facts", "columns", "rule", "materialized", "shared", "inputs"}
     assert (root["operator"], root["columns"], root["rule"]) == ("Project", ["n", "c"], "linear")
-    inner = root["inputs"][0]["inputs"][0]["inputs"][0]["inputs"][0]
+    state = root["inputs"][0]["inputs"][0]
+    assert state["operator"] == "Aggregate" and state["materialized"] == materialize.ROOT_STATE
+    inner = state["inputs"][0]["inputs"][0]["inputs"][0]
     assert inner["operator"] == "Aggregate" and inner["materialized"] == materialize.AGGREGATE_OF_AGGREGATE
     assert inner["inputs"][0]["operator"] == "Scan" and inner["inputs"][0]["inputs"] == []
 

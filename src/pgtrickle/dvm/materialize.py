@@ -21,6 +21,10 @@ The decisions (:func:`decide`), each with its reason:
   another ``Aggregate``: the outer one's touched groups do not bound the inner one's.
 - :data:`SEMI_JOIN_COUNTS` — the right side of a semi/anti join counted per join key
   (:mod:`pgtrickle.dvm.semijoin_counts`): kept so that its existence flips read it by key.
+- :data:`ROOT_STATE` — the state node (:mod:`pgtrickle.dvm.kept_state`) the root reaches through
+  ``Filter``/``Project`` nodes, when other nodes are kept: the stream table then stores no state
+  of its root aggregate (``dvm/layout.py``), and its touched groups would be recomputed from its
+  input; kept, they are read from its table and added to.
 
 The root is never materialized: it is the stream table itself. Where a kept node is a
 ``Filter``/``Project`` chain over an aggregate's state (:mod:`pgtrickle.dvm.kept_state`), the state
@@ -39,6 +43,7 @@ TOPK_INPUT = "the input of a TopK: its visible rows depend on all of it"
 AGGREGATE_JOINED_ON_VALUES = "an aggregate joined on its aggregate (non-group) columns or cross joined"
 AGGREGATE_OF_AGGREGATE = "an aggregate read by another aggregate"
 SEMI_JOIN_COUNTS = "the right side of a semi or anti join over a join, as its rows' count per join key"
+ROOT_STATE = "the state of the root aggregate of a query keeping other nodes, maintained from its change"
 
 
 def _referenced(expression: exp.Expr) -> set[str]:
@@ -94,4 +99,9 @@ def decide(root: ir.Node) -> dict[ir.Node, str]:
         if chained is not None and chained.chain and original_of(chained.aggregate) is not None:
             del out[node]
             out.setdefault(chained.aggregate, reason)
+    top = root
+    while isinstance(top, (ir.Filter, ir.Project)):
+        top = top.input
+    if out and top is not root and original_of(top) is not None:
+        out.setdefault(top, ROOT_STATE)
     return out
