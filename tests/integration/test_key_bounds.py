@@ -72,13 +72,8 @@ def test_uses_bounded_by_different_columns_read_their_or(db: Database) -> None:
     assert outcome.timings.get("pushed_down_keys") == 3 + 2, outcome.timings
 
 
-CHAIN_QUERY = (
-    "SELECT c.id, c.bal, sum(l.qty) AS qty, count(*) AS n FROM customers c JOIN orders o ON o.cust = c.id"
-    " JOIN lines l ON l.oid = o.id WHERE l.flag = 'R' GROUP BY c.id, c.bal"
-)
-
-
 def _chain_sources(db: Database) -> None:
+    """Customers, their orders, the orders' lines: large enough for key-bounded reads."""
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     db.sql("CREATE TABLE customers (id int PRIMARY KEY, bal numeric(10,2))")
     db.sql("CREATE TABLE orders (id int PRIMARY KEY, cust int)")
@@ -90,6 +85,12 @@ def _chain_sources(db: Database) -> None:
         " CASE WHEN g % 3 = 0 THEN 'R' ELSE 'N' END FROM generate_series(1, 40000) g"
     )
     db.sql("ANALYZE customers, orders, lines")
+
+
+CHAIN_QUERY = (
+    "SELECT c.id, c.bal, sum(l.qty) AS qty, count(*) AS n FROM customers c JOIN orders o ON o.cust = c.id"
+    " JOIN lines l ON l.oid = o.id WHERE l.flag = 'R' GROUP BY c.id, c.bal"
+)
 
 
 def test_a_read_reached_through_another_read_is_bounded_by_its_rows(db: Database) -> None:
