@@ -243,3 +243,72 @@ def test_an_insert_into_an_idle_source_wakes_the_daemon_before_its_tick(db: Data
     print(f"commit -> downstream of the idle source: {latency:.2f}s with a {tick:.0f}s tick")
     assert_oracle(db)
     assert db.scalar("SELECT count(*) FROM pgtrickle.pgt_refresh_history WHERE status <> 'COMPLETED'") == 0
+
+
+def test_a_change_just_after_a_pass_with_nothing_to_apply_is_not_held_back(db: Database) -> None:
+    """A `5s` schedule passes every 5 s with nothing to apply (NO_DATA); a change committed just
+    after such a pass is refreshed at once (the interval counts from the last refresh that applied
+    rows), not at the next pass."""
+    db.sql("CREATE TABLE src (id int PRIMARY KEY, v int)")
+    db.sql("INSERT INTO src SELECT g, g FROM generate_series(1, 100) g")
+    create_st(db, "st", "SELECT id, v FROM src", schedule="5s")
+    scheduler = Scheduler(db.settings.with_overrides(tick_seconds=0.2), db.dsn)
+    last_pass = "SELECT last_refresh_at FROM pgtrickle.pgt_stream_tables WHERE pgt_name = 'st'"
+    with running(scheduler, db.dsn):
+        wait_for(lambda: db.scalar("SELECT count(*) FROM st") == 100, 300, "the daemon to populate st")
+        latencies = []
+        for k in range(2):
+            before = db.scalar(last_pass)
+            wait_for(lambda b=before: db.scalar(last_pass) != b, 30, "a pass of the 5s schedule")
+            db.sql("INSERT INTO src VALUES (%s, 7)", (1000 + k,))
+            latencies.append(
+                wait_for(
+                    lambda k=k: db.scalar("SELECT count(*) FROM st") == 101 + k, 30, "the change to reach st"
+                )
+            )
+    print(
+        f"commit just after a NO_DATA pass -> st: {', '.join(f'{s:.2f}s' for s in latencies)} (5s schedule)"
+    )
+    assert max(latencies) < 3.5, "the change waited for the schedule's next pass"
+    assert_oracle(db)
+    actions = db.sql(
+        "SELECT action FROM pgtrickle.pgt_refresh_history h JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)"
+        " WHERE s.pgt_name = 'st' AND action <> 'NO_DATA' ORDER BY refresh_id"
+    )
+    assert [a for (a,) in actions] == ["FULL", "DIFFERENTIAL", "DIFFERENTIAL"]
+
+
+def test_a_change_after_passes_with_nothing_to_apply_reaches_a_chain_in_one_batch(db: Database) -> None:
+    """After `1s` passes that found nothing to apply, a change is refreshed in the tick its
+    notification wakes, and the chain below the notified stream table follows in the same batch
+    (one Spark job): they all have new input, and rows were last applied over a second ago."""
+    db.sql("CREATE TABLE src (id int PRIMARY KEY, v int)")
+    db.sql("INSERT INTO src SELECT g, g FROM generate_series(1, 100) g")
+    create_st(db, "c1", "SELECT id, v FROM src", schedule="1s", initialize=False)
+    create_st(db, "c2", "SELECT id, v + 1 AS v FROM c1", schedule="1s", initialize=False)
+    create_st(db, "c3", "SELECT id, v FROM c2 WHERE v > 10", schedule="1s", initialize=False)
+    relid = db.scalar("SELECT 'src'::regclass::oid::bigint")
+    scheduler = Scheduler(db.settings.with_overrides(max_parallel_refreshes=1), db.dsn)
+    try:
+        db.sql("UPDATE pgtrickle.pgt_stream_tables SET created_at = now() - interval '1 min'")
+        for _ in range(3):  # populated (each FULL once), in dependency order
+            scheduler.tick()
+        assert db.scalar("SELECT count(*) FROM pgtrickle.pgt_stream_tables WHERE frontier IS NULL") == 0
+        time.sleep(1.2)
+        report = scheduler.tick()  # every schedule passes: nothing to apply
+        assert {o.action for o in report.refreshed} == {Action.NO_DATA}, report.refreshed
+        db.sql("INSERT INTO src VALUES (1000, 1000)")
+        report = scheduler.tick([relid])  # the notification's tick, just after the passes
+        assert [(o.st.name, o.action) for o in report.refreshed] == [
+            ("c1", Action.DIFFERENTIAL),
+            ("c2", Action.DIFFERENTIAL),
+            ("c3", Action.DIFFERENTIAL),
+        ]
+        batches = db.sql(
+            "SELECT count(DISTINCT batch_id), count(*) FILTER (WHERE batch_id IS NULL), sum(spark_jobs)"
+            " FROM pgtrickle.pgt_refresh_history WHERE action = 'DIFFERENTIAL'"
+        )
+        assert batches == [(1, 0, 1)], "one batch, one Spark job"
+        assert_oracle(db)
+    finally:
+        scheduler.close()

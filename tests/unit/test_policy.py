@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from pgtrickle.scheduler.cron import CronSpec
-from pgtrickle.scheduler.policy import DueReason, DueState, due_reason
+from pgtrickle.scheduler.policy import DueReason, DueState, due_reason, next_due_at
 from pgtrickle.scheduler.schedule import CronSchedule, IntervalSchedule
 
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -94,3 +95,74 @@ def test_an_explicit_refresh_of_a_stopped_table_says_so() -> None:
     assert stopped_note("public.t", "ACTIVE") is None and stopped_note("public.t", "INITIALIZING") is None
     note = stopped_note("public.t", "SUSPENDED")
     assert note is not None and "once" in note and "resume_stream_table" in note
+
+
+# ---------------------------------------------------------------- new input: NO_DATA passes do not count
+SECOND = IntervalSchedule(1)
+
+
+def changed(
+    last: datetime, applied: datetime | None, attempt: datetime | None = None, new_input: bool = True
+) -> DueState:
+    """A populated stream table whose last refresh or pass ended at ``last``, whose last refresh
+    that applied rows ended at ``applied``."""
+    return replace(state(last=last, attempt=attempt or last), new_input=new_input, last_applied_at=applied)
+
+
+def test_a_change_after_a_no_data_pass_is_refreshed_at_once() -> None:
+    # A `1s` schedule passed 0.2 s ago with nothing to apply; rows were last applied 5 s ago.
+    passed, applied = NOW - timedelta(seconds=0.2), NOW - timedelta(seconds=5)
+    assert due_reason(changed(passed, applied), SECOND, NOW) is DueReason.SCHEDULED
+    assert next_due_at(changed(passed, applied), SECOND, NOW) == applied + timedelta(seconds=1)
+    # Without new input the pass counts: the next pass is one interval after it.
+    quiet = changed(passed, applied, new_input=False)
+    assert due_reason(quiet, SECOND, NOW) is None
+    assert next_due_at(quiet, SECOND, NOW) == passed + timedelta(seconds=1)
+
+
+def test_new_input_still_waits_one_interval_after_rows_were_applied() -> None:
+    applied = NOW - timedelta(seconds=0.4)
+    st = changed(NOW - timedelta(seconds=0.1), applied)
+    assert due_reason(st, SECOND, NOW) is None
+    assert next_due_at(st, SECOND, NOW) == applied + timedelta(seconds=1)
+    assert due_reason(st, SECOND, applied + timedelta(seconds=1)) is DueReason.SCHEDULED
+
+
+def test_new_input_after_a_failed_or_skipped_attempt_waits_one_interval_from_it() -> None:
+    # A failure (or a skip: breaker, watermark gate) sets last_attempt_at only.
+    last, applied = NOW - timedelta(seconds=30), NOW - timedelta(seconds=30)
+    attempt = NOW - timedelta(seconds=0.5)
+    st = changed(last, applied, attempt=attempt)
+    assert due_reason(st, SECOND, NOW) is None
+    assert next_due_at(st, SECOND, NOW) == attempt + timedelta(seconds=1)
+
+
+def test_new_input_with_no_applied_refresh_known_counts_from_the_last_pass() -> None:
+    # The daemon has not applied rows to it since it started: the schedule counts as without
+    # new input (a `1h` stream table is not refreshed early after every restart).
+    passed = NOW - timedelta(seconds=0.1)
+    assert due_reason(changed(passed, None), SECOND, NOW) is None
+    assert next_due_at(changed(passed, None), SECOND, NOW) == passed + timedelta(seconds=1)
+
+
+def test_new_input_does_not_move_a_cron_schedule() -> None:
+    every5 = CronSchedule(CronSpec.of(minute=range(0, 60, 5)))  # */5 * * * *
+    passed = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    st = changed(passed, datetime(2026, 1, 1, 11, 0, tzinfo=UTC))
+    assert due_reason(st, every5, NOW + timedelta(minutes=2)) is None
+    assert next_due_at(st, every5, NOW) == datetime(2026, 1, 1, 12, 5, tzinfo=UTC)
+
+
+def test_new_input_does_not_populate_early() -> None:
+    fresh = replace(
+        state("INITIALIZING", frontier=False, created=NOW - timedelta(seconds=0.2)), new_input=True
+    )
+    assert due_reason(fresh, SECOND, NOW) is None
+
+
+def test_the_applied_time_is_never_after_the_catalogs_last_refresh() -> None:
+    # The catalog's last refresh was moved back (an operator, a test): the daemon's memory of a
+    # later applied refresh does not hold the stream table back.
+    moved_back = NOW - timedelta(hours=2)
+    st = changed(moved_back, NOW - timedelta(seconds=0.5))
+    assert due_reason(st, SECOND, NOW) is DueReason.SCHEDULED

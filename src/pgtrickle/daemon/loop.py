@@ -298,18 +298,6 @@ class Scheduler:
         for pgt_id, message in broken.items():
             self._mark_error(sts[pgt_id], message)
 
-        def state(pgt_id: int) -> DueState:
-            st = sts[pgt_id]
-            return DueState(
-                st.status,
-                st.frontier is not None,
-                st.last_refresh_at,
-                st.last_attempt_at,
-                pgt_id in requested,
-                st.created_at,
-                pgt_id in manual,
-            )
-
         def due(pgt_id: int, at: datetime) -> DueReason | None:
             return None if pgt_id in broken else due_reason(state(pgt_id), schedules[pgt_id], at)
 
@@ -320,10 +308,30 @@ class Scheduler:
         ups = upstream_ids(sts)
         readers = readers_of({i: [s.relid for s in st.sources] for i, st in sts.items()})
         notified = {m for relid in changed_relids if relid is not None for m in readers.get(relid, ())}
+        changed: set[int] = set()  # stream tables that committed new rows in this tick
+        inflowing: set[int] = set()  # ... or started with new input (a batch's followers read them)
+
+        def new_input(pgt_id: int) -> bool:
+            inputs = ups[pgt_id] & (changed | inflowing)
+            return bool(inputs) or pgt_id in notified or pgt_id in self.wakes.pending
+
+        def state(pgt_id: int) -> DueState:
+            st = sts[pgt_id]
+            return DueState(
+                st.status,
+                st.frontier is not None,
+                st.last_refresh_at,
+                st.last_attempt_at,
+                pgt_id in requested,
+                st.created_at,
+                pgt_id in manual,
+                new_input(pgt_id),
+                self.wakes.applied.get(pgt_id),
+            )
+
         groups = {g.members: g for g in effective_groups(self.conn, sts)}
         units = plan_units(ordered(sts), groups)
         ready = ReadySet(units, unit_dependencies(units, ups), self.settings.max_parallel_refreshes)
-        changed: set[int] = set()  # stream tables that committed new rows in this tick
         ended: dict[int, datetime] = {}  # stream tables refreshed or attempted in this tick: when
         results: dict[int, TickReport] = {}
         pending: dict[int, datetime] = {}
@@ -334,9 +342,10 @@ class Scheduler:
             at = clock()
             reasons = {m: due(m, at + timedelta(seconds=ahead)) for m in unit.members}
             due_now.update((m, r) for m, r in reasons.items() if r is not None)
+            inflowing.update(m for m, r in reasons.items() if r is not None and new_input(m))
             if not any(reasons.values()):
                 for m in unit.members:
-                    if (ups[m] & changed or m in notified or m in self.wakes.pending) and m not in broken:
+                    if new_input(m) and m not in broken:
                         when = next_due_at(state(m), schedules[m], at)
                         if when is not None:
                             pending[m] = when
@@ -358,10 +367,12 @@ class Scheduler:
                 ended[outcome.st.pgt_id] = at
                 if outcome.action in (Action.FULL, Action.DIFFERENTIAL):
                     changed.add(outcome.st.pgt_id)
+                self.wakes.ended(outcome.st.pgt_id, outcome.action.value, at)
                 self.metrics.observe_outcome(outcome)
                 self.on_outcome(outcome)
             for st, _ in result.failed:
                 ended[st.pgt_id] = at
+                self.wakes.ended(st.pgt_id, "FAILED", at)
                 self.metrics.observe_failure(st.display)
 
         batching = tick_batching(

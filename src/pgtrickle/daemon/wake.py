@@ -28,8 +28,22 @@ class Wakes:
         """Stream tables with new input not refreshed yet (their schedule did not allow it): when each is due."""
         self.next_due: dict[int, datetime | None] = {}
         self.readers: dict[int, frozenset[int]] = {}
+        self.applied: dict[int, datetime] = {}
+        """When each stream table's last refresh that applied rows ended (the database's time), as
+        far as this daemon saw: an interval schedule with new input counts from it
+        (:func:`~pgtrickle.scheduler.policy.due_reason`)."""
         self.clock: tuple[datetime, float] | None = None
         """The database's time at the end of the last tick, and ``time.monotonic()`` then."""
+        self.unfinished: set[int] = set()
+        """Stream tables whose attempt in this tick failed or was skipped (a gate): not a refresh."""
+
+    def ended(self, pgt_id: int, action: str, at: datetime) -> None:
+        """A refresh or attempt of ``pgt_id`` ended at ``at`` with ``action`` (a refresh action,
+        or ``FAILED``)."""
+        if action in ("FULL", "DIFFERENTIAL"):
+            self.applied[pgt_id] = at
+        elif action in ("SKIP", "FAILED"):
+            self.unfinished.add(pgt_id)
 
     def forget(self) -> None:
         self.pending, self.next_due, self.readers = {}, {}, {}
@@ -53,8 +67,11 @@ class Wakes:
         """
         next_due: dict[int, datetime | None] = {}
         for pgt_id in sts:
-            current = state(pgt_id)
-            if pgt_id in ended:
+            # Used when a change arrives for it (a notified source's readers, a pending stream table).
+            current = replace(state(pgt_id), new_input=True)
+            if pgt_id in self.unfinished:
+                current = replace(current, last_attempt_at=ended[pgt_id])
+            elif pgt_id in ended:
                 current = replace(current, last_refresh_at=ended[pgt_id], last_attempt_at=ended[pgt_id])
             try:
                 next_due[pgt_id] = next_due_at(current, schedules[pgt_id], at)
@@ -66,6 +83,8 @@ class Wakes:
                 pending.setdefault(pgt_id, when)
         self.pending = pending
         self.next_due = next_due
+        self.applied = {k: v for k, v in self.applied.items() if k in sts}
+        self.unfinished = set()
         self.readers = readers
         self.clock = (at, time.monotonic())
 

@@ -68,7 +68,7 @@ from pgtrickle.refresh.engine import Cancelled, Prepared, Refresher, RefreshOutc
 from pgtrickle.refresh.plan import Action
 from pgtrickle.refresh.read_names import FallbackToFull, NotChained
 from pgtrickle.refresh.shared_reads import SharedReads
-from pgtrickle.refresh.spark_job import shuffle_sized
+from pgtrickle.refresh.spark_job import compiles, shuffle_sized, whole_stage_codegen
 from pgtrickle.refresh.tagged import MEMBER, split_rows, union_sql
 from pgtrickle.scheduler.batches import member_why_alone
 from pgtrickle.spark import carry, jdbc, jobs, planning
@@ -184,35 +184,38 @@ class _Batch:
                 # shares are persisted before its deltas read by chained members become leaves.
                 # Planned as the job runs (a leaf is planned when made): AQE off for a small delta.
                 changes = sum(m.delta_rows for m in self.members if m.plan is not None)
-                with shuffle_sized(self.r.spark, changes):
-                    for depth in sorted({m.depth for m in self.members}):
-                        level = [m for m in self.members if m.depth == depth]
-                        for m in level:
-                            assert m.st.frontier is not None
-                            if m.plan is not None:
-                                self._frame(m, Window(m.st.frontier, self.snapshot, snap_id, coord))
-                        self.shared.persist_shared()
-                        for m in level:
-                            if m.feeds and m.text is not None:
-                                self._feed(m)
-                live = [m for m in self.members if m.text is not None]
-                t0 = time.monotonic()
-                if live:
-                    faults.point("refresh.spark_job")
-                    try:
-                        with carry.refusals_checked(lambda: self.r.spark, coord):
-                            self._shared_job(live)
-                    except Cancelled:
-                        raise
-                    except Exception as exc:
-                        self.failed = exc
-                        log.warning(
-                            "batch of %d stream tables: the shared Spark job failed (%s); "
-                            "refreshing its members one by one",
-                            len(live),
-                            (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300],
-                        )
-                self.spark_seconds = time.monotonic() - t0
+                with whole_stage_codegen(self.r.spark) as codegen:
+                    with shuffle_sized(self.r.spark, changes):
+                        for depth in sorted({m.depth for m in self.members}):
+                            level = [m for m in self.members if m.depth == depth]
+                            for m in level:
+                                assert m.st.frontier is not None
+                                if m.plan is not None:
+                                    self._frame(m, Window(m.st.frontier, self.snapshot, snap_id, coord))
+                            self.shared.persist_shared()
+                            codegen(self._compiles(changes))
+                            for m in level:
+                                if m.feeds and m.text is not None:
+                                    self._feed(m)
+                    live = [m for m in self.members if m.text is not None]
+                    t0 = time.monotonic()
+                    if live:
+                        codegen(self._compiles(changes))
+                        faults.point("refresh.spark_job")
+                        try:
+                            with carry.refusals_checked(lambda: self.r.spark, coord):
+                                self._shared_job(live)
+                        except Cancelled:
+                            raise
+                        except Exception as exc:
+                            self.failed = exc
+                            log.warning(
+                                "batch of %d stream tables: the shared Spark job failed (%s); "
+                                "refreshing its members one by one",
+                                len(live),
+                                (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300],
+                            )
+                    self.spark_seconds = time.monotonic() - t0
             except Cancelled:
                 self._abandon()
                 raise
@@ -222,6 +225,14 @@ class _Batch:
                         m.reads.release()
                 self.shared.release()
                 coord.rollback()
+
+    def _compiles(self, changes: int) -> bool:
+        """Whether the plans planned next get whole-stage code generation: not when the batch's
+        delta is small and no member framed so far reads a table whole (spark_job.compiles)."""
+        whole = sum(
+            int(m.run.timings.get("whole_table_reads", 0)) for m in self.members if m.text is not None
+        )
+        return compiles(changes, whole)
 
     def _abandon(self) -> None:
         for m in self.members:

@@ -5,7 +5,7 @@ Used by the lone differential refresh (refresh/differential.py) and by batches (
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -14,6 +14,42 @@ from pgtrickle.spark.capabilities import capabilities
 LIMIT_FIRST_ROUND = 100_000
 """Partitions a collect's LIMIT scans in its first round (Spark's default, 1, then 4x more per
 round, runs a job per round over a plan of many partitions)."""
+
+
+WHOLE_STAGE_CODEGEN = "spark.sql.codegen.wholeStage"
+INTERPRETED_MAX_CHANGES = 100_000
+"""A batch's plans run without whole-stage code generation below this many changes when no member
+reads a table whole (:func:`compiles`)."""
+
+
+def compiles(changes: int, whole_table_reads: int) -> bool:
+    """Whether a job is worth Spark's whole-stage code generation (pure).
+
+    Code generation compiles Java for every stage of a plan: worth it for millions of rows, not
+    for a small delta read through change windows and key-filtered reads. A batch of 60 one-row
+    deltas (a fan of stream tables) spent 2.1-2.9 s in its one task with it, 0.7-1.0 s without
+    (docs/BENCHMARKS.md, "Scheduler overhead"). A plan reading a table whole keeps it.
+    """
+    return whole_table_reads > 0 or changes >= INTERPRETED_MAX_CHANGES
+
+
+@contextmanager
+def whole_stage_codegen(spark: Any) -> Iterator[Callable[[bool], None]]:
+    """Within: ``switch(on)`` turns whole-stage code generation on or off for the plans planned
+    next (on means the session's own setting: a session configured without it stays without); the
+    session's setting comes back after."""
+    saved = spark.conf.get(WHOLE_STAGE_CODEGEN)
+
+    def switch(on: bool) -> None:
+        spark.conf.set(WHOLE_STAGE_CODEGEN, (saved or "true") if on else "false")
+
+    try:
+        yield switch
+    finally:
+        if saved is None:
+            spark.conf.unset(WHOLE_STAGE_CODEGEN)
+        else:
+            spark.conf.set(WHOLE_STAGE_CODEGEN, saved)
 
 
 def data_error_state(exc: BaseException) -> str | None:

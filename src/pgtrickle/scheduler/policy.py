@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from pgtrickle.scheduler.schedule import Schedule, is_due, next_due
+from pgtrickle.scheduler.schedule import IntervalSchedule, Schedule, is_due, next_due
 
 
 class DueReason(StrEnum):
@@ -28,6 +28,12 @@ class DueState:
     manual_request: bool = False
     """One of the queued requests is an explicit refresh (``refresh_stream_table``), not the
     initialization queued by ``create_stream_table``."""
+    new_input: bool = False
+    """The daemon knows of input it has not refreshed yet: a source notified a change, or an
+    upstream stream table committed rows."""
+    last_applied_at: datetime | None = None
+    """When its last refresh that applied rows (FULL or DIFFERENTIAL) ended, as far as the daemon
+    knows (``None``: not known, e.g. not since the daemon started)."""
 
 
 STOPPED_STATUSES = ("SUSPENDED", "ERROR")
@@ -48,8 +54,7 @@ def due_reason(state: DueState, schedule: Schedule, now: datetime) -> DueReason 
         return DueReason.REQUESTED if state.requested and state.manual_request else None
     if state.requested:
         return DueReason.REQUESTED
-    attempts = [t for t in (state.last_refresh_at, state.last_attempt_at) if t is not None]
-    last = max(attempts) if attempts else None
+    last = _counted_from(state, schedule)
     if not state.has_frontier:
         # Created with initialize => false: populate at the first scheduled time.
         if is_due(schedule, last or state.created_at, now):
@@ -58,6 +63,29 @@ def due_reason(state: DueState, schedule: Schedule, now: datetime) -> DueReason 
     if is_due(schedule, last, now):
         return DueReason.SCHEDULED
     return None
+
+
+def _counted_from(state: DueState, schedule: Schedule) -> datetime | None:
+    """The time the schedule counts from: the last refresh or attempt, whichever came last.
+
+    With new input, an interval schedule counts from the last refresh that *applied rows* (or a
+    failed or skipped attempt after it) instead: a pass that found nothing to apply (``NO_DATA``,
+    which a ``1s`` schedule makes every second) does not hold back the change that comes just
+    after it. So the schedule still bounds how often rows are applied, and a change to an idle
+    source is refreshed at once, not up to one interval later. When the daemon does not know
+    that time (not since it started), the last refresh or attempt counts, as without new input.
+    A cron schedule fires at its times whatever happened between them.
+    """
+    attempts = [t for t in (state.last_refresh_at, state.last_attempt_at) if t is not None]
+    last = max(attempts) if attempts else None
+    applied = state.last_applied_at
+    if applied is not None and state.last_refresh_at is not None:
+        applied = min(applied, state.last_refresh_at)  # never after the last refresh the catalog knows
+    if not (state.new_input and applied and state.has_frontier and isinstance(schedule, IntervalSchedule)):
+        return last
+    attempt = state.last_attempt_at
+    unfinished = attempt is not None and (state.last_refresh_at is None or attempt > state.last_refresh_at)
+    return max(applied, attempt) if unfinished and attempt is not None else applied
 
 
 def next_due_at(state: DueState, schedule: Schedule, now: datetime) -> datetime | None:
@@ -69,8 +97,7 @@ def next_due_at(state: DueState, schedule: Schedule, now: datetime) -> datetime 
     """
     if state.status in STOPPED_STATUSES:
         return None
-    attempts = [t for t in (state.last_refresh_at, state.last_attempt_at) if t is not None]
-    last = max(attempts) if attempts else None
+    last = _counted_from(state, schedule)
     if not state.has_frontier:
         return next_due(schedule, last or state.created_at, now)
     return next_due(schedule, last, now)

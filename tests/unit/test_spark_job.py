@@ -1,0 +1,62 @@
+"""refresh/spark_job.py: when a job gets whole-stage code generation, and the setting's round trip (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgtrickle.refresh.spark_job import (
+    INTERPRETED_MAX_CHANGES,
+    WHOLE_STAGE_CODEGEN,
+    compiles,
+    whole_stage_codegen,
+)
+
+
+class Conf:
+    """The part of ``spark.conf`` the switch uses, over a dict."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    def get(self, key: str) -> str | None:
+        return self.values.get(key)
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+    def unset(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+class Session:
+    def __init__(self, values: dict[str, str]) -> None:
+        self.conf = Conf(values)
+
+
+def test_a_small_delta_read_without_whole_tables_runs_interpreted() -> None:
+    assert not compiles(0, 0)
+    assert not compiles(INTERPRETED_MAX_CHANGES - 1, 0)
+    assert compiles(INTERPRETED_MAX_CHANGES, 0)
+    assert compiles(1, 1), "a table read whole keeps code generation"
+
+
+@pytest.mark.parametrize("initial", [{}, {WHOLE_STAGE_CODEGEN: "true"}, {WHOLE_STAGE_CODEGEN: "false"}])
+def test_the_switch_restores_the_session_and_never_turns_on_what_it_turned_off(
+    initial: dict[str, str],
+) -> None:
+    spark = Session(dict(initial))
+    with whole_stage_codegen(spark) as switch:
+        switch(False)
+        assert spark.conf.values[WHOLE_STAGE_CODEGEN] == "false"
+        switch(True)
+        assert spark.conf.values[WHOLE_STAGE_CODEGEN] == initial.get(WHOLE_STAGE_CODEGEN, "true")
+        switch(False)
+    assert spark.conf.values == initial
+
+
+def test_the_switch_restores_the_session_after_an_error() -> None:
+    spark = Session({WHOLE_STAGE_CODEGEN: "true"})
+    with pytest.raises(RuntimeError), whole_stage_codegen(spark) as switch:
+        switch(False)
+        raise RuntimeError("the job failed")
+    assert spark.conf.values == {WHOLE_STAGE_CODEGEN: "true"}
