@@ -124,7 +124,7 @@ class KeyPushdown:
         ):
             return None
         tests: list[str] = []
-        total = 0
+        total = derived_tests = 0
         for part_column, keys in restriction.parts():
             quoted = column or quote_ident(part_column)
             changes = tuple(k for k in keys if not k.derived)
@@ -140,6 +140,7 @@ class KeyPushdown:
                 if with_null:
                     tests.append(f"{quoted} IS NULL")
             derived = sorted(k for k in keys if k.derived)
+            derived_tests += len(derived)
             for source in derived:
                 found_rows = self._derived_rows(source)
                 if found_rows is None:
@@ -161,6 +162,8 @@ class KeyPushdown:
         if not should_push_down(table_rows, total):
             return None
         self.timings["pushed_down_keys"] = self.timings.get("pushed_down_keys", 0) + total
+        if derived_tests:
+            self.timings["derived_bounds"] = self.timings.get("derived_bounds", 0) + derived_tests
         return tests[0] if len(tests) == 1 else "(" + " OR ".join(tests) + ")"
 
     def _key_type(self, key: KeySource) -> str:
@@ -176,7 +179,6 @@ class KeyPushdown:
         relation = self._source(source.relation)
         table = relation.qualified
         column = quote_ident(source.column)
-        self.timings["derived_bounds"] = self.timings.get("derived_bounds", 0) + 1
         rows = f"SELECT {column} FROM {table} WHERE {bound}"
         if source.column in self._not_null(relation):
             return rows, None
@@ -199,7 +201,7 @@ class KeyPushdown:
         no one array holds them all exactly)."""
         if derived_relations(restriction):
             return None
-        key_types = {dict(self._source(k.relation).column_types)[k.column] for k in restriction.keys}
+        key_types = {self._key_type(k) for k in restriction.keys}
         if len(key_types) != 1:
             return None
         values: list[Any] = []
