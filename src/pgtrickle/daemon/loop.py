@@ -301,8 +301,7 @@ class Scheduler:
         def due(pgt_id: int, at: datetime) -> DueReason | None:
             return None if pgt_id in broken else due_reason(state(pgt_id), schedules[pgt_id], at)
 
-        def clock() -> datetime:
-            """The database's time now (one round trip saved per unit)."""
+        def clock() -> datetime:  # the database's time now (one round trip saved per unit)
             return now + timedelta(seconds=time.monotonic() - started)
 
         ups = upstream_ids(sts)
@@ -335,7 +334,6 @@ class Scheduler:
         ended: dict[int, datetime] = {}  # stream tables refreshed or attempted in this tick: when
         results: dict[int, TickReport] = {}
         pending: dict[int, datetime] = {}
-
         due_now: dict[int, DueReason] = {}  # why each stream table started in this tick is due
 
         def prepare(unit: Unit, ahead: float = 0.0) -> Job | None:
