@@ -136,3 +136,59 @@ def test_a_read_reached_through_another_read_is_bounded_by_its_rows(db: Database
             db.sql("UPDATE orders SET cust = %s WHERE id = %s", (rng.randint(1, 3000), rng.randint(1, 12000)))
         [outcome] = refresh_and_check(db, "revenue")
         assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+
+
+CHEAPEST_QUERY = (
+    "SELECT ps.part, ps.supp, ps.cost, s.name FROM part_suppliers ps JOIN suppliers s ON s.id = ps.supp"
+    " WHERE s.region = 'EU' AND ps.cost = (SELECT min(ps2.cost) FROM part_suppliers ps2"
+    " JOIN suppliers s2 ON s2.id = ps2.supp WHERE ps2.part = ps.part AND s2.region = 'EU')"
+)
+
+
+def test_a_read_bounded_by_its_own_rows_under_a_change_key_is_not_read_whole(db: Database) -> None:
+    """TPC-H Q2's shape: the cheapest European supplier per part. A changed supplier touches the
+    parts of its part-suppliers, and every read of part-suppliers is bounded by those parts —
+    values of its own rows, which its own read cannot give (a cycle: it was read whole). The rows
+    of the part-suppliers *of the changed suppliers* do (``part IN (SELECT part FROM
+    part_suppliers WHERE supp = ANY(…))``): nothing large is read whole, then random changes to
+    both tables stay exact."""
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
+    db.sql("CREATE TABLE suppliers (id int PRIMARY KEY, name text, region text)")
+    db.sql("CREATE TABLE part_suppliers (part int, supp int, cost numeric(8,2), PRIMARY KEY (part, supp))")
+    db.sql("CREATE INDEX ON part_suppliers (supp)")
+    db.sql(
+        "INSERT INTO suppliers SELECT g, 'S' || g, CASE WHEN g % 3 = 0 THEN 'US' ELSE 'EU' END"
+        " FROM generate_series(1, 12000) g"
+    )
+    db.sql(
+        "INSERT INTO part_suppliers SELECT p, 1 + (p * 7 + k * 3001) % 12000, ((p * 13 + k * 29) % 1000) / 10.0"
+        " FROM generate_series(1, 10000) p, generate_series(0, 3) k"
+    )
+    db.sql("ANALYZE suppliers, part_suppliers")
+    create_st(db, "cheapest", CHEAPEST_QUERY, refresh_mode="DIFFERENTIAL")
+    refresh_and_check(db, "cheapest")
+    db.sql(
+        "UPDATE suppliers SET region = CASE region WHEN 'EU' THEN 'US' ELSE 'EU' END WHERE id IN (10, 11, 12)"
+    )
+    [outcome] = refresh_and_check(db, "cheapest")
+    assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+    assert outcome.timings.get("derived_bounds", 0) >= 1, outcome.timings
+    # The part-suppliers (40,000 rows) and the suppliers (12,000) by key: nothing read whole.
+    assert "whole_table_reads" not in outcome.timings, outcome.timings
+
+    rng = random.Random(5)
+    for _ in range(3):
+        for _ in range(rng.randint(1, 3)):
+            db.sql("UPDATE suppliers SET region = 'EU' WHERE id = %s", (rng.randint(1, 12000),))
+            db.sql("UPDATE suppliers SET region = 'US' WHERE id = %s", (rng.randint(1, 12000),))
+        for _ in range(rng.randint(0, 3)):
+            db.sql(
+                "UPDATE part_suppliers SET cost = %s WHERE part = %s",
+                (rng.randint(0, 999) / 10, rng.randint(1, 10000)),
+            )
+        db.sql(
+            "INSERT INTO part_suppliers VALUES (%s, %s, 0.5) ON CONFLICT DO NOTHING",
+            (rng.randint(1, 10000), rng.randint(1, 12000)),
+        )
+        [outcome] = refresh_and_check(db, "cheapest")
+        assert outcome.action.value == "DIFFERENTIAL", outcome.reason

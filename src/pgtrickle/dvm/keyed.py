@@ -149,9 +149,13 @@ class _Walk:
         self, side: ir.Node, column: str, mine: str, demanded: Iterable[tuple[str, frozenset[KeySource]]]
     ) -> set[tuple[str, frozenset[KeySource]]]:
         """Demands on ``mine``, the other side's column of an equality with ``column`` of
-        ``side``: ``column``'s own change sources, and each demand on ``column`` from above."""
+        ``side``: ``column``'s own change sources, and each demand on ``column`` from above.
+        The demands from above that are change keys alone bound the rows of ``side`` that
+        matter, so a source derived from ``side``'s rows carries them (``KeySource.via``)."""
+        demanded = list(demanded)
         out = {(mine, k) for c, k in demanded if c == column}
-        found = self._sources.of(side, column)
+        bounds = frozenset((c, k) for c, k in demanded if not _derived(k))
+        found = self._sources.of(side, column, bounds)
         if found is not None:
             out.add((mine, found))
         return out
@@ -164,10 +168,15 @@ def _derived(keys: Iterable[KeySource]) -> int:
     return sum(k.derived for k in keys)
 
 
-def _rank(column: str, keys: AbstractSet[KeySource]) -> tuple[int, int, str, list[KeySource]]:
-    """Which of a use's bounding columns to prefer: change keys before derived ones (a derived
-    bound waits for another read's bound, and is the first dropped), then the fewest sources."""
-    return (_derived(keys), len(keys), column, sorted(keys))
+def _waiting(keys: Iterable[KeySource]) -> int:
+    return sum(k.waits for k in keys)
+
+
+def _rank(column: str, keys: AbstractSet[KeySource]) -> tuple[int, int, int, str, list[KeySource]]:
+    """Which of a use's bounding columns to prefer: change keys before derived ones, and derived
+    ones with their own bounds (``via``) before those waiting for another read's bound (the first
+    dropped), then the fewest sources."""
+    return (_waiting(keys), _derived(keys), len(keys), column, sorted(keys))
 
 
 def _disjunction(demands: list[Demand]) -> Restriction | None:
@@ -187,7 +196,7 @@ def _bound(demands: list[Demand], disjunctive: bool = False) -> Restriction | No
     """The columns every use demands, each with the union of the uses' sources: the best one
     (:func:`_rank`), the others bounded by changes' keys as its alternatives. With none and
     ``disjunctive``: the :func:`_disjunction` of the uses' own columns, if every use has one."""
-    found: list[tuple[tuple[int, int, str, list[KeySource]], str, tuple[KeySource, ...]]] = []
+    found: list[tuple[tuple[int, int, int, str, list[KeySource]], str, tuple[KeySource, ...]]] = []
     columns = set.intersection(*({c for c, _ in d} for d in demands)) if demands else set()
     for column in sorted(columns):
         union: frozenset[KeySource] = frozenset()
@@ -206,9 +215,10 @@ def _bound(demands: list[Demand], disjunctive: bool = False) -> Restriction | No
 
 
 def _usable(demand: Demand, bounded: Mapping[ReadKey, Restriction]) -> Demand:
-    """The pairs of ``demand`` whose derived sources (if any) name reads already bounded."""
+    """The pairs of ``demand`` whose derived sources waiting for a read's bound (if any) name
+    reads already bounded (one with its own bounds, ``via``, waits for none)."""
     return frozenset(
-        (c, k) for c, k in demand if all(not s.derived or ("post", s.relation) in bounded for s in k)
+        (c, k) for c, k in demand if all(not s.waits or ("post", s.relation) in bounded for s in k)
     )
 
 
@@ -218,9 +228,11 @@ def restrictions(*plans: ir.Node | None) -> dict[ReadKey, Restriction]:
     ``("materialized", node)``.
 
     Derived sources (``KeySource.derived``) are admitted in rounds: first the reads bounded by
-    changes' keys alone, then the reads bounded with derived sources naming reads bounded in an
-    earlier round, until no more read is bounded. So a derived bound always names a bounded
-    read, and no read depends on its own rows, directly or through others."""
+    changes' keys alone (and derived sources with their own bounds, ``via``: the rows of their
+    relation meeting change keys), then the reads bounded with derived sources naming reads
+    bounded in an earlier round, until no more read is bounded. So a derived bound always names
+    a bounded read or its own change-keyed rows, and no read depends on its own rows, directly
+    or through others."""
     walk = _Walk()
     for plan in plans:
         if plan is not None:

@@ -31,18 +31,31 @@ from sqlglot import exp
 
 from pgtrickle.dvm import ir
 
-__all__ = ["KeySource", "Sources", "equalities", "plain", "window_partition"]
+__all__ = ["Bounds", "KeySource", "Sources", "Via", "equalities", "plain", "window_partition"]
+
+
+Via = tuple[tuple[str, tuple["KeySource", ...]], ...]
+"""Bounds a relation's rows are known to meet: ``(column, keys)`` pairs, each saying the row's
+``column`` holds a value of one of ``keys`` (change keys only), all of them at once."""
 
 
 @dataclass(frozen=True, order=True)
 class KeySource:
     """The values of ``column`` (a source column of ``relation``) in the window's changes; or,
     ``derived``, in the rows the refresh reads of ``relation``'s contents (its ``post`` read,
-    bounded as :func:`pgtrickle.dvm.keyed.restrictions` bounds it)."""
+    bounded as :func:`pgtrickle.dvm.keyed.restrictions` bounds it) — or, with ``via``, in the
+    rows of ``relation`` that meet every bound of ``via`` (whatever the relation's own read is)."""
 
     relation: str
     column: str
     derived: bool = False
+    via: Via = ()
+
+    @property
+    def waits(self) -> bool:
+        """Whether the values wait for the bound of ``relation``'s own read (a derived source
+        without ``via``)."""
+        return self.derived and not self.via
 
 
 def _conjuncts(condition: exp.Expr | None) -> Iterator[exp.Expr]:
@@ -86,61 +99,96 @@ def window_partition(node: ir.Window) -> set[str]:
 
 
 Found = frozenset[KeySource] | None
+Bounds = frozenset[tuple[str, frozenset[KeySource]]]
+"""Bounds every row of a node that matters meets: ``(column, change keys)`` pairs (see :data:`Via`)."""
+
+_NO_BOUNDS: Bounds = frozenset()
+
+
+def _renamed(bounds: Bounds, mapping: dict[str, str]) -> Bounds:
+    """``bounds`` on the columns ``mapping`` renames (the others dropped: fewer bounds, still true)."""
+    return frozenset((mapping[c], k) for c, k in bounds if c in mapping)
 
 
 class Sources:
-    """:meth:`of`, memoized per ``(node, column)`` over one analysis."""
+    """:meth:`of`, memoized per ``(node, column, bounds)`` over one analysis.
+
+    ``bounds`` carry what the rows of ``node`` that reach the result are known to meet: an INNER
+    or SEMI join keeps only the rows of a side whose column equals a value of the other side's
+    column, so where the other side's column comes from change keys alone, the side's rows hold
+    one of those keys there. A base relation's read under such bounds gives a derived source
+    *with* them (``KeySource.via``): the values of its column in the rows of the relation meeting
+    the bounds — TPC-H Q2's part-suppliers of the changed suppliers give their parts
+    (``SELECT ps_partkey FROM partsupp WHERE ps_suppkey = ANY(keys)``), which bound the other
+    reads of part-suppliers without waiting for their own bound (that would be a cycle)."""
 
     def __init__(self) -> None:
-        self._memo: dict[tuple[int, str], Found] = {}
+        self._memo: dict[tuple[int, str, Bounds], Found] = {}
         self._nodes: list[ir.Node] = []  # keeps every memoized node alive, so ids stay unique
 
-    def of(self, node: ir.Node, column: str) -> Found:
-        """The change columns every value of ``column`` in ``node`` comes from, if there are."""
-        key = (id(node), column)
+    def of(self, node: ir.Node, column: str, bounds: Bounds = _NO_BOUNDS) -> Found:
+        """The change columns every value of ``column`` in ``node`` comes from, if there are;
+        ``bounds``: what the rows of ``node`` that matter are known to meet."""
+        key = (id(node), column, bounds)
         if key in self._memo:
             return self._memo[key]
         self._memo[key] = None  # a cycle through shared subtrees finds nothing
         self._nodes.append(node)
-        found = self._compute(node, column)
+        found = self._compute(node, column, bounds)
         self._memo[key] = found
         return found
 
-    def _compute(self, node: ir.Node, column: str) -> Found:
+    def _compute(self, node: ir.Node, column: str, bounds: Bounds) -> Found:
         if isinstance(node, ir.Scan):
-            source = node.source_columns[node.output.index(column)]
-            return frozenset({KeySource(node.relation, source, derived=True)})
+            own = [k for c, k in bounds if c == column]
+            if own:  # the column itself holds one of those keys: they are its values' sources
+                return min(own, key=lambda k: (len(k), sorted(k)))
+            to_source = dict(zip(node.output, node.source_columns, strict=True))
+            renamed = _renamed(bounds, to_source)
+            # A bound implied by a narrower one on the same column (fewer sources) says nothing more.
+            kept = {(c, k) for c, k in renamed if not any(c2 == c and k2 < k for c2, k2 in renamed)}
+            via = tuple(sorted((c, tuple(sorted(k))) for c, k in kept))
+            return frozenset({KeySource(node.relation, to_source[column], derived=True, via=via)})
         if isinstance(node, ir.Delta):
             scan = node.scan
             if column in scan.output:
                 return frozenset({KeySource(scan.relation, scan.source_columns[scan.output.index(column)])})
             return None
         if isinstance(node, (ir.Filter, ir.Negate, ir.Distinct, ir.TopK, ir.Window)):
-            return self.of(node.input, column) if column in node.input.columns else None
+            if column not in node.input.columns:
+                return None
+            passed = frozenset((c, k) for c, k in bounds if c in node.input.columns)
+            return self.of(node.input, column, passed)
         if isinstance(node, (ir.Project, ir.Aggregate)):
             named = dict(node.outputs if isinstance(node, ir.Project) else node.keys)
             inner = plain(named[column]) if column in named else None
-            return self.of(node.input, inner) if inner is not None else None
+            if inner is None:
+                return None
+            renames = {c: p for c, e in named.items() if (p := plain(e)) is not None}
+            return self.of(node.input, inner, _renamed(bounds, renames))
         if isinstance(node, ir.UnionAll):
             position = node.output.index(column)
             union: frozenset[KeySource] = frozenset()
             for branch in node.branches:
-                found = self.of(branch, branch.columns[position])
+                mapping = dict(zip(node.columns, branch.columns, strict=True))
+                found = self.of(branch, branch.columns[position], _renamed(bounds, mapping))
                 if found is None:
                     return None
                 union |= found
             return union
         if isinstance(node, ir.SetOp):
-            return self.of(node.left, node.left.columns[node.output.index(column)])
+            mapping = dict(zip(node.columns, node.left.columns, strict=True))
+            return self.of(node.left, mapping[column], _renamed(bounds, mapping))
         if isinstance(node, ir.Join) and node.kind in (ir.JoinKind.INNER, ir.JoinKind.SEMI, ir.JoinKind.ANTI):
-            return self._join(node, column)
+            return self._join(node, column, bounds)
         return None
 
-    def _join(self, node: ir.Join, column: str) -> Found:
-        """The column's own side's sources or, for a SEMI or INNER join, those of the other
-        column of an equality: the ones with the fewest derived sources, then the fewest."""
+    def _join(self, node: ir.Join, column: str, bounds: Bounds) -> Found:
+        """The column's own side's sources (under the bounds its rows meet) or, for a SEMI or
+        INNER join, those of the other column of an equality: the ones with the fewest sources
+        waiting for a read's bound, then the fewest."""
         side = node.left if column in node.left.columns else node.right
-        options = [self.of(side, column)]
+        options = [self.of(side, column, self._side_bounds(node, side, bounds))]
         if node.kind is not ir.JoinKind.ANTI:
             for a, b in equalities(node.condition):
                 other = b if a == column else a if b == column else None
@@ -152,4 +200,23 @@ class Sources:
         found = [f for f in options if f is not None]
         if not found:
             return None
-        return min(found, key=lambda f: (sum(k.derived for k in f), len(f), sorted(f)))
+        return min(
+            found, key=lambda f: (sum(k.waits for k in f), sum(k.derived for k in f), len(f), sorted(f))
+        )
+
+    def _side_bounds(self, node: ir.Join, side: ir.Node, bounds: Bounds) -> Bounds:
+        """The bounds the rows of ``side`` that reach ``node``'s result meet: those on its columns
+        from above, and, for the matched sides of an INNER or SEMI join (a SEMI join's left),
+        each equality whose other column's values are change keys only."""
+        out = {(c, k) for c, k in bounds if c in side.columns}
+        matched = node.kind is ir.JoinKind.INNER or (node.kind is ir.JoinKind.SEMI and side is node.left)
+        if matched:
+            other_side = node.right if side is node.left else node.left
+            for a, b in equalities(node.condition):
+                for mine, other in ((a, b), (b, a)):
+                    if mine in side.columns and other in other_side.columns:
+                        out |= {(mine, k) for c, k in bounds if c == other}  # across the equality
+                        keys = self.of(other_side, other)
+                        if keys is not None and not any(k.derived for k in keys):
+                            out.add((mine, keys))
+        return frozenset(out)

@@ -16,7 +16,10 @@ snapshot:
   When the keys' declared types differ, one ``IN`` each, OR-ed. A NULL among the rows' values
   keeps the rows whose column is NULL too (a NULL group key, an ``IS NOT DISTINCT FROM``
   join), tested only when the column is not declared NOT NULL. When the relation's own read is
-  whole (small, or too many keys), nothing bounds this one either;
+  whole (small, or too many keys), nothing bounds this one either. A derived source with its
+  own bounds (``KeySource.via``) takes the rows meeting them instead of the relation's read
+  (``SELECT column FROM relation WHERE k = ANY(<change keys>)``: TPC-H Q2's part-suppliers of
+  the changed suppliers);
 - several parts (:attr:`~pgtrickle.dvm.keyed.Restriction.others`) are OR-ed.
 
 Whether a bound pays, and which column bounds a read best, are the pure decisions of
@@ -171,18 +174,39 @@ class KeyPushdown:
 
     def _derived_rows(self, source: KeySource) -> tuple[str, str | None] | None:
         """The query of the values ``source.column`` holds in the rows ``source.relation``'s
-        read keeps, and the test that one of them is NULL (``None``: the column is declared
-        NOT NULL); ``None`` when that read is whole."""
-        bound = self.post_condition(source.relation)
+        read keeps (with ``source.via``: in its rows meeting those bounds), and the test that one
+        of them is NULL (``None``: the column is declared NOT NULL); ``None`` when that read is
+        whole, or the relation is an upstream member of the atomic group (its rows at the
+        snapshot are not its rows after the group's change)."""
+        relation = self._source(source.relation)
+        group = self.r.group
+        if group is not None and group.reads_from_group(relation):
+            return None
+        bound = self._via_condition(source) if source.via else self.post_condition(source.relation)
         if bound is None:
             return None
-        relation = self._source(source.relation)
         table = relation.qualified
         column = quote_ident(source.column)
         rows = f"SELECT {column} FROM {table} WHERE {bound}"
         if source.column in self._not_null(relation):
             return rows, None
         return rows, f"EXISTS (SELECT FROM {table} WHERE ({bound}) AND {column} IS NULL)"
+
+    def _via_condition(self, source: KeySource) -> str | None:
+        """The rows of ``source.relation`` meeting ``source.via``: each bound's column holds one of
+        its change keys (or is NULL, when a NULL is among them), all AND-ed; a bound whose keys
+        cannot be listed is left out (fewer bounds keep more rows). ``None``: none is left."""
+        tests = []
+        for column, keys in source.via:
+            found = self._key_values(Restriction(column, keys))
+            if found is None:
+                continue
+            values, with_null, key_type = found
+            quoted = quote_ident(column)
+            literal = sql.Literal(values).as_string(self.conn)
+            test = f"{quoted} = ANY(CAST({literal} AS {key_type}[]))"
+            tests.append(f"({test} OR {quoted} IS NULL)" if with_null else test)
+        return " AND ".join(tests) if tests else None
 
     def _not_null(self, source: Source) -> frozenset[str]:
         """The columns of ``source`` declared NOT NULL."""
