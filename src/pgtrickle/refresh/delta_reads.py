@@ -324,7 +324,7 @@ class DeltaReads(KeyPushdown):
         """A hidden state table as stored (the kept node's value at the window's start), only
         the rows of the change's keys when every plan reading it is bounded by them."""
         row = self.window.coord.execute(
-            "SELECT oid, greatest(reltuples, 0) FROM pg_class WHERE oid = %s::regclass", (table.qualified,)
+            f"SELECT oid, {jdbc.ROW_ESTIMATE} FROM pg_class WHERE oid = %s::regclass", (table.qualified,)
         ).fetchone()
         assert row is not None
         relid, reltuples = int(row[0]), float(row[1])

@@ -28,10 +28,17 @@ class TableStats:
     relpages: int
 
 
+ROW_ESTIMATE = "greatest(reltuples::float8, pg_stat_get_live_tuples(oid)::float8, 0)"
+"""SQL over ``pg_class``: a relation's row count as the refresh sizes it. ``reltuples`` is -1 until
+the table is first analysed (right after a bulk load, or a hidden state table's first population),
+which read as 0 took a 150,000-row table for an empty one: read whole, never by key; the live rows
+the statistics system counts since are taken then (and when they are more)."""
+
+
 def table_stats(conn, relids: list[int]) -> dict[int, TableStats]:
-    """Planner statistics of the given relations (psycopg connection)."""
+    """Planner statistics of the given relations (psycopg connection); rows: :data:`ROW_ESTIMATE`."""
     rows = conn.execute(
-        "SELECT oid::bigint, greatest(reltuples, 0), relpages FROM pg_class WHERE oid = ANY(%s::oid[])",
+        f"SELECT oid::bigint, {ROW_ESTIMATE}, relpages FROM pg_class WHERE oid = ANY(%s::oid[])",
         (relids,),
     ).fetchall()
     return {int(r[0]): TableStats(float(r[1]), int(r[2])) for r in rows}
