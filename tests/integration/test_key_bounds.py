@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from pgtrickle.refresh.engine import RefreshOutcome
 from tests.conftest import Database
 from tests.integration.helpers import create_st, refresh_and_check
 
@@ -99,21 +100,27 @@ CHAIN_QUERY = (
 )
 
 
+def _three_customers_changed(db: Database) -> RefreshOutcome:
+    """The chain's stream table created and populated, three customers changed, refreshed: the
+    orders by the three customers, the lines by the orders read; nothing read whole."""
+    create_st(db, "revenue", CHAIN_QUERY, refresh_mode="DIFFERENTIAL")
+    refresh_and_check(db, "revenue")
+    db.sql("UPDATE customers SET bal = bal + 1 WHERE id IN (5, 6, 7)")
+    [outcome] = refresh_and_check(db, "revenue")
+    assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+    assert outcome.timings.get("key_filtered_reads") == 2, outcome.timings
+    assert "whole_table_reads" not in outcome.timings, outcome.timings
+    return outcome
+
+
 def test_a_read_reached_through_another_read_is_bounded_by_its_rows(db: Database) -> None:
     """TPC-H Q10's shape: changed customers reach their orders by key, and the orders' lines
     only through the orders read. The lines are bounded by the order keys of the orders read
     (``oid IN (SELECT id FROM orders WHERE cust = ANY(…))``, a derived bound), not read whole;
     then random changes to all three tables stay exact."""
     _chain_sources(db)
-    create_st(db, "revenue", CHAIN_QUERY, refresh_mode="DIFFERENTIAL")
-    refresh_and_check(db, "revenue")
-    db.sql("UPDATE customers SET bal = bal + 1 WHERE id IN (5, 6, 7)")
-    [outcome] = refresh_and_check(db, "revenue")
-    assert outcome.action.value == "DIFFERENTIAL", outcome.reason
-    # The orders by the three customers, the lines by the orders read; nothing read whole.
-    assert outcome.timings.get("key_filtered_reads") == 2, outcome.timings
+    outcome = _three_customers_changed(db)
     assert outcome.timings.get("derived_bounds", 0) >= 1, outcome.timings
-    assert "whole_table_reads" not in outcome.timings, outcome.timings
     # Changed lines reach their orders by key, and the orders' customers (a nullable column:
     # some orders have none) through the orders read.
     db.sql("UPDATE lines SET qty = qty + 1 WHERE id IN (3, 6, 9)")
@@ -151,13 +158,7 @@ def test_tables_never_analysed_are_read_by_key(db: Database) -> None:
         db.scalar("SELECT max(reltuples) FROM pg_class WHERE relname IN ('customers', 'orders', 'lines')")
         == -1
     )
-    create_st(db, "revenue", CHAIN_QUERY, refresh_mode="DIFFERENTIAL")
-    refresh_and_check(db, "revenue")
-    db.sql("UPDATE customers SET bal = bal + 1 WHERE id IN (5, 6, 7)")
-    [outcome] = refresh_and_check(db, "revenue")
-    assert outcome.action.value == "DIFFERENTIAL", outcome.reason
-    assert outcome.timings.get("key_filtered_reads") == 2, outcome.timings
-    assert "whole_table_reads" not in outcome.timings, outcome.timings
+    _three_customers_changed(db)
 
 
 CHEAPEST_QUERY = (
