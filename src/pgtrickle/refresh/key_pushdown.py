@@ -51,6 +51,11 @@ from pgtrickle.sql.ident import quote_ident
 __all__ = ["KeyPushdown"]
 
 
+def _array(literal: str, key_type: str) -> str:
+    """Listed key values (a rendered array literal) as an array of their declared type."""
+    return f"CAST({literal} AS {key_type}[])"
+
+
 def derived_relations(restriction: Restriction) -> set[str]:
     """The relations whose reads' rows bound ``restriction`` (its derived sources')."""
     return {k.relation for _, keys in restriction.parts() for k in keys if k.derived}
@@ -139,7 +144,7 @@ class KeyPushdown:
                 values, with_null, key_type = found
                 total += len(values)
                 literal = sql.Literal(values).as_string(self.conn)
-                members.append(f"SELECT unnest(CAST({literal} AS {key_type}[]))")
+                members.append(f"SELECT unnest({_array(literal, key_type)})")
                 if with_null:
                     tests.append(f"{quoted} IS NULL")
             derived = sorted(k for k in keys if k.derived)
@@ -155,7 +160,7 @@ class KeyPushdown:
             if not derived:
                 assert changes
                 # Listed keys alone: an index condition (= ANY) rather than a semi-join.
-                tests.append(f"{quoted} = ANY(CAST({literal} AS {key_type}[]))")
+                tests.append(f"{quoted} = ANY({_array(literal, key_type)})")
             elif len({self._key_type(k) for k in keys}) == 1:
                 # One IN over the union: PostgreSQL plans a semi-join (an index probe per key);
                 # OR-ed IN subqueries would be a filter over every row of the table.
@@ -204,7 +209,7 @@ class KeyPushdown:
             values, with_null, key_type = found
             quoted = quote_ident(column)
             literal = sql.Literal(values).as_string(self.conn)
-            test = f"{quoted} = ANY(CAST({literal} AS {key_type}[]))"
+            test = f"{quoted} = ANY({_array(literal, key_type)})"
             tests.append(f"({test} OR {quoted} IS NULL)" if with_null else test)
         return " AND ".join(tests) if tests else None
 
