@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from hypothesis import strategies as st
@@ -91,3 +92,22 @@ def store_unparsed_schedule(db: Database, text: str, name: str | None = None) ->
             (text, name, name),
         )
         db.sql("ALTER TABLE pgtrickle.pgt_stream_tables ENABLE TRIGGER parse_schedule")
+
+
+def without_broadcasts(jobs: int | None, why: str | None) -> int | None:
+    """A refresh's Spark jobs (``spark_jobs``) other than the broadcasts of small tables its
+    ``spark_jobs_why`` counts (Spark runs each as a job of its own before the plan's:
+    :data:`pgtrickle.spark.jobs.BROADCAST_SITE`)."""
+    from pgtrickle.spark.jobs import BROADCAST_SITE
+
+    if jobs is None or why is None:
+        return jobs
+    return jobs - sum(int(n) for n in re.findall(rf"(\d+)x {re.escape(BROADCAST_SITE)}", why))
+
+
+def action_jobs(db: Database, name: str) -> int | None:
+    """The Spark jobs of ``name``'s last refresh other than broadcasts (:func:`without_broadcasts`)."""
+    [(jobs, why)] = db.sql(
+        "SELECT spark_jobs, spark_jobs_why FROM pgtrickle.get_refresh_history(%s, 1)", (name,)
+    )
+    return without_broadcasts(jobs, why)

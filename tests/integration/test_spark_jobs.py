@@ -70,6 +70,12 @@ def test_full_differential_and_no_change_refreshes_record_their_spark_jobs(order
     no_data, differential, full = rows
     _check_figures(full)
     _check_figures(differential)
+    # The change meets the 40 customers read whole: broadcast to it (a job Spark runs first, named
+    # so), not both sides shuffled - the hint reaches the join through the plan's CTEs.
+    assert differential["spark_jobs"] == 2, differential
+    assert differential["spark_jobs_why"].startswith(f"2 jobs: 1x {jobs.BROADCAST_SITE}, 1x collect at"), (
+        differential
+    )
     assert (full["spark_jobs"], differential["spark_jobs"]) == (initial.spark_jobs, diff.spark_jobs)
     assert (no_data["spark_jobs"], no_data["spark_stages"], no_data["spark_jobs_why"]) == (0, 0, None)
     # pgtrickle history shows them, in text and JSON

@@ -312,3 +312,42 @@ def test_an_untyped_branch_column_of_a_union_all_is_cast_to_the_other_branches_t
     assert 'CAST("px" AS INT)' in compiled(union).sql()
     assert node_types(union, TYPES, {})["x"] == "integer"
     assert "CAST(`px`" not in compiled(union, "spark").sql()
+
+
+def _join_sides(query: exp.Expr) -> list[exp.Expr]:
+    """The FROM items the query's joins read (each join's left side and its joined side)."""
+    sides: list[exp.Expr] = []
+    for join in query.find_all(exp.Join):
+        select = join.parent
+        assert isinstance(select, exp.Select)
+        sides += [select.args["from_"].this, join.this]
+    return sides
+
+
+def test_a_join_side_that_only_reads_a_table_is_read_inline_on_spark() -> None:
+    """Spark drops a BROADCAST hint on a view read inside a common table expression (its
+    optimizer removes hints before it inlines the CTEs): a join side that is a table read -
+    through filters and projections - is that read itself, so a small table's hint (refresh/
+    delta_reads.py) reaches the join. Other sides, and PostgreSQL, keep their CTE."""
+    changes = Delta(A)
+    dims = Project(Filter(B, e("by > 0")), (("bk", e("bk")), ("by2", e("by * 2"))))
+    root = Join(JoinKind.INNER, changes, dims, e("ak = bk"))
+    spark = compiled(root, "spark")
+    sides = _join_sides(spark.query)
+    assert len(sides) == 2
+    left, right = sides
+    assert isinstance(left, exp.Table)  # the change: its CTE
+    assert isinstance(right, exp.Subquery) and right.alias == "__pgt_r"
+    assert {t.name for t in right.find_all(exp.Table)} == {"v_public.b"}  # the read, no CTE between
+    assert right.find(exp.Where) is not None and right.sql(dialect="spark").count("SELECT") == 3
+    # The same rows: the reads are still listed once, with their uses.
+    assert [(r.kind, r.name, r.uses) for r in spark.reads] == [
+        (ReadKind.DELTA, "d_public.a", 1),
+        (ReadKind.POST, "v_public.b", 1),
+    ]
+    postgres = compiled(root, "postgres")
+    assert all(isinstance(side, exp.Table) for side in _join_sides(postgres.query))
+    # A side computed from more than a table read (an aggregate) stays a CTE on Spark too.
+    grouped = Aggregate(B, (("bk", e("bk")),), (("n", e("COUNT(*)")),))
+    other = compiled(Join(JoinKind.INNER, changes, grouped, e("ak = bk")), "spark")
+    assert all(isinstance(side, exp.Table) for side in _join_sides(other.query))

@@ -71,6 +71,14 @@ def test_why_several_jobs_ran() -> None:
     )
 
 
+def test_broadcasts_are_not_one_action_running_several_jobs() -> None:
+    """Two jobs broadcasting small tables (named so by :func:`jobs._tracked`, from their tags)
+    beside the plan's own are not "one action, several jobs"."""
+    broadcast = jobs.BROADCAST_SITE
+    text = jobs.explain_jobs([broadcast, "collect at /a/differential.py:435", broadcast])
+    assert text == f"3 jobs: 2x {jobs.BROADCAST_SITE}, 1x collect at differential.py:435"
+
+
 # ------------------------------------------------------------------------------- outputs
 
 

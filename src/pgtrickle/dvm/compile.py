@@ -126,6 +126,17 @@ def compile_ir(
 _LEFT, _RIGHT = "__pgt_l", "__pgt_r"
 
 
+def _table_read(node: Node) -> bool:
+    """Whether ``node`` is a table read (``Scan``) seen through filters and projections. A join
+    (Spark) reads such a side inline rather than through its CTE: Spark drops a join strategy
+    hint (``BROADCAST`` on the view of a small table, refresh/delta_reads.py) inside a common
+    table expression - its optimizer removes hints before it inlines the CTEs - so a small table
+    joined by reference would be shuffled, not broadcast (pure)."""
+    while isinstance(node, (Filter, Project)):
+        node = node.input
+    return isinstance(node, Scan)
+
+
 def _reference_paths(root: Node) -> dict[int, int]:
     """For every node, how many times the query reads it: the number of paths from the root
     (a CTE referenced twice is read twice - Spark and PostgreSQL may inline it) (pure)."""
@@ -152,6 +163,8 @@ class _Fold:
         self._read_by_node: dict[int, tuple[ReadKind, RelationName]] = {}
         self._types: dict[int, dict[str, str | None]] = {}
         self._positive: dict[int, bool] = {}
+        self._inline: dict[int, exp.Query] = {}
+        self._inlining = False
 
     def run(self, root: Node) -> Compiled:
         nodes = tuple(walk(root))
@@ -161,6 +174,12 @@ class _Fold:
             name = f"__pgt_n{len(self._ctes)}"
             self._ctes.append(exp.CTE(this=body, alias=exp.TableAlias(this=ident(name))))
             self._cte_of[id(node)] = name
+            if self._dialect == "spark" and _table_read(node):
+                self._inlining = True
+                try:
+                    self._inline[id(node)] = self._body(node)
+                finally:
+                    self._inlining = False
         query = select([*columns_of(root.columns), weight()], table(self._cte_of[id(root)]))
         query.set("with_", exp.With(expressions=self._ctes))
         paths = _reference_paths(root)
@@ -175,7 +194,12 @@ class _Fold:
 
     # -- helpers
 
-    def _ref(self, node: Node, as_: str | None = None) -> exp.Table:
+    def _ref(self, node: Node, as_: str | None = None) -> exp.Table | exp.Subquery:
+        """``node``'s CTE as a FROM item; a side of a join that only reads a table (Spark) is
+        that read itself (:func:`_table_read`)."""
+        inline = self._inline.get(id(node))
+        if inline is not None and (self._inlining or as_ in (_LEFT, _RIGHT)):
+            return derived(inline.copy(), as_ or self._cte_of[id(node)])
         return table(self._cte_of[id(node)], as_)
 
     def _types_of(self, node: Node) -> dict[str, str | None]:

@@ -59,7 +59,11 @@ from pgtrickle.sql.ident import quote_ident
 
 WEIGHT = ir.WEIGHT
 BROADCAST_MAX_BYTES = 10 * 1024 * 1024
-"""Whole tables read for a join up to this size (by relpages) are broadcast to the change's side."""
+"""Whole tables read for a join up to this size (:data:`pgtrickle.spark.jdbc.RELATION_BYTES`) are
+broadcast to the change's side ..."""
+BROADCAST_MAX_ROWS = 100_000
+"""... when they also hold at most this many rows (``relpages`` lags a bulk load; the live rows
+do not)."""
 
 
 def _read_as_other(base_type: str | None) -> bool:
@@ -251,9 +255,14 @@ class DeltaReads(KeyPushdown):
                 ),
                 False,
             )
-            if stats.relpages * 8192 <= BROADCAST_MAX_BYTES:
+            if (
+                stats.bytes is not None
+                and stats.bytes <= BROADCAST_MAX_BYTES
+                and stats.reltuples <= BROADCAST_MAX_ROWS
+            ):
                 # Spark cannot size a JDBC relation: say it is small, so a join with the change
-                # broadcasts it instead of shuffling both sides.
+                # broadcasts it instead of shuffling both sides (a job of its own, run before the
+                # plan's; dvm/compile.py reads such a side inline, where Spark keeps the hint).
                 df = df.hint("broadcast")
             self._count("whole_table_reads")
         df = df.selectExpr(*(spark_name(c) for c in self._columns(scan, source)))

@@ -26,6 +26,9 @@ class TableStats:
 
     reltuples: float
     relpages: int
+    bytes: int | None = None
+    """The size of the relation's data on disk now (every partition of a partitioned table), not
+    as of its last ANALYZE: :data:`RELATION_BYTES` (``None``: not known)."""
 
 
 ROW_ESTIMATE = "greatest(reltuples::float8, pg_stat_get_live_tuples(oid)::float8, 0)"
@@ -35,13 +38,22 @@ which read as 0 took a 150,000-row table for an empty one: read whole, never by 
 the statistics system counts since are taken then (and when they are more)."""
 
 
+RELATION_BYTES = "CASE WHEN relkind IN ('r', 'm') THEN relpages::bigint * 8192 END"
+"""SQL over ``pg_class``: a relation's data files as of its last VACUUM or ANALYZE, read without a
+lock (``pg_relation_size`` takes one, and waits behind an atomic group's transaction that
+truncated the table); NULL for a partitioned table (its rows are in its partitions) or a foreign
+one. ``relpages`` lags a bulk load (0 until the first ANALYZE): a broadcast also needs the row
+count the statistics system keeps (:data:`ROW_ESTIMATE`) small."""
+
+
 def table_stats(conn, relids: list[int]) -> dict[int, TableStats]:
-    """Planner statistics of the given relations (psycopg connection); rows: :data:`ROW_ESTIMATE`."""
+    """Planner statistics of the given relations (psycopg connection); rows: :data:`ROW_ESTIMATE`,
+    bytes: :data:`RELATION_BYTES`."""
     rows = conn.execute(
-        f"SELECT oid::bigint, {ROW_ESTIMATE}, relpages FROM pg_class WHERE oid = ANY(%s::oid[])",
+        f"SELECT oid::bigint, {ROW_ESTIMATE}, relpages, {RELATION_BYTES} FROM pg_class WHERE oid = ANY(%s::oid[])",
         (relids,),
     ).fetchall()
-    return {int(r[0]): TableStats(float(r[1]), int(r[2])) for r in rows}
+    return {int(r[0]): TableStats(float(r[1]), int(r[2]), None if r[3] is None else int(r[3])) for r in rows}
 
 
 _session_guards: OrderedDict[str, str] = OrderedDict()
