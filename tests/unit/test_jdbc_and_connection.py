@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from pgtrickle.config import Settings, _parse_spark_conf
 from pgtrickle.db.connection import jdbc_target, redact
 from pgtrickle.errors import ConfigError
+from pgtrickle.refresh.delta_reads import broadcasts
 from pgtrickle.spark.jdbc import TableStats, ctid_predicates, partition_count, snapshot_init_statement
 
 
@@ -85,3 +86,16 @@ def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PGTRICKLE_PORT", "many")
     with pytest.raises(ConfigError, match="PGTRICKLE_PORT"):
         Settings.from_env()
+
+
+def test_small_tables_are_broadcast_where_the_plan_joins_small_tables_more_than_once() -> None:
+    small = TableStats(reltuples=25, relpages=1, bytes=8192)
+    assert broadcasts(small, small_reads=2) and broadcasts(small, small_reads=5)
+    # The plan's one read of a small table: the one join's shuffle of a small change costs less
+    # than a broadcast's own job.
+    assert not broadcasts(small, small_reads=1)
+    # Too big by pages, by rows (relpages lags a bulk load: 0 pages, 6M live rows), or not sized
+    # (partitioned, foreign).
+    assert not broadcasts(TableStats(reltuples=1000, relpages=2000, bytes=2000 * 8192), small_reads=3)
+    assert not broadcasts(TableStats(reltuples=6_000_000, relpages=0, bytes=0), small_reads=3)
+    assert not broadcasts(TableStats(reltuples=25, relpages=0, bytes=None), small_reads=3)

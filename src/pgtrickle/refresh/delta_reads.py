@@ -66,6 +66,29 @@ BROADCAST_MAX_ROWS = 100_000
 do not)."""
 
 
+def small(stats: jdbc.TableStats) -> bool:
+    """Whether a table is small enough to broadcast (pure): at most :data:`BROADCAST_MAX_BYTES` on
+    disk and :data:`BROADCAST_MAX_ROWS` rows; a size not known (a partitioned or foreign table) is
+    not small."""
+    return (
+        stats.bytes is not None
+        and stats.bytes <= BROADCAST_MAX_BYTES
+        and stats.reltuples <= BROADCAST_MAX_ROWS
+    )
+
+
+def broadcasts(stats: jdbc.TableStats, small_reads: int) -> bool:
+    """Whether a table read whole is broadcast to the sides it is joined with, in a plan that reads
+    small tables (:func:`small`) ``small_reads`` times in all (pure). Spark cannot size a JDBC
+    relation, so without the hint every join with it shuffles both sides: a stage boundary in the
+    plan's job. A broadcast is a Spark job of its own, started (all of a plan's at once) before the
+    plan's: it pays where the plan joins small tables more than once - one shuffle saved per join,
+    the broadcasts side by side (TPC-H Q5, Q7, Q8: nation, region, supplier in every join term) -
+    and costs more than the one shuffle it saves where a plan's only join with a small table meets
+    a small change (benchmark ``join_aggregate``: ~+0.05 s a refresh)."""
+    return small_reads > 1 and small(stats)
+
+
 def _read_as_other(base_type: str | None) -> bool:
     """Whether a column of ``base_type`` (``None``: read as it is) is read as another type (a
     range check alone still reads the value as it is: spark/carry.py)."""
@@ -132,6 +155,8 @@ class DeltaReads(KeyPushdown):
         self._provided: list[str] = []
         self._uses = 1
         """How many times the plan being registered reads the read being made."""
+        self._small_reads = 0
+        """How many times the plan being registered reads small tables whole (:func:`broadcasts`)."""
         self._once: list[Any] = []
 
     def _columns(self, scan: ir.Scan, source: Source) -> list[str]:
@@ -179,6 +204,14 @@ class DeltaReads(KeyPushdown):
         self._read_columns = read_columns
         self._restrictions = restrictions
         self._post_conditions = {}
+        self._small_reads = sum(
+            read.uses
+            for read in compiled.reads
+            if read.kind is ReadKind.POST
+            and isinstance(read.node, ir.Scan)
+            and read.node.relation in self._sources
+            and small(self._stats[self._sources[read.node.relation].relid])
+        )
         for read in compiled.reads:
             assert isinstance(read.name, str)
             if read.name in self._registered:
@@ -255,14 +288,8 @@ class DeltaReads(KeyPushdown):
                 ),
                 False,
             )
-            if (
-                stats.bytes is not None
-                and stats.bytes <= BROADCAST_MAX_BYTES
-                and stats.reltuples <= BROADCAST_MAX_ROWS
-            ):
-                # Spark cannot size a JDBC relation: say it is small, so a join with the change
-                # broadcasts it instead of shuffling both sides (a job of its own, run before the
-                # plan's; dvm/compile.py reads such a side inline, where Spark keeps the hint).
+            if broadcasts(stats, self._small_reads):
+                # dvm/compile.py reads such a side inline, where Spark keeps the hint.
                 df = df.hint("broadcast")
             self._count("whole_table_reads")
         df = df.selectExpr(*(spark_name(c) for c in self._columns(scan, source)))
