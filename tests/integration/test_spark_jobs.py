@@ -91,19 +91,20 @@ def test_full_differential_and_no_change_refreshes_record_their_spark_jobs(order
     assert result.exit_code == 1 and "max_rows must be between 1 and 1000000" in result.output
 
 
+PAIRS = (
+    "SELECT c.region, r.region AS referrer, sum(o.amount) AS total, count(*) AS n"
+    " FROM orders o JOIN customers c ON c.id = o.customer"
+    " JOIN customers r ON r.id = 1 + (o.customer * 7) % 40 GROUP BY c.region, r.region"
+)
+"""customers joined twice (as the buyer and as a referrer): a change of orders meets it at two joins."""
+
+
 @pytest.mark.usefixtures("spark")
 def test_a_small_table_the_plan_reads_twice_is_broadcast_in_a_job_of_its_own(orders: Database) -> None:
+    # Spark broadcasts customers (jobs it runs first, named so) instead of two shuffles of both
+    # sides - the hint reaches the joins through the plan's CTEs (dvm/compile.py reads it inline).
     db = orders
-    # customers is joined twice (as the buyer and as a referrer): the change meets it at two joins,
-    # and Spark broadcasts it (jobs it runs first, named so) instead of two shuffles of both sides -
-    # the hint reaches the joins through the plan's CTEs (dvm/compile.py reads it inline).
-    create_st(
-        db,
-        "per_region_pair",
-        "SELECT c.region, r.region AS referrer, sum(o.amount) AS total, count(*) AS n"
-        " FROM orders o JOIN customers c ON c.id = o.customer"
-        " JOIN customers r ON r.id = 1 + (o.customer * 7) % 40 GROUP BY c.region, r.region",
-    )
+    create_st(db, "per_region_pair", PAIRS)
     refresh_and_check(db, "per_region_pair")
     db.sql("INSERT INTO orders VALUES (1001, 3, 10), (1002, 7, 20)")
     db.sql("UPDATE orders SET amount = amount + 1 WHERE id = 9")

@@ -210,7 +210,8 @@ class DeltaReads(KeyPushdown):
             if read.kind is ReadKind.POST
             and isinstance(read.node, ir.Scan)
             and read.node.relation in self._sources
-            and small(self._stats[self._sources[read.node.relation].relid])
+            and (stats := self._stats.get(self._sources[read.node.relation].relid)) is not None
+            and small(stats)
         )
         for read in compiled.reads:
             assert isinstance(read.name, str)
