@@ -65,7 +65,7 @@ def time_passes(db: Database) -> None:
 
 def history(db: Database, after: int) -> list[tuple]:
     """(name, action, status, batch_id, spark_jobs) of the refreshes after refresh_id ``after``;
-    the jobs other than broadcasts of small tables (``dim``, read whole by ``b1_join``)."""
+    the jobs other than broadcasts of small tables (refresh/delta_reads.broadcasts)."""
     rows = db.sql(
         "SELECT s.pgt_name, h.action, h.status, h.batch_id, h.spark_jobs, h.spark_jobs_why"
         " FROM pgtrickle.pgt_refresh_history h JOIN pgtrickle.pgt_stream_tables s USING (pgt_id)"

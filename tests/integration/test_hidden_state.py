@@ -102,8 +102,8 @@ def test_kept_nodes_refresh_differential_and_exact(shop: Database, name: str) ->
         _dml(db, rng, next_id)
         outcomes = refresh_and_check(db, name)
         assert [o.action for o in outcomes] == [Action.DIFFERENTIAL], [o.reason for o in outcomes]
-        # One Spark job computes the hidden tables' changes and the stream table's delta (the
-        # small customers table read whole is broadcast first, by a job of Spark's own).
+        # One Spark job computes the hidden tables' changes and the stream table's delta (a small
+        # table the plan broadcasts would be a job of Spark's own, run first: not counted).
         assert action_jobs(db, name) == 1, db.sql(
             "SELECT spark_jobs, spark_jobs_why FROM pgtrickle.get_refresh_history(%s, 1)", (name,)
         )

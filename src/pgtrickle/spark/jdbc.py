@@ -27,8 +27,8 @@ class TableStats:
     reltuples: float
     relpages: int
     bytes: int | None = None
-    """The size of the relation's data on disk now (every partition of a partitioned table), not
-    as of its last ANALYZE: :data:`RELATION_BYTES` (``None``: not known)."""
+    """The size of the relation's data as of its last VACUUM or ANALYZE, read without a lock:
+    :data:`RELATION_BYTES` (``None``: not known - a partitioned or foreign table)."""
 
 
 ROW_ESTIMATE = "greatest(reltuples::float8, pg_stat_get_live_tuples(oid)::float8, 0)"
