@@ -1,7 +1,8 @@
 """A semi/anti join's right side counted per join key and kept (pure: no JVM, no database).
 
 :func:`pgtrickle.dvm.semijoin_counts.rewrite` replaces the right side of a SEMI/ANTI join on
-column equalities, when it holds a join, by its rows' count per join key; that aggregate is kept
+column equalities, when it holds a join or when the left side's change cannot bound its keys (a
+cross or theta join under the left side), by its rows' count per join key; that aggregate is kept
 in a hidden table with its state (:mod:`pgtrickle.dvm.kept_state`). Proved over random trees and
 changes with the reference evaluator: the same value, and the integrated plan gives the change
 of the root and of every hidden table.
@@ -40,6 +41,38 @@ def semi_joins(draw: st.DrawFn) -> ir.Node:
     kind = draw(st.sampled_from([ir.JoinKind.SEMI, ir.JoinKind.ANTI]))
     condition = draw(st.sampled_from([f"{a} = {p}", f"{p} = {a} AND {b} = {q}"]))
     return ir.Join(kind, left, inner, e(condition))
+
+
+@st.composite
+def semi_joins_after_theta_joins(draw: st.DrawFn) -> ir.Node:
+    """A SEMI or ANTI join of one relation (maybe filtered) with a left side that holds a cross or
+    theta join (TPC-H Q22: customers above an average balance, without orders)."""
+    x = draw(trees(draw(st.sampled_from(TREE_KINDS)), depth=1))
+    y = draw(trees(draw(st.sampled_from(["aggregate_all", "aggregate", "filter"])), depth=1))
+    (a, b), (p, q) = x.columns, y.columns
+    condition = draw(st.sampled_from([f"{b} < {q}", f"{a} > {p} AND {b} <= {q}", "true"]))
+    left = ir.Project(ir.Join(ir.JoinKind.INNER, x, y, e(condition)), (("l0", e(a)), ("l1", e(q))))
+    relation = draw(st.sampled_from([R3, ir.Filter(R3, e("f > 0"))]))
+    kind = draw(st.sampled_from([ir.JoinKind.SEMI, ir.JoinKind.ANTI]))
+    return ir.Join(kind, left, relation, e(draw(st.sampled_from(["l0 = e", "e = l0 AND l1 = f"]))))
+
+
+def test_random_semi_joins_after_theta_joins() -> None:
+    made: list[int] = []
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(semi_joins_after_theta_joins(), envs())
+    def prove(node: ir.Node, drawn: tuple[dict[str, Table], frozenset[str]]) -> None:
+        env, changed = drawn
+        rewritten = _both(node)
+        assert _counted(rewritten), "the right side of one relation is counted"
+        assert evaluate(rewritten, env) == evaluate(node, env)
+        assert evaluate(rewritten, at_pre(env)) == evaluate(node, at_pre(env))
+        made.append(len(_counted(rewritten)))
+        _check(rewritten, env, changed, list(decide(rewritten)))
+
+    prove()
+    assert len(made) >= 30, made
 
 
 def test_random_semi_joins_over_joins() -> None:
@@ -88,5 +121,23 @@ def test_only_equalities_over_a_join_are_counted() -> None:
         ir.Join(ir.JoinKind.ANTI, R1, ir.Filter(R2, e("d > 0")), e("a = c")),
         ir.Join(ir.JoinKind.SEMI, R1, joined, e("a = c OR b = f")),
         ir.Join(ir.JoinKind.SEMI, R1, joined, e("a IS NOT DISTINCT FROM c")),
+    ):
+        assert semijoin_counts.rewrite(kept) is kept
+
+
+def test_a_one_relation_right_side_is_counted_when_the_left_change_has_no_keys() -> None:
+    average = ir.Aggregate(ir.Filter(R2, e("c > 0")), (), (("avg_c", e("AVG(c)")),))
+    above = ir.Project(ir.Join(ir.JoinKind.INNER, R1, average, e("b > avg_c")), (("a2", e("a")),))
+    anti = ir.Join(ir.JoinKind.ANTI, above, R3, e("e = a2"))  # TPC-H Q22's shape
+    counted = semijoin_counts.rewrite(anti)
+    assert isinstance(counted, ir.Join) and semijoin_counts.is_count(counted.right)
+    assert counted.right.columns == ("e", semijoin_counts.SEMI_COUNT)
+    # Joined on a key, the left change's keys bound the right side's read: left as it is.
+    keyed = ir.Join(
+        ir.JoinKind.INNER, R1, ir.Aggregate(R2, (("c", e("c")),), (("n", e("COUNT(*)")),)), e("a = c")
+    )
+    for kept in (
+        ir.Join(ir.JoinKind.ANTI, ir.Project(keyed, (("a2", e("a")),)), R3, e("e = a2")),
+        ir.Join(ir.JoinKind.ANTI, ir.Project(keyed, (("a2", e("a")),)), R3, e("e < a2")),
     ):
         assert semijoin_counts.rewrite(kept) is kept

@@ -42,7 +42,7 @@ from pgtrickle.dvm.semijoin_counts import is_count
 TOPK_INPUT = "the input of a TopK: its visible rows depend on all of it"
 AGGREGATE_JOINED_ON_VALUES = "an aggregate joined on its aggregate (non-group) columns or cross joined"
 AGGREGATE_OF_AGGREGATE = "an aggregate read by another aggregate"
-SEMI_JOIN_COUNTS = "the right side of a semi or anti join over a join, as its rows' count per join key"
+SEMI_JOIN_COUNTS = "the right side of a semi or anti join, as its rows' count per join key"
 ROOT_STATE = "the state of the root aggregate of a query keeping other nodes, maintained from its change"
 
 
