@@ -143,6 +143,9 @@ QUERIES: dict[str, str] = {
     " ON t.o_custkey = c.c_custkey",
     "nested_agg": "SELECT cnt, count(*) AS n FROM (SELECT o_custkey, count(*) AS cnt FROM orders"
     " GROUP BY o_custkey) x GROUP BY cnt",
+    # Three levels: the per-customer counts kept inside the kept counts of counts, each a state.
+    "nested_agg3": "SELECT n, count(*) AS k FROM (SELECT cnt, count(*) AS n FROM (SELECT o_custkey,"
+    " count(*) AS cnt FROM orders GROUP BY o_custkey) x GROUP BY cnt) y GROUP BY n",
     "q3": "SELECT l.l_orderkey, sum(l.l_extendedprice * (1 - l.l_discount)) AS revenue, o.o_orderdate"
     " FROM customer c, orders o, lineitem l WHERE c.c_mktsegment = 'BUILDING' AND c.c_custkey = o.o_custkey"
     " AND l.l_orderkey = o.o_orderkey AND o.o_orderdate < date '1995-03-15'"
@@ -172,7 +175,18 @@ QUERIES: dict[str, str] = {
 }
 EXAMPLES = int(os.environ.get("PGT_CHAIN_EXAMPLES", "10"))
 """Examples per query (raise it to hunt for mismatches: ``PGT_CHAIN_EXAMPLES=200``)."""
-SPARK_QUERIES = ("join3_agg", "left_join", "not_in", "except_all", "window", "nested_agg", "q3", "q13", "q22")
+SPARK_QUERIES = (
+    "join3_agg",
+    "left_join",
+    "not_in",
+    "except_all",
+    "window",
+    "nested_agg",
+    "nested_agg3",
+    "q3",
+    "q13",
+    "q22",
+)
 
 
 class At:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
+from collections.abc import Iterable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -39,6 +40,14 @@ def _states(tree: ir.Node) -> list[ir.Aggregate]:
     return [n for n in ir.walk(tree) if aggregate_rule.original_of(n) is not None]
 
 
+def _assert_every_additive_kept_aggregate_is_a_state(kept: Iterable[ir.Node]) -> None:
+    """Every kept node that reaches an additive aggregate keeps that aggregate's state, one kept
+    under another included (the inner one is a state inside the outer one's state too)."""
+    for node in kept:
+        found = aggregate_rule.kept_aggregate(node)
+        assert found is None or not kept_state.keeps_state(found.aggregate, _always), node
+
+
 @pytest.mark.parametrize("root", TREE_KINDS)
 def test_random_trees_with_kept_states(root: str) -> None:
     """Same value before and after the rewrite, at the window's start and at the snapshot; the
@@ -56,6 +65,7 @@ def test_random_trees_with_kept_states(root: str) -> None:
         assert evaluate(rewritten, at_pre(env)) == evaluate(node, at_pre(env))
         kept = decide(rewritten)
         assert all(n in kept for n in _states(rewritten))
+        _assert_every_additive_kept_aggregate_is_a_state(kept)
         _check(rewritten, env, changed, list(kept))
 
     prove()
@@ -91,11 +101,13 @@ def test_random_kept_sums() -> None:
         env, changed = drawn
         rewritten = kept_state.rewrite(node, decide(node), _always)
         states = _states(rewritten)
-        # The kept sum's state; with "aggregate" as the consumer, the root COUNT(*)'s too.
-        assert len(states) == (2 if isinstance(node, ir.Aggregate) else 1)
+        # The kept sum's state; with "aggregate" as the consumer, the root COUNT(*)'s too; and
+        # the state of any additive aggregate kept inside the random subtree.
+        assert len(states) >= (2 if isinstance(node, ir.Aggregate) else 1)
         assert evaluate(rewritten, env) == evaluate(node, env)
         kept = decide(rewritten)
         assert all(state in kept for state in states)
+        _assert_every_additive_kept_aggregate_is_a_state(kept)
         _check(rewritten, env, changed, list(kept))
 
     prove()

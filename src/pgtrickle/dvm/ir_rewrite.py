@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 
 from pgtrickle.dvm import ir
 
-__all__ = ["replace_nodes", "transform"]
+__all__ = ["replace_nodes", "swap_bottom_up", "transform"]
 
 
 def replace_nodes(node: ir.Node, replace: Mapping[int, ir.Node]) -> ir.Node:
@@ -49,6 +49,21 @@ def transform(node: ir.Node, fn: Callable[[ir.Node], ir.Node]) -> ir.Node:
     """``node``'s tree rebuilt bottom up, each node (its inputs already transformed) replaced by
     ``fn(node)``; what lies under a ``Delta`` or ``Materialized`` is left alone, and a shared
     subtree stays one object."""
+    return _bottom_up(node, lambda _, rebuilt: fn(rebuilt))
+
+
+def swap_bottom_up(node: ir.Node, swap: Mapping[int, Callable[[ir.Node], ir.Node]]) -> ir.Node:
+    """``node``'s tree rebuilt bottom up, each node whose ``id`` is a key of ``swap`` replaced by
+    ``swap[id](n)``, ``n`` being that node with its inputs already rebuilt — so a swapped node
+    under another swapped node is swapped in what replaces the outer one too (which
+    :func:`replace_nodes`, given replacements made beforehand, cannot do)."""
+    return _bottom_up(
+        node, lambda original, rebuilt: swap[id(original)](rebuilt) if id(original) in swap else rebuilt
+    )
+
+
+def _bottom_up(node: ir.Node, fn: Callable[[ir.Node, ir.Node], ir.Node]) -> ir.Node:
+    """``node``'s tree rebuilt bottom up: each node becomes ``fn(original, rebuilt)``."""
     memo: dict[int, ir.Node] = {}
 
     def rebuild(current: ir.Node) -> ir.Node:
@@ -61,7 +76,7 @@ def transform(node: ir.Node, fn: Callable[[ir.Node], ir.Node]) -> ir.Node:
                     if new is not child:
                         swapped[id(child)] = new
             rebuilt = replace_nodes(current, swapped) if swapped else current
-            memo[key] = fn(rebuilt)
+            memo[key] = fn(current, rebuilt)
         return memo[key]
 
     return rebuild(node)

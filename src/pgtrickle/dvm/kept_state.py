@@ -45,15 +45,16 @@ def rewrite(tree: ir.Node, kept: Collection[ir.Node], exact: Callable[[ir.Aggreg
     """``tree`` with every aggregate that a node of ``kept`` reaches through ``Filter``/``Project``
     nodes (:func:`~pgtrickle.dvm.rules.aggregate.kept_aggregate`) and that :func:`keeps_state`
     replaced by the projection of its state (``tree`` itself when there is none)."""
-    replace: dict[int, ir.Node] = {}
+    swap: dict[int, Callable[[ir.Node], ir.Node]] = {}
     for node in kept:
         found = aggregate.kept_aggregate(node)
         if found is None or found.aggregate is tree or not keeps_state(found.aggregate, exact):
             continue
-        a = found.aggregate
-        replace[id(a)] = aggregate.visible(a, aggregate.state_node(a))
-    if replace:
-        tree = ir_rewrite.replace_nodes(tree, replace)
+        swap[id(found.aggregate)] = _as_state
+    if swap:
+        # Bottom up: a kept aggregate under another one (a semi join's counts inside the right
+        # side of another's) is a state in the outer one's state too, not recomputed there.
+        tree = ir_rewrite.swap_bottom_up(tree, swap)
     root = root_aggregate(tree)
     if kept and root is not None and keeps_state(root, exact):
         # The stream table stores no state of its root aggregate when the query keeps other
@@ -61,6 +62,11 @@ def rewrite(tree: ir.Node, kept: Collection[ir.Node], exact: Callable[[ir.Aggreg
         # a hidden table read whole (TPC-H Q13's customers per order count). Kept as a state too.
         tree = ir_rewrite.replace_nodes(tree, {id(root): aggregate.visible(root, aggregate.state_node(root))})
     return tree
+
+
+def _as_state(node: ir.Node) -> ir.Node:
+    assert isinstance(node, ir.Aggregate)
+    return aggregate.visible(node, aggregate.state_node(node))
 
 
 def root_aggregate(tree: ir.Node) -> ir.Aggregate | None:
