@@ -45,6 +45,22 @@ def test_every_preset_has_a_command_for_every_piece() -> None:
 
 @pytest.mark.integration
 @pytest.mark.usefixtures("spark")
+def test_the_summary_reads_the_scheduler_report_of_either_shape() -> None:
+    chain, fan, branch = ({"latency_median_s": x} for x in (0.64, 2.43, 0.22))
+    runs = [
+        {"parallel": 2, "batch": 1, "chain": {"latency_median_s": 1.9}, "fan": fan, "branch": branch},
+        {"parallel": 2, "batch": 32, "chain": chain, "fan": fan, "branch": branch},
+    ]
+    assert suite.propagation_headline({"runs": runs}) == (
+        "propagation (2 at once, batch 32): chain of 10 0.64 s, 3×20 fan 2.43 s, "
+        "one branch of depth 3 0.22 s (fan ×11.0)"
+    )
+    # A report of before max_parallel_refreshes / max_batch_size: one run at its top level.
+    assert suite.propagation_headline({"chain": chain, "fan": fan}) == (
+        "propagation: chain of 10 0.64 s, 3×20 fan 2.43 s"
+    )
+
+
 def test_tpch_generator_and_a_query_stays_exact_under_its_changes(db: Database) -> None:
     sf = 0.001  # the generator's floor: 1500 orders, ~6000 lines
     tpch_data.load(db.conn, sf, progress=lambda _line: None)
