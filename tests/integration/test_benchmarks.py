@@ -43,8 +43,6 @@ def test_every_preset_has_a_command_for_every_piece() -> None:
     assert 100_000_000 in suite.PRESETS["full"]["differential"]["sizes"]
 
 
-@pytest.mark.integration
-@pytest.mark.usefixtures("spark")
 def test_the_summary_reads_the_scheduler_report_of_either_shape() -> None:
     chain, fan, branch = ({"latency_median_s": x} for x in (0.64, 2.43, 0.22))
     runs = [
@@ -61,6 +59,8 @@ def test_the_summary_reads_the_scheduler_report_of_either_shape() -> None:
     )
 
 
+@pytest.mark.integration
+@pytest.mark.usefixtures("spark")
 def test_tpch_generator_and_a_query_stays_exact_under_its_changes(db: Database) -> None:
     sf = 0.001  # the generator's floor: 1500 orders, ~6000 lines
     tpch_data.load(db.conn, sf, progress=lambda _line: None)
