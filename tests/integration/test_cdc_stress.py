@@ -746,7 +746,9 @@ def test_sigkill_while_the_decoder_streams_loses_and_duplicates_nothing(db: Data
             daemon.kill()  # for good
         writer.join(timeout=60)
 
-    wait_for_decoder(db.conn, db.dsn)  # nothing left to decode; no decoder attached now
+    # Nothing left to decode and no decoder attached now. A killed daemon's walsender can hold the slot
+    # until PostgreSQL's wal_sender_timeout (60 s by default) notices its client is gone: wait past it.
+    wait_for_decoder(db.conn, db.dsn, timeout=150)
     check_capture(db, writer.txns, {"wal"})
     scheduler = Scheduler(db.settings, db.dsn)
     try:
