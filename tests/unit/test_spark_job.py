@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from pgtrickle.refresh.spark_job import (
+    COMPILED_MIN_ROWS_READ,
     INTERPRETED_MAX_CHANGES,
     WHOLE_STAGE_CODEGEN,
     compiles,
+    lone_compiles,
     whole_stage_codegen,
 )
 
@@ -33,11 +35,21 @@ class Session:
         self.conf = Conf(values)
 
 
-def test_a_small_delta_read_without_whole_tables_runs_interpreted() -> None:
+def test_a_small_delta_reading_few_rows_whole_runs_interpreted() -> None:
     assert not compiles(0, 0)
     assert not compiles(INTERPRETED_MAX_CHANGES - 1, 0)
     assert compiles(INTERPRETED_MAX_CHANGES, 0)
-    assert compiles(1, 1), "a table read whole keeps code generation"
+    assert not compiles(1, 150_000), "a small table read whole (TPC-H customer at SF 1) runs interpreted"
+    assert not compiles(1, COMPILED_MIN_ROWS_READ - 1)
+    assert compiles(1, COMPILED_MIN_ROWS_READ), "a million rows read whole keep code generation"
+
+
+def test_a_lone_refresh_drops_code_generation_only_for_plans_in_parts() -> None:
+    assert lone_compiles(10_000, 0, in_parts=False), "an aggregate over stored state keeps it"
+    assert lone_compiles(1, 0, in_parts=False)
+    assert not lone_compiles(10_000, 150_000, in_parts=True), "a kept plan over small reads drops it"
+    assert lone_compiles(10_000, COMPILED_MIN_ROWS_READ, in_parts=True)
+    assert lone_compiles(INTERPRETED_MAX_CHANGES, 0, in_parts=True)
 
 
 @pytest.mark.parametrize("initial", [{}, {WHOLE_STAGE_CODEGEN: "true"}, {WHOLE_STAGE_CODEGEN: "false"}])

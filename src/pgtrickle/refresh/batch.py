@@ -68,7 +68,7 @@ from pgtrickle.refresh.engine import Cancelled, Prepared, Refresher, RefreshOutc
 from pgtrickle.refresh.plan import Action
 from pgtrickle.refresh.read_names import FallbackToFull, NotChained
 from pgtrickle.refresh.shared_reads import SharedReads
-from pgtrickle.refresh.spark_job import compiles, shuffle_sized, whole_stage_codegen
+from pgtrickle.refresh.spark_job import ROWS_READ_WHOLE, compiles, shuffle_sized, whole_stage_codegen
 from pgtrickle.refresh.tagged import MEMBER, split_rows, union_sql
 from pgtrickle.scheduler.batches import member_why_alone
 from pgtrickle.spark import carry, jdbc, jobs, planning
@@ -228,10 +228,8 @@ class _Batch:
 
     def _compiles(self, changes: int) -> bool:
         """Whether the plans planned next get whole-stage code generation: not when the batch's
-        delta is small and no member framed so far reads a table whole (spark_job.compiles)."""
-        whole = sum(
-            int(m.run.timings.get("whole_table_reads", 0)) for m in self.members if m.text is not None
-        )
+        delta is small and the members framed so far read few rows whole (spark_job.compiles)."""
+        whole = sum(m.run.timings.get(ROWS_READ_WHOLE, 0) for m in self.members if m.text is not None)
         return compiles(changes, whole)
 
     def _abandon(self) -> None:

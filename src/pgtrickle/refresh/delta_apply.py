@@ -20,15 +20,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import rows_table
+from pgtrickle.db.columns import column_types
 from pgtrickle.db.query import one_row, scalar
 from pgtrickle.dvm.ir import WEIGHT
 from pgtrickle.dvm.layout import ROW_ID, Layout, average_expression
 from pgtrickle.errors import PgTrickleError
+from pgtrickle.refresh.context import RefreshContext
+from pgtrickle.spark import jdbc
 from pgtrickle.sql.ident import quote_ident
 
 DELTA_TABLE = "pg_temp.__pgt_delta"
@@ -45,6 +50,24 @@ class Staged:
 
     table: str
     columns: list[str]
+
+
+def stage_delta(ctx: RefreshContext, st: StreamTable, targets: Sequence[str], df: Any) -> Staged:
+    """Write a large delta (the Spark DataFrame ``df``, its columns stored as ``targets``: the
+    layout's columns, the weight, the row identity) by partitioned JDBC into an unlogged staging
+    table, created here with the stream table's column types."""
+    stored = column_types(ctx.conn, st.relid)
+    name = f"delta_{st.pgt_id}"
+    table = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(name))
+    cols = [
+        sql.SQL("{} {}").format(sql.Identifier(df_col), sql.SQL(stored.get(t, "bigint")))
+        for df_col, t in zip(df.columns, targets, strict=True)
+    ]
+    with ctx.staging_conn() as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+        conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, sql.SQL(", ").join(cols)))
+    jdbc.write_append(df, ctx.target, f'pgtrickle_changes."{name}"')
+    return Staged(f"pgtrickle_changes.{quote_ident(name)}", list(df.columns))
 
 
 @dataclass

@@ -53,6 +53,7 @@ from pgtrickle.refresh.read_names import (
     spark_name,
 )
 from pgtrickle.refresh.shared_reads import SharedReads, buffer_columns
+from pgtrickle.refresh.spark_job import ROWS_READ_WHOLE
 from pgtrickle.spark import carry, jdbc, planning
 from pgtrickle.spark.capabilities import capabilities
 from pgtrickle.sql.ident import quote_ident
@@ -293,6 +294,7 @@ class DeltaReads(KeyPushdown):
                 # dvm/compile.py reads such a side inline, where Spark keeps the hint.
                 df = df.hint("broadcast")
             self._count("whole_table_reads")
+            self._add(ROWS_READ_WHOLE, stats.reltuples)
         df = df.selectExpr(*(spark_name(c) for c in self._columns(scan, source)))
         if group is not None and group.reads_from_group(source):
             df = self._after_group_change(scan, source, df, None if condition is None else restriction)
@@ -339,7 +341,10 @@ class DeltaReads(KeyPushdown):
         stats = self._stats[self.st.relid]
         if restriction is not None:
             restriction = Restriction(stored.stored_of(restriction.column), restriction.keys)
-        condition = self._condition(restriction, stats.reltuples) or "true"
+        condition = self._condition(restriction, stats.reltuples)
+        if condition is None:
+            self._add(ROWS_READ_WHOLE, stats.reltuples)
+            condition = "true"
         select = ", ".join(f"{quote_ident(s)} AS {quote_ident(c)}" for c, s in stored.names)
         exact = self._exact_select(self.st.relid, self.st.schema, self.st.name, stored.written)
         query = f"SELECT {select} FROM (SELECT {exact} FROM {self.st.qualified} WHERE {condition}) AS __pgt_s"
@@ -374,6 +379,7 @@ class DeltaReads(KeyPushdown):
             self._count("kept_key_filtered_reads")
         else:
             self._count("kept_state_reads")
+            self._add(ROWS_READ_WHOLE, reltuples)
         query += ") AS __pgt_s"
         return jdbc.read_query(self.r.spark, self.r.target, query, self.window.snap_id), True
 
@@ -502,4 +508,7 @@ class DeltaReads(KeyPushdown):
         return buffer, window_predicate(self.window.frontier, self.window.snapshot)
 
     def _count(self, what: str) -> None:
-        self.timings[what] = self.timings.get(what, 0) + 1
+        self._add(what, 1)
+
+    def _add(self, what: str, value: float) -> None:
+        self.timings[what] = self.timings.get(what, 0) + value

@@ -35,18 +35,16 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from pgtrickle import faults
 from pgtrickle.catalog.store import StreamTable
 from pgtrickle.cdc.buffers import PendingChanges, pending_changes
 from pgtrickle.cdc.wal import wait_for_decoder
-from pgtrickle.db.columns import column_types
 from pgtrickle.dvm import ir, keyed, materialize, shared
 from pgtrickle.dvm.compile import Compiled
 from pgtrickle.dvm.kept import StateTable, fingerprint, node_query
@@ -57,20 +55,25 @@ from pgtrickle.dvm.state_change import state_change
 from pgtrickle.errors import UnsupportedQueryError
 from pgtrickle.refresh import commit, history, unread_updates, user_triggers
 from pgtrickle.refresh.context import RefreshContext
-from pgtrickle.refresh.delta_apply import DeltaApply, DeltaMismatch, Staged, own_buffer
+from pgtrickle.refresh.delta_apply import DeltaApply, DeltaMismatch, Staged, own_buffer, stage_delta
 from pgtrickle.refresh.delta_reads import DeltaReads, Window
 from pgtrickle.refresh.key_bounds import should_push_down
 from pgtrickle.refresh.layout_ddl import equality_operators
 from pgtrickle.refresh.output import finished_columns, for_copy, timestamps
 from pgtrickle.refresh.read_names import FallbackToFull, ReadNames, relation_key, spark_name
 from pgtrickle.refresh.shared_reads import SharedReads
-from pgtrickle.refresh.spark_job import data_error_state, shuffle_sized
+from pgtrickle.refresh.spark_job import (
+    ROWS_READ_WHOLE,
+    data_error_state,
+    lone_compiles,
+    shuffle_sized,
+    whole_stage_codegen,
+)
 from pgtrickle.refresh.state_merge import StateMerge
 from pgtrickle.refresh.state_tables import StateMismatch, apply_state_change, as_stored, stored_decimals
 from pgtrickle.refresh.tagged import split_rows, union_sql
-from pgtrickle.spark import carry, jdbc, planning
+from pgtrickle.spark import carry, planning
 from pgtrickle.spark.capabilities import tag_jobs
-from pgtrickle.sql.ident import quote_ident
 
 __all__ = ["DifferentialRun", "FallbackToFull", "should_push_down", "spark_name"]
 
@@ -123,6 +126,8 @@ class DifferentialRun:
         """The changes pending in the window, every source's (for the history)."""
         self.pending_sources: frozenset[int] = frozenset()
         """The sources with any change pending in the window (those :meth:`changes` leaves out too)."""
+        self._codegen: Callable[[], None] = lambda: None
+        """Called before each of this run's plans is prepared: code generation on or off for it."""
 
     # ---------------------------------------------------------------- main
     def run(self, history_id: int, request_ids: Sequence[int]) -> tuple[int, int, int, float]:
@@ -338,7 +343,15 @@ class DifferentialRun:
         rows = sum(p.rows for p in changed.values())
         try:
             # With hidden tables the action collects a union of several plans: one round of its LIMIT.
-            with shuffle_sized(spark, rows, one_round=bool(prepared.kept)):
+            with (
+                shuffle_sized(spark, rows, one_round=bool(prepared.kept)),
+                whole_stage_codegen(spark) as switch,
+            ):
+                # Each plan is prepared with the reads registered so far (spark_job.lone_compiles).
+                in_parts = bool(prepared.kept) or prepared.split is not None
+                self._codegen = lambda: switch(
+                    lone_compiles(rows, self.timings.get(ROWS_READ_WHOLE, 0), in_parts)
+                )
                 reads.kept_views = prepared.kept_views
                 # Each hidden table's change (children first) as a view the plans above read,
                 # computed once; nothing runs until the one action below.
@@ -356,6 +369,7 @@ class DifferentialRun:
                     return self._collect(output)
                 return self._one_job(kept, output, rows)
         finally:
+            self._codegen = lambda: None
             reads.release()
 
     def batch_plan(self, changed: dict[int, PendingChanges]) -> Prepared | None:
@@ -399,6 +413,7 @@ class DifferentialRun:
         the action computes it once. The SQL of the plan reading them."""
         for view, part in split.first:
             value = planning.sql(self.r.spark, part.sql(), self.timings, "first")
+            self._codegen()
             reads.provide(view, planning.computed_once(value, self.timings, "first"), once=True)
         return split.main.sql()
 
@@ -412,6 +427,7 @@ class DifferentialRun:
         text = self._computed_first(change, reads)
         value = planning.sql(self.r.spark, text, self.timings, "kept")
         value = as_stored(value, stored_decimals(self.conn, table))
+        self._codegen()
         leaf = planning.computed_once(value, self.timings, "kept")
         reads.provide(view, leaf, once=True)
         n = len(table.columns)
@@ -432,6 +448,7 @@ class DifferentialRun:
         texts = [text for _, (_, text) in kept] + [output]
         widths = [len(table.columns) for table, _ in kept] + [len(self.layout.columns)]
         union = planning.sql(self.r.spark, union_sql(tags, widths, texts, changes), self.timings, "delta")
+        self._codegen()
         rows = planning.planned(union.limit(COPY_MAX_ROWS + 1), self.timings, "delta").collect()
         if len(rows) <= COPY_MAX_ROWS:
             split = split_rows(rows, tags)
@@ -474,28 +491,13 @@ class DifferentialRun:
     def _collect(self, spark_sql: str) -> list[tuple] | Staged:
         """Run the job. Small results come back to the driver (then COPY); large ones go by JDBC."""
         df = planning.sql(self.r.spark, spark_sql, self.timings, "delta")
+        self._codegen()
         rows = planning.planned(df.limit(COPY_MAX_ROWS + 1), self.timings, "delta").collect()
         if len(rows) <= COPY_MAX_ROWS:
             return [tuple(r) for r in rows]
         del rows
-        return self._stage(df)
-
-    def _stage(self, df) -> Staged:
-        """Write a large delta by partitioned JDBC into an unlogged staging table."""
-        stored = column_types(self.conn, self.st.relid)
-        name = f"delta_{self.st.pgt_id}"
-        table = sql.SQL("pgtrickle_changes.{}").format(sql.Identifier(name))
-        targets = [*self.layout.columns, ir.WEIGHT, ROW_ID]
-        cols = [
-            sql.SQL("{} {}").format(sql.Identifier(df_col), sql.SQL(stored.get(t, "bigint")))
-            for df_col, t in zip(df.columns, targets, strict=True)
-        ]
-        with self.r.staging_conn() as conn:
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
-            conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(table, sql.SQL(", ").join(cols)))
         self.r.progress(f"{self.st.display}: large delta: writing it by JDBC into a staging table")
-        jdbc.write_append(df, self.r.target, f'pgtrickle_changes."{name}"')
-        return Staged(f"pgtrickle_changes.{quote_ident(name)}", list(df.columns))
+        return stage_delta(self.r, self.st, [*self.layout.columns, ir.WEIGHT, ROW_ID], df)
 
     def _drop_staging(self, staged: Staged) -> None:
         from pgtrickle.refresh.delta_apply import RAW_TABLE, drop_temp

@@ -18,19 +18,39 @@ round, runs a job per round over a plan of many partitions)."""
 
 WHOLE_STAGE_CODEGEN = "spark.sql.codegen.wholeStage"
 INTERPRETED_MAX_CHANGES = 100_000
-"""A batch's plans run without whole-stage code generation below this many changes when no member
-reads a table whole (:func:`compiles`)."""
+"""A refresh's plans run without whole-stage code generation below this many changes when they
+read few rows whole (:func:`compiles`)."""
+COMPILED_MIN_ROWS_READ = 1_000_000
+"""Rows read whole (tables, hidden state tables, the stream table's own rows: their planner
+estimates) from which a refresh's plans get whole-stage code generation (:func:`compiles`)."""
+ROWS_READ_WHOLE = "rows_read_whole"
+"""The timings key summing the estimated rows of a refresh's reads not bounded by keys or windows
+(refresh/delta_reads.py)."""
 
 
-def compiles(changes: int, whole_table_reads: int) -> bool:
-    """Whether a job is worth Spark's whole-stage code generation (pure).
+def compiles(changes: int, rows_read_whole: float) -> bool:
+    """Whether a batch's plans, or a lone refresh's plans computed in parts, are worth Spark's
+    whole-stage code generation (pure).
 
-    Code generation compiles Java for every stage of a plan: worth it for millions of rows, not
-    for a small delta read through change windows and key-filtered reads. A batch of 60 one-row
-    deltas (a fan of stream tables) spent 2.1-2.9 s in its one task with it, 0.7-1.0 s without
-    (docs/BENCHMARKS.md, "Scheduler overhead"). A plan reading a table whole keeps it.
+    Code generation compiles Java for every stage of a plan when the plan is prepared: worth it
+    for millions of rows, not for a union of many small plans or a plan of many stages over a
+    delta read through change windows, key-filtered reads and a few small tables read whole. A
+    batch of 60 one-row deltas (a fan of stream tables) spent 2.1-2.9 s in its one task with it,
+    0.7-1.0 s without (docs/BENCHMARKS.md, "Scheduler overhead"); TPC-H Q13, Q18, Q21, Q22 at scale
+    factor 1 (hidden state tables, ~30 stages, at most a 150,000-row table read whole) refreshed in
+    0.68-0.84 of the time without (docs/BENCHMARKS.md, "Code generation for plans in parts"). Plans
+    reading a million rows or more whole keep it.
     """
-    return whole_table_reads > 0 or changes >= INTERPRETED_MAX_CHANGES
+    return rows_read_whole >= COMPILED_MIN_ROWS_READ or changes >= INTERPRETED_MAX_CHANGES
+
+
+def lone_compiles(changes: int, rows_read_whole: float, in_parts: bool) -> bool:
+    """Whether a lone differential refresh's next plan gets whole-stage code generation (pure):
+    ``in_parts`` - the refresh computes hidden state tables' changes or sub-plans first, then one
+    action over them - as :func:`compiles` says; a plan in one piece always (a delta aggregated
+    over the stream table's stored state: 10,000 changes to a 1M-row table refreshed ~10 % slower
+    without, and TPC-H Q1 too)."""
+    return not in_parts or compiles(changes, rows_read_whole)
 
 
 @contextmanager

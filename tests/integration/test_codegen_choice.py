@@ -1,0 +1,113 @@
+"""A lone DIFFERENTIAL refresh prepares its plans with whole-stage code generation only when they
+read many rows whole (refresh/spark_job.compiles), and leaves the session's setting as it was.
+
+The plans are the refresh's own, on real PostgreSQL and Spark; a spy on the two places a refresh
+prepares a plan (spark/planning.py: ``planned`` and ``computed_once``) records the setting each
+plan was prepared with. The oracle checks every refresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pgtrickle.refresh import spark_job
+from pgtrickle.refresh.spark_job import ROWS_READ_WHOLE, WHOLE_STAGE_CODEGEN
+from pgtrickle.spark import planning
+from tests.integration.helpers import assert_oracle, create_st, refresh
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+# A nested aggregate (hidden state tables: plans computed first, then one action) over a theta join
+# (its unchanged side read whole: no key bounds it).
+QUERY = (
+    "SELECT n, count(*) AS groups FROM (SELECT o.cust, count(*) AS n FROM orders o"
+    " JOIN limits l ON o.amount > l.lim GROUP BY o.cust) x GROUP BY n"
+)
+
+
+@pytest.fixture
+def prepared_with(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The code generation setting of every plan prepared, in order."""
+    seen: list[str] = []
+
+    def spy(real: Any) -> Any:
+        def prepare(df: Any, *args: Any, **kwargs: Any) -> Any:
+            seen.append(str(df.sparkSession.conf.get(WHOLE_STAGE_CODEGEN)))
+            return real(df, *args, **kwargs)
+
+        return prepare
+
+    monkeypatch.setattr(planning, "planned", spy(planning.planned))
+    monkeypatch.setattr(planning, "computed_once", spy(planning.computed_once))
+    yield seen
+
+
+def _setup(db) -> None:  # type: ignore[no-untyped-def]
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
+    db.sql("CREATE TABLE orders (id int PRIMARY KEY, cust int NOT NULL, amount int NOT NULL)")
+    db.sql("CREATE TABLE limits (lim int NOT NULL)")
+    db.sql("INSERT INTO orders SELECT g, g % 40, g % 97 FROM generate_series(1, 2000) g")
+    db.sql("INSERT INTO limits VALUES (10), (50), (90)")
+    db.sql("ANALYZE orders, limits")
+    create_st(db, "per_n", QUERY, refresh_mode="DIFFERENTIAL")
+    refresh(db)
+
+
+def _change(db, base: int) -> None:  # type: ignore[no-untyped-def]
+    db.sql(
+        "INSERT INTO orders SELECT g, g %% 41, g %% 89 FROM generate_series(%s::int, %s::int) g",
+        (base, base + 30),
+    )
+    db.sql("DELETE FROM orders WHERE id %% 17 = 0 AND id < %s", (base,))
+    db.sql("UPDATE orders SET amount = amount + 7 WHERE id %% 23 = 0 AND id < %s", (base,))
+
+
+def test_a_small_refresh_prepares_its_plans_without_code_generation(db, spark, prepared_with) -> None:  # type: ignore[no-untyped-def]
+    _setup(db)
+    before = spark.conf.get(WHOLE_STAGE_CODEGEN)
+    prepared_with.clear()
+    _change(db, 10_000)
+    [outcome] = refresh(db, "per_n")
+    assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+    assert 0 < outcome.timings.get(ROWS_READ_WHOLE, 0) < spark_job.COMPILED_MIN_ROWS_READ, outcome.timings
+    assert len(prepared_with) >= 2, "a kept plan prepares its parts and then its action"
+    assert set(prepared_with) == {"false"}, prepared_with
+    assert spark.conf.get(WHOLE_STAGE_CODEGEN) == before, "the session's setting comes back"
+    assert_oracle(db, "per_n")
+
+
+def test_plans_after_many_rows_read_whole_keep_code_generation(  # type: ignore[no-untyped-def]
+    db, spark, prepared_with, monkeypatch
+) -> None:
+    _setup(db)
+    # As if the tables read whole were large: their few rows count as "many".
+    monkeypatch.setattr(spark_job, "COMPILED_MIN_ROWS_READ", 1)
+    prepared_with.clear()
+    _change(db, 20_000)
+    [outcome] = refresh(db, "per_n")
+    assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+    assert outcome.timings.get(ROWS_READ_WHOLE, 0) >= 1, outcome.timings
+    assert prepared_with and prepared_with[-1] == "true", prepared_with
+    assert_oracle(db, "per_n")
+
+
+def test_a_session_configured_without_code_generation_stays_without(  # type: ignore[no-untyped-def]
+    db, spark, prepared_with, monkeypatch
+) -> None:
+    _setup(db)
+    monkeypatch.setattr(spark_job, "COMPILED_MIN_ROWS_READ", 1)
+    before = spark.conf.get(WHOLE_STAGE_CODEGEN)
+    spark.conf.set(WHOLE_STAGE_CODEGEN, "false")
+    try:
+        prepared_with.clear()
+        _change(db, 30_000)
+        [outcome] = refresh(db, "per_n")
+        assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+        assert set(prepared_with) == {"false"}, prepared_with
+        assert spark.conf.get(WHOLE_STAGE_CODEGEN) == "false"
+    finally:
+        spark.conf.set(WHOLE_STAGE_CODEGEN, before)
+    assert_oracle(db, "per_n")
