@@ -36,16 +36,15 @@ import tpch_data
 from common import (
     add_output_args,
     bench_dsn,
+    bench_start,
     command_line,
     drop_database,
     header_lines,
-    machine,
     md_table,
     now_text,
     recreate_database,
     revision,
     spark_running,
-    stop_on_signals,
     write_json,
     write_section,
 )
@@ -54,7 +53,6 @@ from tpch import ensure_dataset, tpch_db
 from pgtrickle.catalog.install import install
 from pgtrickle.config import Settings
 from pgtrickle.daemon.manual import refresh_sync
-from pgtrickle.db.connection import resolve_dsn
 from pgtrickle.refresh import differential
 from pgtrickle.refresh.verify import verify
 
@@ -128,11 +126,7 @@ def summary(seconds: dict[str, dict[str, list[float]]]) -> list[list[Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    stop_on_signals()
-    settings = Settings.from_env().with_overrides(dsn=args.dsn, spark_master=args.spark_master)
-    admin_dsn = resolve_dsn(settings)
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        host = machine(conn)
+    settings, admin_dsn, host = bench_start(args)
     every = tpch_data.queries(args.sf)
     wanted = [q.strip() for q in args.queries.split(",") if q.strip()] or list(every)
     ensure_dataset(admin_dsn, args.sf)

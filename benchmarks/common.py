@@ -193,23 +193,29 @@ def spark_running(settings: Any) -> Iterator[float]:
         spark_session.stop_spark()
 
 
-def run_in_own_database(
-    args: Any, name: str, script: str, argv: Sequence[str] | None, run: Any
-) -> tuple[dict[str, Any], Any, Any]:
-    """The frame of a benchmark over a database of its own: create it, start Spark, call
-    ``run(settings, dsn, args)`` (→ results, problems), stop Spark, drop the database. Returns the
-    report's header (command, date, machine, revision, ...), the results and the problems."""
+def bench_start(args: Any) -> tuple[Any, str, dict[str, Any]]:
+    """A benchmark's start: SIGTERM / SIGHUP unwind, the settings (``--dsn``, ``--spark-master``),
+    the server's admin DSN and the machine's description. Returns (settings, admin DSN, machine)."""
     from pgtrickle.config import Settings
     from pgtrickle.db.connection import resolve_dsn
 
     stop_on_signals()
     settings = Settings.from_env().with_overrides(dsn=args.dsn, spark_master=args.spark_master)
     admin_dsn = resolve_dsn(settings)
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        return settings, admin_dsn, machine(conn)
+
+
+def run_in_own_database(
+    args: Any, name: str, script: str, argv: Sequence[str] | None, run: Any
+) -> tuple[dict[str, Any], Any, Any]:
+    """The frame of a benchmark over a database of its own: create it, start Spark, call
+    ``run(settings, dsn, args)`` (→ results, problems), stop Spark, drop the database. Returns the
+    report's header (command, date, machine, revision, ...), the results and the problems."""
+    settings, admin_dsn, host = bench_start(args)
     db = f"pgtrickle_bench_{name}_{os.getpid()}"
     recreate_database(admin_dsn, db)
     try:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            host = machine(conn)
         with spark_running(settings) as spark_start:
             print(f"SparkSession start-up: {spark_start:.2f}s", flush=True)
             results, problems = run(settings, bench_dsn(admin_dsn, db), args)

@@ -29,8 +29,10 @@ QUERY = (
 
 
 @pytest.fixture
-def prepared_with(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The code generation setting of every plan prepared, in order."""
+def prepared_with(db, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:  # type: ignore[no-untyped-def]
+    """The stream table ``per_n`` created and populated; then the code generation setting of every
+    plan prepared, in order."""
+    _setup(db)
     seen: list[str] = []
 
     def spy(real: Any) -> Any:
@@ -56,6 +58,14 @@ def _setup(db) -> None:  # type: ignore[no-untyped-def]
     refresh(db)
 
 
+def _refresh_after_changes(db, base: int) -> Any:  # type: ignore[no-untyped-def]
+    """Change ``orders`` (new ids from ``base``), refresh ``per_n`` alone: its outcome, DIFFERENTIAL."""
+    _change(db, base)
+    [outcome] = refresh(db, "per_n")
+    assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+    return outcome
+
+
 def _change(db, base: int) -> None:  # type: ignore[no-untyped-def]
     db.sql(
         "INSERT INTO orders SELECT g, g %% 41, g %% 89 FROM generate_series(%s::int, %s::int) g",
@@ -66,12 +76,8 @@ def _change(db, base: int) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_a_small_refresh_prepares_its_plans_without_code_generation(db, spark, prepared_with) -> None:  # type: ignore[no-untyped-def]
-    _setup(db)
     before = spark.conf.get(WHOLE_STAGE_CODEGEN)
-    prepared_with.clear()
-    _change(db, 10_000)
-    [outcome] = refresh(db, "per_n")
-    assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+    outcome = _refresh_after_changes(db, 10_000)
     assert 0 < outcome.timings.get(ROWS_READ_WHOLE, 0) < spark_job.COMPILED_MIN_ROWS_READ, outcome.timings
     assert len(prepared_with) >= 2, "a kept plan prepares its parts and then its action"
     assert set(prepared_with) == {"false"}, prepared_with
@@ -82,13 +88,9 @@ def test_a_small_refresh_prepares_its_plans_without_code_generation(db, spark, p
 def test_plans_after_many_rows_read_whole_keep_code_generation(  # type: ignore[no-untyped-def]
     db, spark, prepared_with, monkeypatch
 ) -> None:
-    _setup(db)
     # As if the tables read whole were large: their few rows count as "many".
     monkeypatch.setattr(spark_job, "COMPILED_MIN_ROWS_READ", 1)
-    prepared_with.clear()
-    _change(db, 20_000)
-    [outcome] = refresh(db, "per_n")
-    assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+    outcome = _refresh_after_changes(db, 20_000)
     assert outcome.timings.get(ROWS_READ_WHOLE, 0) >= 1, outcome.timings
     assert prepared_with and prepared_with[-1] == "true", prepared_with
     assert_oracle(db, "per_n")
@@ -97,15 +99,11 @@ def test_plans_after_many_rows_read_whole_keep_code_generation(  # type: ignore[
 def test_a_session_configured_without_code_generation_stays_without(  # type: ignore[no-untyped-def]
     db, spark, prepared_with, monkeypatch
 ) -> None:
-    _setup(db)
     monkeypatch.setattr(spark_job, "COMPILED_MIN_ROWS_READ", 1)
     before = spark.conf.get(WHOLE_STAGE_CODEGEN)
     spark.conf.set(WHOLE_STAGE_CODEGEN, "false")
     try:
-        prepared_with.clear()
-        _change(db, 30_000)
-        [outcome] = refresh(db, "per_n")
-        assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+        _refresh_after_changes(db, 30_000)
         assert set(prepared_with) == {"false"}, prepared_with
         assert spark.conf.get(WHOLE_STAGE_CODEGEN) == "false"
     finally:
