@@ -38,7 +38,7 @@ def compiles(changes: int, rows_read_whole: float) -> bool:
     batch of 60 one-row deltas (a fan of stream tables) spent 2.1-2.9 s in its one task with it,
     0.7-1.0 s without (docs/BENCHMARKS.md, "Scheduler overhead"); TPC-H Q13, Q18, Q21, Q22 at scale
     factor 1 (hidden state tables, ~30 stages, at most a 150,000-row table read whole) refreshed in
-    0.68-0.84 of the time without (docs/BENCHMARKS.md, "Code generation for plans in parts"). Plans
+    0.71-0.91 of the time without (docs/BENCHMARKS.md, "Code generation for plans in parts"). Plans
     reading a million rows or more whole keep it.
     """
     return rows_read_whole >= COMPILED_MIN_ROWS_READ or changes >= INTERPRETED_MAX_CHANGES
