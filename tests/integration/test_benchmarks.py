@@ -18,6 +18,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import common  # noqa: E402
+import revision_ab  # noqa: E402
 import suite  # noqa: E402
 import tpch_data  # noqa: E402
 
@@ -86,3 +87,13 @@ def test_tpch_generator_and_a_query_stays_exact_under_its_changes(db: Database) 
     [outcome] = refresh(db, "q06")
     assert outcome.action.value == "DIFFERENTIAL"
     assert_oracle(db, "q06")
+
+
+def test_revision_ab_compares_medians_and_refuses_revisions_with_other_catalogs() -> None:
+    rows = revision_ab.summary(
+        {"q22": {"base": [2.0, 4.0, 3.0], "head": [1.5, 1.5, 9.0]}, "q11": {"base": [1.0], "head": []}}
+    )
+    assert rows == [["Q22", "3.000", "1.500", "0.50"]]  # a query without both sides is left out
+    assert not revision_ab.catalogs_differ("HEAD", "HEAD")
+    empty_tree = revision_ab._git("hash-object", "-t", "tree", "/dev/null")
+    assert revision_ab.catalogs_differ(empty_tree, "HEAD")  # a tree without the catalog: refused
