@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -38,9 +37,11 @@ from common import (
     bench_dsn,
     bench_start,
     command_line,
+    create_differential,
     drop_database,
     header_lines,
     md_table,
+    median_rows,
     now_text,
     recreate_database,
     revision,
@@ -90,12 +91,7 @@ def run(args: argparse.Namespace, settings: Settings, dsn: str, queries: dict[st
         conn.execute("DROP TABLE bench_dataset")
         install(conn)
         for name, query in queries.items():
-            conn.execute(
-                "SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h',"
-                " refresh_mode => 'DIFFERENTIAL', initialize => false)",
-                (name, query),
-            )
-            conn.execute("SELECT pgtrickle.alter_stream_table(%s, circuit_breaker => 'none')", (name,))
+            create_differential(conn, name, query)
             refresh_sync(settings, dsn, [name])
         print(f"created {len(queries)} stream tables", flush=True)
         seed = 0.0
@@ -116,14 +112,6 @@ def run(args: argparse.Namespace, settings: Settings, dsn: str, queries: dict[st
     return {"seconds": seconds, "problems": problems, "new_orders": new_orders}
 
 
-def summary(seconds: dict[str, dict[str, list[float]]]) -> list[list[Any]]:
-    rows = []
-    for name, by in seconds.items():
-        always, choice = statistics.median(by["always"]), statistics.median(by["choice"])
-        rows.append([name.upper(), f"{always:.3f}", f"{choice:.3f}", f"{choice / always:.2f}"])
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings, admin_dsn, host = bench_start(args)
@@ -138,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             result = run(args, settings.with_overrides(dsn=dsn), dsn, {q: every[q] for q in wanted})
     finally:
         drop_database(admin_dsn, run_db)
-    rows = summary(result["seconds"])
+    rows = median_rows(result["seconds"], "always", "choice")
     table = md_table(["query", "always on s", "pgtrickle's choice s", "choice / always"], rows, right_from=1)
     print("\n" + "\n".join(table))
     report = {

@@ -14,6 +14,7 @@ import platform
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -308,6 +309,28 @@ def publish(
     for problem in problems:
         print(f"PROBLEM: {problem}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def create_differential(conn: psycopg.Connection, name: str, query: str) -> None:
+    """``name`` as a DIFFERENTIAL stream table of ``query``, not populated, without a circuit breaker
+    (a benchmark's changes are its workload, not an anomaly): its first refresh populates it."""
+    conn.execute(
+        "SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h',"
+        " refresh_mode => 'DIFFERENTIAL', initialize => false)",
+        (name, query),
+    )
+    conn.execute("SELECT pgtrickle.alter_stream_table(%s, circuit_breaker => 'none')", (name,))
+
+
+def median_rows(seconds: dict[str, dict[str, list[float]]], first: str, second: str) -> list[list[Any]]:
+    """An A/B's table rows: per query (upper-cased), the medians of ``first`` and ``second`` and
+    their ratio second/first; a query without timings on both sides is left out."""
+    rows = []
+    for name, by in seconds.items():
+        if by.get(first) and by.get(second):
+            a, b = statistics.median(by[first]), statistics.median(by[second])
+            rows.append([name.upper(), f"{a:.3f}", f"{b:.3f}", f"{b / a:.2f}"])
+    return rows
 
 
 def fmt_ratio(ratio: float | None) -> str:

@@ -18,7 +18,7 @@ revisions whose ``src/pgtrickle/catalog/sql`` differ.
     .venv/bin/python benchmarks/revision_ab.py --base main [--head BRANCH] [--sf 1] [--rounds 6]
         [--queries q22,q17] [--json PATH] [--no-docs]
 
-Writes JSON (default benchmarks/results/revision-ab-<timestamp>.json) and, unless --no-docs, the
+Writes JSON (default benchmarks/results/revision_ab-<timestamp>.json) and, unless --no-docs, the
 ``revision-ab`` section of docs/BENCHMARKS.md. Exits 1 when a refresh was not DIFFERENTIAL, failed,
 or a stream table differs from its query.
 """
@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -136,8 +135,7 @@ def run(
 ) -> dict[str, Any]:
     import psycopg
     import tpch_data
-
-    from pgtrickle.refresh.verify import verify
+    from common import create_differential
 
     seconds: dict[str, dict[str, list[float]]] = {q: {s: [] for s in SIDES} for q in queries}
     problems: list[str] = []
@@ -145,41 +143,34 @@ def run(
     with psycopg.connect(dsn, autocommit=True) as conn:
         for q, query in queries.items():
             for side in SIDES:
-                name = f"{q}_{side}"
-                conn.execute(
-                    "SELECT pgtrickle.create_stream_table(%s, %s, schedule => '24h',"
-                    " refresh_mode => 'DIFFERENTIAL', initialize => false)",
-                    (name, query),
-                )
-                conn.execute("SELECT pgtrickle.alter_stream_table(%s, circuit_breaker => 'none')", (name,))
-                first = sides[side].refresh(name)
+                create_differential(conn, f"{q}_{side}", query)
+                first = sides[side].refresh(f"{q}_{side}")
                 if "error" in first:
-                    problems.append(f"{name}: first refresh failed: {first['error']}")
+                    problems.append(f"{q}_{side}: first refresh failed: {first['error']}")
         print(f"created {len(queries)} × 2 stream tables", flush=True)
         for r in range(args.rounds + 1):
             tpch_data.apply_changes(conn, args.sf, new_orders, 0.37 + r * 0.011)
-            for q in queries:
-                for side in SIDES if r % 2 == 0 else tuple(reversed(SIDES)):
-                    name = f"{q}_{side}"
-                    answer = sides[side].refresh(name)
-                    if "error" in answer or answer["action"] != "DIFFERENTIAL":
-                        problems.append(f"{name} (round {r}): {answer.get('error') or answer['action']}")
-                    elif r > 0:
-                        seconds[q][side].append(answer["seconds"])
-                    if not verify(conn, name).ok:
-                        problems.append(f"{name} (round {r}): differs from its query")
+            order = SIDES if r % 2 == 0 else tuple(reversed(SIDES))
+            for q, side in ((q, side) for q in queries for side in order):
+                took = _refreshed(conn, sides[side], f"{q}_{side}", f"round {r}", problems)
+                if took is not None and r > 0:
+                    seconds[q][side].append(took)
             print(f"  round {r}/{args.rounds}{' (warm-up)' if r == 0 else ''} done", flush=True)
     return {"seconds": seconds, "problems": problems, "new_orders": new_orders}
 
 
-def summary(seconds: dict[str, dict[str, list[float]]]) -> list[list[Any]]:
-    rows = []
-    for q, by in seconds.items():
-        if not by["base"] or not by["head"]:
-            continue
-        base, head = statistics.median(by["base"]), statistics.median(by["head"])
-        rows.append([q.upper(), f"{base:.3f}", f"{head:.3f}", f"{head / base:.2f}"])
-    return rows
+def _refreshed(conn: Any, side: Side, name: str, when: str, problems: list[str]) -> float | None:
+    """Refresh ``name`` by ``side``'s process and check it with the oracle: its seconds (``None``
+    when it failed or was not DIFFERENTIAL; ``problems`` says so, as it does a difference)."""
+    from pgtrickle.refresh.verify import verify
+
+    answer = side.refresh(name)
+    if not verify(conn, name).ok:
+        problems.append(f"{name} ({when}): differs from its query")
+    if "error" in answer or answer["action"] != "DIFFERENTIAL":
+        problems.append(f"{name} ({when}): {answer.get('error') or answer['action']}")
+        return None
+    return float(answer["seconds"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,13 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         bench_start,
         command_line,
         drop_database,
-        header_lines,
         md_table,
+        median_rows,
         now_text,
+        publish,
         recreate_database,
         revision,
-        write_json,
-        write_section,
     )
     from tpch import ensure_dataset, tpch_db
 
@@ -241,10 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         for side in sides.values():
             side.start(dsn, settings.spark_master, stack)
         result = run(args, dsn, sides, {q: every[q] for q in wanted})
-    rows = summary(result["seconds"])
+    rows = median_rows(result["seconds"], "base", "head")
     head_label, base_label = sides["head"].label, sides["base"].label
-    table = md_table(["query", "base s", "head s", "head / base"], rows, right_from=1)
-    print(f"\nbase: {base_label}\nhead: {head_label}\n" + "\n".join(table))
+    print(f"\nbase: {base_label}\nhead: {head_label}")
     report = {
         "command": command_line("benchmarks/revision_ab.py", argv),
         "date": now_text(),
@@ -257,24 +246,16 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         **result,
     }
-    write_json(report, args.json, "revision-ab")
-    if not args.no_docs:
-        body = "\n".join(
-            [
-                *header_lines("Two revisions side by side", report, "benchmarks/revision_ab.py"),
-                f"Base {base_label}, head {head_label}. TPC-H SF {args.sf:g}, each query a DIFFERENTIAL "
-                "stream table per revision, refreshed by that revision's warm process; per round one "
-                f"transaction of changes ({result['new_orders']} new and as many deleted orders, updates), "
-                f"then both refreshes, the order alternating; medians of {args.rounds} rounds. Every "
-                "refresh DIFFERENTIAL and exact (oracle).",
-                "",
-                *table,
-            ]
-        )
-        write_section(args.section, body)
-    for p in result["problems"]:
-        print(f"PROBLEM: {p}", file=sys.stderr)
-    return 1 if result["problems"] else 0
+    intro = (
+        f"Base {base_label}, head {head_label}. TPC-H SF {args.sf:g}, each query a DIFFERENTIAL stream table "
+        "per revision, refreshed by that revision's warm process; per round one transaction of changes "
+        f"({result['new_orders']} new and as many deleted orders, updates), then both refreshes, the order "
+        f"alternating; medians of {args.rounds} rounds. Every refresh DIFFERENTIAL and exact (oracle)."
+    )
+    table = md_table(["query", "base s", "head s", "head / base"], rows, right_from=1)
+    return publish(
+        report, args, "revision_ab", "Two revisions side by side", intro, table, result["problems"]
+    )
 
 
 if __name__ == "__main__":
