@@ -13,10 +13,12 @@ round); every stream table checked against its query (oracle) after each round. 
 and revision; the ratio head/base (< 1: the head is faster).
 
 The two revisions share one database, so their catalogs must be the same: the script refuses
-revisions whose ``src/pgtrickle/catalog/sql`` differ.
+revisions whose ``src/pgtrickle/catalog/sql`` differ. ``--head-conf key=value,...`` gives the head's
+process Spark settings of its own (as ``PGTRICKLE_SPARK_CONF``): one revision against itself under
+two configurations.
 
-    .venv/bin/python benchmarks/revision_ab.py --base main [--head BRANCH] [--sf 1] [--rounds 6]
-        [--queries q22,q17] [--json PATH] [--no-docs]
+    .venv/bin/python benchmarks/revision_ab.py --base main [--head BRANCH] [--head-conf K=V,...]
+        [--sf 1] [--rounds 6] [--queries q22,q17] [--json PATH] [--no-docs]
 
 Writes JSON (default benchmarks/results/revision_ab-<timestamp>.json) and, unless --no-docs, the
 ``revision-ab`` section of docs/BENCHMARKS.md. Exits 1 when a refresh was not DIFFERENTIAL, failed,
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -63,11 +66,20 @@ def worker() -> int:
     return 0
 
 
+def worker_env(base: Mapping[str, str], src: Path, dsn: str, master: str, spark_conf: str) -> dict[str, str]:
+    """The environment of a worker: ``src`` first on ``PYTHONPATH`` (its revision's code), the run's
+    database and master, and ``spark_conf`` added to ``PGTRICKLE_SPARK_CONF`` (later keys win)."""
+    env = dict(base, PYTHONPATH=str(src), PGTRICKLE_AB_DSN=dsn, PGTRICKLE_AB_MASTER=master)
+    if spark_conf:
+        env["PGTRICKLE_SPARK_CONF"] = ",".join(c for c in (base.get("PGTRICKLE_SPARK_CONF"), spark_conf) if c)
+    return env
+
+
 class Side:
     """One revision's source tree and its worker process."""
 
-    def __init__(self, name: str, rev: str | None, stack: ExitStack) -> None:
-        self.name, self.rev = name, rev
+    def __init__(self, name: str, rev: str | None, stack: ExitStack, spark_conf: str = "") -> None:
+        self.name, self.rev, self.spark_conf = name, rev, spark_conf
         if rev is None:
             self.src, self.label = ROOT / "src", f"working tree ({_git('rev-parse', '--short', 'HEAD')}+)"
         else:
@@ -76,10 +88,12 @@ class Side:
             _git("worktree", "add", "--quiet", "--detach", str(tree), rev)
             stack.callback(_git, "worktree", "remove", "--force", str(tree))
             self.src, self.label = tree / "src", f"{rev} ({_git('rev-parse', '--short', rev)})"
+        if spark_conf:
+            self.label += f" with Spark settings {spark_conf}"
         self.process: subprocess.Popen[str] | None = None
 
     def start(self, dsn: str, master: str, stack: ExitStack) -> None:
-        env = dict(os.environ, PYTHONPATH=str(self.src), PGTRICKLE_AB_DSN=dsn, PGTRICKLE_AB_MASTER=master)
+        env = worker_env(os.environ, self.src, dsn, master, self.spark_conf)
         self.process = subprocess.Popen(
             [sys.executable, __file__, "--worker"],
             stdin=subprocess.PIPE,
@@ -123,6 +137,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True, help="the revision to compare against (e.g. main)")
     p.add_argument("--head", default=None, help="the revision under test (default: the working tree)")
+    p.add_argument(
+        "--head-conf",
+        default="",
+        help="Spark settings of the head's process only, key=value,... as PGTRICKLE_SPARK_CONF "
+        "(compare two configurations of one revision: --base main --head main --head-conf ...)",
+    )
     p.add_argument("--sf", type=float, default=1.0, help="TPC-H scale factor")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--queries", default="q22", help="comma-separated TPC-H queries, e.g. q13,q22")
@@ -227,7 +247,10 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("DROP TABLE bench_dataset")
             install(conn)
-        sides = {"base": Side("base", args.base, stack), "head": Side("head", args.head, stack)}
+        sides = {
+            "base": Side("base", args.base, stack),
+            "head": Side("head", args.head, stack, args.head_conf),
+        }
         for side in sides.values():
             side.start(dsn, settings.spark_master, stack)
         result = run(args, dsn, sides, {q: every[q] for q in wanted})

@@ -99,3 +99,13 @@ def test_revision_ab_compares_medians_and_refuses_revisions_with_other_catalogs(
     assert not revision_ab.catalogs_differ("HEAD", "HEAD")
     empty_tree = revision_ab._git("hash-object", "-t", "tree", "/dev/null")
     assert revision_ab.catalogs_differ(empty_tree, "HEAD")  # a tree without the catalog: refused
+
+
+def test_revision_ab_gives_the_head_its_spark_settings() -> None:
+    env = revision_ab.worker_env(
+        {"PATH": "/bin", "PGTRICKLE_SPARK_CONF": "a=1,b=2"}, Path("/x/src"), "dbname=d", "local[2]", "b=3"
+    )
+    assert env["PYTHONPATH"] == "/x/src" and env["PATH"] == "/bin"
+    assert env["PGTRICKLE_AB_DSN"] == "dbname=d" and env["PGTRICKLE_AB_MASTER"] == "local[2]"
+    assert env["PGTRICKLE_SPARK_CONF"] == "a=1,b=2,b=3"  # the head's own last: it wins
+    assert "PGTRICKLE_SPARK_CONF" not in revision_ab.worker_env({}, Path("/x"), "", "local", "")
