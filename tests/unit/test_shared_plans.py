@@ -100,3 +100,42 @@ def test_nothing_worth_splitting_in_a_small_plan() -> None:
     delta = ir.Delta(R1)
     plan = ir.UnionAll((ir.Filter(delta, e("a > 0")), ir.Filter(delta, e("a > 1"))), R1.columns)
     assert shared.choose(plan) == ()
+
+
+TPCH_SCHEMA = {
+    "tpch.lineitem": ["l_orderkey", "l_partkey", "l_suppkey", "l_extendedprice", "l_discount"],
+    "tpch.orders": ["o_orderkey", "o_custkey", "o_orderdate"],
+    "tpch.customer": ["c_custkey", "c_nationkey"],
+    "tpch.supplier": ["s_suppkey", "s_nationkey"],
+    "tpch.nation": ["n_nationkey", "n_name", "n_regionkey"],
+    "tpch.region": ["r_regionkey", "r_name"],
+}
+Q5 = (
+    "SELECT n_name, sum(l_extendedprice * (1 - l_discount)) AS revenue FROM tpch.customer, tpch.orders,"
+    " tpch.lineitem, tpch.supplier, tpch.nation, tpch.region WHERE c_custkey = o_custkey"
+    " AND l_orderkey = o_orderkey AND l_suppkey = s_suppkey AND c_nationkey = s_nationkey"
+    " AND s_nationkey = n_nationkey AND n_regionkey = r_regionkey AND r_name = 'ASIA' GROUP BY n_name"
+)
+
+
+def test_a_stream_tables_own_plan_is_split_where_a_sub_plan_is_worth_computing_first() -> None:
+    """refresh.differential.root_split: a plan without hidden tables is split only where
+    dvm/shared.py chooses a sub-plan (TPC-H Q5's telescoping terms when four tables change: the
+    inlined plan shrinks by more than half); a small plan stays one query; with hidden tables the
+    plan is always split (computed in parts anyway)."""
+    from pgtrickle.refresh.differential import root_split
+
+    changed = {"tpch.lineitem", "tpch.orders", "tpch.customer", "tpch.supplier"}
+    big = plan_delta(Q5, TPCH_SCHEMA, None, changed, "spark", reads=ViewNames()).compiled
+    assert big is not None
+    found = root_split(big, "first_", kept=False)
+    assert found is not None and found.first
+    whole = shared.inlined_size(big.nodes[-1])
+    chosen = shared.choose(big.nodes[-1])
+    assert sum(shared.inlined_size(r, chosen) for r in (big.nodes[-1], *chosen)) < whole / 2
+    one_table = "SELECT n_regionkey, count(*) AS n FROM tpch.nation GROUP BY n_regionkey"
+    small = plan_delta(one_table, TPCH_SCHEMA, None, {"tpch.nation"}, "spark", reads=ViewNames()).compiled
+    assert small is not None and not shared.choose(small.nodes[-1])
+    assert root_split(small, "first_", kept=False) is None
+    kept = root_split(small, "first_", kept=True)
+    assert kept is not None and not kept.first
