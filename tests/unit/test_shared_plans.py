@@ -119,16 +119,14 @@ Q5 = (
 
 
 def test_a_stream_tables_own_plan_is_split_where_a_sub_plan_is_worth_computing_first() -> None:
-    """refresh.differential.root_split: a plan without hidden tables is split only where
+    """shared.root_split: a plan without hidden tables is split only where
     dvm/shared.py chooses a sub-plan (TPC-H Q5's telescoping terms when four tables change: the
     inlined plan shrinks by more than half); a small plan stays one query; with hidden tables the
     plan is always split (computed in parts anyway)."""
-    from pgtrickle.refresh.differential import root_split
-
     changed = {"tpch.lineitem", "tpch.orders", "tpch.customer", "tpch.supplier"}
     big = plan_delta(Q5, TPCH_SCHEMA, None, changed, "spark", reads=ViewNames()).compiled
     assert big is not None
-    found = root_split(big, "first_", kept=False)
+    found = shared.root_split(big, "first_", kept=False)
     assert found is not None and found.first
     whole = shared.inlined_size(big.nodes[-1])
     chosen = shared.choose(big.nodes[-1])
@@ -136,6 +134,6 @@ def test_a_stream_tables_own_plan_is_split_where_a_sub_plan_is_worth_computing_f
     one_table = "SELECT n_regionkey, count(*) AS n FROM tpch.nation GROUP BY n_regionkey"
     small = plan_delta(one_table, TPCH_SCHEMA, None, {"tpch.nation"}, "spark", reads=ViewNames()).compiled
     assert small is not None and not shared.choose(small.nodes[-1])
-    assert root_split(small, "first_", kept=False) is None
-    kept = root_split(small, "first_", kept=True)
+    assert shared.root_split(small, "first_", kept=False) is None
+    kept = shared.root_split(small, "first_", kept=True)
     assert kept is not None and not kept.first

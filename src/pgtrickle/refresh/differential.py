@@ -285,7 +285,7 @@ class DifferentialRun:
             kept = tuple(
                 (
                     table,
-                    _split(change, f"pgt_{st.pgt_id}_first_{table.position}_"),
+                    shared.split_at_choice(change, f"pgt_{st.pgt_id}_first_{table.position}_"),
                     names.kept_change_view(table),
                 )
                 for node, change in delta.state_changes
@@ -310,7 +310,7 @@ class DifferentialRun:
             {relation: frozenset(cols) for relation, cols in read_columns.items()},
             kept,
             names.kept_views(),
-            root_split(compiled, f"pgt_{st.pgt_id}_first_root_", bool(kept)),
+            shared.root_split(compiled, f"pgt_{st.pgt_id}_first_root_", bool(kept)),
             compiled.unconsolidated_sql() if isinstance(compiled, Compiled) else None,
         )
 
@@ -582,23 +582,3 @@ class DifferentialRun:
         return self.r.cached(
             ("equality", "kept", table.name), lambda: equality_operators(self.conn, relid[0])
         )
-
-
-def root_split(compiled: Compiled, prefix: str, kept: bool) -> Split | None:
-    """The stream table's own plan split like a hidden table's change (:func:`_split`): always with
-    hidden tables (the plan is computed in parts anyway), otherwise only where a sub-plan is worth
-    computing first (a ``count(DISTINCT)`` over a join and a NOT IN, every table changing: 1,363
-    Spark operators inlined, 97 + 74 split). A stored aggregate's change (dvm/state_change.py)
-    carries no nodes and stays one query."""
-    found = _split(compiled, prefix)
-    return found if kept or (found is not None and found.first) else None
-
-
-def _split(compiled: Compiled | None, prefix: str) -> Split | None:
-    """``compiled`` split at the sub-plans worth computing first, read as views ``<prefix><i>``."""
-    if compiled is None:
-        return None
-    if not compiled.nodes:
-        return Split((), compiled, compiled)
-    chosen = shared.choose(compiled.nodes[-1])
-    return shared.split(compiled, chosen, lambda i: f"{prefix}{i}")
