@@ -351,3 +351,53 @@ def test_a_join_side_that_only_reads_a_table_is_read_inline_on_spark() -> None:
     grouped = Aggregate(B, (("bk", e("bk")),), (("n", e("COUNT(*)")),))
     other = compiled(Join(JoinKind.INNER, changes, grouped, e("ak = bk")), "spark")
     assert all(isinstance(side, exp.Table) for side in _join_sides(other.query))
+
+
+def _cte_references(query: exp.Expr) -> dict[str, int]:
+    """Per CTE a query defines, how many places read it."""
+    names = {cte.alias_or_name for w in query.find_all(exp.With) for cte in w.expressions}
+    counts = dict.fromkeys(names, 0)
+    for found in query.find_all(exp.Table):
+        if found.name in counts and not found.args.get("db"):
+            counts[found.name] += 1
+    return counts
+
+
+def test_spark_text_writes_a_table_expression_read_once_where_it_is_read() -> None:
+    """Spark resolves a chain of CTEs one link per pass of its analyzer over the whole plan, so
+    the Spark text writes a CTE read from one place as a derived table there (under the name it
+    was read by) and keeps a CTE only where several places read it; the query object, the
+    PostgreSQL text and the split into parts (dvm/shared.py) keep every node's CTE."""
+    shared = Filter(Delta(A), e("ax > 0"))
+    chain = Project(
+        Filter(Project(shared, (("k", e("ak")), ("x", e("ax + 1")))), e("x > 1")),
+        (("k", e("k")), ("x", e("x"))),
+    )
+    root = Join(JoinKind.INNER, chain, Project(shared, (("k2", e("ak")), ("x2", e("ax")))), e("k = k2"))
+    spark = compiled(root, "spark")
+    original = _cte_references(spark.query)
+    assert len(original) == len(list(walk(root))) and sorted(original.values()).count(2) == 1
+    text = spark.sql()
+    after = _cte_references(sqlglot.parse_one(text, read="spark"))
+    assert after == {name: 2 for name, uses in original.items() if uses == 2}  # the shared filter only
+    assert _cte_references(spark.query) == original  # the query object is untouched
+    reparsed = sqlglot.parse_one(text, read="spark")
+    assert reparsed.named_selects == ["k", "x", "k2", "x2", "__pgt_w"]
+    aliases = {s.alias for s in reparsed.find_all(exp.Subquery)}
+    assert {"__pgt_l", "__pgt_r"} <= aliases  # each read place keeps its name
+    postgres = compiled(root, "postgres")
+    assert _cte_references(sqlglot.parse_one(postgres.sql(), read="postgres")) == _cte_references(
+        postgres.query
+    )
+
+
+def test_inlining_keeps_a_query_without_table_expressions_and_unread_ones() -> None:
+    from pgtrickle.dvm.compiled import inline_single_references
+
+    plain = sqlglot.parse_one("SELECT a FROM t", read="spark")
+    assert inline_single_references(plain.copy()).sql("spark") == plain.sql("spark")
+    unread = sqlglot.parse_one(
+        "WITH u AS (SELECT 1 AS a), r AS (SELECT a FROM u) SELECT a FROM t", read="spark"
+    )
+    out = inline_single_references(unread.copy()).sql("spark")
+    assert out.startswith("WITH r AS (SELECT a FROM (SELECT 1 AS a) AS `u`) ")  # r unread stays; u inlined
