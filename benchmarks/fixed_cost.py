@@ -80,6 +80,7 @@ READ_COUNTS = (
     "rows_read_whole",
     "pushed_down_keys",
     "derived_bounds",
+    "composite_key_bounds",
     "updates_not_read",
 )
 """Counts the engine records among its timings (reads of each kind, operators of Spark's plan, the

@@ -22,8 +22,10 @@ QUERY = (
 
 def test_the_selective_column_bounds_the_read(db: Database) -> None:
     """``lines.a`` has 10 values (2,000 lines each), ``lines.b`` 5,000 (4 each). Three pairs of
-    one ``a`` change: by ``a`` (the first candidate: names sort) the read would hold 2,000
-    lines for 1 key; by ``b``, 12 lines for 3 keys — the one chosen."""
+    one ``a`` change: by ``a`` the read would hold 2,000 lines for 1 key; by ``b``, 12 lines for
+    3 keys; by the (a, b) tuples the change holds (the join is on both: a composite key), the
+    same 12 lines — the tuples chosen, as a tie keeps the composite key. With ``a`` compared by
+    ``IS NOT DISTINCT FROM`` (which a tuple test cannot express) ``b`` alone bounds the read."""
     db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
     db.sql("CREATE TABLE pairs (id int PRIMARY KEY, a int, b int)")
     # No autovacuum: its ANALYZE could bring back the statistics the test deletes below.
@@ -32,18 +34,63 @@ def test_the_selective_column_bounds_the_read(db: Database) -> None:
     db.sql("INSERT INTO pairs SELECT g, g % 10, g % 5000 FROM generate_series(1, 500) g")
     db.sql("ANALYZE lines, pairs")
     create_st(db, "joined", QUERY, refresh_mode="DIFFERENTIAL")
-    refresh_and_check(db, "joined")
+    null_safe = QUERY.replace("s.a = p.a", "s.a IS NOT DISTINCT FROM p.a")
+    create_st(db, "joined_on_b", null_safe, refresh_mode="DIFFERENTIAL")
+    for name in ("joined", "joined_on_b"):
+        refresh_and_check(db, name)
     db.sql("UPDATE pairs SET b = b + 1000 WHERE id IN (1, 11, 21)")  # a = 1 for all three
     [outcome] = refresh_and_check(db, "joined")
     assert outcome.action.value == "DIFFERENTIAL", outcome.reason
-    # Old and new b of three pairs: six keys on b (one key on a would have been 1).
+    # Old and new (a, b) of three pairs: six tuples (one key on a would have been 1).
     assert outcome.timings.get("pushed_down_keys") == 6, outcome.timings
+    assert outcome.timings.get("composite_key_bounds") == 1, outcome.timings
     assert outcome.timings.get("key_filtered_reads") == 1, outcome.timings
-    # Without statistics every column counts as the whole table: the first candidate stays.
+    [outcome] = refresh_and_check(db, "joined_on_b")
+    assert outcome.timings.get("pushed_down_keys") == 6, outcome.timings  # six values of b
+    assert "composite_key_bounds" not in outcome.timings, outcome.timings
+    # Without statistics every column counts as the whole table: the first candidate stays,
+    # the composite key.
     db.sql("DELETE FROM pg_catalog.pg_statistic WHERE starelid = 'lines'::regclass")
     db.sql("UPDATE pairs SET b = b + 1000 WHERE id IN (2, 12)")
     [outcome] = refresh_and_check(db, "joined")
-    assert outcome.timings.get("pushed_down_keys") == 1, outcome.timings
+    assert outcome.timings.get("pushed_down_keys") == 4, outcome.timings
+    assert outcome.timings.get("composite_key_bounds") == 1, outcome.timings
+    [outcome] = refresh_and_check(db, "joined_on_b")
+    assert outcome.timings.get("pushed_down_keys") == 4, outcome.timings  # b alone bounds it
+    assert "composite_key_bounds" not in outcome.timings, outcome.timings
+
+
+def test_a_composite_key_reads_the_pairs_a_change_holds(db: Database) -> None:
+    """TPC-H Q9's part-suppliers: lines joined to them on (part, supplier). The changed lines'
+    pairs bound the read — not all the suppliers of their parts — including a NULL supplier
+    (no part-supplier matches it) and pairs from deleted and updated lines; exact throughout."""
+    db.sql("UPDATE pgtrickle.pgt_settings SET value = '1000' WHERE name = 'differential_fallback_ratio'")
+    db.sql("CREATE TABLE partsupp (part int, supp int, cost numeric(8,2), PRIMARY KEY (part, supp))")
+    db.sql("CREATE TABLE lines (id int PRIMARY KEY, part int, supp int, qty int)")
+    db.sql(
+        "INSERT INTO partsupp SELECT p, s, (p * 7 + s) % 100 FROM generate_series(1, 5000) p, generate_series(1, 4) s"
+    )
+    db.sql("INSERT INTO lines SELECT g, 1 + g % 5000, 1 + g % 4, g % 9 FROM generate_series(1, 20000) g")
+    db.sql("ANALYZE partsupp, lines")
+    query = (
+        "SELECT l.supp, sum(l.qty * ps.cost) AS value, count(*) AS n FROM lines l"
+        " JOIN partsupp ps ON ps.part = l.part AND ps.supp = l.supp GROUP BY l.supp"
+    )
+    create_st(db, "by_supp", query, refresh_mode="DIFFERENTIAL")
+    refresh_and_check(db, "by_supp")
+    rng = random.Random(9)
+    for round_ in range(3):
+        ids = rng.sample(range(1, 20001), 6)
+        db.sql(f"UPDATE lines SET qty = qty + 1 WHERE id IN ({ids[0]}, {ids[1]})")
+        db.sql(f"UPDATE lines SET supp = 1 + (supp % 4) WHERE id = {ids[2]}")
+        db.sql(f"DELETE FROM lines WHERE id = {ids[3]}")
+        db.sql(f"INSERT INTO lines VALUES ({30000 + round_}, {ids[4] % 5000 + 1}, NULL, 3)")
+        db.sql(f"INSERT INTO lines VALUES ({40000 + round_}, {ids[5] % 5000 + 1}, 2, 4)")
+        [outcome] = refresh_and_check(db, "by_supp")
+        assert outcome.action.value == "DIFFERENTIAL", outcome.reason
+        assert outcome.timings.get("composite_key_bounds") == 1, outcome.timings
+        # At most 2 + 2 + 1 + 1 + 1 tuples, none with a NULL: a handful of part-suppliers read.
+        assert 1 <= outcome.timings.get("pushed_down_keys", 0) <= 7, outcome.timings
 
 
 def test_uses_bounded_by_different_columns_read_their_or(db: Database) -> None:

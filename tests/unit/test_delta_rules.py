@@ -337,7 +337,11 @@ def trees(draw: st.DrawFn, root: str, depth: int = 4) -> ir.Node:
         if kind == "setop":
             return ir.SetOp(draw(st.sampled_from(list(ir.SetOpKind))), draw(st.booleans()), x, y, names())
         join_kind = ir.JoinKind(kind.split(".")[1])
-        condition = draw(st.sampled_from([f"{a} = {p}", f"{a} = {p} AND {b} <= {q}", f"{b} < {q}"]))
+        condition = draw(
+            st.sampled_from(
+                [f"{a} = {p}", f"{a} = {p} AND {b} <= {q}", f"{b} < {q}", f"{a} = {p} AND {b} = {q}"]
+            )
+        )
         joined = ir.Join(join_kind, x, y, e(condition))
         if join_kind in (ir.JoinKind.SEMI, ir.JoinKind.ANTI):
             return joined

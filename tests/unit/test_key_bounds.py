@@ -46,3 +46,21 @@ def test_a_lone_candidate_is_itself() -> None:
 )
 def test_should_push_down(rows: int, keys: int, expected: bool) -> None:
     assert should_push_down(rows, keys) is expected
+
+
+BY_PAIR = Restriction(("l_partkey", "l_suppkey"), (KeySource("partsupp", ("ps_partkey", "ps_suppkey")),))
+
+
+def test_a_composite_key_selects_no_more_than_its_columns() -> None:
+    """Q20's lines by the changed (part, supplier) pairs: ~9,000 pairs, each in no more lines than
+    one part is; never estimated above the part column's own candidate, and it comes first."""
+    per_value = {"l_suppkey": 600.0, "l_partkey": 30.0}
+    counts = {BY_PAIR.column: 9_000, "l_suppkey": 7_000, "l_partkey": 8_000}
+    assert narrowest((BY_PAIR, *CANDIDATES), counts, per_value, LINES) is BY_PAIR
+    # Too many pairs to list: a column bounds the read.
+    counts[BY_PAIR.column] = None
+    assert narrowest((BY_PAIR, *CANDIDATES), counts, per_value, LINES) is BY_PART
+    # Without statistics the pairs still come first.
+    assert (
+        narrowest((BY_PAIR, *CANDIDATES), {BY_PAIR.column: 9_000, "l_partkey": 8_000}, {}, LINES) is BY_PAIR
+    )

@@ -28,6 +28,15 @@ comes from change columns, through the operators that keep values). A demand pas
   the left of INNER and RIGHT joins (and SEMI, whose rows are those that match), for each
   equality whose other column comes from a change.
 
+A join whose condition holds two or more plain ``a = b`` equalities between its sides also
+creates a *composite* demand: on the tuple of this side's columns, bounded by the tuples the
+other side's columns hold together (:meth:`~pgtrickle.dvm.keyed_sources.Sources.pairs_of`).
+A composite demand passes where each of its columns would (but not across an equality, and
+not into a hidden table's read), and a read bounded by one keeps only the rows whose columns
+hold one of those tuples — none holding a NULL, which no ``=`` meets. TPC-H Q9's
+part-suppliers are read by the (part, supplier) pairs of the changed lines, not by all the
+suppliers of their parts.
+
 Everything else (TopK, a window without a common partition, an outer join's padded column)
 drops the demands: its input is read whole. Each read gets, per use, the demands reaching it;
 a column demanded by every use is bounded by the union of those uses' sources (a use bounded by
@@ -46,7 +55,17 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from pgtrickle.dvm import ir
-from pgtrickle.dvm.keyed_sources import KeySource, Sources, equalities, plain, window_partition
+from pgtrickle.dvm.keyed_sources import (
+    Column,
+    KeySource,
+    Sources,
+    columns_of,
+    equalities,
+    label,
+    plain,
+    strict_equalities,
+    window_partition,
+)
 
 __all__ = ["KeySource", "Restriction", "restrictions"]
 
@@ -61,10 +80,10 @@ class Restriction:
     first). Any one of them bounds the read as well; which selects the fewest rows depends on the
     keys' count and the column's statistics, which the reader knows (refresh/delta_reads.py)."""
 
-    column: str
+    column: Column
     keys: tuple[KeySource, ...]
-    alternatives: tuple[tuple[str, tuple[KeySource, ...]], ...] = field(default=(), compare=False)
-    others: tuple[tuple[str, tuple[KeySource, ...]], ...] = ()
+    alternatives: tuple[tuple[Column, tuple[KeySource, ...]], ...] = field(default=(), compare=False)
+    others: tuple[tuple[Column, tuple[KeySource, ...]], ...] = ()
     """Further ``(column, keys)`` bounds OR-ed with this one (a base relation's read only): no one
     column bounds every use, but every use is bounded by one of these columns, so the rows
     holding a key in any of them are all the uses need."""
@@ -73,12 +92,12 @@ class Restriction:
         """This bound and each alternative, as restrictions of their own (this one first)."""
         return (self, *(Restriction(column, keys) for column, keys in self.alternatives))
 
-    def parts(self) -> tuple[tuple[str, tuple[KeySource, ...]], ...]:
+    def parts(self) -> tuple[tuple[Column, tuple[KeySource, ...]], ...]:
         """Every ``(column, keys)`` OR-ed: this bound's own, then :attr:`others`."""
         return ((self.column, self.keys), *self.others)
 
 
-Demand = frozenset[tuple[str, frozenset[KeySource]]]
+Demand = frozenset[tuple[Column, frozenset[KeySource]]]
 ReadKey = tuple[str, object]
 """``("post", relation)`` or ``("materialized", node)``."""
 
@@ -86,6 +105,20 @@ _EMPTY: Demand = frozenset()
 _MATCHED_LEFT = (ir.JoinKind.INNER, ir.JoinKind.SEMI, ir.JoinKind.RIGHT)
 """Joins whose left rows that matter are those meeting a right row (or padded, for RIGHT)."""
 _MATCHED_RIGHT = (ir.JoinKind.INNER, ir.JoinKind.SEMI, ir.JoinKind.ANTI, ir.JoinKind.LEFT)
+
+
+def _mapped(column: Column, mapping: Mapping[str, str | None]) -> Column | None:
+    """``column`` (or each part of a composite one) through ``mapping``; ``None`` when a part has
+    no image."""
+    parts = tuple(mapping.get(c) for c in columns_of(column))
+    if any(p is None for p in parts):
+        return None
+    names = tuple(p for p in parts if p is not None)
+    return names[0] if isinstance(column, str) else names
+
+
+def _within(column: Column, columns: AbstractSet[str]) -> bool:
+    return set(columns_of(column)) <= columns
 
 
 class _Walk:
@@ -99,29 +132,35 @@ class _Walk:
             return
         self._seen.add((id(node), demand))
         if isinstance(node, ir.Scan):
-            to_source = dict(zip(node.output, node.source_columns, strict=True))
-            self._use(("post", node.relation), frozenset((to_source[c], k) for c, k in demand))
+            to_source: dict[str, str | None] = dict(zip(node.output, node.source_columns, strict=True))
+            self._use(("post", node.relation), self._map(demand, to_source))
         elif isinstance(node, ir.Materialized):
-            if not node.change:  # a change is read whole (it is the change)
-                self._use(("materialized", node.node), demand)
+            if not node.change:  # a change is read whole (it is the change); by one column only
+                self._use(
+                    ("materialized", node.node), frozenset((c, k) for c, k in demand if isinstance(c, str))
+                )
         elif isinstance(node, (ir.Filter, ir.Negate, ir.Distinct)):
             self.visit(node.input, demand)
         elif isinstance(node, (ir.Project, ir.Aggregate)):
             named = dict(node.outputs if isinstance(node, ir.Project) else node.keys)
-            passed = frozenset((inner, k) for c, k in demand if c in named and (inner := plain(named[c])))
-            self.visit(node.input, passed)
+            self.visit(node.input, self._map(demand, {c: plain(e) for c, e in named.items()}))
         elif isinstance(node, ir.Window):
             partition = window_partition(node)
-            self.visit(node.input, frozenset((c, k) for c, k in demand if c in partition))
+            self.visit(node.input, frozenset((c, k) for c, k in demand if _within(c, partition)))
         elif isinstance(node, (ir.UnionAll, ir.SetOp)):
             for branch in node.inputs:
-                mapping = dict(zip(node.columns, branch.columns, strict=True))
-                self.visit(branch, frozenset((mapping[c], k) for c, k in demand))
+                mapping: dict[str, str | None] = dict(zip(node.columns, branch.columns, strict=True))
+                self.visit(branch, self._map(demand, mapping))
         elif isinstance(node, ir.Join):
             self._join(node, demand)
         else:
             for child in node.inputs:
                 self.visit(child, _EMPTY)
+
+    @staticmethod
+    def _map(demand: Demand, mapping: Mapping[str, str | None]) -> Demand:
+        """``demand`` on the columns ``mapping`` renames them to (the others dropped)."""
+        return frozenset((m, k) for c, k in demand if (m := _mapped(c, mapping)) is not None)
 
     def _join(self, node: ir.Join, demand: Demand) -> None:
         kind = node.kind
@@ -131,11 +170,22 @@ class _Walk:
             return
         lcols, rcols = set(node.left.columns), set(node.right.columns)
         # A demand on a column the join pads with NULLs says nothing of the padded side's rows.
-        above_left = {(c, k) for c, k in demand if c in lcols and kind is not ir.JoinKind.RIGHT}
+        above_left = {(c, k) for c, k in demand if _within(c, lcols) and kind is not ir.JoinKind.RIGHT}
         above_right = {
-            (c, k) for c, k in demand if c in rcols and kind in (ir.JoinKind.INNER, ir.JoinKind.RIGHT)
+            (c, k) for c, k in demand if _within(c, rcols) and kind in (ir.JoinKind.INNER, ir.JoinKind.RIGHT)
         }
         left, right = set(above_left), set(above_right)
+        pairs = [
+            (a, b) if a in lcols else (b, a)
+            for a, b in strict_equalities(node.condition)
+            if (a in lcols and b in rcols) or (b in lcols and a in rcols)
+        ]
+        if len(pairs) > 1:
+            lkey, rkey = tuple(a for a, _ in pairs), tuple(b for _, b in pairs)
+            if kind in _MATCHED_RIGHT and (found := self._sources.pairs_of(node.left, lkey)) is not None:
+                right.add((rkey, found))
+            if kind in _MATCHED_LEFT and (found := self._sources.pairs_of(node.right, rkey)) is not None:
+                left.add((lkey, found))
         for a, b in equalities(node.condition):
             for mine, other in ((a, b), (b, a)):
                 if mine in rcols and other in lcols and kind in _MATCHED_RIGHT:
@@ -146,15 +196,15 @@ class _Walk:
         self.visit(node.right, frozenset(right))
 
     def _across(
-        self, side: ir.Node, column: str, mine: str, demanded: Iterable[tuple[str, frozenset[KeySource]]]
-    ) -> set[tuple[str, frozenset[KeySource]]]:
+        self, side: ir.Node, column: str, mine: str, demanded: Iterable[tuple[Column, frozenset[KeySource]]]
+    ) -> set[tuple[Column, frozenset[KeySource]]]:
         """Demands on ``mine``, the other side's column of an equality with ``column`` of
         ``side``: ``column``'s own change sources, and each demand on ``column`` from above.
         The demands from above that are change keys alone bound the rows of ``side`` that
         matter, so a source derived from ``side``'s rows carries them (``KeySource.via``)."""
         demanded = list(demanded)
-        out = {(mine, k) for c, k in demanded if c == column}
-        bounds = frozenset((c, k) for c, k in demanded if not _derived(k))
+        out: set[tuple[Column, frozenset[KeySource]]] = {(mine, k) for c, k in demanded if c == column}
+        bounds = frozenset((c, k) for c, k in demanded if isinstance(c, str) and not _derived(k))
         found = self._sources.of(side, column, bounds)
         if found is not None:
             out.add((mine, found))
@@ -172,23 +222,27 @@ def _waiting(keys: Iterable[KeySource]) -> int:
     return sum(k.waits for k in keys)
 
 
-def _rank(column: str, keys: AbstractSet[KeySource]) -> tuple[int, int, int, str, list[KeySource]]:
+Rank = tuple[int, int, int, int, str, list[KeySource]]
+
+
+def _rank(column: Column, keys: AbstractSet[KeySource]) -> Rank:
     """Which of a use's bounding columns to prefer: change keys before derived ones, and derived
     ones with their own bounds (``via``) before those waiting for another read's bound (the first
-    dropped), then the fewest sources."""
-    return (_waiting(keys), _derived(keys), len(keys), column, sorted(keys))
+    dropped), then composite keys of the most columns (their tuples select no more rows than any
+    one of their columns' values), then the fewest sources."""
+    return (_waiting(keys), _derived(keys), -len(columns_of(column)), len(keys), label(column), sorted(keys))
 
 
 def _disjunction(demands: list[Demand]) -> Restriction | None:
     """When every use demands some column: each use's own best column (:func:`_rank`), the
     sources of the uses choosing one column merged, OR-ed."""
-    chosen: dict[str, frozenset[KeySource]] = {}
+    chosen: dict[Column, frozenset[KeySource]] = {}
     for d in demands:
         if not d:
             return None
         column, keys = min(d, key=lambda ck: _rank(*ck))
         chosen[column] = chosen.get(column, frozenset()) | keys
-    (column, keys), *others = sorted(chosen.items())
+    (column, keys), *others = sorted(chosen.items(), key=lambda ck: label(ck[0]))
     return Restriction(column, tuple(sorted(keys)), (), tuple((c, tuple(sorted(k))) for c, k in others))
 
 
@@ -196,9 +250,9 @@ def _bound(demands: list[Demand], disjunctive: bool = False) -> Restriction | No
     """The columns every use demands, each with the union of the uses' sources: the best one
     (:func:`_rank`), the others bounded by changes' keys as its alternatives. With none and
     ``disjunctive``: the :func:`_disjunction` of the uses' own columns, if every use has one."""
-    found: list[tuple[tuple[int, int, int, str, list[KeySource]], str, tuple[KeySource, ...]]] = []
+    found: list[tuple[Rank, Column, tuple[KeySource, ...]]] = []
     columns = set.intersection(*({c for c, _ in d} for d in demands)) if demands else set()
-    for column in sorted(columns):
+    for column in sorted(columns, key=label):
         union: frozenset[KeySource] = frozenset()
         for d in demands:
             options = [k for c, k in d if c == column]

@@ -20,6 +20,15 @@ values pass unchanged through:
   of the condition: every row kept matches on it (null-safely for ``IS NOT DISTINCT FROM``).
 
 Outer joins are not followed (their padded rows hold NULLs that no change holds).
+
+:meth:`Sources.pairs_of` says the same of several columns *together*: the change columns whose
+values in one row of a change (or of a read) are, in every row of the node, the values of those
+columns in that row. A composite join ``a = x AND b = y`` then bounds a read by the pairs a change
+holds, not by each column's values alone (TPC-H Q9's part-suppliers of the changed lines: by
+``(ps_partkey, ps_suppkey)`` about a quarter of the rows ``ps_partkey`` alone reads). The pairs
+are followed only where every row of the node takes those columns from one row of its input:
+through the operators above and into the one side of a join holding them all, not across an
+equality (a row pairing two rows of the same change would mix their values).
 """
 
 from __future__ import annotations
@@ -31,7 +40,33 @@ from sqlglot import exp
 
 from pgtrickle.dvm import ir
 
-__all__ = ["Bounds", "KeySource", "Sources", "Via", "equalities", "plain", "window_partition"]
+__all__ = [
+    "Bounds",
+    "Column",
+    "KeySource",
+    "Sources",
+    "Via",
+    "columns_of",
+    "equalities",
+    "label",
+    "plain",
+    "strict_equalities",
+    "window_partition",
+]
+
+
+Column = str | tuple[str, ...]
+"""A column, or several columns taken together (a tuple of at least two): a composite key."""
+
+
+def columns_of(column: Column) -> tuple[str, ...]:
+    """The columns ``column`` names (one, or the parts of a composite key)."""
+    return (column,) if isinstance(column, str) else column
+
+
+def label(column: Column) -> str:
+    """``column`` as one sortable text (a composite key's parts joined by commas)."""
+    return column if isinstance(column, str) else ",".join(column)
 
 
 Via = tuple[tuple[str, tuple["KeySource", ...]], ...]
@@ -44,10 +79,11 @@ class KeySource:
     """The values of ``column`` (a source column of ``relation``) in the window's changes; or,
     ``derived``, in the rows the refresh reads of ``relation``'s contents (its ``post`` read,
     bounded as :func:`pgtrickle.dvm.keyed.restrictions` bounds it) — or, with ``via``, in the
-    rows of ``relation`` that meet every bound of ``via`` (whatever the relation's own read is)."""
+    rows of ``relation`` that meet every bound of ``via`` (whatever the relation's own read is).
+    A composite ``column`` (a tuple): the tuples of values those columns hold in one such row."""
 
     relation: str
-    column: str
+    column: Column
     derived: bool = False
     via: Via = ()
 
@@ -80,6 +116,18 @@ def equalities(condition: exp.Expr | None) -> list[tuple[str, str]]:
     out = []
     for term in _conjuncts(condition):
         if isinstance(term, (exp.EQ, exp.NullSafeEQ)):
+            left, right = plain(term.this), plain(term.expression)
+            if left is not None and right is not None:
+                out.append((left, right))
+    return out
+
+
+def strict_equalities(condition: exp.Expr | None) -> list[tuple[str, str]]:
+    """The ``a = b`` conjuncts of ``condition`` between plain columns: those no row with a NULL on
+    either side meets (``IS NOT DISTINCT FROM`` is left out)."""
+    out = []
+    for term in _conjuncts(condition):
+        if isinstance(term, exp.EQ):
             left, right = plain(term.this), plain(term.expression)
             if left is not None and right is not None:
                 out.append((left, right))
@@ -124,6 +172,7 @@ class Sources:
 
     def __init__(self) -> None:
         self._memo: dict[tuple[int, str, Bounds], Found] = {}
+        self._pairs: dict[tuple[int, tuple[str, ...]], Found] = {}
         self._nodes: list[ir.Node] = []  # keeps every memoized node alive, so ids stay unique
 
     def of(self, node: ir.Node, column: str, bounds: Bounds = _NO_BOUNDS) -> Found:
@@ -220,3 +269,48 @@ class Sources:
                         if keys is not None and not any(k.derived for k in keys):
                             out.add((mine, keys))
         return frozenset(out)
+
+    def pairs_of(self, node: ir.Node, columns: tuple[str, ...]) -> Found:
+        """The composite change columns (``KeySource`` with a tuple ``column``) whose values, taken
+        from one row of a change — or, derived, of a base relation's read — are the values of
+        ``columns`` (two or more) in every row of ``node``; ``None`` when no such columns are known
+        (module docstring)."""
+        key = (id(node), columns)
+        if key not in self._pairs:
+            self._pairs[key] = None  # a cycle through shared subtrees finds nothing
+            self._nodes.append(node)
+            self._pairs[key] = self._pairs_of(node, columns)
+        return self._pairs[key]
+
+    def _pairs_of(self, node: ir.Node, columns: tuple[str, ...]) -> Found:
+        if isinstance(node, (ir.Scan, ir.Delta)):
+            scan = node.scan if isinstance(node, ir.Delta) else node
+            to_source = dict(zip(scan.output, scan.source_columns, strict=True))
+            if not all(c in to_source for c in columns):
+                return None
+            source = tuple(to_source[c] for c in columns)
+            return frozenset({KeySource(scan.relation, source, derived=isinstance(node, ir.Scan))})
+        if isinstance(node, (ir.Filter, ir.Negate, ir.Distinct, ir.TopK, ir.Window)):
+            return self.pairs_of(node.input, columns) if set(columns) <= set(node.input.columns) else None
+        if isinstance(node, (ir.Project, ir.Aggregate)):
+            named = dict(node.outputs if isinstance(node, ir.Project) else node.keys)
+            inner = tuple(plain(named[c]) if c in named else None for c in columns)
+            if any(c is None for c in inner):
+                return None
+            return self.pairs_of(node.input, tuple(c for c in inner if c is not None))
+        if isinstance(node, (ir.UnionAll, ir.SetOp)):
+            branches = node.inputs if isinstance(node, ir.UnionAll) else (node.left,)
+            union: frozenset[KeySource] = frozenset()
+            for branch in branches:
+                mapping = dict(zip(node.columns, branch.columns, strict=True))
+                found = self.pairs_of(branch, tuple(mapping[c] for c in columns))
+                if found is None:
+                    return None
+                union |= found
+            return union
+        if isinstance(node, ir.Join) and node.kind in (ir.JoinKind.INNER, ir.JoinKind.SEMI, ir.JoinKind.ANTI):
+            sides = (node.left,) if node.kind is not ir.JoinKind.INNER else (node.left, node.right)
+            for side in sides:
+                if set(columns) <= set(side.columns):
+                    return self.pairs_of(side, columns)
+        return None

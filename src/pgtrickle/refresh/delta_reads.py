@@ -315,14 +315,16 @@ class DeltaReads(KeyPushdown):
             # The stored rows were read for the change's keys only: so are the change's rows.
             rows = self._stats[source.relid].reltuples
             available = self._buffer_cols.get(source.relid, {})
-            if restriction.column not in available:
+            key = restriction.column
+            # post_restriction bounds a group member's read by one column of its own keys only.
+            assert isinstance(key, str)
+            if key not in available:
                 raise FallbackToFull(
-                    f"the change buffer of {source.schema}.{source.name} does not carry column "
-                    f"{restriction.column}"
+                    f"the change buffer of {source.schema}.{source.name} does not carry column {key}"
                 )
 
             def restrict(prefix: str) -> str:
-                column = quote_ident(prefix + available[restriction.column])
+                column = quote_ident(prefix + available[key])
                 found = self._condition(restriction, rows, column)
                 assert found is not None  # the same keys and sizes as the stored rows' read
                 return found
@@ -340,6 +342,7 @@ class DeltaReads(KeyPushdown):
             raise FallbackToFull("the plan reads a kept node without a hidden state table")
         stats = self._stats[self.st.relid]
         if restriction is not None:
+            assert isinstance(restriction.column, str)  # a kept node's read: one column (dvm/keyed.py)
             restriction = Restriction(stored.stored_of(restriction.column), restriction.keys)
         condition = self._condition(restriction, stats.reltuples)
         if condition is None:

@@ -20,6 +20,10 @@ snapshot:
   own bounds (``KeySource.via``) takes the rows meeting them instead of the relation's read
   (``SELECT column FROM relation WHERE k = ANY(<change keys>)``: TPC-H Q2's part-suppliers of
   the changed suppliers);
+- a composite key (a tuple of columns, from a join on several ``=``): the tuples its change
+  holds, listed by position (``(a, b) IN (SELECT * FROM unnest(<a values>, <b values>))``), or a
+  derived source's (``SELECT a, b FROM relation WHERE ...``); a tuple holding a NULL is left out,
+  and rows with a NULL there are not read (no ``=`` meets them);
 - several parts (:attr:`~pgtrickle.dvm.keyed.Restriction.others`) are OR-ed.
 
 Whether a bound pays, and which column bounds a read best, are the pure decisions of
@@ -37,6 +41,7 @@ from psycopg import sql
 
 from pgtrickle.catalog.store import Source
 from pgtrickle.dvm.keyed import KeySource, Restriction
+from pgtrickle.dvm.keyed_sources import Column, columns_of
 from pgtrickle.refresh.context import RefreshContext
 from pgtrickle.refresh.key_bounds import (
     PUSHDOWN_MAX_KEYS,
@@ -54,6 +59,17 @@ __all__ = ["KeyPushdown"]
 def _array(literal: str, key_type: str) -> str:
     """Listed key values (a rendered array literal) as an array of their declared type."""
     return f"CAST({literal} AS {key_type}[])"
+
+
+def _quoted(column: Column) -> str:
+    """A column's SQL, or a composite key's row of columns ``(a, b)``."""
+    if isinstance(column, str):
+        return quote_ident(column)
+    return "(" + ", ".join(quote_ident(c) for c in column) + ")"
+
+
+KeyType = str | tuple[str, ...]
+"""A key's declared type, or a composite key's types by position."""
 
 
 def derived_relations(restriction: Restriction) -> set[str]:
@@ -104,7 +120,7 @@ class KeyPushdown:
             restriction = self._narrowest(restriction, source, self._stats[source.relid].reltuples)
         group = self.r.group
         if (
-            (restriction.others or derived_relations(restriction))
+            (restriction.others or derived_relations(restriction) or not isinstance(restriction.column, str))
             and group is not None
             and group.reads_from_group(source)
         ):
@@ -126,15 +142,20 @@ class KeyPushdown:
     ) -> str | None:
         """The condition reading only ``restriction``'s rows, when that pays (module docstring);
         ``column``: the SQL of the restricted column (default: ``restriction.column``, quoted;
-        not with :attr:`~Restriction.others` or derived sources)."""
+        not with :attr:`~Restriction.others`, derived sources or a composite key)."""
         if restriction is None or (
-            column is not None and (restriction.others or derived_relations(restriction))
+            column is not None
+            and (
+                restriction.others
+                or derived_relations(restriction)
+                or not isinstance(restriction.column, str)
+            )
         ):
             return None
         tests: list[str] = []
         total = derived_tests = 0
         for part_column, keys in restriction.parts():
-            quoted = column or quote_ident(part_column)
+            quoted = column or _quoted(part_column)
             changes = tuple(k for k in keys if not k.derived)
             members: list[str] = []
             if changes:
@@ -143,8 +164,8 @@ class KeyPushdown:
                     return None
                 values, with_null, key_type = found
                 total += len(values)
-                literal = sql.Literal(values).as_string(self.conn)
-                members.append(f"SELECT unnest({_array(literal, key_type)})")
+                listed = self._listed(values, key_type)
+                members.append(f"SELECT {'' if isinstance(key_type, str) else '* FROM '}unnest({listed})")
                 if with_null:
                     tests.append(f"{quoted} IS NULL")
             derived = sorted(k for k in keys if k.derived)
@@ -157,10 +178,10 @@ class KeyPushdown:
                 members.append(rows)
                 if null_test is not None:
                     tests.append(f"({quoted} IS NULL AND {null_test})")
-            if not derived:
+            if not derived and isinstance(part_column, str):
                 assert changes
                 # Listed keys alone: an index condition (= ANY) rather than a semi-join.
-                tests.append(f"{quoted} = ANY({_array(literal, key_type)})")
+                tests.append(f"{quoted} = ANY({listed})")
             elif len({self._key_type(k) for k in keys}) == 1:
                 # One IN over the union: PostgreSQL plans a semi-join (an index probe per key);
                 # OR-ed IN subqueries would be a filter over every row of the table.
@@ -172,10 +193,26 @@ class KeyPushdown:
         self.timings["pushed_down_keys"] = self.timings.get("pushed_down_keys", 0) + total
         if derived_tests:
             self.timings["derived_bounds"] = self.timings.get("derived_bounds", 0) + derived_tests
+        composite = sum(not isinstance(c, str) for c, _ in restriction.parts())
+        if composite:
+            self.timings["composite_key_bounds"] = self.timings.get("composite_key_bounds", 0) + composite
         return tests[0] if len(tests) == 1 else "(" + " OR ".join(tests) + ")"
 
-    def _key_type(self, key: KeySource) -> str:
-        return dict(self._source(key.relation).column_types)[key.column]
+    def _listed(self, values: list[Any], key_type: KeyType) -> str:
+        """Listed key values as arrays of their declared types: one array, or a composite key's
+        one per position (the arguments of one ``unnest``)."""
+        if isinstance(key_type, str):
+            return _array(sql.Literal(values).as_string(self.conn), key_type)
+        return ", ".join(
+            _array(sql.Literal([v[i] for v in values]).as_string(self.conn), t)
+            for i, t in enumerate(key_type)
+        )
+
+    def _key_type(self, key: KeySource) -> KeyType:
+        types = dict(self._source(key.relation).column_types)
+        if isinstance(key.column, str):
+            return types[key.column]
+        return tuple(types[c] for c in key.column)
 
     def _derived_rows(self, source: KeySource) -> tuple[str, str | None] | None:
         """The query of the values ``source.column`` holds in the rows ``source.relation``'s
@@ -191,6 +228,11 @@ class KeyPushdown:
         if bound is None:
             return None
         table = relation.qualified
+        if not isinstance(source.column, str):  # a composite key: rows with a NULL there bound nothing
+            return (
+                f"SELECT {', '.join(quote_ident(c) for c in source.column)} FROM {table} WHERE {bound}",
+                None,
+            )
         column = quote_ident(source.column)
         rows = f"SELECT {column} FROM {table} WHERE {bound}"
         if source.column in self._not_null(relation):
@@ -208,8 +250,7 @@ class KeyPushdown:
                 continue
             values, with_null, key_type = found
             quoted = quote_ident(column)
-            literal = sql.Literal(values).as_string(self.conn)
-            test = f"{quoted} = ANY({_array(literal, key_type)})"
+            test = f"{quoted} = ANY({self._listed(values, key_type)})"
             tests.append(f"({test} OR {quoted} IS NULL)" if with_null else test)
         return " AND ".join(tests) if tests else None
 
@@ -224,10 +265,10 @@ class KeyPushdown:
             self._not_nulls[source.relid] = frozenset(r[0] for r in rows)
         return self._not_nulls[source.relid]
 
-    def _key_values(self, restriction: Restriction) -> tuple[list[Any], bool, str] | None:
-        """The distinct non-NULL key values of ``restriction``, whether a NULL is among them, and
-        their type (``None``: too many, derived sources (not listed), or keys of several types —
-        no one array holds them all exactly)."""
+    def _key_values(self, restriction: Restriction) -> tuple[list[Any], bool, KeyType] | None:
+        """The distinct non-NULL key values of ``restriction`` (a composite key's: tuples without a
+        NULL), whether a NULL is among them, and their type (``None``: too many, derived sources
+        (not listed), or keys of several types — no one array holds them all exactly)."""
         if derived_relations(restriction):
             return None
         key_types = {self._key_type(k) for k in restriction.keys}
@@ -249,11 +290,12 @@ class KeyPushdown:
         candidates = restriction.candidates()
         if table_rows < PUSHDOWN_MIN_ROWS:
             return restriction
-        counts: dict[str, int | None] = {}
+        counts: dict[Column, int | None] = {}
         for candidate in candidates:
             found = self._key_values(candidate)
             counts[candidate.column] = None if found is None else len(found[0]) + found[1]
-        per_value = rows_per_value(self.conn, source, [c.column for c in candidates], table_rows)
+        columns = sorted({c for candidate in candidates for c in columns_of(candidate.column)})
+        per_value = rows_per_value(self.conn, source, columns, table_rows)
         return narrowest(candidates, counts, per_value, table_rows)
 
     def delta_keys(self, keys: KeySource) -> tuple[list[Any], bool] | None:
@@ -265,25 +307,42 @@ class KeyPushdown:
         if self._fed(keys.relation) is not None:
             return None  # its change is partly in the batch's job, not yet in its buffer: no pushdown
         source = self._source(keys.relation)
-        buf = self._buffer_cols.get(source.relid, {}).get(keys.column)
+        available = self._buffer_cols.get(source.relid, {})
+        bufs = [available.get(c) for c in columns_of(keys.column)]
         found: tuple[list[Any], bool] | None = None
-        if buf is not None:
+        if all(b is not None for b in bufs):
             buffer, window = self._buffer(source, for_spark=False)
+            names = [sql.Identifier(f"v{i}") for i in range(len(bufs))]
+
+            def side(prefix: str) -> sql.Composable:
+                return sql.SQL(", ").join(
+                    sql.SQL("{} AS {}").format(sql.Identifier(prefix + str(b)), n)
+                    for b, n in zip(bufs, names, strict=True)
+                )
+
+            composite = not isinstance(keys.column, str)
             rows = self.conn.execute(
                 sql.SQL(
-                    "SELECT DISTINCT v FROM (SELECT {n} AS v FROM {b} WHERE {w}"
+                    "SELECT DISTINCT {v} FROM (SELECT {n} FROM {b} WHERE {w}"
                     " AND action IN ('I','U'){u} UNION ALL SELECT {o} FROM {b} WHERE {w}"
-                    " AND action IN ('D','U'){u}) s LIMIT {lim}"
+                    " AND action IN ('D','U'){u}) s{nn} LIMIT {lim}"
                 ).format(
-                    n=sql.Identifier("new_" + buf),
-                    o=sql.Identifier("old_" + buf),
+                    v=sql.SQL(", ").join(names),
+                    n=side("new_"),
+                    o=side("old_"),
                     b=buffer,
                     w=window,
                     u=self._unchanged_updates(self._compared(keys.relation)),
+                    # A composite key's tuples holding a NULL bound no row: left out.
+                    nn=sql.SQL(" WHERE {}").format(
+                        sql.SQL(" AND ").join(sql.SQL("{} IS NOT NULL").format(n) for n in names)
+                    )
+                    if composite
+                    else sql.SQL(""),
                     lim=sql.Literal(PUSHDOWN_MAX_KEYS + 2),
                 )
             ).fetchall()
-            values = [r[0] for r in rows if r[0] is not None]
+            values = [tuple(r) if composite else r[0] for r in rows if composite or r[0] is not None]
             if len(values) <= PUSHDOWN_MAX_KEYS:
                 found = (values, len(values) < len(rows))
         self._keys[keys] = found
