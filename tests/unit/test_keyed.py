@@ -368,3 +368,32 @@ def test_composite_keys_give_the_same_change_on_random_joins() -> None:
 
     prove()
     assert composite, "some reads are bounded by a composite key"
+
+
+def test_q9_part_suppliers_are_read_by_the_pairs_of_the_lines_read() -> None:
+    """TPC-H Q9's shape: lines joined to their orders, and to part-suppliers on (part, supplier).
+    The part-suppliers are read by the pairs of the changed lines and of the lines of the changed
+    orders (a derived source with its own bound: ``SELECT pk, sk FROM lines WHERE ok =
+    ANY(<changed orders>)``); the lines, which no one column bounds in every use, by an OR of
+    single columns — a composite key under an OR would be a filter over every line."""
+    lines = ir.Scan("lines", ("ok", "pk", "sk"), ("ok", "pk", "sk"))
+    orders = ir.Scan("orders", ("o_k", "o_d"), ("o_k", "o_d"))
+    partsupp = ir.Scan("partsupp", ("ps_p", "ps_s", "cost"), ("ps_p", "ps_s", "cost"))
+    root = ir.Join(
+        ir.JoinKind.INNER,
+        ir.Join(ir.JoinKind.INNER, lines, orders, e("ok = o_k")),
+        partsupp,
+        e("ps_p = pk AND ps_s = sk"),
+    )
+    found = keyed.restrictions(integrate(root, frozenset({"lines", "orders", "partsupp"}), []).plan)
+    by_pairs = found[("post", "partsupp")]
+    assert by_pairs.column == ("ps_p", "ps_s")
+    via = (("ok", (KeySource("orders", "o_k"),)),)
+    assert set(by_pairs.keys) == {
+        KeySource("lines", ("pk", "sk")),
+        KeySource("lines", ("pk", "sk"), derived=True, via=via),
+    }
+    assert not any(k.waits for k in by_pairs.keys)
+    by_lines = found[("post", "lines")]
+    assert by_lines.others, "an OR of the uses' own columns"
+    assert all(isinstance(c, str) for c, _ in by_lines.parts())

@@ -158,6 +158,14 @@ def _renamed(bounds: Bounds, mapping: dict[str, str]) -> Bounds:
     return frozenset((mapping[c], k) for c, k in bounds if c in mapping)
 
 
+def _via(bounds: Bounds, to_source: dict[str, str]) -> Via:
+    """``bounds`` on a scan's columns as the bounds of its relation's rows (``KeySource.via``)."""
+    renamed = _renamed(bounds, to_source)
+    # A bound implied by a narrower one on the same column (fewer sources) says nothing more.
+    kept = {(c, k) for c, k in renamed if not any(c2 == c and k2 < k for c2, k2 in renamed)}
+    return tuple(sorted((c, tuple(sorted(k))) for c, k in kept))
+
+
 class Sources:
     """:meth:`of`, memoized per ``(node, column, bounds)`` over one analysis.
 
@@ -172,7 +180,7 @@ class Sources:
 
     def __init__(self) -> None:
         self._memo: dict[tuple[int, str, Bounds], Found] = {}
-        self._pairs: dict[tuple[int, tuple[str, ...]], Found] = {}
+        self._pairs: dict[tuple[int, tuple[str, ...], Bounds], Found] = {}
         self._nodes: list[ir.Node] = []  # keeps every memoized node alive, so ids stay unique
 
     def of(self, node: ir.Node, column: str, bounds: Bounds = _NO_BOUNDS) -> Found:
@@ -193,10 +201,7 @@ class Sources:
             if own:  # the column itself holds one of those keys: they are its values' sources
                 return min(own, key=lambda k: (len(k), sorted(k)))
             to_source = dict(zip(node.output, node.source_columns, strict=True))
-            renamed = _renamed(bounds, to_source)
-            # A bound implied by a narrower one on the same column (fewer sources) says nothing more.
-            kept = {(c, k) for c, k in renamed if not any(c2 == c and k2 < k for c2, k2 in renamed)}
-            via = tuple(sorted((c, tuple(sorted(k))) for c, k in kept))
+            via = _via(bounds, to_source)
             return frozenset({KeySource(node.relation, to_source[column], derived=True, via=via)})
         if isinstance(node, ir.Delta):
             scan = node.scan
@@ -270,40 +275,49 @@ class Sources:
                             out.add((mine, keys))
         return frozenset(out)
 
-    def pairs_of(self, node: ir.Node, columns: tuple[str, ...]) -> Found:
+    def pairs_of(self, node: ir.Node, columns: tuple[str, ...], bounds: Bounds = _NO_BOUNDS) -> Found:
         """The composite change columns (``KeySource`` with a tuple ``column``) whose values, taken
-        from one row of a change — or, derived, of a base relation's read — are the values of
-        ``columns`` (two or more) in every row of ``node``; ``None`` when no such columns are known
-        (module docstring)."""
-        key = (id(node), columns)
+        from one row of a change — or, derived, of a base relation's read (``via`` ``bounds``, what
+        the rows of ``node`` that matter meet, as :meth:`of`) — are the values of ``columns`` (two
+        or more) in every row of ``node``; ``None`` when no such columns are known (module
+        docstring)."""
+        key = (id(node), columns, bounds)
         if key not in self._pairs:
             self._pairs[key] = None  # a cycle through shared subtrees finds nothing
             self._nodes.append(node)
-            self._pairs[key] = self._pairs_of(node, columns)
+            self._pairs[key] = self._pairs_of(node, columns, bounds)
         return self._pairs[key]
 
-    def _pairs_of(self, node: ir.Node, columns: tuple[str, ...]) -> Found:
+    def _pairs_of(self, node: ir.Node, columns: tuple[str, ...], bounds: Bounds) -> Found:
         if isinstance(node, (ir.Scan, ir.Delta)):
             scan = node.scan if isinstance(node, ir.Delta) else node
             to_source = dict(zip(scan.output, scan.source_columns, strict=True))
             if not all(c in to_source for c in columns):
                 return None
             source = tuple(to_source[c] for c in columns)
-            return frozenset({KeySource(scan.relation, source, derived=isinstance(node, ir.Scan))})
+            if isinstance(node, ir.Delta):
+                return frozenset({KeySource(scan.relation, source)})
+            return frozenset({KeySource(scan.relation, source, derived=True, via=_via(bounds, to_source))})
         if isinstance(node, (ir.Filter, ir.Negate, ir.Distinct, ir.TopK, ir.Window)):
-            return self.pairs_of(node.input, columns) if set(columns) <= set(node.input.columns) else None
+            if not set(columns) <= set(node.input.columns):
+                return None
+            passed = frozenset((c, k) for c, k in bounds if c in node.input.columns)
+            return self.pairs_of(node.input, columns, passed)
         if isinstance(node, (ir.Project, ir.Aggregate)):
             named = dict(node.outputs if isinstance(node, ir.Project) else node.keys)
             inner = tuple(plain(named[c]) if c in named else None for c in columns)
             if any(c is None for c in inner):
                 return None
-            return self.pairs_of(node.input, tuple(c for c in inner if c is not None))
+            renames = {c: p for c, e in named.items() if (p := plain(e)) is not None}
+            return self.pairs_of(
+                node.input, tuple(c for c in inner if c is not None), _renamed(bounds, renames)
+            )
         if isinstance(node, (ir.UnionAll, ir.SetOp)):
             branches = node.inputs if isinstance(node, ir.UnionAll) else (node.left,)
             union: frozenset[KeySource] = frozenset()
             for branch in branches:
                 mapping = dict(zip(node.columns, branch.columns, strict=True))
-                found = self.pairs_of(branch, tuple(mapping[c] for c in columns))
+                found = self.pairs_of(branch, tuple(mapping[c] for c in columns), _renamed(bounds, mapping))
                 if found is None:
                     return None
                 union |= found
@@ -312,5 +326,5 @@ class Sources:
             sides = (node.left,) if node.kind is not ir.JoinKind.INNER else (node.left, node.right)
             for side in sides:
                 if set(columns) <= set(side.columns):
-                    return self.pairs_of(side, columns)
+                    return self.pairs_of(side, columns, self._side_bounds(node, side, bounds))
         return None
