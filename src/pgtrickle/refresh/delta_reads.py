@@ -28,8 +28,10 @@ stream tables of a fan read the same change buffer over the same window, so one 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -54,7 +56,7 @@ from pgtrickle.refresh.read_names import (
 )
 from pgtrickle.refresh.shared_reads import SharedReads, buffer_columns
 from pgtrickle.refresh.spark_job import ROWS_READ_WHOLE
-from pgtrickle.spark import carry, jdbc, planning
+from pgtrickle.spark import carry, jdbc, overlap, planning
 from pgtrickle.spark.capabilities import capabilities
 from pgtrickle.sql.ident import quote_ident
 
@@ -159,6 +161,7 @@ class DeltaReads(KeyPushdown):
         self._small_reads = 0
         """How many times the plan being registered reads small tables whole (:func:`broadcasts`)."""
         self._once: list[Any] = []
+        self._timings_lock = threading.Lock()
 
     def _columns(self, scan: ir.Scan, source: Source) -> list[str]:
         wanted = self._read_columns.get(scan.relation, frozenset()) | set(scan.source_columns)
@@ -214,37 +217,56 @@ class DeltaReads(KeyPushdown):
             and (stats := self._stats.get(self._sources[read.node.relation].relid)) is not None
             and small(stats)
         )
+        pending = []
         for read in compiled.reads:
             assert isinstance(read.name, str)
             if read.name in self._registered:
                 continue
             if isinstance(read.node, ir.Materialized) and read.node.change:
                 raise FallbackToFull("the plan reads a hidden table's change before it is computed")
-            self._registered.add(read.name)
-            self._uses = read.uses
-            if read.name in self.kept_views:
-                assert isinstance(read.node, ir.Materialized)
-                df, bounded = self._kept_table(
-                    self.kept_views[read.name], restrictions.get(("materialized", read.node.node))
-                )
-            elif read.kind is ReadKind.DELTA:
-                assert isinstance(read.node, ir.Scan)
-                df = self._delta(read.node)
-                bounded = True
-            elif read.kind is ReadKind.POST:
+            if read.kind is ReadKind.POST and read.name not in self.kept_views:
                 assert isinstance(read.node, ir.Scan)
                 if self._fed(read.node.relation) is not None:
                     raise NotChained(
                         f"its plan reads the contents of {read.node.relation}, which changes in the same batch"
                     )
-                df, bounded = self._post(read.node)
-            else:
-                assert isinstance(read.node, ir.Materialized)
-                df, bounded = self._state(read.node, restrictions.get(("materialized", read.node.node)))
-            if self.shared is None and read.uses > 1 and bounded:
-                df = df.persist()
-                self.persisted.append(df)
-            df.createOrReplaceTempView(read.name)
+            self._registered.add(read.name)
+            pending.append(read)
+        if self.shared is None and self.r.group is None and not capabilities(self.r.spark).connect:
+            # A lone refresh's reads side by side (spark/overlap.py): their bounds first, on this
+            # refresh's connection one after the other (each asked once, then the same text).
+            for read in pending:
+                if read.kind is ReadKind.POST and read.name not in self.kept_views:
+                    assert isinstance(read.node, ir.Scan)
+                    self.post_condition(read.node.relation)
+            overlap.run_all([partial(self._register_one, read) for read in pending])
+        else:
+            for read in pending:
+                self._register_one(read)
+
+    def _register_one(self, read: Any) -> None:
+        """Register one read of the plan as the view ``read.name`` (:meth:`register`)."""
+        restrictions = self._restrictions
+        self._uses = read.uses
+        if read.name in self.kept_views:
+            assert isinstance(read.node, ir.Materialized)
+            df, bounded = self._kept_table(
+                self.kept_views[read.name], restrictions.get(("materialized", read.node.node))
+            )
+        elif read.kind is ReadKind.DELTA:
+            assert isinstance(read.node, ir.Scan)
+            df = self._delta(read.node)
+            bounded = True
+        elif read.kind is ReadKind.POST:
+            assert isinstance(read.node, ir.Scan)
+            df, bounded = self._post(read.node)
+        else:
+            assert isinstance(read.node, ir.Materialized)
+            df, bounded = self._state(read.node, restrictions.get(("materialized", read.node.node)))
+        if self.shared is None and read.uses > 1 and bounded:
+            df = df.persist()
+            self.persisted.append(df)
+        df.createOrReplaceTempView(read.name)
 
     def release(self) -> None:
         for df in self.persisted:
@@ -514,4 +536,5 @@ class DeltaReads(KeyPushdown):
         self._add(what, 1)
 
     def _add(self, what: str, value: float) -> None:
-        self.timings[what] = self.timings.get(what, 0) + value
+        with self._timings_lock:  # reads registered side by side (register) count here too
+            self.timings[what] = self.timings.get(what, 0) + value

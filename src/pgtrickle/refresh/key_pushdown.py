@@ -107,6 +107,9 @@ class KeyPushdown:
     def _fed(self, relation: str) -> Any:
         raise NotImplementedError
 
+    def _add(self, what: str, value: float) -> None:
+        raise NotImplementedError
+
     # ------------------------------------------------------------ conditions
     def post_restriction(self, relation: str) -> Restriction | None:
         """The bound of ``relation``'s ``post`` read as it is read: the narrowest of its columns,
@@ -190,12 +193,12 @@ class KeyPushdown:
                 tests += [f"{quoted} IN ({m})" for m in members]
         if not should_push_down(table_rows, total):
             return None
-        self.timings["pushed_down_keys"] = self.timings.get("pushed_down_keys", 0) + total
+        self._add("pushed_down_keys", total)
         if derived_tests:
-            self.timings["derived_bounds"] = self.timings.get("derived_bounds", 0) + derived_tests
+            self._add("derived_bounds", derived_tests)
         composite = sum(not isinstance(c, str) for c, _ in restriction.parts())
         if composite:
-            self.timings["composite_key_bounds"] = self.timings.get("composite_key_bounds", 0) + composite
+            self._add("composite_key_bounds", composite)
         return tests[0] if len(tests) == 1 else "(" + " OR ".join(tests) + ")"
 
     def _listed(self, values: list[Any], key_type: KeyType) -> str:

@@ -15,6 +15,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from pgtrickle.db.connection import JdbcTarget
@@ -186,20 +187,20 @@ def write_append(df, target: JdbcTarget, qualified_name: str, batch_size: int = 
     )
 
 
-_recording = threading.local()
+_recording: ContextVar[list[str] | None] = ContextVar("pgtrickle_checked_reads", default=None)
+"""Per context (a thread, and the reads it runs in other threads: spark/overlap.py)."""
 
 
 @contextmanager
 def checked_reads() -> Iterator[list[str]]:
-    """The queries of the reads this thread starts within the block whose values are checked
+    """The queries of the reads this context starts within the block whose values are checked
     (:mod:`pgtrickle.spark.carry`): where a failed job's refusal is looked for."""
-    previous = getattr(_recording, "reads", None)
     reads: list[str] = []
-    _recording.reads = reads
+    token = _recording.set(reads)
     try:
         yield reads
     finally:
-        _recording.reads = previous
+        _recording.reset(token)
 
 
 def read_query(
@@ -215,7 +216,7 @@ def read_query(
     at a fresh snapshot of its own (change-buffer reads filter their window
     explicitly, so they need none).
     """
-    reads = getattr(_recording, "reads", None)
+    reads = _recording.get()
     if reads is not None and "pgtrickle._value_not_carried(" in query:
         reads.append(query)
     props = dict(target.properties)
