@@ -113,21 +113,19 @@ def plain(expression: exp.Expr) -> str | None:
 
 def equalities(condition: exp.Expr | None) -> list[tuple[str, str]]:
     """The ``a = b`` / ``a IS NOT DISTINCT FROM b`` conjuncts of ``condition`` between plain columns."""
-    out = []
-    for term in _conjuncts(condition):
-        if isinstance(term, (exp.EQ, exp.NullSafeEQ)):
-            left, right = plain(term.this), plain(term.expression)
-            if left is not None and right is not None:
-                out.append((left, right))
-    return out
+    return _equalities(condition, (exp.EQ, exp.NullSafeEQ))
 
 
 def strict_equalities(condition: exp.Expr | None) -> list[tuple[str, str]]:
     """The ``a = b`` conjuncts of ``condition`` between plain columns: those no row with a NULL on
     either side meets (``IS NOT DISTINCT FROM`` is left out)."""
+    return _equalities(condition, (exp.EQ,))
+
+
+def _equalities(condition: exp.Expr | None, kinds: tuple[type[exp.Expr], ...]) -> list[tuple[str, str]]:
     out = []
     for term in _conjuncts(condition):
-        if isinstance(term, exp.EQ):
+        if isinstance(term, kinds):
             left, right = plain(term.this), plain(term.expression)
             if left is not None and right is not None:
                 out.append((left, right))
