@@ -111,3 +111,10 @@ def action_jobs(db: Database, name: str) -> int | None:
         "SELECT spark_jobs, spark_jobs_why FROM pgtrickle.get_refresh_history(%s, 1)", (name,)
     )
     return without_broadcasts(jobs, why)
+
+
+def compilations(spark: object) -> int:
+    """How many times this JVM's Spark compiled generated code so far (its codegen metrics): with
+    a local master, every compilation of every job of the session counts."""
+    metrics = spark._jvm.org.apache.spark.metrics.source.CodegenMetrics  # type: ignore[attr-defined]  # py4j
+    return int(metrics.METRIC_COMPILATION_TIME().getCount())

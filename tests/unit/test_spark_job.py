@@ -1,16 +1,18 @@
-"""refresh/spark_job.py: when a job gets whole-stage code generation, and the setting's round trip (pure)."""
+"""refresh/spark_job.py: when a job gets Spark's code generation, and the settings' round trip (pure)."""
 
 from __future__ import annotations
 
 import pytest
 
 from pgtrickle.refresh.spark_job import (
+    CODEGEN_FACTORY_MODE,
     COMPILED_MIN_ROWS_READ,
+    INTERPRETED,
     INTERPRETED_MAX_CHANGES,
     WHOLE_STAGE_CODEGEN,
+    code_generation,
     compiles,
     lone_compiles,
-    whole_stage_codegen,
 )
 
 
@@ -52,23 +54,34 @@ def test_a_lone_refresh_drops_code_generation_only_for_plans_in_parts() -> None:
     assert lone_compiles(INTERPRETED_MAX_CHANGES, 0, in_parts=True)
 
 
-@pytest.mark.parametrize("initial", [{}, {WHOLE_STAGE_CODEGEN: "true"}, {WHOLE_STAGE_CODEGEN: "false"}])
+@pytest.mark.parametrize(
+    "initial",
+    [
+        {},
+        {WHOLE_STAGE_CODEGEN: "true"},
+        {WHOLE_STAGE_CODEGEN: "false"},
+        {CODEGEN_FACTORY_MODE: "FALLBACK"},
+        {CODEGEN_FACTORY_MODE: INTERPRETED, WHOLE_STAGE_CODEGEN: "true"},
+    ],
+)
 def test_the_switch_restores_the_session_and_never_turns_on_what_it_turned_off(
     initial: dict[str, str],
 ) -> None:
     spark = Session(dict(initial))
-    with whole_stage_codegen(spark) as switch:
+    with code_generation(spark) as switch:
         switch(False)
         assert spark.conf.values[WHOLE_STAGE_CODEGEN] == "false"
+        assert spark.conf.values[CODEGEN_FACTORY_MODE] == INTERPRETED, "operators interpreted too"
         switch(True)
         assert spark.conf.values[WHOLE_STAGE_CODEGEN] == initial.get(WHOLE_STAGE_CODEGEN, "true")
+        assert spark.conf.values.get(CODEGEN_FACTORY_MODE) == initial.get(CODEGEN_FACTORY_MODE)
         switch(False)
     assert spark.conf.values == initial
 
 
 def test_the_switch_restores_the_session_after_an_error() -> None:
     spark = Session({WHOLE_STAGE_CODEGEN: "true"})
-    with pytest.raises(RuntimeError), whole_stage_codegen(spark) as switch:
+    with pytest.raises(RuntimeError), code_generation(spark) as switch:
         switch(False)
         raise RuntimeError("the job failed")
     assert spark.conf.values == {WHOLE_STAGE_CODEGEN: "true"}

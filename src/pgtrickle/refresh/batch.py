@@ -68,7 +68,7 @@ from pgtrickle.refresh.engine import Cancelled, Prepared, Refresher, RefreshOutc
 from pgtrickle.refresh.plan import Action
 from pgtrickle.refresh.read_names import FallbackToFull, NotChained
 from pgtrickle.refresh.shared_reads import SharedReads
-from pgtrickle.refresh.spark_job import ROWS_READ_WHOLE, compiles, shuffle_sized, whole_stage_codegen
+from pgtrickle.refresh.spark_job import ROWS_READ_WHOLE, code_generation, compiles, shuffle_sized
 from pgtrickle.refresh.tagged import MEMBER, split_rows, union_sql
 from pgtrickle.scheduler.batches import member_why_alone
 from pgtrickle.spark import carry, jdbc, jobs, planning
@@ -184,7 +184,7 @@ class _Batch:
                 # shares are persisted before its deltas read by chained members become leaves.
                 # Planned as the job runs (a leaf is planned when made): AQE off for a small delta.
                 changes = sum(m.delta_rows for m in self.members if m.plan is not None)
-                with whole_stage_codegen(self.r.spark) as codegen:
+                with code_generation(self.r.spark) as codegen:
                     with shuffle_sized(self.r.spark, changes):
                         for depth in sorted({m.depth for m in self.members}):
                             level = [m for m in self.members if m.depth == depth]
@@ -192,8 +192,8 @@ class _Batch:
                                 assert m.st.frontier is not None
                                 if m.plan is not None:
                                     self._frame(m, Window(m.st.frontier, self.snapshot, snap_id, coord))
+                            codegen(self._compiles(changes))  # before the shared reads' plans are made
                             self.shared.persist_shared()
-                            codegen(self._compiles(changes))
                             for m in level:
                                 if m.feeds and m.text is not None:
                                     self._feed(m)

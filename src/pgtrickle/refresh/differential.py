@@ -64,10 +64,10 @@ from pgtrickle.refresh.read_names import FallbackToFull, ReadNames, relation_key
 from pgtrickle.refresh.shared_reads import SharedReads
 from pgtrickle.refresh.spark_job import (
     ROWS_READ_WHOLE,
+    code_generation,
     data_error_state,
     lone_compiles,
     shuffle_sized,
-    whole_stage_codegen,
 )
 from pgtrickle.refresh.state_merge import StateMerge
 from pgtrickle.refresh.state_tables import StateMismatch, apply_state_change, as_stored, stored_decimals
@@ -345,13 +345,14 @@ class DifferentialRun:
             # With hidden tables the action collects a union of several plans: one round of its LIMIT.
             with (
                 shuffle_sized(spark, rows, one_round=bool(prepared.kept)),
-                whole_stage_codegen(spark) as switch,
+                code_generation(spark) as switch,
             ):
                 # Each plan is prepared with the reads registered so far (spark_job.lone_compiles).
                 in_parts = bool(prepared.kept) or prepared.split is not None
                 self._codegen = lambda: switch(
                     lone_compiles(rows, self.timings.get(ROWS_READ_WHOLE, 0), in_parts)
                 )
+                self._codegen()  # the reads persisted as they are registered: bounded by the change
                 reads.kept_views = prepared.kept_views
                 # Each hidden table's change (children first) as a view the plans above read,
                 # computed once; nothing runs until the one action below.

@@ -17,6 +17,11 @@ round, runs a job per round over a plan of many partitions)."""
 
 
 WHOLE_STAGE_CODEGEN = "spark.sql.codegen.wholeStage"
+CODEGEN_FACTORY_MODE = "spark.sql.codegen.factoryMode"
+"""How Spark builds the projections, predicates and orderings of each operator: generated and
+compiled Java (``FALLBACK``, its default: compiled, interpreted where that fails) or interpreted
+(``NO_CODEGEN``). Read by the tasks (the session's SQL settings travel with each job)."""
+INTERPRETED = "NO_CODEGEN"
 INTERPRETED_MAX_CHANGES = 100_000
 """A refresh's plans run without whole-stage code generation below this many changes when they
 read few rows whole (:func:`compiles`)."""
@@ -32,11 +37,13 @@ def compiles(changes: int, rows_read_whole: float) -> bool:
     """Whether a batch's plans, or a lone refresh's plans computed in parts, are worth Spark's
     whole-stage code generation (pure).
 
-    Code generation compiles Java for every stage of a plan when the plan is prepared: worth it
-    for millions of rows, not for a union of many small plans or a plan of many stages over a
-    delta read through change windows, key-filtered reads and a few small tables read whole. A
-    batch of 60 one-row deltas (a fan of stream tables) spent 2.1-2.9 s in its one task with it,
-    0.7-1.0 s without (docs/BENCHMARKS.md, "Scheduler overhead"); TPC-H Q13, Q18, Q21, Q22 at scale
+    Code generation compiles Java for every stage of a plan when the plan is prepared, and for
+    every operator's projections and predicates when a task runs it: worth it for millions of
+    rows, not for a union of many small plans or a plan of many stages over a delta read through
+    change windows, key-filtered reads and a few small tables read whole. A batch of 60 one-row
+    deltas (a fan of stream tables) spent 2.1-2.9 s in its one task with whole-stage code
+    generation, 0.7-1.0 s without (docs/BENCHMARKS.md, "Scheduler overhead"), and 0.17 s with its
+    operators interpreted too (1.6 s compiling them); TPC-H Q13, Q18, Q21, Q22 at scale
     factor 1 (hidden state tables, ~30 stages, at most a 150,000-row table read whole) refreshed in
     0.71-0.91 of the time without (docs/BENCHMARKS.md, "Code generation for plans in parts"). Plans
     reading a million rows or more whole keep it.
@@ -54,22 +61,28 @@ def lone_compiles(changes: int, rows_read_whole: float, in_parts: bool) -> bool:
 
 
 @contextmanager
-def whole_stage_codegen(spark: Any) -> Iterator[Callable[[bool], None]]:
-    """Within: ``switch(on)`` turns whole-stage code generation on or off for the plans planned
-    next (on means the session's own setting: a session configured without it stays without); the
-    session's setting comes back after."""
-    saved = spark.conf.get(WHOLE_STAGE_CODEGEN)
+def code_generation(spark: Any) -> Iterator[Callable[[bool], None]]:
+    """Within: ``switch(on)`` turns Spark's code generation on or off - whole-stage code generation
+    for the plans planned next, and compiled operators (:data:`CODEGEN_FACTORY_MODE`) for the jobs
+    run next. On means the session's own settings (a session configured without either stays
+    without); the session's settings come back after."""
+    saved = {key: spark.conf.get(key) for key in (WHOLE_STAGE_CODEGEN, CODEGEN_FACTORY_MODE)}
 
     def switch(on: bool) -> None:
-        spark.conf.set(WHOLE_STAGE_CODEGEN, (saved or "true") if on else "false")
+        spark.conf.set(WHOLE_STAGE_CODEGEN, (saved[WHOLE_STAGE_CODEGEN] or "true") if on else "false")
+        if on and saved[CODEGEN_FACTORY_MODE] is None:
+            spark.conf.unset(CODEGEN_FACTORY_MODE)
+        else:
+            spark.conf.set(CODEGEN_FACTORY_MODE, saved[CODEGEN_FACTORY_MODE] if on else INTERPRETED)
 
     try:
         yield switch
     finally:
-        if saved is None:
-            spark.conf.unset(WHOLE_STAGE_CODEGEN)
-        else:
-            spark.conf.set(WHOLE_STAGE_CODEGEN, saved)
+        for key, value in saved.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def data_error_state(exc: BaseException) -> str | None:
