@@ -247,6 +247,8 @@ class DeltaReads(KeyPushdown):
     def _register_one(self, read: Any) -> None:
         """Register one read of the plan as the view ``read.name`` (:meth:`register`)."""
         restrictions = self._restrictions
+        # Read by _read only for a batch's shared reads, which register one after the other (never
+        # side by side: register), so this per-read state is never shared between threads.
         self._uses = read.uses
         if read.name in self.kept_views:
             assert isinstance(read.node, ir.Materialized)
