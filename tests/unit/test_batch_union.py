@@ -33,6 +33,30 @@ def test_the_union_gives_each_member_a_struct_of_its_own_and_consolidates_once()
     assert "CAST(9 AS BIGINT) AS __pgt_member, NULL AS m0, named_struct('c0', c0) AS m1" in text
 
 
+def test_members_sharing_a_slot_put_their_values_in_one_struct_column() -> None:
+    texts = [*TEXTS, "SELECT p AS c0, q AS c1, __pgt_w, __pgt_row_id FROM t3"]
+    text = union_sql([7, 9, 4], [2, 1, 2], texts, changes=10, slots=[0, 1, 0])
+    tree = sqlglot.parse_one(text, dialect="spark")
+    assert [c.alias_or_name for c in tree.expressions] == [
+        "__pgt_member",
+        "m0",
+        "m1",
+        "__pgt_w",
+        "__pgt_row_id",
+    ]
+    assert [g.sql() for g in tree.args["group"].expressions] == ["__pgt_member", "m0", "m1", "__pgt_row_id"]
+    assert "CAST(7 AS BIGINT) AS __pgt_member, named_struct('c0', c0, 'c1', c1) AS m0, NULL AS m1" in text
+    assert "CAST(9 AS BIGINT) AS __pgt_member, NULL AS m0, named_struct('c0', c0) AS m1" in text
+    assert "CAST(4 AS BIGINT) AS __pgt_member, named_struct('c0', c0, 'c1', c1) AS m0, NULL AS m1" in text
+
+
+def test_a_staged_member_takes_its_columns_from_its_slot_and_only_its_rows_where_shared() -> None:
+    from pgtrickle.refresh.batch import _flat
+
+    assert _flat(1, 0, 9, [0, 1, 0]) == "m1.c0 AS m1_c0"  # a slot of its own
+    assert _flat(2, 1, 4, [0, 1, 0]) == "CASE WHEN __pgt_member = 4 THEN m0.c1 END AS m2_c1"
+
+
 def test_a_small_union_is_consolidated_in_one_partition_a_large_one_is_not() -> None:
     assert "COALESCE(1)" in union_sql([1, 2], [2, 1], TEXTS, changes=SMALL_UNION_ROWS - 1)
     assert "COALESCE(1)" not in union_sql([1, 2], [2, 1], TEXTS, changes=SMALL_UNION_ROWS)

@@ -17,8 +17,9 @@ refreshes them (their advisory locks held by the caller), in dependency order:
    (:class:`~pgtrickle.refresh.delta_reads.SharedReads`): the stream tables of a fan read one
    change buffer over one window, so one JDBC relation, persisted, serves them all. The deltas
    are unioned in ONE query, each row tagged with its member's pgt_id (``__pgt_member``) and its
-   values in a struct column of that member's own (the others NULL), so every value keeps its
-   Spark type; the union is consolidated at once (grouped by member and row, weights summed,
+   values in a struct column (the others NULL) that only members of the same Spark types share
+   (:mod:`pgtrickle.refresh.union_types`), so every value keeps its Spark type; the union is
+   consolidated at once (grouped by member and row, weights summed,
    zero sums dropped) - one shuffle for the batch, not one per member. ONE action collects it (up
    to :data:`COPY_MAX_ROWS` rows; a larger union is written by one partitioned JDBC write into
    one staging table, from which each member gets a staging table of its own rows).
@@ -59,7 +60,7 @@ from pgtrickle.db.columns import column_types
 from pgtrickle.dvm import ir
 from pgtrickle.dvm.layout import ROW_ID
 from pgtrickle.errors import PgTrickleError, RefreshError
-from pgtrickle.refresh import history
+from pgtrickle.refresh import history, union_types
 from pgtrickle.refresh.chained import chained_frontier
 from pgtrickle.refresh.delta_apply import Staged
 from pgtrickle.refresh.delta_reads import DeltaReads, Window
@@ -69,7 +70,7 @@ from pgtrickle.refresh.plan import Action
 from pgtrickle.refresh.read_names import FallbackToFull, NotChained
 from pgtrickle.refresh.shared_reads import SharedReads
 from pgtrickle.refresh.spark_job import ROWS_READ_WHOLE, code_generation, compiles, shuffle_sized
-from pgtrickle.refresh.tagged import MEMBER, split_rows, union_sql
+from pgtrickle.refresh.tagged import MEMBER, shared_slots, split_rows, union_sql
 from pgtrickle.scheduler.batches import member_why_alone
 from pgtrickle.spark import carry, jdbc, jobs, planning
 from pgtrickle.spark.capabilities import tag_jobs
@@ -372,23 +373,26 @@ class _Batch:
         widths = [len(m.run.layout.columns) for m in live]
         changes = sum(m.delta_rows for m in live)
         timings: dict[str, float] = {}
-        union = planning.sql(
-            spark,
-            union_sql([m.st.pgt_id for m in live], widths, [m.text or "" for m in live], changes),
-            timings,
-            "batch",
-        )
+        texts = [m.text or "" for m in live]
+        keys = [union_types.key(spark, text, m.st.sources) for m, text in zip(live, texts, strict=True)]
+        types = union_types.known(keys)
+        slots = shared_slots(types)
+        ids = [m.st.pgt_id for m in live]
+        union = planning.sql(spark, union_sql(ids, widths, texts, changes, slots), timings, "batch")
+        union_types.learn(union, keys, slots, types)
         with shuffle_sized(spark, changes, one_round=True):
             rows = planning.planned(union.limit(COPY_MAX_ROWS + 1), timings, "batch").collect()
             if len(rows) > COPY_MAX_ROWS:
                 del rows
-                self._stage(union, live, widths)
+                self._stage(union, live, widths, slots)
                 return
-        by_member = split_rows(rows, [m.st.pgt_id for m in live])
+        by_member = split_rows(rows, ids, slots)
         for m in live:
             m.rows = by_member[m.st.pgt_id]
 
-    def _stage(self, union: Any, live: Sequence[_Member], widths: Sequence[int]) -> None:
+    def _stage(
+        self, union: Any, live: Sequence[_Member], widths: Sequence[int], slots: Sequence[int]
+    ) -> None:
         """A large union: one JDBC write into one staging table, split into one per member in PostgreSQL."""
         conn = self.r.conn
         name = f"batch_{self._lead()}"
@@ -407,7 +411,10 @@ class _Batch:
         conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(wide, sql.SQL(", ").join(cols)))
         try:
             self.r.progress(f"batch of {len(live)}: large delta: writing it by JDBC into a staging table")
-            flat = [MEMBER, *(f"m{i}.c{j} AS m{i}_c{j}" for i, w in enumerate(widths) for j in range(w))]
+            flat = [
+                MEMBER,
+                *(_flat(i, j, m.st.pgt_id, slots) for i, m in enumerate(live) for j in range(widths[i])),
+            ]
             jdbc.write_append(
                 union.selectExpr(*flat, ir.WEIGHT, ROW_ID), self.r.target, f'pgtrickle_changes."{name}"'
             )
@@ -579,3 +586,12 @@ class _Batch:
         except Exception as exc:  # recorded by execute
             result.error = exc
         return result
+
+
+def _flat(i: int, j: int, pgt_id: int, slots: Sequence[int]) -> str:
+    """Column ``j`` of member ``i`` of a staged union, in its own column ``m<i>_c<j>``: from its
+    slot's struct, only in its own rows where other members share the slot."""
+    value = f"m{slots[i]}.c{j}"
+    if slots.count(slots[i]) > 1:
+        value = f"CASE WHEN {MEMBER} = {int(pgt_id)} THEN {value} END"
+    return f"{value} AS m{i}_c{j}"
